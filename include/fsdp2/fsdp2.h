@@ -1,0 +1,16 @@
+/* libfsdp2: fully sharded data parallel training for C. Includes every public header. */
+#ifndef FSDP2_H
+#define FSDP2_H
+
+#include <fsdp2/version.h>
+#include <fsdp2/export.h>
+#include <fsdp2/status.h>
+#include <fsdp2/log.h>
+#include <fsdp2/env.h>
+#include <fsdp2/dtype.h>
+#include <fsdp2/device.h>
+#include <fsdp2/stream.h>
+#include <fsdp2/kernels.h>
+#include <fsdp2/tensor.h>
+
+#endif

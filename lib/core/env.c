@@ -1,0 +1,196 @@
+/* The one table of environment variables: read once, validated, logged at INFO. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/env_internal.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+typedef enum env_kind { ENV_INT, ENV_SECONDS, ENV_ENUM, ENV_LIST } env_kind_t;
+
+typedef struct env_var {
+    const char *name;
+    env_kind_t kind;
+    const char *def;
+    const char *accepted;
+    const char *help;
+} env_var_t;
+
+static const env_var_t env_table[FSDP2_ENV_COUNT] = {
+#define FSDP2_ENV_ROW_(id, var, kind, def, accepted, help) {var, ENV_##kind, def, accepted, help},
+    FSDP2_ENV_MAP(FSDP2_ENV_ROW_)
+#undef FSDP2_ENV_ROW_
+};
+
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static pthread_once_t env_log_once = PTHREAD_ONCE_INIT;
+static int64_t env_values[FSDP2_ENV_COUNT];
+static int env_from_user[FSDP2_ENV_COUNT];
+/* Parsing runs inside pthread_once, where logging or fsdp2_error (which logs) would
+ * re-enter it; the failure is kept here and reported by fsdp2_env_init. */
+static fsdp2_status_t env_status;
+static char env_message[512];
+
+/* Index of word [s, s+len) in "a|b|c", or -1. */
+static int word_index(const char *accepted, const char *s, size_t len)
+{
+    int index = 0;
+    const char *p = accepted;
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t wlen = bar ? (size_t)(bar - p) : strlen(p);
+        if (wlen == len && strncmp(p, s, len) == 0)
+            return index;
+        index++;
+        if (!bar)
+            break;
+        p = bar + 1;
+    }
+    return -1;
+}
+
+static int parse_range(const char *accepted, double *lo, double *hi)
+{
+    return sscanf(accepted, "%lf..%lf", lo, hi) == 2;
+}
+
+/* Parses text for var into *value; on failure writes the reason into env_message. */
+static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_t *value)
+{
+    char *end = NULL;
+    double lo = 0, hi = 0;
+    switch (var->kind) {
+    case ENV_INT: {
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        parse_range(var->accepted, &lo, &hi);
+        if (errno || end == text || *end != '\0' || v < (long long)lo || v > (long long)hi)
+            goto bad;
+        *value = v;
+        return FSDP2_SUCCESS;
+    }
+    case ENV_SECONDS: {
+        errno = 0;
+        double v = strtod(text, &end);
+        parse_range(var->accepted, &lo, &hi);
+        if (errno || end == text || *end != '\0' || !(v >= lo && v <= hi))
+            goto bad;
+        *value = (int64_t)(v * 1000.0 + 0.5);
+        return FSDP2_SUCCESS;
+    }
+    case ENV_ENUM: {
+        int index = word_index(var->accepted, text, strlen(text));
+        if (index < 0)
+            goto bad;
+        *value = index;
+        return FSDP2_SUCCESS;
+    }
+    case ENV_LIST: {
+        if (strcmp(text, "all") == 0) {
+            *value = -1; /* every bit */
+            return FSDP2_SUCCESS;
+        }
+        int64_t mask = 0;
+        const char *p = text;
+        for (;;) {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            int index = word_index(var->accepted, p, len);
+            if (index < 0)
+                goto bad;
+            mask |= (int64_t)1 << index;
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+        *value = mask;
+        return FSDP2_SUCCESS;
+    }
+    }
+bad:
+    snprintf(env_message, sizeof(env_message), "%s='%s' is not valid: expected %s%s (%s)",
+             var->name, text, var->kind == ENV_LIST ? "'all' or a comma list of " : "",
+             var->accepted, var->help);
+    return FSDP2_ERR_INVALID_CONFIG;
+}
+
+static void env_parse_all(void)
+{
+    env_status = FSDP2_SUCCESS;
+    env_message[0] = '\0';
+    for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
+        const env_var_t *var = &env_table[i];
+        int64_t def = 0;
+        /* Defaults are part of the table and must parse; they are checked by a test. */
+        if (parse_value(var, var->def, &def) != FSDP2_SUCCESS)
+            def = 0;
+        env_values[i] = def;
+        env_from_user[i] = 0;
+        const char *text = getenv(var->name);
+        if (!text)
+            continue;
+        int64_t v;
+        if (parse_value(var, text, &v) != FSDP2_SUCCESS) {
+            if (env_status == FSDP2_SUCCESS)
+                env_status = FSDP2_ERR_INVALID_CONFIG;
+            continue; /* keep the default; the first error's message stays */
+        }
+        env_values[i] = v;
+        env_from_user[i] = 1;
+    }
+}
+
+static void env_log_all(void)
+{
+    for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
+        const char *text = getenv(env_table[i].name);
+        FSDP2_LOG(INFO, INIT, "%s=%s%s", env_table[i].name,
+                  env_from_user[i] ? text : env_table[i].def,
+                  env_from_user[i] ? "" : " (default)");
+    }
+}
+
+int64_t fsdp2_env_int(fsdp2_env_id_t id)
+{
+    pthread_once(&env_once, env_parse_all);
+    return env_values[id];
+}
+
+fsdp2_status_t fsdp2_env_init(void)
+{
+    pthread_once(&env_once, env_parse_all);
+    if (env_status != FSDP2_SUCCESS)
+        return fsdp2_error(env_status, "%s", env_message);
+    pthread_once(&env_log_once, env_log_all);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_env_reload(void)
+{
+    pthread_once(&env_once, env_parse_all);
+    env_parse_all();
+    return fsdp2_env_init();
+}
+
+fsdp2_status_t fsdp2_env_describe(char *buf, size_t len, size_t *needed)
+{
+    FSDP2_ARG_CHECK(buf || len == 0, "buf is NULL with len=%zu", len);
+    pthread_once(&env_once, env_parse_all);
+    size_t used = 0;
+    for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
+        const env_var_t *var = &env_table[i];
+        const char *text = getenv(var->name);
+        int n = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
+                         "%s=%s%s  accepted: %s%s  %s\n", var->name, text ? text : var->def,
+                         text ? "" : " (default)", var->kind == ENV_LIST ? "all or " : "",
+                         var->accepted, var->help);
+        if (n > 0)
+            used += (size_t)n;
+    }
+    if (needed)
+        *needed = used + 1;
+    return FSDP2_SUCCESS;
+}

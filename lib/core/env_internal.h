@@ -1,0 +1,37 @@
+/* Internal access to the validated environment table (lib/core/env.c). */
+#ifndef FSDP2_CORE_ENV_INTERNAL_H
+#define FSDP2_CORE_ENV_INTERNAL_H
+
+#include <stdint.h>
+
+#include <fsdp2/env.h>
+
+/* XX(id, variable, kind, default, accepted, help). kind: INT (accepted = "min..max"),
+ * SECONDS (a positive decimal, accepted = "min..max"), ENUM (accepted = "a|b|c"),
+ * LIST (comma separated words from accepted = "a|b|c", or "all"). */
+#define FSDP2_ENV_MAP(XX)                                                                  \
+    XX(LOG_LEVEL, "FSDP2_LOG_LEVEL", ENUM, "warn", "error|warn|info|debug|trace",          \
+       "how much libfsdp2 prints to stderr")                                               \
+    XX(LOG_SUBSYS, "FSDP2_LOG_SUBSYS", LIST, "all",                                        \
+       "init|core|stream|mesh|coll|fsdp|ckpt|optim", "which subsystems log (comma list)") \
+    XX(TIMEOUT, "FSDP2_TIMEOUT", SECONDS, "300", "0.001..604800",                          \
+       "seconds before a blocked collective or rendezvous fails with a timeout")           \
+    XX(CPU_STREAM_DEPTH, "FSDP2_CPU_STREAM_DEPTH", INT, "1024", "4..1048576",              \
+       "entries in each cpu stream's queue; enqueueing into a full queue blocks")
+
+typedef enum fsdp2_env_id {
+#define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,
+    FSDP2_ENV_MAP(FSDP2_ENV_ENUM_)
+#undef FSDP2_ENV_ENUM_
+    FSDP2_ENV_COUNT
+} fsdp2_env_id_t;
+
+/* The variable's validated value; the default when unset or when the table failed to
+ * validate (fsdp2_env_init reports that). For ENUM: the index into accepted; for LIST:
+ * a bit mask over accepted's words; for SECONDS: milliseconds. */
+int64_t fsdp2_env_int(fsdp2_env_id_t id);
+
+/* Reads the environment again (tests only: not thread-safe against concurrent users). */
+fsdp2_status_t fsdp2_env_reload(void);
+
+#endif

@@ -1,0 +1,55 @@
+/* Status strings and the thread-local detailed error message. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/log_internal.h"
+
+#define FSDP2_ERROR_MESSAGE_MAX 1024
+
+static _Thread_local char last_error[FSDP2_ERROR_MESSAGE_MAX];
+
+const char *fsdp2_strerror(fsdp2_status_t status)
+{
+    switch (status) {
+#define FSDP2_STATUS_TEXT_(name, value, text) \
+    case FSDP2_##name:                        \
+        return text;
+        FSDP2_STATUS_MAP(FSDP2_STATUS_TEXT_)
+#undef FSDP2_STATUS_TEXT_
+    }
+    return "unknown status";
+}
+
+const char *fsdp2_status_name(fsdp2_status_t status)
+{
+    switch (status) {
+#define FSDP2_STATUS_NAME_(name, value, text) \
+    case FSDP2_##name:                        \
+        return #name;
+        FSDP2_STATUS_MAP(FSDP2_STATUS_NAME_)
+#undef FSDP2_STATUS_NAME_
+    }
+    return "UNKNOWN";
+}
+
+const char *fsdp2_last_error(void)
+{
+    return last_error;
+}
+
+fsdp2_status_t fsdp2_error(fsdp2_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    FSDP2_LOG(DEBUG, CORE, "%s: %s", fsdp2_status_name(status), last_error);
+    return status;
+}
+
+void fsdp2_error_set_message(const char *msg)
+{
+    snprintf(last_error, sizeof(last_error), "%s", msg ? msg : "");
+}
