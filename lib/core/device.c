@@ -168,7 +168,7 @@ static fsdp2_status_t table_insert(void *ptr, size_t bytes, int slot)
 
 static alloc_entry_t *table_find(const void *ptr)
 {
-    if (!alloc_capacity)
+    if (!alloc_capacity || ptr == TOMBSTONE)
         return NULL;
     size_t j = ptr_hash(ptr, alloc_capacity);
     while (alloc_table[j].ptr) {

@@ -52,9 +52,15 @@ static int word_index(const char *accepted, const char *s, size_t len)
     return -1;
 }
 
+/* "min..max" into *lo, *hi. (sscanf's "%lf.." would read "4." as the number.) */
 static int parse_range(const char *accepted, double *lo, double *hi)
 {
-    return sscanf(accepted, "%lf..%lf", lo, hi) == 2;
+    const char *dots = strstr(accepted, "..");
+    if (!dots)
+        return 0;
+    *lo = strtod(accepted, NULL);
+    *hi = strtod(dots + 2, NULL);
+    return 1;
 }
 
 /* Parses text for var into *value; on failure writes the reason into env_message. */
@@ -62,6 +68,7 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
 {
     char *end = NULL;
     double lo = 0, hi = 0;
+    char reason[sizeof(env_message)];
     switch (var->kind) {
     case ENV_INT: {
         errno = 0;
@@ -111,9 +118,11 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
     }
     }
 bad:
-    snprintf(env_message, sizeof(env_message), "%s='%s' is not valid: expected %s%s (%s)",
+    snprintf(reason, sizeof(reason), "%s='%s' is not valid: expected %s%s (%s)",
              var->name, text, var->kind == ENV_LIST ? "'all' or a comma list of " : "",
              var->accepted, var->help);
+    if (env_message[0] == '\0') /* keep the first failure's message */
+        snprintf(env_message, sizeof(env_message), "%s", reason);
     return FSDP2_ERR_INVALID_CONFIG;
 }
 
@@ -124,9 +133,12 @@ static void env_parse_all(void)
     for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
         const env_var_t *var = &env_table[i];
         int64_t def = 0;
-        /* Defaults are part of the table and must parse; they are checked by a test. */
-        if (parse_value(var, var->def, &def) != FSDP2_SUCCESS)
+        /* A default that does not parse is a bug in the table: report it like a bad value
+         * (a test sets every default explicitly and expects success). */
+        if (parse_value(var, var->def, &def) != FSDP2_SUCCESS) {
+            env_status = FSDP2_ERR_INTERNAL;
             def = 0;
+        }
         env_values[i] = def;
         env_from_user[i] = 0;
         const char *text = getenv(var->name);
