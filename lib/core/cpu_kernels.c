@@ -70,6 +70,7 @@ static void store_f32(void *p, fsdp2_dtype_t t, size_t i, float v)
     }
 }
 
+FSDP2_VECTOR_CLONES
 void fsdp2_cpu_accumulate(void *y, fsdp2_dtype_t y_dtype, const void *x, fsdp2_dtype_t x_dtype,
                           size_t n, double alpha)
 {

@@ -160,6 +160,7 @@ static fsdp2_status_t task_run(const cpu_task_t *t)
 {
     switch (t->kind) {
     case TASK_HOST:
+        fsdp2_error_set_message(""); /* so a stale message is never blamed on this one */
         return t->u.host.fn(t->u.host.arg);
     case TASK_WAIT:
         wait_position(t->u.wait.stream, t->u.wait.target, -1);
@@ -188,7 +189,10 @@ static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status)
     if (s->error != FSDP2_SUCCESS)
         return;
     s->error = status;
-    snprintf(s->error_message, sizeof(s->error_message), "%s", fsdp2_last_error());
+    const char *message = fsdp2_last_error();
+    /* A host function that failed without setting a message is reported by name. */
+    snprintf(s->error_message, sizeof(s->error_message), "%s",
+             message[0] ? message : fsdp2_status_name(status));
 }
 
 static void *stream_worker(void *arg)

@@ -81,7 +81,7 @@ fsdp2_status_t fsdp2_device_check(fsdp2_device_t device)
 {
     if (device.type == FSDP2_DEVICE_META)
         return FSDP2_SUCCESS;
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     return ops->check(device.index);
 }
@@ -183,7 +183,7 @@ fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **pt
 {
     FSDP2_ARG_CHECK(ptr, "ptr is NULL");
     *ptr = NULL;
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     if (bytes == 0)
         return FSDP2_SUCCESS;
@@ -211,7 +211,7 @@ fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **pt
 
 fsdp2_status_t fsdp2_device_free(fsdp2_device_t device, void *ptr)
 {
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     if (!ptr)
         return FSDP2_SUCCESS;
@@ -238,7 +238,7 @@ fsdp2_status_t fsdp2_device_free(fsdp2_device_t device, void *ptr)
 fsdp2_status_t fsdp2_memory_stats_get(fsdp2_device_t device, fsdp2_memory_stats_t *stats)
 {
     FSDP2_ARG_CHECK(stats, "stats is NULL");
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     pthread_mutex_lock(&alloc_lock);
     *stats = alloc_stats[stats_slot(device)];
@@ -248,7 +248,7 @@ fsdp2_status_t fsdp2_memory_stats_get(fsdp2_device_t device, fsdp2_memory_stats_
 
 fsdp2_status_t fsdp2_memory_stats_reset_peak(fsdp2_device_t device)
 {
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     pthread_mutex_lock(&alloc_lock);
     fsdp2_memory_stats_t *s = &alloc_stats[stats_slot(device)];

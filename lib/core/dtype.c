@@ -78,6 +78,7 @@ uint16_t fsdp2_f64_to_bf16(double value) { return cvt_f64_to_bf16(value); }
 uint16_t fsdp2_f64_to_f16(double value) { return cvt_f64_to_f16(value); }
 
 /* The pairs FSDP moves in bulk (copy-in casts, gradient casts) get their own loops. */
+FSDP2_VECTOR_CLONES
 static int convert_fast(void *dst, fsdp2_dtype_t dt, const void *src, fsdp2_dtype_t st,
                         size_t n)
 {

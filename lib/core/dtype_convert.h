@@ -14,6 +14,14 @@
 
 #include <fsdp2/dtype.h>
 
+/* Hot loops are compiled for AVX-512 and AVX2 as well as the baseline and picked at load
+ * time: the installed library must run on any x86-64, so no -march=native. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FSDP2_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FSDP2_VECTOR_CLONES
+#endif
+
 static inline uint32_t f32_bits(float f)
 {
     uint32_t u;
@@ -33,13 +41,14 @@ static inline float cvt_bf16_to_f32(uint16_t b)
     return f32_from_bits((uint32_t)b << 16);
 }
 
+/* Branch-free so that loops over it vectorise. */
 static inline uint16_t cvt_f32_to_bf16(float f)
 {
     uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign and top payload kept */
-    u += 0x7fffu + ((u >> 16) & 1u);              /* round to nearest, ties to even */
-    return (uint16_t)(u >> 16);
+    uint32_t nan = (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    uint32_t quiet = (u >> 16) | 0x0040u;             /* quiet NaN, sign and top payload kept */
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* nearest, ties to even */
+    return (uint16_t)(nan ? quiet : rounded);
 }
 
 static inline float cvt_f16_to_f32(uint16_t h)

@@ -16,7 +16,7 @@ fsdp2_status_t fsdp2_stream_create(fsdp2_device_t device, const char *name,
     FSDP2_ARG_CHECK(stream, "stream is NULL");
     *stream = NULL;
     FSDP2_CHECK(fsdp2_env_init());
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     FSDP2_CHECK(ops->check(device.index));
     return ops->stream_create(device.index, name ? name : "side", stream);
@@ -33,7 +33,7 @@ fsdp2_status_t fsdp2_stream_destroy(fsdp2_stream_t *stream)
 fsdp2_status_t fsdp2_stream_current(fsdp2_device_t device, fsdp2_stream_t **stream)
 {
     FSDP2_ARG_CHECK(stream, "stream is NULL");
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     FSDP2_CHECK(ops->check(device.index));
     return ops->stream_current(device.index, stream);
@@ -87,7 +87,7 @@ fsdp2_status_t fsdp2_event_create(fsdp2_device_t device, fsdp2_event_t **event)
 {
     FSDP2_ARG_CHECK(event, "event is NULL");
     *event = NULL;
-    const fsdp2_device_ops_t *ops;
+    const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     FSDP2_CHECK(ops->check(device.index));
     return ops->event_create(device.index, event);

@@ -1,0 +1,41 @@
+/* Launchers of the CUDA kernels behind the cuda device backend (cuda_device.c).
+ *
+ * Each enqueues its work on stream for the calling thread's current device (the caller
+ * sets it), launches nothing for n == 0 / rows == 0, and returns cudaGetLastError()
+ * after the launch: cudaSuccess, or the launch error (an unknown dtype gives
+ * cudaErrorInvalidValue). Arguments are otherwise assumed valid: pointers on the
+ * device, aligned to their element size, non-overlapping. Conversions and arithmetic
+ * follow fsdp2/dtype.h and fsdp2/kernels.h bit for bit (see cuda_convert.h). */
+#ifndef FSDP2_CUDA_KERNELS_H
+#define FSDP2_CUDA_KERNELS_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#include <fsdp2/dtype.h>
+#include <fsdp2/kernels.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst[i] = (dtype) value for i < n; the value is converted once, on the host. */
+cudaError_t fsdp2_cuda_fill(void *dst, fsdp2_dtype_t dtype, size_t n, double value,
+                            cudaStream_t stream);
+
+/* y[i] = (y_dtype)(y[i] + alpha * x[i]) for i < n, in f32 when both dtypes are
+ * f32/bf16/f16 and in f64 otherwise, rounded once. */
+cudaError_t fsdp2_cuda_accumulate(void *y, fsdp2_dtype_t y_dtype, const void *x,
+                                  fsdp2_dtype_t x_dtype, size_t n, double alpha,
+                                  cudaStream_t stream);
+
+/* The strided 2D copy with cast of fsdp2_chunk_copy_async. Same-dtype copies go to
+ * the copy engines (cudaMemcpyAsync / cudaMemcpy2DAsync). */
+cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

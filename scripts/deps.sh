@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the Debian packages libfsdp2 needs, only those missing (quick when none are).
+# Sourced by scripts/demo and scripts/test.
+set -euo pipefail
+
+FSDP2_PACKAGES=(meson ninja-build pkg-config gcc libc6-dev libucx-dev ucx-utils libhwloc-dev
+                hwloc libcjson-dev check libopenblas-dev zlib1g-dev)
+
+fsdp2_install_deps() {
+    local missing=()
+    for p in "${FSDP2_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "Installing missing packages: ${missing[*]}"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || {
+            echo "error: need root (or sudo) to install: ${missing[*]}" >&2
+            return 1
+        }
+        sudo=sudo
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+# Configures (once) and builds a build directory: fsdp2_build DIR [meson options...]
+fsdp2_build() {
+    local dir=$1
+    shift
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || {
+            cat "$dir.setup.log" >&2
+            return 1
+        }
+        rm -f "$dir.setup.log"
+    fi
+    ninja -C "$dir" >/dev/null || ninja -C "$dir"
+}

@@ -1,0 +1,592 @@
+/* The cuda device backend through the public API, on cuda:0, against the cpu backend.
+ *
+ * Proves: memory is allocated, counted and freed; streams run in order and events order
+ * them across streams (a stream waiting on an event really waits); queries do not block
+ * and report NOT_READY while work is pending; a failing host function's status reaches
+ * fsdp2_stream_synchronize; and fill, cast, accumulate and chunk copy give the cpu
+ * backend's bytes exactly, for every dtype pair, on random inputs without zeros and
+ * outputs poisoned with 0xAB first.
+ *
+ * A standalone program (no Check, so it builds on the GPU machine with nothing else):
+ * exit 0 on success, 1 on failure, 77 (meson's SKIP) without a CUDA device. Nothing
+ * sleeps to wait: waits are on events with timeouts. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp2/fsdp2.h>
+
+static int failures;
+/* The device under test: cuda:0, or FSDP2_TEST_DEVICE (=cpu checks this program's own
+ * logic on a machine without a GPU; the CUDA-only tests are then left out). */
+static fsdp2_device_t dut = {FSDP2_DEVICE_CUDA, 0};
+static const fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+
+#define FAIL(...)                                              \
+    do {                                                       \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);        \
+        fprintf(stderr, __VA_ARGS__);                          \
+        fputc('\n', stderr);                                   \
+        failures++;                                            \
+    } while (0)
+
+#define ASSERT_STATUS(call, want)                                                       \
+    do {                                                                                \
+        fsdp2_status_t got_ = (call);                                                   \
+        if (got_ != (want)) {                                                           \
+            FAIL("%s: expected %s, got %s (%s)", #call, fsdp2_status_name(want),        \
+                 fsdp2_status_name(got_), fsdp2_last_error());                          \
+            return;                                                                     \
+        }                                                                               \
+    } while (0)
+
+#define ASSERT_OK(call) ASSERT_STATUS(call, FSDP2_SUCCESS)
+
+#define ASSERT_EQ_U64(a, b)                                                              \
+    do {                                                                                 \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);   \
+        if (a_ != b_) {                                                                  \
+            FAIL("%s == %s: %llu != %llu", #a, #b, a_, b_);                              \
+            return;                                                                      \
+        }                                                                                \
+    } while (0)
+
+#define ASSERT_TRUE(cond, ...)                                                    \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            fprintf(stderr, "%s:%d: %s is false: ", __FILE__, __LINE__, #cond);   \
+            fprintf(stderr, __VA_ARGS__);                                         \
+            fputc('\n', stderr);                                                  \
+            failures++;                                                           \
+            return;                                                               \
+        }                                                                         \
+    } while (0)
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static size_t dsize(fsdp2_dtype_t t)
+{
+    size_t b = 0;
+    fsdp2_dtype_size(t, &b);
+    return b;
+}
+
+static int dtype_is_float(fsdp2_dtype_t t)
+{
+    int f = 0;
+    fsdp2_dtype_is_float(t, &f);
+    return f;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* n random elements of dtype t, none zero. Float magnitudes span 2^-max_exp ..
+ * 2^max_exp (30 reaches f16 subnormals and overflow, u8/i32 saturation); integers
+ * every bit length of their type. */
+static void random_values(void *p, fsdp2_dtype_t t, size_t n, int max_exp)
+{
+    double one = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        void *elem = (char *)p + i * dsize(t);
+        if (dtype_is_float(t)) {
+            double mag = ldexp(1.0 + (double)(rng_next() >> 11) * 0x1p-53,
+                               (int)(rng_next() % (uint64_t)(2 * max_exp + 1)) - max_exp);
+            double v = (rng_next() & 1) ? -mag : mag;
+            fsdp2_convert(elem, t, &v, FSDP2_F64, 1);
+        } else {
+            int bits = 1 + (int)(rng_next() % (t == FSDP2_U8 ? 8 : t == FSDP2_I32 ? 31 : 63));
+            int64_t v = (int64_t)(rng_next() >> (64 - bits));
+            if (t != FSDP2_U8 && (rng_next() & 1))
+                v = -v;
+            fsdp2_convert(elem, t, &v, FSDP2_I64, 1);
+        }
+        double back = 0;
+        fsdp2_convert(&back, FSDP2_F64, elem, t, 1);
+        if (back == 0)
+            fsdp2_convert(elem, t, &one, FSDP2_F64, 1);
+    }
+}
+
+/* Index of the first differing element, or -1. */
+static long first_difference(const void *a, const void *b, fsdp2_dtype_t t, size_t n)
+{
+    size_t e = dsize(t);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)a + i * e, (const char *)b + i * e, e) != 0)
+            return (long)i;
+    return -1;
+}
+
+static uint64_t elem_bits(const void *p, fsdp2_dtype_t t, size_t i)
+{
+    uint64_t v = 0;
+    memcpy(&v, (const char *)p + i * dsize(t), dsize(t));
+    return v;
+}
+
+/* Copies device memory to the host, in order on stream, and waits. */
+static fsdp2_status_t download(void *host, const void *dev, size_t bytes, fsdp2_stream_t *s)
+{
+    fsdp2_status_t st = fsdp2_memcpy_async(host, dev, bytes, s);
+    return st != FSDP2_SUCCESS ? st : fsdp2_stream_synchronize(s);
+}
+
+static fsdp2_status_t upload(void *dev, const void *host, size_t bytes, fsdp2_stream_t *s)
+{
+    fsdp2_status_t st = fsdp2_memcpy_async(dev, host, bytes, s);
+    return st != FSDP2_SUCCESS ? st : fsdp2_stream_synchronize(s);
+}
+
+/* A host function that holds its stream until the test opens it: work queued behind
+ * it is certainly pending, so NOT_READY can be asserted without racing the GPU. It
+ * gives up after 60 s so a broken test cannot hang. */
+typedef struct gate {
+    atomic_int open;
+} gate_t;
+
+static fsdp2_status_t gate_wait(void *arg)
+{
+    gate_t *g = arg;
+    struct timespec ts = {0, 100000};
+    for (long waited_us = 0; !atomic_load(&g->open); waited_us += 100) {
+        if (waited_us > 60L * 1000 * 1000)
+            return FSDP2_ERR_TIMEOUT;
+        nanosleep(&ts, NULL);
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* ---- devices and memory -------------------------------------------------------- */
+
+static void test_device_check_accepts_cuda0_rejects_missing_ordinal(void)
+{
+    int count = 0;
+    ASSERT_OK(fsdp2_cuda_device_count(&count));
+    ASSERT_OK(fsdp2_device_check(dut));
+    fsdp2_device_t missing = {FSDP2_DEVICE_CUDA, count};
+    ASSERT_STATUS(fsdp2_device_check(missing), FSDP2_ERR_NOT_AVAILABLE);
+    ASSERT_TRUE(strstr(fsdp2_last_error(), "cuda:") != NULL, "message '%s' names no device",
+                fsdp2_last_error());
+}
+
+static void test_alloc_free_updates_memory_stats(void)
+{
+    fsdp2_memory_stats_t before, during, after;
+    const size_t bytes = (1u << 20) + 3;
+    void *p = NULL, *zero = (void *)1;
+    ASSERT_OK(fsdp2_memory_stats_get(dut, &before));
+    ASSERT_OK(fsdp2_device_alloc(dut, bytes, &p));
+    ASSERT_TRUE(p != NULL, "no pointer");
+    ASSERT_OK(fsdp2_memory_stats_get(dut, &during));
+    ASSERT_EQ_U64(during.allocated_bytes, before.allocated_bytes + bytes);
+    ASSERT_EQ_U64(during.alloc_count, before.alloc_count + 1);
+    ASSERT_TRUE(during.peak_allocated_bytes >= during.allocated_bytes, "peak %llu below live",
+                (unsigned long long)during.peak_allocated_bytes);
+    ASSERT_OK(fsdp2_device_free(dut, p));
+    ASSERT_OK(fsdp2_memory_stats_get(dut, &after));
+    ASSERT_EQ_U64(after.allocated_bytes, before.allocated_bytes);
+    ASSERT_EQ_U64(after.free_count, before.free_count + 1);
+    ASSERT_OK(fsdp2_device_alloc(dut, 0, &zero));
+    ASSERT_TRUE(zero == NULL, "zero bytes gave %p", zero);
+}
+
+static void test_alloc_beyond_gpu_memory_is_out_of_memory(void)
+{
+    void *p = NULL;
+    ASSERT_STATUS(fsdp2_device_alloc(dut, (size_t)1 << 50, &p), FSDP2_ERR_OUT_OF_MEMORY);
+    ASSERT_TRUE(p == NULL, "pointer %p after failure", p);
+    ASSERT_TRUE(strstr(fsdp2_last_error(), "1125899906842624") != NULL,
+                "message '%s' does not name the bytes", fsdp2_last_error());
+    /* The failure must not leak into the next call. */
+    ASSERT_OK(fsdp2_device_alloc(dut, 4096, &p));
+    fsdp2_stream_t *cur;
+    ASSERT_OK(fsdp2_stream_current(dut, &cur));
+    ASSERT_OK(fsdp2_fill_async(p, FSDP2_F32, 1024, 1.0, cur));
+    ASSERT_OK(fsdp2_stream_synchronize(cur));
+    ASSERT_OK(fsdp2_device_free(dut, p));
+}
+
+/* ---- streams and events --------------------------------------------------------- */
+
+static void test_current_stream_is_shared_and_cannot_be_destroyed(void)
+{
+    fsdp2_stream_t *a, *b;
+    ASSERT_OK(fsdp2_stream_current(dut, &a));
+    ASSERT_OK(fsdp2_stream_current(dut, &b));
+    ASSERT_TRUE(a == b, "two current streams %p %p", (void *)a, (void *)b);
+    fsdp2_device_t dev;
+    ASSERT_OK(fsdp2_stream_device(a, &dev));
+    ASSERT_TRUE(dev.type == dut.type && dev.index == dut.index, "device %d:%d", (int)dev.type,
+                dev.index);
+    ASSERT_STATUS(fsdp2_stream_destroy(a), FSDP2_ERR_INVALID_ARGUMENT);
+
+    const size_t n = 1000;
+    float *d = NULL, *h = xmalloc(n * sizeof *h);
+    ASSERT_OK(fsdp2_device_alloc(dut, n * sizeof(float), (void **)&d));
+    ASSERT_OK(fsdp2_fill_async(d, FSDP2_F32, n, 2.5, a));
+    ASSERT_OK(download(h, d, n * sizeof *h, a));
+    for (size_t i = 0; i < n; i++)
+        ASSERT_TRUE(h[i] == 2.5f, "element %zu is %g", i, (double)h[i]);
+    ASSERT_OK(fsdp2_stream_query(a));
+    ASSERT_OK(fsdp2_device_free(dut, d));
+    free(h);
+}
+
+/* Stream A: gate, then fill X with 7; record E. Stream B: wait E, cast X -> Y (f64).
+ * X holds 1 before, so Y would show 1s if B did not wait. */
+static void test_event_orders_work_across_streams(void)
+{
+    const size_t n = (size_t)16 << 20;
+    fsdp2_stream_t *sa, *sb;
+    fsdp2_event_t *ev, *never;
+    float *x = NULL;
+    double *y = NULL, *h = xmalloc(n * sizeof *h);
+    gate_t gate;
+    atomic_init(&gate.open, 0);
+    ASSERT_OK(fsdp2_stream_create(dut, "test-a", &sa));
+    ASSERT_OK(fsdp2_stream_create(dut, "test-b", &sb));
+    ASSERT_OK(fsdp2_event_create(dut, &ev));
+    ASSERT_OK(fsdp2_event_create(dut, &never));
+    ASSERT_OK(fsdp2_event_query(never)); /* never recorded: complete */
+    ASSERT_OK(fsdp2_device_alloc(dut, n * sizeof *x, (void **)&x));
+    ASSERT_OK(fsdp2_device_alloc(dut, n * sizeof *y, (void **)&y));
+    ASSERT_OK(fsdp2_fill_async(x, FSDP2_F32, n, 1.0, sa));
+    ASSERT_OK(fsdp2_fill_async(y, FSDP2_F64, n, -3.0, sa));
+    ASSERT_OK(fsdp2_stream_synchronize(sa));
+
+    ASSERT_OK(fsdp2_stream_launch_host(sa, gate_wait, &gate));
+    ASSERT_OK(fsdp2_fill_async(x, FSDP2_F32, n, 7.0, sa));
+    ASSERT_OK(fsdp2_event_record(ev, sa));
+    ASSERT_OK(fsdp2_stream_wait_event(sb, ev));
+    ASSERT_OK(fsdp2_cast_async(y, FSDP2_F64, x, FSDP2_F32, n, sb));
+
+    ASSERT_STATUS(fsdp2_event_query(ev), FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(fsdp2_stream_query(sa), FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(fsdp2_stream_query(sb), FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(fsdp2_event_wait_timeout(ev, 20), FSDP2_ERR_TIMEOUT);
+    atomic_store(&gate.open, 1);
+    ASSERT_OK(fsdp2_event_wait_timeout(ev, 60000));
+    ASSERT_OK(fsdp2_event_query(ev));
+    ASSERT_OK(fsdp2_stream_synchronize(sb));
+    ASSERT_OK(fsdp2_stream_query(sb));
+    ASSERT_OK(fsdp2_event_synchronize(ev));
+    ASSERT_OK(download(h, y, n * sizeof *h, sb));
+    for (size_t i = 0; i < n; i++)
+        ASSERT_TRUE(h[i] == 7.0, "y[%zu] = %g: stream B did not wait for A's event", i, h[i]);
+
+    /* Destroying a stream with work pending lets the work finish first. */
+    ASSERT_OK(fsdp2_fill_async(x, FSDP2_F32, n, 9.0, sa));
+    ASSERT_OK(fsdp2_stream_destroy(sa));
+    ASSERT_OK(fsdp2_cast_async(y, FSDP2_F64, x, FSDP2_F32, n, sb));
+    ASSERT_OK(download(h, y, n * sizeof *h, sb));
+    ASSERT_TRUE(h[0] == 9.0 && h[n - 1] == 9.0, "after destroy: %g %g", h[0], h[n - 1]);
+
+    ASSERT_OK(fsdp2_event_destroy(ev));
+    ASSERT_OK(fsdp2_event_destroy(never));
+    ASSERT_OK(fsdp2_stream_destroy(sb));
+    ASSERT_OK(fsdp2_device_free(dut, x));
+    ASSERT_OK(fsdp2_device_free(dut, y));
+    free(h);
+}
+
+/* Fails through the public API, so the message is the library's own. */
+static fsdp2_status_t host_fn_bad_dtype(void *arg)
+{
+    size_t bytes;
+    (void)arg;
+    return fsdp2_dtype_size((fsdp2_dtype_t)99, &bytes);
+}
+
+static fsdp2_status_t host_fn_io_error(void *arg)
+{
+    (void)arg;
+    return FSDP2_ERR_IO;
+}
+
+static void test_host_function_error_surfaces_in_synchronize(void)
+{
+    fsdp2_stream_t *s, *t;
+    uint32_t *d = NULL, h[256];
+    ASSERT_OK(fsdp2_stream_create(dut, "host-error", &s));
+    ASSERT_OK(fsdp2_device_alloc(dut, sizeof h, (void **)&d));
+    ASSERT_OK(fsdp2_stream_launch_host(s, host_fn_bad_dtype, NULL));
+    ASSERT_OK(fsdp2_stream_launch_host(s, host_fn_io_error, NULL));
+    ASSERT_OK(fsdp2_fill_async(d, FSDP2_I32, 256, 5.0, s));
+    ASSERT_STATUS(fsdp2_stream_synchronize(s), FSDP2_ERR_INVALID_ARGUMENT);
+    ASSERT_TRUE(strstr(fsdp2_last_error(), "99") != NULL,
+                "message '%s' is not the host function's", fsdp2_last_error());
+    /* Kept: the first error is reported again, by query as well. */
+    ASSERT_STATUS(fsdp2_stream_query(s), FSDP2_ERR_INVALID_ARGUMENT);
+    /* Work behind the failing function still ran. */
+    ASSERT_STATUS(fsdp2_memcpy_async(h, d, sizeof h, s), FSDP2_SUCCESS);
+    ASSERT_STATUS(fsdp2_stream_synchronize(s), FSDP2_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < 256; i++)
+        ASSERT_TRUE(h[i] == 5, "element %d is %u after the failed host function", i, h[i]);
+    ASSERT_OK(fsdp2_stream_destroy(s));
+
+    /* A status without a message of its own is reported by name. */
+    ASSERT_OK(fsdp2_stream_create(dut, "host-io", &t));
+    ASSERT_OK(fsdp2_stream_launch_host(t, host_fn_io_error, NULL));
+    ASSERT_STATUS(fsdp2_stream_synchronize(t), FSDP2_ERR_IO);
+    ASSERT_TRUE(strstr(fsdp2_last_error(), "ERR_IO") != NULL, "message '%s'",
+                fsdp2_last_error());
+    ASSERT_OK(fsdp2_stream_destroy(t));
+    ASSERT_OK(fsdp2_device_free(dut, d));
+}
+
+static void test_misaligned_kernel_pointer_is_refused(void)
+{
+    fsdp2_stream_t *cur;
+    char *d = NULL;
+    ASSERT_OK(fsdp2_stream_current(dut, &cur));
+    ASSERT_OK(fsdp2_device_alloc(dut, 4096, (void **)&d));
+    ASSERT_STATUS(fsdp2_fill_async(d + 2, FSDP2_F32, 16, 1.0, cur), FSDP2_ERR_INVALID_ARGUMENT);
+    ASSERT_OK(fsdp2_stream_synchronize(cur));
+    ASSERT_OK(fsdp2_device_free(dut, d));
+}
+
+/* ---- kernels against the cpu backend ------------------------------------------- */
+
+typedef struct kernel_bench {
+    fsdp2_stream_t *gpu;  /* a side stream on cuda:0 */
+    fsdp2_stream_t *host; /* the cpu current stream: runs inline */
+    void *dsrc, *ddst;    /* device buffers of `cap` bytes */
+    size_t cap;
+} kernel_bench_t;
+
+/* One chunk copy (a cast when rows == 1) on both devices; compares the whole
+ * destination buffer, gaps between rows included. */
+static void check_chunk_copy(kernel_bench_t *kb, fsdp2_dtype_t dt, fsdp2_dtype_t st, size_t rows,
+                             size_t cols, size_t dst_stride, size_t src_stride)
+{
+    size_t src_n = (rows - 1) * src_stride + cols, dst_n = rows * dst_stride;
+    size_t src_bytes = src_n * dsize(st), dst_bytes = dst_n * dsize(dt);
+    if (src_bytes > kb->cap || dst_bytes > kb->cap) {
+        FAIL("test buffers too small for %zu x %zu", rows, cols);
+        return;
+    }
+    void *src = xmalloc(src_bytes), *want = xmalloc(dst_bytes), *got = xmalloc(dst_bytes);
+    random_values(src, st, src_n, 30);
+    memset(want, 0xab, dst_bytes);
+    memset(got, 0xab, dst_bytes);
+    fsdp2_chunk_copy_t c = {want, dt, dst_stride, src, st, src_stride, rows, cols};
+    ASSERT_OK(fsdp2_chunk_copy_async(&c, kb->host));
+    ASSERT_OK(fsdp2_stream_synchronize(kb->host));
+    ASSERT_OK(upload(kb->dsrc, src, src_bytes, kb->gpu));
+    ASSERT_OK(upload(kb->ddst, got, dst_bytes, kb->gpu));
+    c.dst = kb->ddst;
+    c.src = kb->dsrc;
+    if (rows == 1 && dst_stride == cols && src_stride == cols)
+        ASSERT_OK(fsdp2_cast_async(kb->ddst, dt, kb->dsrc, st, cols, kb->gpu));
+    else
+        ASSERT_OK(fsdp2_chunk_copy_async(&c, kb->gpu));
+    ASSERT_OK(download(got, kb->ddst, dst_bytes, kb->gpu));
+    long i = first_difference(want, got, dt, dst_n);
+    if (i >= 0) {
+        size_t r = (size_t)i / dst_stride, col = (size_t)i % dst_stride;
+        FAIL("chunk copy %s -> %s, %zu x %zu (strides dst %zu src %zu): element %ld "
+             "(row %zu col %zu) src 0x%llx: cpu 0x%llx cuda 0x%llx",
+             fsdp2_dtype_name(st), fsdp2_dtype_name(dt), rows, cols, dst_stride, src_stride, i,
+             r, col,
+             col < cols ? (unsigned long long)elem_bits(src, st, r * src_stride + col) : 0ull,
+             (unsigned long long)elem_bits(want, dt, (size_t)i),
+             (unsigned long long)elem_bits(got, dt, (size_t)i));
+    }
+    free(src);
+    free(want);
+    free(got);
+}
+
+static void test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair(kernel_bench_t *kb)
+{
+    for (int d = 0; d < FSDP2_DTYPE_COUNT; d++) {
+        for (int s = 0; s < FSDP2_DTYPE_COUNT; s++) {
+            fsdp2_dtype_t dt = (fsdp2_dtype_t)d, st = (fsdp2_dtype_t)s;
+            int before = failures;
+            check_chunk_copy(kb, dt, st, 1, 100003, 100003, 100003); /* flat cast */
+            check_chunk_copy(kb, dt, st, 1, 5, 5, 5);                /* tiny */
+            check_chunk_copy(kb, dt, st, 37, 1001, 1024, 1013);     /* strided rows */
+            check_chunk_copy(kb, dt, st, 64, 128, 128, 128);        /* contiguous 2D */
+            if (failures != before)
+                return; /* one report per pair is enough */
+        }
+    }
+    /* More rows than a grid's y dimension (65535), and rows over 2 GiB apart would need
+     * more memory than a test should take: cover the first. */
+    check_chunk_copy(kb, FSDP2_BF16, FSDP2_F32, 70001, 3, 4, 5);
+    check_chunk_copy(kb, FSDP2_F32, FSDP2_F32, 70001, 3, 4, 5);
+}
+
+static void check_accumulate(kernel_bench_t *kb, fsdp2_dtype_t yt, fsdp2_dtype_t xt, size_t n,
+                             double alpha)
+{
+    size_t yb = n * dsize(yt), xb = n * dsize(xt);
+    void *x = xmalloc(xb), *want = xmalloc(yb), *got = xmalloc(yb);
+    /* Finite in f16 (below 2^15): inf - inf would make NaNs, whose payload is the
+     * hardware's own (x86 and GPUs differ). */
+    random_values(x, xt, n, 14);
+    random_values(want, yt, n, 14);
+    ASSERT_OK(upload(kb->dsrc, x, xb, kb->gpu));
+    ASSERT_OK(upload(kb->ddst, want, yb, kb->gpu));
+    ASSERT_OK(fsdp2_accumulate_async(want, yt, x, xt, n, alpha, kb->host));
+    ASSERT_OK(fsdp2_stream_synchronize(kb->host));
+    if (yt == xt)
+        ASSERT_OK(fsdp2_axpy_async(kb->ddst, kb->dsrc, yt, n, alpha, kb->gpu));
+    else
+        ASSERT_OK(fsdp2_accumulate_async(kb->ddst, yt, kb->dsrc, xt, n, alpha, kb->gpu));
+    ASSERT_OK(download(got, kb->ddst, yb, kb->gpu));
+    long i = first_difference(want, got, yt, n);
+    if (i >= 0)
+        FAIL("accumulate %s += %g * %s, n=%zu: element %ld x 0x%llx: cpu 0x%llx cuda 0x%llx",
+             fsdp2_dtype_name(yt), alpha, fsdp2_dtype_name(xt), n, i,
+             (unsigned long long)elem_bits(x, xt, (size_t)i),
+             (unsigned long long)elem_bits(want, yt, (size_t)i),
+             (unsigned long long)elem_bits(got, yt, (size_t)i));
+    free(x);
+    free(want);
+    free(got);
+}
+
+static void test_accumulate_matches_cpu_for_every_float_pair(kernel_bench_t *kb)
+{
+    const fsdp2_dtype_t floats[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
+    const double alphas[] = {1.0, -0.37, 1.0 / 3.0};
+    for (size_t a = 0; a < sizeof alphas / sizeof alphas[0]; a++)
+        for (int yi = 0; yi < 4; yi++)
+            for (int xi = 0; xi < 4; xi++) {
+                check_accumulate(kb, floats[yi], floats[xi], 100003, alphas[a]);
+                check_accumulate(kb, floats[yi], floats[xi], 3, alphas[a]);
+            }
+}
+
+static void test_fill_matches_cpu_for_every_dtype(kernel_bench_t *kb)
+{
+    const double values[] = {0.0, -0.0, 1.0, -2.5, 3.14159, 1e10, -1e10, 300.7, 255.5,
+                             65520.0, 1e-8, 1e-40, 9.3e18, NAN, -NAN, INFINITY, -INFINITY};
+    const size_t sizes[] = {1, 7, 100003};
+    for (int d = 0; d < FSDP2_DTYPE_COUNT; d++) {
+        fsdp2_dtype_t t = (fsdp2_dtype_t)d;
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+                size_t n = sizes[k], bytes = (n + 1) * dsize(t);
+                void *want = xmalloc(bytes), *got = xmalloc(bytes);
+                memset(want, 0xab, bytes);
+                memset(got, 0xab, bytes);
+                ASSERT_OK(fsdp2_fill_async(want, t, n, values[v], kb->host));
+                ASSERT_OK(upload(kb->ddst, got, bytes, kb->gpu));
+                ASSERT_OK(fsdp2_fill_async(kb->ddst, t, n, values[v], kb->gpu));
+                ASSERT_OK(download(got, kb->ddst, bytes, kb->gpu));
+                long i = first_difference(want, got, t, n + 1); /* + the poisoned tail */
+                if (i >= 0) {
+                    FAIL("fill %s with %g, n=%zu: element %ld: cpu 0x%llx cuda 0x%llx",
+                         fsdp2_dtype_name(t), values[v], n, i,
+                         (unsigned long long)elem_bits(want, t, (size_t)i),
+                         (unsigned long long)elem_bits(got, t, (size_t)i));
+                    free(want);
+                    free(got);
+                    return;
+                }
+                free(want);
+                free(got);
+            }
+        }
+    }
+}
+
+static void run_kernel_tests(void)
+{
+    kernel_bench_t kb = {.cap = (size_t)8 << 20};
+    if (fsdp2_stream_create(dut, "kernels", &kb.gpu) != FSDP2_SUCCESS ||
+        fsdp2_stream_current(cpu, &kb.host) != FSDP2_SUCCESS ||
+        fsdp2_device_alloc(dut, kb.cap, &kb.dsrc) != FSDP2_SUCCESS ||
+        fsdp2_device_alloc(dut, kb.cap, &kb.ddst) != FSDP2_SUCCESS) {
+        FAIL("kernel test set-up: %s", fsdp2_last_error());
+        return;
+    }
+    struct {
+        const char *name;
+        void (*fn)(kernel_bench_t *);
+    } tests[] = {
+        {"cast_and_chunk_copy_match_cpu_for_every_dtype_pair",
+         test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair},
+        {"accumulate_matches_cpu_for_every_float_pair",
+         test_accumulate_matches_cpu_for_every_float_pair},
+        {"fill_matches_cpu_for_every_dtype", test_fill_matches_cpu_for_every_dtype},
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int before = failures;
+        tests[i].fn(&kb);
+        printf("%s - %s\n", failures == before ? "ok" : "FAIL", tests[i].name);
+    }
+    fsdp2_device_free(dut, kb.dsrc);
+    fsdp2_device_free(dut, kb.ddst);
+    fsdp2_stream_destroy(kb.gpu);
+}
+
+int main(void)
+{
+    const char *env = getenv("FSDP2_TEST_DEVICE");
+    if (env && fsdp2_device_parse(env, &dut) != FSDP2_SUCCESS) {
+        fprintf(stderr, "FSDP2_TEST_DEVICE: %s\n", fsdp2_last_error());
+        return 1;
+    }
+    int count = 0, on_cuda = dut.type == FSDP2_DEVICE_CUDA;
+    if (on_cuda && (fsdp2_cuda_device_count(&count) != FSDP2_SUCCESS || count <= dut.index)) {
+        fsdp2_device_check(dut);
+        printf("SKIP: no CUDA device (%s)\n", fsdp2_last_error());
+        return 77;
+    }
+    struct {
+        const char *name;
+        void (*fn)(void);
+        int cuda_only;
+    } tests[] = {
+#define T(name, cuda_only) {#name, test_##name, cuda_only}
+        T(device_check_accepts_cuda0_rejects_missing_ordinal, 1),
+        T(alloc_free_updates_memory_stats, 0),
+        T(alloc_beyond_gpu_memory_is_out_of_memory, 0),
+        T(current_stream_is_shared_and_cannot_be_destroyed, 0),
+        T(event_orders_work_across_streams, 0),
+        T(host_function_error_surfaces_in_synchronize, 0),
+        T(misaligned_kernel_pointer_is_refused, 1),
+#undef T
+    };
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (tests[i].cuda_only && !on_cuda)
+            continue;
+        int before = failures;
+        tests[i].fn();
+        printf("%s - %s\n", failures == before ? "ok" : "FAIL", tests[i].name);
+    }
+    run_kernel_tests();
+    char name[FSDP2_DEVICE_NAME_MAX];
+    fsdp2_device_format(dut, name, sizeof name);
+    if (failures) {
+        printf("test_cuda_runtime: %d failure(s) on %s\n", failures, name);
+        return 1;
+    }
+    printf("test_cuda_runtime: all passed on %s\n", name);
+    return 0;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, then builds tests/install/app.c the way a
+# user would (cc app.c $(pkg-config --cflags --libs fsdp2)), shared and static, runs
+# both, and checks the headers also compile as C++.
+set -euo pipefail
+builddir=$1
+srcdir=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+meson install -C "$builddir" --destdir "$tmp/root" --no-rebuild --quiet >/dev/null
+pc=$(find "$tmp/root" -name fsdp2.pc | head -n 1)
+[ -n "$pc" ] || { echo "fsdp2.pc was not installed"; exit 1; }
+prefix=$(sed -n 's/^prefix=//p' "$pc")
+export PKG_CONFIG_PATH=$(dirname "$pc")
+pkgconf() { pkg-config --define-variable=prefix="$tmp/root$prefix" "$@" fsdp2; }
+libdir=$(pkgconf --variable=libdir)
+
+echo "prefix: $prefix  cflags: $(pkgconf --cflags)  libs: $(pkgconf --libs)"
+cc -std=c11 -Wall -Wextra -Werror -pedantic "$srcdir/tests/install/app.c" -o "$tmp/app" \
+    $(pkgconf --cflags) $(pkgconf --libs)
+LD_LIBRARY_PATH="$libdir" "$tmp/app"
+if LD_LIBRARY_PATH="$libdir" ldd "$tmp/app" | grep -q "libfsdp2.so.0 => $libdir"; then
+    echo "shared: linked against the installed libfsdp2.so.0"
+else
+    echo "shared: app does not use the installed library:"; LD_LIBRARY_PATH="$libdir" ldd "$tmp/app"; exit 1
+fi
+
+static_libs=$(pkgconf --static --libs | sed 's/-lfsdp2//')
+cc -std=c11 -Wall -Wextra -Werror "$srcdir/tests/install/app.c" -o "$tmp/app-static" \
+    $(pkgconf --cflags) "$libdir/libfsdp2.a" $static_libs
+"$tmp/app-static"
+echo "static: OK"
+
+echo '#include <fsdp2/fsdp2.h>' | c++ -x c++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only \
+    $(pkgconf --cflags) -
+echo "C++: headers compile"
