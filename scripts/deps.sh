@@ -3,7 +3,7 @@
 # Sourced by scripts/demo and scripts/test.
 set -euo pipefail
 
-FSDP2_PACKAGES=(meson ninja-build pkg-config gcc libc6-dev libucx-dev ucx-utils libhwloc-dev
+FSDP2_PACKAGES=(meson ninja-build pkg-config gcc g++ libc6-dev libucx-dev ucx-utils libhwloc-dev
                 hwloc libcjson-dev check libopenblas-dev zlib1g-dev)
 
 fsdp2_install_deps() {
