@@ -32,8 +32,27 @@
 #define CUDA_STREAM_NAME_MAX 32
 #define CUDA_HOST_ERROR_MAX 1024
 
+/* Host functions waiting on one stream at most; a launcher past that waits for one to
+ * finish, as a full cpu stream queue makes its producer wait. */
+#define CUDA_HOST_RING 256
+
+struct cuda_stream;
+
+/* What a host function needs on the runtime thread: a slot of its stream's ring. */
+typedef struct cuda_host_call {
+    fsdp2_host_fn fn;
+    void *arg;
+    struct cuda_stream *stream;
+} cuda_host_call_t;
+
 typedef struct cuda_stream {
     struct fsdp2_stream base; /* first: the core sees a fsdp2_stream_t */
+    /* Host functions run in stream order, so slot (n % CUDA_HOST_RING) of the n-th launch
+     * is free again once `finished` passed it: no allocation per launch. */
+    pthread_mutex_t host_lock;
+    pthread_cond_t host_done;
+    uint64_t host_launched, host_finished; /* under host_lock */
+    cuda_host_call_t host_calls[CUDA_HOST_RING];
     cudaStream_t handle;
     char name[CUDA_STREAM_NAME_MAX];
     atomic_int host_status;   /* first failing fsdp2_status_t of a host function, or 0 */
@@ -46,12 +65,6 @@ typedef struct cuda_event {
     cudaEvent_t handle;
 } cuda_event_t;
 
-/* What a host function needs on the runtime thread; freed there. */
-typedef struct cuda_host_call {
-    fsdp2_host_fn fn;
-    void *arg;
-    cuda_stream_t *stream;
-} cuda_host_call_t;
 
 static pthread_once_t cuda_init_once = PTHREAD_ONCE_INIT;
 static int cuda_count;
@@ -70,6 +83,9 @@ static void cuda_stream_init(cuda_stream_t *s, int index, cudaStream_t handle, c
     atomic_init(&s->host_status, FSDP2_SUCCESS);
     atomic_init(&s->host_message_ready, 0);
     s->host_message[0] = '\0';
+    pthread_mutex_init(&s->host_lock, NULL);
+    pthread_cond_init(&s->host_done, NULL);
+    s->host_launched = s->host_finished = 0;
 }
 
 static void cuda_init(void)
@@ -220,6 +236,8 @@ cleanup:; /* the stream is destroyed whatever failed before */
         status = fsdp2_cuda_status(err, "cudaStreamDestroy(s->handle)", __FILE__, __LINE__);
     cuda_device_leave(prev);
     FSDP2_LOG(DEBUG, STREAM, "destroyed stream '%s' on cuda:%d", s->name, stream->device.index);
+    pthread_cond_destroy(&s->host_done);
+    pthread_mutex_destroy(&s->host_lock);
     free(s);
     return status;
 }
@@ -293,8 +311,11 @@ cleanup:
 static void CUDART_CB cuda_host_trampoline(void *data)
 {
     cuda_host_call_t call = *(cuda_host_call_t *)data;
-    free(data);
     cuda_stream_t *s = call.stream;
+    pthread_mutex_lock(&s->host_lock); /* the slot is copied out: hand it back */
+    s->host_finished++;
+    pthread_cond_signal(&s->host_done);
+    pthread_mutex_unlock(&s->host_lock);
     /* Cleared so that a failure without a message of its own is not reported with an
      * older one left on this runtime thread. */
     fsdp2_error_set_message("");
@@ -319,22 +340,20 @@ static void CUDART_CB cuda_host_trampoline(void *data)
 static fsdp2_status_t cuda_stream_launch_host(fsdp2_stream_t *stream, fsdp2_host_fn fn, void *arg)
 {
     cuda_stream_t *s = cuda_stream_of(stream);
-    cuda_host_call_t *call = malloc(sizeof *call);
-    if (call == NULL)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "host function on stream '%s': out of memory",
-                           s->name);
-    call->fn = fn;
-    call->arg = arg;
-    call->stream = s;
     fsdp2_status_t status = FSDP2_SUCCESS;
     int prev = -1;
-    FSDP2_CHECK_GOTO(cuda_device_enter(stream->device.index, &prev), status, cleanup);
+    FSDP2_CHECK(cuda_device_enter(stream->device.index, &prev));
+    pthread_mutex_lock(&s->host_lock);
+    while (s->host_launched - s->host_finished >= CUDA_HOST_RING)
+        pthread_cond_wait(&s->host_done, &s->host_lock);
+    cuda_host_call_t *call = &s->host_calls[s->host_launched % CUDA_HOST_RING];
+    *call = (cuda_host_call_t){fn, arg, s};
     FSDP2_CUDA_CHECK_GOTO(cudaLaunchHostFunc(s->handle, cuda_host_trampoline, call), status,
                           cleanup);
+    s->host_launched++;
 cleanup:
+    pthread_mutex_unlock(&s->host_lock);
     cuda_device_leave(prev);
-    if (status != FSDP2_SUCCESS)
-        free(call);
     return status;
 }
 

@@ -356,6 +356,40 @@ static void test_host_function_error_surfaces_in_synchronize(void)
     ASSERT_OK(fsdp2_device_free(dut, d));
 }
 
+typedef struct ordered_call {
+    int *next; /* only the stream's host thread touches it: host functions run in order */
+    int id;
+    int *out_of_order;
+} ordered_call_t;
+
+static fsdp2_status_t host_fn_in_order(void *arg)
+{
+    ordered_call_t *c = arg;
+    if (*c->next != c->id)
+        (*c->out_of_order)++;
+    *c->next = c->id + 1;
+    return FSDP2_SUCCESS;
+}
+
+/* More host functions than a stream keeps slots for (the launcher waits for free
+ * slots instead of allocating), all run, in order. */
+static void test_many_host_functions_run_in_order_without_allocation(void)
+{
+    enum { N = 3000 };
+    static ordered_call_t calls[N];
+    int next = 0, out_of_order = 0;
+    fsdp2_stream_t *s;
+    ASSERT_OK(fsdp2_stream_create(dut, "many-host", &s));
+    for (int i = 0; i < N; i++) {
+        calls[i] = (ordered_call_t){&next, i, &out_of_order};
+        ASSERT_OK(fsdp2_stream_launch_host(s, host_fn_in_order, &calls[i]));
+    }
+    ASSERT_OK(fsdp2_stream_synchronize(s));
+    ASSERT_TRUE(next == N && out_of_order == 0, "ran %d of %d, %d out of order", next, N,
+                out_of_order);
+    ASSERT_OK(fsdp2_stream_destroy(s));
+}
+
 static void test_misaligned_kernel_pointer_is_refused(void)
 {
     fsdp2_stream_t *cur;
@@ -570,6 +604,7 @@ int main(void)
         T(current_stream_is_shared_and_cannot_be_destroyed, 0),
         T(event_orders_work_across_streams, 0),
         T(host_function_error_surfaces_in_synchronize, 0),
+        T(many_host_functions_run_in_order_without_allocation, 0),
         T(misaligned_kernel_pointer_is_refused, 1),
 #undef T
     };
