@@ -228,6 +228,27 @@ build_and_test() { # build_and_test TESTS(true|false)
     copy_out "$build/meson-logs/testlog.json"
     record "meson test" "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "exit $rc"
     test_rows
+    run_bench
+}
+
+# Kernel bandwidth against a device-to-device copy in the same run (bench/kernels).
+run_bench() {
+    local exe="$build/bench/bench_kernels" dev
+    [ -x "$exe" ] || return 0
+    for dev in cuda:0 cpu; do
+        step "bench_kernels --device $dev"
+        local json="$prefix/bench_kernels_${dev%%:*}.json"
+        "$exe" --device "$dev" --max-mib 256 --json "$json"
+        local rc=$?
+        if [ $rc -eq 0 ]; then
+            copy_out "$json"
+            record "bench $dev" ok "$(basename "$json")"
+        elif [ $rc -eq 77 ]; then
+            record "bench $dev" skip "device not available"
+        else
+            record "bench $dev" FAIL "exit $rc"
+        fi
+    done
 }
 
 # One summary row per test from meson's JSON log.
