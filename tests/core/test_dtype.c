@@ -10,6 +10,8 @@
  * first mismatch ends the test, so a broken conversion reports one input, not a flood. */
 #include <check.h>
 
+#include "check_main.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -938,11 +940,4 @@ static Suite *dtype_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(dtype_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+FSDP2_CHECK_MAIN(dtype_suite)

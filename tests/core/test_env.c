@@ -9,6 +9,8 @@
  * a test is about the table itself ("every default parses", "every name is listed"). */
 #include <check.h>
 
+#include "check_main.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -552,11 +554,4 @@ static Suite *env_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(env_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+FSDP2_CHECK_MAIN(env_suite)

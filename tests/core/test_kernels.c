@@ -4,6 +4,8 @@
  * them one element at a time, so what is checked is indexing, strides, dtype dispatch
  * and the arithmetic (f32 for 16/32-bit pairs, f64 otherwise, one rounding). */
 #include <check.h>
+
+#include "check_main.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -251,7 +253,7 @@ START_TEST(tensor_sized_kernels_on_allocator_memory_are_exact)
 }
 END_TEST
 
-int main(void)
+static Suite *kernels_suite(void)
 {
     Suite *suite = suite_create("kernels");
     TCase *tc = tcase_create("cpu");
@@ -263,9 +265,7 @@ int main(void)
     tcase_add_test(tc, bad_kernel_arguments_are_rejected_when_enqueued);
     tcase_add_test(tc, tensor_sized_kernels_on_allocator_memory_are_exact);
     suite_add_tcase(suite, tc);
-    SRunner *sr = srunner_create(suite);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return suite;
 }
+
+FSDP2_CHECK_MAIN(kernels_suite)

@@ -5,6 +5,8 @@
  * into a table of (value, #name, text) that shares no code with lib/core/status.c. */
 #include <check.h>
 
+#include "check_main.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,11 +277,4 @@ static Suite *status_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(status_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+FSDP2_CHECK_MAIN(status_suite)

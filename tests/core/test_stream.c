@@ -3,6 +3,8 @@
  * test sleeps to "wait long enough": gates are opened explicitly and every blocking
  * wait in a test helper has a timeout that fails the test instead of hanging it. */
 #include <check.h>
+
+#include "check_main.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -523,11 +525,4 @@ static Suite *stream_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(stream_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+FSDP2_CHECK_MAIN(stream_suite)

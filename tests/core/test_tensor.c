@@ -9,6 +9,8 @@
  * shows as wrong counters here and as a use-after-free under AddressSanitizer. */
 #include <check.h>
 
+#include "check_main.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1062,11 +1064,4 @@ static Suite *tensor_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(tensor_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+FSDP2_CHECK_MAIN(tensor_suite)
