@@ -13,7 +13,7 @@ fsdp2_install_deps() {
             missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
-    echo "Installing missing packages: ${missing[*]}"
+    echo "Installing missing packages (about a minute): ${missing[*]}"
     local sudo=""
     if [ "$(id -u)" -ne 0 ]; then
         command -v sudo >/dev/null || {
