@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages libfsdp2 needs, only those missing (quick when none are).
-# Sourced by scripts/demo and scripts/test.
+# Sourced by scripts/demo and scripts/test. (libudev-dev: static links of hwloc need -ludev.)
 set -euo pipefail
 
 FSDP2_PACKAGES=(meson ninja-build pkg-config gcc g++ libc6-dev libucx-dev ucx-utils libhwloc-dev
-                hwloc libcjson-dev check libopenblas-dev zlib1g-dev)
+                hwloc libudev-dev libcjson-dev check libopenblas-dev zlib1g-dev)
 
 fsdp2_install_deps() {
     local missing=()
