@@ -28,15 +28,24 @@ fsdp2_install_deps() {
 }
 
 # Configures (once) and builds a build directory: fsdp2_build DIR [meson options...]
+# An existing directory gets the options again (meson configure), so a change of the
+# options in these scripts reaches old build directories too.
 fsdp2_build() {
     local dir=$1
     shift
+    # meson finds nvcc only on PATH: add CUDA's bin when it is not there already.
+    local cuda_bin="${CUDA_HOME:-/usr/local/cuda}/bin"
+    if ! command -v nvcc >/dev/null && [ -x "$cuda_bin/nvcc" ]; then
+        export PATH="$PATH:$cuda_bin"
+    fi
     if [ ! -f "$dir/build.ninja" ]; then
         meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || {
             cat "$dir.setup.log" >&2
             return 1
         }
         rm -f "$dir.setup.log"
+    elif [ $# -gt 0 ]; then
+        meson configure "$dir" "$@" >/dev/null
     fi
     ninja -C "$dir" >/dev/null || ninja -C "$dir"
 }

@@ -16,6 +16,9 @@
  * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.
  *
+ * A host function must not enqueue on, synchronize or destroy the stream it runs on
+ * (FSDP2_ERR_INVALID_STATE on cpu; CUDA forbids any CUDA call there).
+ *
  * Errors inside asynchronous work (a failing host function) are kept on the stream
  * (the first one, with its message) and returned by fsdp2_stream_synchronize and
  * fsdp2_stream_query; later work still runs so nothing waiting on it hangs. */
@@ -45,8 +48,9 @@ FSDP2_API fsdp2_status_t fsdp2_stream_create(fsdp2_device_t device, const char *
                                              fsdp2_stream_t **stream);
 
 /* Waits for all work enqueued on stream, then destroys it. Safe with pending work
- * (the work completes first) as long as that work can complete. The current stream
- * cannot be destroyed. NULL is accepted and ignored. */
+ * (the work completes first) as long as that work can complete. Returns the stream's
+ * error if nobody synchronized for it (the stream is destroyed all the same). The current
+ * stream cannot be destroyed. NULL is accepted and ignored. */
 FSDP2_API fsdp2_status_t fsdp2_stream_destroy(fsdp2_stream_t *stream);
 
 /* The calling thread's stream for device, owned by the library (do not destroy). */

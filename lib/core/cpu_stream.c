@@ -86,6 +86,7 @@ struct cpu_stream {
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
+    int error_reported;   /* synchronize or query returned it */
     char error_message[512];
     char name[32];
 };
@@ -221,6 +222,17 @@ static void *stream_worker(void *arg)
 }
 
 /* Runs t inline on the current stream, or queues it on a side stream. */
+/* A host function running on s's own worker must not enqueue on s or wait for s: with
+ * a full ring, or waiting for itself, it would wait forever (CUDA forbids the same). */
+static fsdp2_status_t check_not_own_worker(cpu_stream_t *s, const char *what)
+{
+    if (s->has_thread && pthread_equal(pthread_self(), s->thread))
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "%s called from a host function running on stream '%s' itself", what,
+                           s->name);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
 {
     if (s->base.is_current) {
@@ -228,9 +240,12 @@ static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
         pthread_mutex_lock(&s->lock);
         s->submitted++;
         s->completed++;
+        if (status != FSDP2_SUCCESS) /* kept, as on a side stream */
+            stream_note_error(s, status);
         pthread_mutex_unlock(&s->lock);
         return status;
     }
+    FSDP2_CHECK(check_not_own_worker(s, "enqueue"));
     pthread_mutex_lock(&s->lock);
     while (s->count == s->capacity)
         pthread_cond_wait(&s->not_full, &s->lock);
@@ -298,9 +313,27 @@ static fsdp2_status_t cpu_stream_create(int index, const char *name, fsdp2_strea
     return FSDP2_SUCCESS;
 }
 
+/* The stream's first error as this thread's error. `reporting` marks it as seen by the
+ * application (synchronize, query); destroy only reports an error nobody saw. */
+static fsdp2_status_t stream_report(cpu_stream_t *s, int reporting)
+{
+    pthread_mutex_lock(&s->lock);
+    fsdp2_status_t status = s->error;
+    int seen = s->error_reported;
+    if (reporting)
+        s->error_reported = 1;
+    char message[sizeof(s->error_message)];
+    memcpy(message, s->error_message, sizeof(message));
+    pthread_mutex_unlock(&s->lock);
+    if (status != FSDP2_SUCCESS && (reporting || !seen))
+        return fsdp2_error(status, "stream '%s': %s", s->name, message);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t cpu_stream_destroy(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = as_stream(stream);
+    FSDP2_CHECK(check_not_own_worker(s, "destroy"));
     pthread_mutex_lock(&s->lock);
     s->stopping = 1;
     pthread_cond_signal(&s->not_empty);
@@ -309,8 +342,9 @@ static fsdp2_status_t cpu_stream_destroy(fsdp2_stream_t *stream)
         pthread_join(s->thread, NULL);
     FSDP2_LOG(DEBUG, STREAM, "destroyed cpu stream '%s' after %llu tasks", s->name,
               (unsigned long long)s->completed);
+    fsdp2_status_t status = stream_report(s, 0); /* an error nobody synchronized for */
     stream_release(s);
-    return FSDP2_SUCCESS;
+    return status;
 }
 
 static pthread_key_t current_key;
@@ -340,26 +374,16 @@ static fsdp2_status_t cpu_stream_current(int index, fsdp2_stream_t **out)
     return FSDP2_SUCCESS;
 }
 
-static fsdp2_status_t stream_report(cpu_stream_t *s)
-{
-    pthread_mutex_lock(&s->lock);
-    fsdp2_status_t status = s->error;
-    char message[sizeof(s->error_message)];
-    memcpy(message, s->error_message, sizeof(message));
-    pthread_mutex_unlock(&s->lock);
-    if (status != FSDP2_SUCCESS)
-        return fsdp2_error(status, "stream '%s': %s", s->name, message);
-    return FSDP2_SUCCESS;
-}
 
 static fsdp2_status_t cpu_stream_synchronize(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = as_stream(stream);
+    FSDP2_CHECK(check_not_own_worker(s, "synchronize"));
     pthread_mutex_lock(&s->lock);
     uint64_t target = s->submitted;
     pthread_mutex_unlock(&s->lock);
     FSDP2_CHECK(wait_position(s, target, -1));
-    return stream_report(s);
+    return stream_report(s, 1);
 }
 
 static fsdp2_status_t cpu_stream_query(fsdp2_stream_t *stream)
@@ -368,7 +392,7 @@ static fsdp2_status_t cpu_stream_query(fsdp2_stream_t *stream)
     pthread_mutex_lock(&s->lock);
     int done = s->completed == s->submitted;
     pthread_mutex_unlock(&s->lock);
-    FSDP2_CHECK(stream_report(s));
+    FSDP2_CHECK(stream_report(s, 1));
     return done ? FSDP2_SUCCESS : FSDP2_ERR_NOT_READY;
 }
 

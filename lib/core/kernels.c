@@ -89,6 +89,14 @@ fsdp2_status_t fsdp2_accumulate_async(void *y, fsdp2_dtype_t y_dtype, const void
     if (n == 0)
         return FSDP2_SUCCESS;
     FSDP2_ARG_CHECK(y && x, "accumulate: y=%p or x=%p is NULL with n=%zu", y, x, n);
+    size_t yb = 0, xb = 0;
+    fsdp2_dtype_size(y_dtype, &yb);
+    fsdp2_dtype_size(x_dtype, &xb);
+    uintptr_t y0 = (uintptr_t)y, x0 = (uintptr_t)x;
+    int overlap = y0 < x0 + n * xb && x0 < y0 + n * yb;
+    FSDP2_ARG_CHECK(!overlap || (y0 == x0 && y_dtype == x_dtype),
+                    "accumulate: y [%p, +%zu) overlaps x [%p, +%zu) (only y == x is allowed)", y,
+                    n * yb, x, n * xb);
     return stream->ops->accumulate(y, y_dtype, x, x_dtype, n, alpha, stream);
 }
 

@@ -104,7 +104,10 @@ fsdp2_status_t fsdp2_event_record(fsdp2_event_t *event, fsdp2_stream_t *stream)
 {
     FSDP2_ARG_CHECK(stream && event, "stream or event is NULL");
     FSDP2_ARG_CHECK(same_device(stream->device, event->device),
-                    "event recorded on a stream of another device");
+                    "event of device (type %d index %d) recorded on a stream of device (type %d "
+                    "index %d)",
+                    (int)event->device.type, event->device.index, (int)stream->device.type,
+                    stream->device.index);
     return event->ops->event_record(event, stream);
 }
 

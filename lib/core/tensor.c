@@ -21,6 +21,9 @@ struct fsdp2_storage {
 fsdp2_status_t fsdp2_shape_format(int ndim, const int64_t *shape, char *buf, size_t len)
 {
     FSDP2_ARG_CHECK(buf && len > 0, "buf is NULL or len is 0");
+    FSDP2_ARG_CHECK(ndim >= 0 && ndim <= FSDP2_MAX_DIMS, "ndim %d is not in 0..%d", ndim,
+                    FSDP2_MAX_DIMS);
+    FSDP2_ARG_CHECK(ndim == 0 || shape, "shape is NULL with ndim %d", ndim);
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i <= ndim && used < len; i++) {
@@ -288,6 +291,10 @@ fsdp2_status_t fsdp2_tensor_check(const fsdp2_tensor_t *t, const char *what, fsd
 {
     FSDP2_ARG_CHECK(t, "tensor '%s' is NULL", what ? what : "");
     const char *name = what ? what : "";
+    FSDP2_ARG_CHECK(ndim >= 0 && ndim <= FSDP2_MAX_DIMS, "tensor '%s': expected ndim %d is not in 0..%d",
+                    name, ndim, FSDP2_MAX_DIMS);
+    FSDP2_ARG_CHECK(ndim == 0 || shape, "tensor '%s': expected shape is NULL with ndim %d", name,
+                    ndim);
     if (t->dtype != dtype)
         return fsdp2_error(FSDP2_ERR_DTYPE_MISMATCH, "tensor '%s': dtype %s does not match %s",
                            name, fsdp2_dtype_name(t->dtype), fsdp2_dtype_name(dtype));

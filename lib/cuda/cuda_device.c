@@ -49,7 +49,8 @@ typedef struct cuda_stream {
     struct fsdp2_stream base; /* first: the core sees a fsdp2_stream_t */
     /* Host functions run in stream order, so slot (n % CUDA_HOST_RING) of the n-th launch
      * is free again once `finished` passed it: no allocation per launch. */
-    pthread_mutex_t host_lock;
+    pthread_mutex_t launch_lock; /* one launcher at a time; never taken by the trampoline */
+    pthread_mutex_t host_lock;   /* ring accounting only: never held across a CUDA call */
     pthread_cond_t host_done;
     uint64_t host_launched, host_finished; /* under host_lock */
     cuda_host_call_t host_calls[CUDA_HOST_RING];
@@ -83,6 +84,7 @@ static void cuda_stream_init(cuda_stream_t *s, int index, cudaStream_t handle, c
     atomic_init(&s->host_status, FSDP2_SUCCESS);
     atomic_init(&s->host_message_ready, 0);
     s->host_message[0] = '\0';
+    pthread_mutex_init(&s->launch_lock, NULL);
     pthread_mutex_init(&s->host_lock, NULL);
     pthread_cond_init(&s->host_done, NULL);
     s->host_launched = s->host_finished = 0;
@@ -218,6 +220,8 @@ cleanup:
     return status;
 }
 
+static fsdp2_status_t cuda_stream_host_error(cuda_stream_t *s);
+
 static fsdp2_status_t cuda_stream_destroy(fsdp2_stream_t *stream)
 {
     cuda_stream_t *s = cuda_stream_of(stream);
@@ -235,9 +239,12 @@ cleanup:; /* the stream is destroyed whatever failed before */
     if (err != cudaSuccess && status == FSDP2_SUCCESS)
         status = fsdp2_cuda_status(err, "cudaStreamDestroy(s->handle)", __FILE__, __LINE__);
     cuda_device_leave(prev);
+    if (status == FSDP2_SUCCESS) /* an error nobody synchronized for */
+        status = cuda_stream_host_error(s);
     FSDP2_LOG(DEBUG, STREAM, "destroyed stream '%s' on cuda:%d", s->name, stream->device.index);
     pthread_cond_destroy(&s->host_done);
     pthread_mutex_destroy(&s->host_lock);
+    pthread_mutex_destroy(&s->launch_lock);
     free(s);
     return status;
 }
@@ -343,16 +350,25 @@ static fsdp2_status_t cuda_stream_launch_host(fsdp2_stream_t *stream, fsdp2_host
     fsdp2_status_t status = FSDP2_SUCCESS;
     int prev = -1;
     FSDP2_CHECK(cuda_device_enter(stream->device.index, &prev));
+    /* cudaLaunchHostFunc can block while the stream's launch queue is full; holding
+     * host_lock then would stop the trampoline ahead of us from freeing its slot. So the
+     * slot is claimed under host_lock, and the launch happens under launch_lock only. */
+    pthread_mutex_lock(&s->launch_lock);
     pthread_mutex_lock(&s->host_lock);
     while (s->host_launched - s->host_finished >= CUDA_HOST_RING)
         pthread_cond_wait(&s->host_done, &s->host_lock);
     cuda_host_call_t *call = &s->host_calls[s->host_launched % CUDA_HOST_RING];
     *call = (cuda_host_call_t){fn, arg, s};
-    FSDP2_CUDA_CHECK_GOTO(cudaLaunchHostFunc(s->handle, cuda_host_trampoline, call), status,
-                          cleanup);
-    s->host_launched++;
-cleanup:
+    s->host_launched++; /* before the launch: its trampoline may finish before we return */
     pthread_mutex_unlock(&s->host_lock);
+    cudaError_t err = cudaLaunchHostFunc(s->handle, cuda_host_trampoline, call);
+    if (err != cudaSuccess) {
+        pthread_mutex_lock(&s->host_lock);
+        s->host_launched--; /* nothing was queued; launchers are serialised */
+        pthread_mutex_unlock(&s->host_lock);
+        status = fsdp2_cuda_status(err, "cudaLaunchHostFunc", __FILE__, __LINE__);
+    }
+    pthread_mutex_unlock(&s->launch_lock);
     cuda_device_leave(prev);
     return status;
 }
@@ -437,7 +453,8 @@ static uint64_t cuda_now_ns(void)
 static fsdp2_status_t cuda_event_wait_timeout(fsdp2_event_t *event, long timeout_ms)
 {
     cuda_event_t *e = cuda_event_of(event);
-    if (timeout_ms < 0) {
+    /* A timeout beyond ~100 days is forever (and would overflow the deadline below). */
+    if (timeout_ms < 0 || timeout_ms > 8640000000L) {
         FSDP2_CUDA_CHECK(cudaEventSynchronize(e->handle));
         return FSDP2_SUCCESS;
     }

@@ -219,6 +219,16 @@ START_TEST(bad_kernel_arguments_are_rejected_when_enqueued)
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "overlaps"));
     fsdp2_chunk_copy_t huge = {b, FSDP2_F32, SIZE_MAX / 2, a, FSDP2_F32, 8, 4, 1};
     ck_assert_int_eq(fsdp2_chunk_copy_async(&huge, s), FSDP2_ERR_OVERFLOW);
+    ck_assert_int_eq(fsdp2_accumulate_async(a + 1, FSDP2_F32, a, FSDP2_F32, 8, 1, s),
+                     FSDP2_ERR_INVALID_ARGUMENT); /* partial overlap: order-dependent */
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "overlaps"));
+    ck_assert_int_eq(fsdp2_accumulate_async(a, FSDP2_F32, a, FSDP2_BF16, 8, 1, s),
+                     FSDP2_ERR_INVALID_ARGUMENT); /* same address, other dtype */
+    for (int i = 0; i < 8; i++)
+        a[i] = (float)i;
+    OK(fsdp2_accumulate_async(a, FSDP2_F32, a, FSDP2_F32, 8, 1, s)); /* y == x: y = 2y */
+    OK(fsdp2_stream_synchronize(s));
+    ck_assert_float_eq(a[7], 14.0f);
     ck_assert_int_eq(fsdp2_cast_async(b, FSDP2_F32, a, FSDP2_F32, 4, NULL),
                      FSDP2_ERR_INVALID_ARGUMENT);
     OK(fsdp2_stream_synchronize(s)); /* nothing bad was enqueued */

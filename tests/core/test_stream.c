@@ -504,6 +504,48 @@ START_TEST(stress_many_threads_enqueue_on_shared_streams)
 }
 END_TEST
 
+typedef struct self_use {
+    fsdp2_stream_t *stream;
+    fsdp2_status_t enqueue, sync, destroy;
+} self_use_t;
+
+static fsdp2_status_t use_own_stream(void *arg)
+{
+    self_use_t *u = arg;
+    u->enqueue = fsdp2_stream_launch_host(u->stream, count_run, NULL);
+    u->sync = fsdp2_stream_synchronize(u->stream);
+    u->destroy = fsdp2_stream_destroy(u->stream);
+    return FSDP2_SUCCESS;
+}
+
+START_TEST(a_host_function_using_its_own_stream_is_refused_not_a_deadlock)
+{
+    self_use_t u = {NULL, FSDP2_SUCCESS, FSDP2_SUCCESS, FSDP2_SUCCESS};
+    OK(fsdp2_stream_create(cpu, "self", &u.stream));
+    OK(fsdp2_stream_launch_host(u.stream, use_own_stream, &u));
+    OK(fsdp2_stream_synchronize(u.stream));
+    ck_assert_int_eq(u.enqueue, FSDP2_ERR_INVALID_STATE);
+    ck_assert_int_eq(u.sync, FSDP2_ERR_INVALID_STATE);
+    ck_assert_int_eq(u.destroy, FSDP2_ERR_INVALID_STATE);
+    OK(fsdp2_stream_destroy(u.stream));
+}
+END_TEST
+
+START_TEST(errors_are_kept_on_the_current_stream_and_reported_by_destroy)
+{
+    fsdp2_stream_t *cur, *s;
+    OK(fsdp2_stream_current(cpu, &cur));
+    ck_assert_int_eq(fsdp2_stream_launch_host(cur, fail_run, NULL), FSDP2_ERR_PEER_FAILED);
+    ck_assert_int_eq(fsdp2_stream_synchronize(cur), FSDP2_ERR_PEER_FAILED);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank 3 went away"));
+    /* a side stream destroyed without anyone synchronizing reports what failed */
+    OK(fsdp2_stream_create(cpu, "unread", &s));
+    OK(fsdp2_stream_launch_host(s, fail_run, NULL));
+    ck_assert_int_eq(fsdp2_stream_destroy(s), FSDP2_ERR_PEER_FAILED);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "unread"));
+}
+END_TEST
+
 static Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -521,6 +563,8 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, stress_ping_pong_between_streams_never_runs_early);
     tcase_add_test(tc, stress_pipeline_of_kernels_through_event_ordered_buffer_ring);
     tcase_add_test(tc, stress_many_threads_enqueue_on_shared_streams);
+    tcase_add_test(tc, a_host_function_using_its_own_stream_is_refused_not_a_deadlock);
+    tcase_add_test(tc, errors_are_kept_on_the_current_stream_and_reported_by_destroy);
     suite_add_tcase(s, tc);
     return s;
 }

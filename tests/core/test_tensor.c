@@ -995,12 +995,30 @@ static TCase *tcase_new(const char *name)
     return tc;
 }
 
+START_TEST(shape_arguments_out_of_range_are_errors_not_crashes)
+{
+    char buf[64];
+    ck_assert_int_eq(fsdp2_shape_format(2, NULL, buf, sizeof(buf)), FSDP2_ERR_INVALID_ARGUMENT);
+    const int64_t one[1] = {3};
+    ck_assert_int_eq(fsdp2_shape_format(100, one, buf, sizeof(buf)), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "100"));
+    fsdp2_tensor_t *t;
+    fsdp2_device_t cpu = {FSDP2_DEVICE_CPU, 0};
+    ck_assert_int_eq(fsdp2_tensor_empty(cpu, FSDP2_F32, 1, one, &t), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_tensor_check(t, "w", FSDP2_F32, 3, NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_tensor_check(t, "w", FSDP2_F32, 100, one), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "100"));
+    fsdp2_tensor_release(t);
+}
+END_TEST
+
 static Suite *tensor_suite(void)
 {
     Suite *s = suite_create("tensor");
 
     TCase *alloc = tcase_new("alloc");
     tcase_add_test(alloc, empty_allocates_exactly_nbytes_and_release_returns_them_for_every_dtype);
+    tcase_add_test(alloc, shape_arguments_out_of_range_are_errors_not_crashes);
     tcase_add_test(alloc, zeros_fills_every_byte_with_zero_for_every_dtype);
     tcase_add_test(alloc, peak_tracks_the_most_bytes_live_at_once_and_reset_lowers_it);
     tcase_add_test(alloc, empty_rejects_unknown_dtype);

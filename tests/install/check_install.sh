@@ -20,7 +20,8 @@ echo "prefix: $prefix  cflags: $(pkgconf --cflags)  libs: $(pkgconf --libs)"
 cc -std=c11 -Wall -Wextra -Werror -pedantic "$srcdir/tests/install/app.c" -o "$tmp/app" \
     $(pkgconf --cflags) $(pkgconf --libs)
 LD_LIBRARY_PATH="$libdir" "$tmp/app"
-if LD_LIBRARY_PATH="$libdir" ldd "$tmp/app" | grep -q "libfsdp2.so.0 => $libdir"; then
+# (not `ldd | grep -q`: under pipefail, grep's early exit SIGPIPEs ldd and fails the test)
+if grep -q "libfsdp2.so.0 => $libdir" <<<"$(LD_LIBRARY_PATH="$libdir" ldd "$tmp/app")"; then
     echo "shared: linked against the installed libfsdp2.so.0"
 else
     echo "shared: app does not use the installed library:"; LD_LIBRARY_PATH="$libdir" ldd "$tmp/app"; exit 1
