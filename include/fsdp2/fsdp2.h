@@ -12,5 +12,9 @@
 #include <fsdp2/stream.h>
 #include <fsdp2/kernels.h>
 #include <fsdp2/tensor.h>
+#include <fsdp2/bootstrap.h>
+#include <fsdp2/store.h>
+#include <fsdp2/topology.h>
+#include <fsdp2/group.h>
 
 #endif

@@ -1,0 +1,188 @@
+/* Collective bandwidth, as nccl-tests defines it, for libfsdp2's ucx backend.
+ *
+ * For each operation and size S (bytes: the all-gather output, the reduce-scatter input,
+ * the all-reduce buffer): time per call t (the slowest rank's mean over the timed
+ * iterations, after warm-up, each iteration synchronized), algbw = S / t, and
+ * busbw = algbw * (n - 1) / n for all-gather and reduce-scatter, * 2 (n - 1) / n for
+ * all-reduce. Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and
+ * Open MPI's twin (bench/mpi_collectives.c) and prints the ratios.
+ *
+ * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
+ *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--json FILE] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp2/fsdp2.h>
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        fsdp2_status_t s_ = (call);                                                        \
+        if (s_ != FSDP2_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, fsdp2_strerror(s_),     \
+                    fsdp2_last_error());                                                   \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct bench {
+    fsdp2_group_t *group;
+    fsdp2_stream_t *stream;
+    int rank, n;
+    fsdp2_dtype_t dtype;
+    size_t esize;
+    char *a, *b; /* max bytes each */
+} bench_t;
+
+static void run_op(bench_t *b, int op, size_t bytes)
+{
+    size_t elems = bytes / b->esize, per_rank = elems / (size_t)b->n;
+    switch (op) {
+    case OP_AG:
+        CHECK(fsdp2_all_gather_async(b->group, b->a, b->b, per_rank, b->dtype, b->stream));
+        break;
+    case OP_RS:
+        CHECK(fsdp2_reduce_scatter_async(b->group, b->a, b->b, per_rank, b->dtype, NULL, b->stream));
+        break;
+    default:
+        CHECK(fsdp2_all_reduce_async(b->group, b->a, elems, b->dtype, NULL, b->stream));
+        break;
+    }
+    CHECK(fsdp2_stream_synchronize(b->stream));
+}
+
+/* Mean seconds per call on the slowest rank. */
+static double time_op(bench_t *b, int op, size_t bytes)
+{
+    int warm = bytes < (1 << 20) ? 20 : 3;
+    int iters = bytes <= (1 << 16) ? 200 : bytes <= (1 << 22) ? 40 : bytes <= (1 << 26) ? 10 : 5;
+    for (int i = 0; i < warm; i++)
+        run_op(b, op, bytes);
+    CHECK(fsdp2_barrier_async(b->group, b->stream));
+    CHECK(fsdp2_stream_synchronize(b->stream));
+    double t0 = now();
+    for (int i = 0; i < iters; i++)
+        run_op(b, op, bytes);
+    double t = (now() - t0) / iters;
+    /* the slowest rank's time: all-reduce of the times, then max by hand */
+    double *all = calloc((size_t)b->n, sizeof(double));
+    all[b->rank] = t;
+    CHECK(fsdp2_all_reduce_async(b->group, all, (size_t)b->n, FSDP2_F64, NULL, b->stream));
+    CHECK(fsdp2_stream_synchronize(b->stream));
+    double worst = 0;
+    for (int r = 0; r < b->n; r++)
+        worst = all[r] > worst ? all[r] : worst;
+    free(all);
+    return worst;
+}
+
+int main(int argc, char **argv)
+{
+    size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
+    const char *json_path = NULL, *dtype_name = "f32";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--min") == 0)
+            min_bytes = strtoull(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--max") == 0)
+            max_bytes = strtoull(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--json") == 0)
+            json_path = argv[i + 1];
+        else if (strcmp(argv[i], "--dtype") == 0)
+            dtype_name = argv[i + 1];
+        else {
+            fprintf(stderr, "unknown flag %s\n", argv[i]);
+            return 2;
+        }
+    }
+    fsdp2_process_info_t info;
+    CHECK(fsdp2_process_info_from_env(&info));
+    /* The limit to compare with: one thread's memcpy of 256 MiB (bytes copied / s). */
+    double memcpy_gbps = 0;
+    if (info.rank == 0) {
+        size_t mb = (size_t)256 << 20;
+        char *x = malloc(mb), *y = malloc(mb);
+        memset(x, 1, mb);
+        memset(y, 2, mb);
+        for (int i = 0; i < 5; i++) {
+            double t0 = now();
+            memcpy(y, x, mb);
+            double g = (double)mb / (now() - t0) / 1e9;
+            memcpy_gbps = g > memcpy_gbps ? g : memcpy_gbps;
+        }
+        free(x);
+        free(y);
+    }
+    fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
+    so.host = info.master_addr[0] ? info.master_addr : "127.0.0.1";
+    so.port = info.master_port;
+    so.is_server = info.rank == 0;
+    so.world_size = info.world_size;
+    so.rank = info.rank;
+    fsdp2_store_t *store;
+    CHECK(fsdp2_store_create(&so, &store));
+    bench_t b = {.rank = info.rank, .n = info.world_size};
+    CHECK(fsdp2_dtype_parse(dtype_name, &b.dtype));
+    CHECK(fsdp2_dtype_size(b.dtype, &b.esize));
+    CHECK(fsdp2_group_create(store, "bench", info.rank, info.world_size, NULL, &b.group));
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    CHECK(fsdp2_stream_create(cpu, "bench", &b.stream));
+    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.a));
+    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.b));
+    memset(b.a, 0, max_bytes); /* fault the pages in before timing */
+    memset(b.b, 0, max_bytes);
+
+    FILE *json = NULL;
+    if (b.rank == 0) {
+        printf("# libfsdp2 ucx collectives, %d ranks, %s; memcpy %.2f GB/s\n", b.n, dtype_name,
+               memcpy_gbps);
+        printf("%-15s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+        if (json_path && !(json = fopen(json_path, "w"))) {
+            perror(json_path);
+            return 1;
+        }
+        if (json)
+            fprintf(json, "{\"impl\": \"libfsdp2\", \"ranks\": %d, \"dtype\": \"%s\", "
+                          "\"memcpy_gbps\": %.3f, \"results\": [",
+                    b.n, dtype_name, memcpy_gbps);
+    }
+    int first = 1;
+    for (int op = 0; op < OP_COUNT; op++) {
+        for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+            size_t unit = b.esize * (size_t)b.n;
+            size_t s = bytes / unit * unit;
+            double t = time_op(&b, op, s);
+            double alg = (double)s / t / 1e9;
+            double bus = alg * (op == OP_AR ? 2.0 : 1.0) * (b.n - 1) / b.n;
+            if (b.rank == 0) {
+                printf("%-15s %12zu %12.1f %12.3f %12.3f\n", op_names[op], s, t * 1e6, alg, bus);
+                fflush(stdout);
+                if (json)
+                    fprintf(json, "%s\n  {\"op\": \"%s\", \"bytes\": %zu, \"time_us\": %.3f, "
+                                  "\"algbw\": %.4f, \"busbw\": %.4f}",
+                            first ? "" : ",", op_names[op], s, t * 1e6, alg, bus);
+                first = 0;
+            }
+        }
+    }
+    if (json) {
+        fprintf(json, "\n]}\n");
+        fclose(json);
+    }
+    CHECK(fsdp2_stream_destroy(b.stream));
+    CHECK(fsdp2_group_destroy(b.group));
+    CHECK(fsdp2_device_free(cpu, b.a));
+    CHECK(fsdp2_device_free(cpu, b.b));
+    CHECK(fsdp2_store_destroy(store));
+    return 0;
+}

@@ -1,0 +1,95 @@
+/* The machine's topology (through hwloc): packages, NUMA nodes, cores, hardware threads
+ * (PUs) and GPUs, and where each local rank should be bound.
+ *
+ * Indices: cores and packages are hwloc logical indices (0..n-1 in topology order);
+ * NUMA nodes and PUs are OS indices, the numbers numactl, taskset and
+ * sched_setaffinity use.
+ *
+ * Binding distributes over the CPUs the calling process may use (its current affinity,
+ * within what the cgroup allows), in blocks: with C cores and N local ranks, local rank
+ * r gets cores [floor(r*C/N), floor((r+1)*C/N)), at least one, with all their PUs. So
+ * when N <= C every rank owns a run of neighbouring cores (shared caches, one package
+ * where possible) and every core is used, as `mpirun --map-by slot:PE=C/N --bind-to core`
+ * would; when N > C consecutive ranks share a core (ranks 0,1 on core 0 for 4 ranks on
+ * 2 cores). NUMA mode does the same over the NUMA nodes that have CPUs, binding to all
+ * CPUs of the chosen node(s); memory then follows Linux's first-touch local policy.
+ *
+ * Built without hwloc, every function returns FSDP2_ERR_NOT_AVAILABLE with a message. */
+#ifndef FSDP2_TOPOLOGY_H
+#define FSDP2_TOPOLOGY_H
+
+#include <stddef.h>
+
+#include <fsdp2/export.h>
+#include <fsdp2/status.h>
+
+FSDP2_EXTERN_C_BEGIN
+
+typedef struct fsdp2_topology fsdp2_topology_t;
+
+typedef enum fsdp2_topology_kind {
+    FSDP2_TOPOLOGY_PACKAGE = 0,
+    FSDP2_TOPOLOGY_NUMA_NODE = 1,
+    FSDP2_TOPOLOGY_CORE = 2,
+    FSDP2_TOPOLOGY_PU = 3, /* hardware threads */
+    FSDP2_TOPOLOGY_GPU = 4, /* NVIDIA/AMD display or 3D controllers on PCI */
+} fsdp2_topology_kind_t;
+
+typedef enum fsdp2_bind_mode {
+    FSDP2_BIND_NONE = 0, /* no restriction: every CPU the process may use */
+    FSDP2_BIND_CORE = 1, /* a block of cores per local rank */
+    FSDP2_BIND_NUMA = 2, /* a block of NUMA nodes (with CPUs) per local rank */
+} fsdp2_bind_mode_t;
+
+/* Discovers this machine, with PCI devices (for GPU locality). Blocks for a few
+ * milliseconds (reads /sys). The caller owns *topo; fsdp2_topology_destroy frees it. */
+FSDP2_API fsdp2_status_t fsdp2_topology_load(fsdp2_topology_t **topo);
+
+/* A made-up machine from an hwloc synthetic description, e.g.
+ * "pack:2 numa:2 core:8 pu:2", for planning and tests. It cannot bind (bind_self
+ * returns FSDP2_ERR_UNSUPPORTED); all its CPUs count as usable. */
+FSDP2_API fsdp2_status_t fsdp2_topology_load_synthetic(const char *description,
+                                                       fsdp2_topology_t **topo);
+
+/* NULL ignored. */
+FSDP2_API fsdp2_status_t fsdp2_topology_destroy(fsdp2_topology_t *topo);
+
+/* How many objects of a kind the machine has (the whole machine as visible to this
+ * process, not only its current affinity). */
+FSDP2_API fsdp2_status_t fsdp2_topology_count(const fsdp2_topology_t *topo,
+                                              fsdp2_topology_kind_t kind, int *count);
+
+/* The CPUs (PU OS indices, ascending) that local rank local_rank of local_world_size
+ * should be bound to under mode, by the block distribution above; FSDP2_BIND_NONE gives
+ * every usable CPU. Writes up to max_cpus entries into cpus and the full number into
+ * *ncpus; FSDP2_ERR_OVERFLOW when max_cpus is too small (count(PU) is always enough).
+ * Does not bind anything. */
+FSDP2_API fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *topo,
+                                                        int local_rank, int local_world_size,
+                                                        fsdp2_bind_mode_t mode, int *cpus,
+                                                        int max_cpus, int *ncpus);
+
+/* Binds the whole calling process (all its threads; children inherit it) to the CPUs
+ * cpuset_for_rank gives. FSDP2_BIND_NONE is a no-op. Call it before starting threads
+ * whose placement should follow. */
+FSDP2_API fsdp2_status_t fsdp2_topology_bind_self(const fsdp2_topology_t *topo,
+                                                  int local_rank, int local_world_size,
+                                                  fsdp2_bind_mode_t mode);
+
+/* A short human-readable summary into buf (always NUL-terminated when len > 0,
+ * truncated safely); *needed gets the full length without the NUL (may be NULL).
+ * Lines: the machine and its counts, each package, each NUMA node with its memory and
+ * cores, the cores with their PUs, and the GPUs with PCI bus id and NUMA node (or
+ * "GPUs: none"). */
+FSDP2_API fsdp2_status_t fsdp2_topology_format(const fsdp2_topology_t *topo, char *buf,
+                                               size_t len, size_t *needed);
+
+/* "none", "core", "numa"; "unknown" otherwise. Never NULL. */
+FSDP2_API const char *fsdp2_bind_mode_name(fsdp2_bind_mode_t mode);
+
+/* Parses "none", "core" or "numa" (FSDP2_ERR_INVALID_ARGUMENT naming the text). */
+FSDP2_API fsdp2_status_t fsdp2_bind_mode_parse(const char *text, fsdp2_bind_mode_t *mode);
+
+FSDP2_EXTERN_C_END
+
+#endif

@@ -1,0 +1,261 @@
+/* Process groups: argument checks, sequence numbers and the sticky error; the backend
+ * (ucx today, nccl later) does the communication. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/group_internal.h"
+#include "core/device_ops.h"
+#include "core/env_internal.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
+{
+    char message[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&g->error_lock);
+    int expected = FSDP2_SUCCESS;
+    if (atomic_compare_exchange_strong(&g->error, &expected, (int)status)) {
+        snprintf(g->error_message, sizeof(g->error_message), "group '%s' rank %d: %s", g->name,
+                 g->rank, message);
+        FSDP2_LOG(WARN, COLL, "%s", g->error_message);
+    }
+    pthread_mutex_unlock(&g->error_lock);
+    return fsdp2_error(status, "group '%s' rank %d: %s", g->name, g->rank, message);
+}
+
+fsdp2_status_t fsdp2_group_check(fsdp2_group_t *g)
+{
+    fsdp2_status_t status = (fsdp2_status_t)atomic_load(&g->error);
+    if (status == FSDP2_SUCCESS)
+        return FSDP2_SUCCESS;
+    pthread_mutex_lock(&g->error_lock);
+    fsdp2_error_set_message(g->error_message);
+    pthread_mutex_unlock(&g->error_lock);
+    return status;
+}
+
+fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank, int size,
+                                  const fsdp2_group_options_t *options, fsdp2_group_t **out)
+{
+    FSDP2_ARG_CHECK(out, "group is NULL");
+    *out = NULL;
+    FSDP2_ARG_CHECK(store && name, "store or name is NULL");
+    FSDP2_ARG_CHECK(name[0] && strlen(name) < FSDP2_GROUP_NAME_MAX,
+                    "group name '%s' must have 1..%d characters", name, FSDP2_GROUP_NAME_MAX - 1);
+    FSDP2_ARG_CHECK(size >= 1 && size <= 4096, "group '%s': size %d is not in 1..4096", name, size);
+    FSDP2_ARG_CHECK(rank >= 0 && rank < size, "group '%s': rank %d is not in 0..%d", name, rank,
+                    size - 1);
+    fsdp2_group_options_t opts = FSDP2_GROUP_OPTIONS_INIT;
+    if (options) {
+        FSDP2_ARG_CHECK(options->size >= sizeof(opts), "group options: size %u, expected %zu",
+                        options->size, sizeof(opts));
+        opts = *options;
+    }
+    FSDP2_CHECK(fsdp2_env_init());
+    const fsdp2_group_ops_t *ops = NULL;
+    if (opts.backend == FSDP2_BACKEND_UCX) {
+#ifdef FSDP2_HAVE_UCX
+        ops = &fsdp2_ucx_group_ops;
+#else
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
+                           "group '%s': libfsdp2 was built without UCX (libucx-dev)", name);
+#endif
+    } else if (opts.backend == FSDP2_BACKEND_NCCL)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED, "group '%s': the nccl backend is not built yet",
+                           name);
+    else
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': backend %d is not ucx or nccl",
+                           name, (int)opts.backend);
+    fsdp2_group_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", name);
+    g->ops = ops;
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    g->rank = rank;
+    g->size = size;
+    g->timeout_ms = opts.timeout_ms > 0 ? opts.timeout_ms : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    atomic_init(&g->next_seq, 0);
+    atomic_init(&g->aborted, 0);
+    atomic_init(&g->error, FSDP2_SUCCESS);
+    pthread_mutex_init(&g->error_lock, NULL);
+    fsdp2_status_t status = ops->create(g, store);
+    if (status != FSDP2_SUCCESS) {
+        pthread_mutex_destroy(&g->error_lock);
+        free(g);
+        return status;
+    }
+    FSDP2_LOG(INFO, COLL, "group '%s': rank %d of %d over %s", name, rank, size, ops->name);
+    *out = g;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_destroy(fsdp2_group_t *g)
+{
+    if (!g)
+        return FSDP2_SUCCESS;
+    g->ops->destroy(g);
+    pthread_mutex_destroy(&g->error_lock);
+    free(g);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_rank(const fsdp2_group_t *g, int *rank)
+{
+    FSDP2_ARG_CHECK(g && rank, "group or rank is NULL");
+    *rank = g->rank;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_size(const fsdp2_group_t *g, int *size)
+{
+    FSDP2_ARG_CHECK(g && size, "group or size is NULL");
+    *size = g->size;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_abort(fsdp2_group_t *g)
+{
+    FSDP2_ARG_CHECK(g, "group is NULL");
+    atomic_store(&g->aborted, 1);
+    fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "aborted by the application");
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_error(fsdp2_group_t *g)
+{
+    FSDP2_ARG_CHECK(g, "group is NULL");
+    return fsdp2_group_check(g);
+}
+
+/* Common checks, then the next sequence number and the backend. */
+static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *stream,
+                              const char *what)
+{
+    FSDP2_ARG_CHECK(g && stream, "%s: group or stream is NULL", what);
+    if (op->kind != COLL_BARRIER && op->kind != COLL_ALL_GATHER_PIECES) {
+        FSDP2_ARG_CHECK(fsdp2_dtype_size(op->dtype, &op->elem_size) == FSDP2_SUCCESS,
+                        "%s on group '%s': dtype %d is not valid", what, g->name, (int)op->dtype);
+    }
+    FSDP2_ARG_CHECK(stream->device.type == FSDP2_DEVICE_CPU || strcmp(g->ops->name, "ucx") != 0,
+                    "%s on group '%s': the ucx backend moves host memory; use a cpu stream",
+                    what, g->name);
+    FSDP2_CHECK(fsdp2_group_check(g));
+    op->seq = atomic_fetch_add(&g->next_seq, 1);
+    return g->ops->enqueue(g, op, stream);
+}
+
+static fsdp2_status_t check_reduce(fsdp2_group_t *g, const fsdp2_reduce_t *reduce,
+                                   fsdp2_dtype_t dtype, const char *what, fsdp2_reduce_t *out)
+{
+    fsdp2_reduce_t r = FSDP2_REDUCE_SUM_INIT;
+    if (reduce)
+        r = *reduce;
+    FSDP2_ARG_CHECK(dtype == FSDP2_F32 || dtype == FSDP2_F64 || dtype == FSDP2_BF16 ||
+                        dtype == FSDP2_F16,
+                    "%s on group '%s': dtype %s cannot be reduced (f32, f64, bf16, f16)", what,
+                    g->name, fsdp2_dtype_name(dtype));
+    FSDP2_ARG_CHECK(r.op == FSDP2_REDUCE_SUM || r.op == FSDP2_REDUCE_AVG,
+                    "%s on group '%s': reduce op %d is not sum or avg", what, g->name, (int)r.op);
+    FSDP2_ARG_CHECK(isfinite(r.pre_divide) && r.pre_divide > 0 && isfinite(r.post_divide) &&
+                        r.post_divide > 0,
+                    "%s on group '%s': divide factors pre=%g post=%g must be finite and > 0",
+                    what, g->name, r.pre_divide, r.post_divide);
+    if (r.op == FSDP2_REDUCE_AVG)
+        r.post_divide *= g->size;
+    *out = r;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *recv, size_t count,
+                                      fsdp2_dtype_t dtype, fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(g, "all_gather: group is NULL");
+    FSDP2_ARG_CHECK(count == 0 || (send && recv), "all_gather on group '%s': send=%p recv=%p with count %zu",
+                    g->name, send, recv, count);
+    coll_op_t op = {.kind = COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
+                    .dtype = dtype};
+    return enqueue(g, &op, stream, "all_gather");
+}
+
+fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *g, const void *send, size_t bytes,
+                                             const fsdp2_iov_t *pieces, const size_t *offsets,
+                                             fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(g && offsets, "all_gather_pieces: group or offsets is NULL");
+    FSDP2_ARG_CHECK(bytes == 0 || send, "all_gather_pieces on group '%s': send is NULL",
+                    g->name);
+    FSDP2_ARG_CHECK(offsets[0] == 0, "all_gather_pieces on group '%s': offsets[0] is %zu, not 0",
+                    g->name, offsets[0]);
+    for (int r = 0; r < g->size; r++) {
+        FSDP2_ARG_CHECK(offsets[r + 1] >= offsets[r],
+                        "all_gather_pieces on group '%s': offsets[%d]=%zu < offsets[%d]=%zu",
+                        g->name, r + 1, offsets[r + 1], r, offsets[r]);
+        FSDP2_ARG_CHECK(offsets[r + 1] == offsets[r] || pieces,
+                        "all_gather_pieces on group '%s': pieces is NULL", g->name);
+        size_t total = 0;
+        for (size_t k = offsets[r]; k < offsets[r + 1]; k++) {
+            FSDP2_ARG_CHECK(pieces[k].data || pieces[k].bytes == 0,
+                            "all_gather_pieces on group '%s': piece %zu has no data", g->name, k);
+            total += pieces[k].bytes;
+        }
+        FSDP2_ARG_CHECK(total == bytes,
+                        "all_gather_pieces on group '%s': rank %d's pieces hold %zu bytes, not %zu",
+                        g->name, r, total, bytes);
+    }
+    coll_op_t op = {.kind = COLL_ALL_GATHER_PIECES, .send = send, .count = bytes,
+                    .dtype = FSDP2_U8, .elem_size = 1, .pieces = pieces, .offsets = offsets};
+    return enqueue(g, &op, stream, "all_gather_pieces");
+}
+
+fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *g, const void *send, void *recv,
+                                          size_t recv_count, fsdp2_dtype_t dtype,
+                                          const fsdp2_reduce_t *reduce, fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(g, "reduce_scatter: group is NULL");
+    FSDP2_ARG_CHECK(recv_count == 0 || (send && recv),
+                    "reduce_scatter on group '%s': send=%p recv=%p with count %zu", g->name, send,
+                    recv, recv_count);
+    coll_op_t op = {.kind = COLL_REDUCE_SCATTER, .send = send, .recv = recv,
+                    .count = recv_count, .dtype = dtype};
+    FSDP2_CHECK(check_reduce(g, reduce, dtype, "reduce_scatter", &op.reduce));
+    return enqueue(g, &op, stream, "reduce_scatter");
+}
+
+fsdp2_status_t fsdp2_all_reduce_async(fsdp2_group_t *g, void *buf, size_t count,
+                                      fsdp2_dtype_t dtype, const fsdp2_reduce_t *reduce,
+                                      fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(g, "all_reduce: group is NULL");
+    FSDP2_ARG_CHECK(count == 0 || buf, "all_reduce on group '%s': buf is NULL with count %zu",
+                    g->name, count);
+    coll_op_t op = {.kind = COLL_ALL_REDUCE, .send = buf, .recv = buf, .count = count,
+                    .dtype = dtype};
+    FSDP2_CHECK(check_reduce(g, reduce, dtype, "all_reduce", &op.reduce));
+    return enqueue(g, &op, stream, "all_reduce");
+}
+
+fsdp2_status_t fsdp2_broadcast_async(fsdp2_group_t *g, void *buf, size_t count,
+                                     fsdp2_dtype_t dtype, int root, fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(g, "broadcast: group is NULL");
+    FSDP2_ARG_CHECK(root >= 0 && root < g->size, "broadcast on group '%s': root %d is not in 0..%d",
+                    g->name, root, g->size - 1);
+    FSDP2_ARG_CHECK(count == 0 || buf, "broadcast on group '%s': buf is NULL with count %zu",
+                    g->name, count);
+    coll_op_t op = {.kind = COLL_BROADCAST, .send = buf, .recv = buf, .count = count,
+                    .dtype = dtype, .root = root};
+    return enqueue(g, &op, stream, "broadcast");
+}
+
+fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
+{
+    coll_op_t op = {.kind = COLL_BARRIER, .dtype = FSDP2_U8, .elem_size = 1};
+    return enqueue(g, &op, stream, "barrier");
+}

@@ -1,0 +1,80 @@
+/* Process groups inside the library: the generic part (lib/collectives/group.c: checks,
+ * sequence numbers, the sticky error) and the backend interface it dispatches to. */
+#ifndef FSDP2_COLLECTIVES_GROUP_INTERNAL_H
+#define FSDP2_COLLECTIVES_GROUP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <fsdp2/group.h>
+
+#define FSDP2_GROUP_NAME_MAX 128
+
+typedef enum coll_kind {
+    COLL_ALL_GATHER,
+    COLL_ALL_GATHER_PIECES,
+    COLL_REDUCE_SCATTER,
+    COLL_ALL_REDUCE,
+    COLL_BROADCAST,
+    COLL_BARRIER,
+} coll_kind_t;
+
+/* One collective, as validated by group.c. Counts are elements of dtype, except for
+ * COLL_ALL_GATHER_PIECES where `count` is bytes and dtype is u8. */
+typedef struct coll_op {
+    coll_kind_t kind;
+    uint64_t seq; /* the group's sequence number: the same on every member */
+    const void *send;
+    void *recv;
+    size_t count;
+    fsdp2_dtype_t dtype;
+    size_t elem_size;
+    fsdp2_reduce_t reduce;
+    int root;
+    const fsdp2_iov_t *pieces;
+    const size_t *offsets;
+} coll_op_t;
+
+struct fsdp2_group;
+
+typedef struct fsdp2_group_ops {
+    const char *name;
+    /* Connects this member (collective); fills g->backend. */
+    fsdp2_status_t (*create)(struct fsdp2_group *g, fsdp2_store_t *store);
+    void (*destroy)(struct fsdp2_group *g);
+    /* Enqueues op on stream; op is copied. */
+    fsdp2_status_t (*enqueue)(struct fsdp2_group *g, const coll_op_t *op, fsdp2_stream_t *stream);
+} fsdp2_group_ops_t;
+
+struct fsdp2_group {
+    const fsdp2_group_ops_t *ops;
+    char name[FSDP2_GROUP_NAME_MAX];
+    int rank, size;
+    long timeout_ms;
+    atomic_uint_fast64_t next_seq;
+    atomic_int aborted;
+    atomic_int error; /* sticky fsdp2_status_t, first failure wins */
+    pthread_mutex_t error_lock;
+    char error_message[640];
+    void *backend;
+};
+
+extern const fsdp2_group_ops_t fsdp2_ucx_group_ops;
+
+/* Records the group's first failure (status and message) and returns status with the
+ * message also set as this thread's last error. */
+fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The sticky error, with its message set as this thread's last error; FSDP2_SUCCESS if
+ * healthy. Collectives call it before starting so a failed group fails fast. */
+fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
+
+/* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
+ * f32 (f64 for f64), then / post (post already includes the group size for AVG),
+ * rounded once. dst may alias one of the sources. dtype f32, f64, bf16 or f16. */
+void fsdp2_reduce_rank_order(void *dst, fsdp2_dtype_t dtype, const void *const *src, int n,
+                             size_t count, double pre, double post);
+
+#endif

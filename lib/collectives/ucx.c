@@ -1,0 +1,718 @@
+/* The ucx backend: collectives on host memory over UCX tagged messages.
+ *
+ * One UCP context per process, one worker per group (thread mode MULTI: collectives of
+ * one group may run at once on different stream threads), one endpoint per peer. Worker
+ * addresses are exchanged through the rendezvous store.
+ *
+ * Algorithms are direct (pairwise): every rank sends each peer exactly the bytes that
+ * peer needs and receives straight into their final place. On one host UCX moves large
+ * messages with a single copy (CMA / shared memory rendezvous), so this moves each byte
+ * once, and every rank sums the contributions in rank order (identical bits everywhere).
+ * A message's tag is (sequence number, phase, source rank, segment): collectives are
+ * matched by the group's sequence number, not by arrival order.
+ *
+ * Progress: spin on ucp_worker_progress for a short while, then arm the worker and
+ * poll() its event fd, so that four ranks on two cores do not starve one another. Every
+ * wait checks the deadline (the group's timeout), the abort flag and peer failures
+ * reported by UCX's error handler, and cancels what is outstanding before failing. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <ucp/api/ucp.h>
+
+#include "collectives/group_internal.h"
+#include "core/device_ops.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+#define UCX_SLOTS 64          /* collectives enqueued and not yet finished, per group */
+#define UCX_SCRATCH_SETS 4    /* reductions running at once, per group */
+#define UCX_SEGMENT (1u << 20) /* bytes per peer per reduction round */
+#define UCX_SPIN 2000         /* progress calls without news before blocking */
+#define UCX_ADDRESS_MAX 65536
+
+enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2 };
+
+typedef struct ucx_group ucx_group_t;
+
+typedef struct ucx_slot {
+    coll_op_t op;
+    ucx_group_t *ug;
+    int busy;
+    struct req_list *list; /* used by the thread running the op */
+} ucx_slot_t;
+
+struct ucx_group {
+    fsdp2_group_t *g;
+    ucp_worker_h worker;
+    int efd;
+    ucp_ep_h *eps; /* [size]; eps[rank] unused */
+    atomic_int failed_peer; /* -1, or the first peer UCX reported as failed */
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    ucx_slot_t slots[UCX_SLOTS];
+    void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * UCX_SEGMENT bytes each */
+    int scratch_busy[UCX_SCRATCH_SETS];
+    struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */
+};
+
+typedef struct ucx_peer_error {
+    ucx_group_t *ug;
+    int peer;
+    atomic_int failed; /* UCX reported this endpoint failed */
+} ucx_peer_error_t;
+
+static pthread_mutex_t context_lock = PTHREAD_MUTEX_INITIALIZER;
+static ucp_context_h context;
+static int context_refs;
+
+static fsdp2_status_t ucx_status(ucs_status_t s, const char *what)
+{
+    return fsdp2_error(FSDP2_ERR_BACKEND, "%s: %s", what, ucs_status_string(s));
+}
+
+static fsdp2_status_t context_acquire(void)
+{
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    pthread_mutex_lock(&context_lock);
+    if (context_refs == 0) {
+        ucp_config_t *config = NULL;
+        ucs_status_t s = ucp_config_read(NULL, NULL, &config);
+        if (s == UCS_OK) {
+            ucp_params_t params = {
+                .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
+                .mt_workers_shared = 1,
+            };
+            s = ucp_init(&params, config, &context);
+            ucp_config_release(config);
+        }
+        if (s != UCS_OK)
+            status = ucx_status(s, "ucp_init");
+    }
+    if (status == FSDP2_SUCCESS)
+        context_refs++;
+    pthread_mutex_unlock(&context_lock);
+    return status;
+}
+
+static void context_release(void)
+{
+    pthread_mutex_lock(&context_lock);
+    if (--context_refs == 0) {
+        ucp_cleanup(context);
+        context = NULL;
+    }
+    pthread_mutex_unlock(&context_lock);
+}
+
+static uint64_t make_tag(uint64_t seq, int phase, int src, size_t segment)
+{
+    return ((seq & 0xffffffffull) << 32) | ((uint64_t)(phase & 0xf) << 28) |
+           ((uint64_t)(src & 0xfff) << 16) | (segment & 0xffff);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void peer_failed(void *arg, ucp_ep_h ep, ucs_status_t s)
+{
+    (void)ep;
+    ucx_peer_error_t *pe = arg;
+    atomic_store(&pe->failed, 1);
+    int expected = -1;
+    atomic_compare_exchange_strong(&pe->ug->failed_peer, &expected, pe->peer);
+    FSDP2_LOG(WARN, COLL, "group '%s': peer %d failed: %s", pe->ug->g->name, pe->peer,
+              ucs_status_string(s));
+}
+
+/* ---- requests ---- */
+
+static void *post_send(ucx_group_t *ug, int peer, const void *buf, size_t bytes, uint64_t tag)
+{
+    ucp_request_param_t param = {.op_attr_mask = 0};
+    return ucp_tag_send_nbx(ug->eps[peer], buf, bytes, tag, &param);
+}
+
+/* Closes the endpoint to peer r at destroy time. Healthy endpoints close gracefully
+ * (flushing, bounded by a short wait): force-closing them makes the peer's UCX 1.13 trip
+ * an assertion when its TCP lane sees the reset. Endpoints UCX reported failed must be
+ * force-closed, and are. */
+static void close_endpoint(ucx_group_t *ug, int r)
+{
+    if (!ug->eps[r])
+        return;
+    int failed = atomic_load(&ug->peer_errors[r].failed);
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *req = ucp_ep_close_nbx(ug->eps[r], &param);
+    if (req && !UCS_PTR_IS_ERR(req)) {
+        double deadline = now_ms() + 2000;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ms() < deadline)
+            ucp_worker_progress(ug->worker);
+        ucp_request_free(req); /* released by UCX when done, if it is not yet */
+    }
+    ug->eps[r] = NULL;
+}
+
+static void *post_recv(ucx_group_t *ug, void *buf, size_t bytes, uint64_t tag)
+{
+    ucp_request_param_t param = {.op_attr_mask = 0};
+    return ucp_tag_recv_nbx(ug->worker, buf, bytes, tag, ~0ull, &param);
+}
+
+static void *post_recv_iov(ucx_group_t *ug, const fsdp2_iov_t *iov, size_t n, uint64_t tag)
+{
+    _Static_assert(sizeof(fsdp2_iov_t) == sizeof(ucp_dt_iov_t), "fsdp2_iov_t must match ucp_dt_iov_t");
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE,
+                                 .datatype = ucp_dt_make_iov()};
+    return ucp_tag_recv_nbx(ug->worker, (void *)iov, n, tag, ~0ull, &param);
+}
+
+/* The requests of one round of a collective, with the peer each involves: a send's
+ * destination as r, a receive's source as RECV_FROM(r) (negative), so that a failed peer
+ * fails exactly the rounds that wait on it, and a failure knows which are receives. */
+#define RECV_FROM(r) (-2 - (r))
+#define PEER_OF(code) ((code) >= 0 ? (code) : -2 - (code))
+typedef struct req_list {
+    void **req;
+    int *peer;
+    int n;
+} req_list_t;
+
+static void add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf, size_t bytes,
+                     uint64_t tag)
+{
+    rl->peer[rl->n] = peer;
+    rl->req[rl->n++] = post_send(ug, peer, buf, bytes, tag);
+}
+
+static void add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
+                     uint64_t tag)
+{
+    rl->peer[rl->n] = RECV_FROM(from);
+    rl->req[rl->n++] = post_recv(ug, buf, bytes, tag);
+}
+
+static void add_recv_iov(ucx_group_t *ug, req_list_t *rl, int from, const fsdp2_iov_t *iov,
+                         size_t n, uint64_t tag)
+{
+    rl->peer[rl->n] = RECV_FROM(from);
+    rl->req[rl->n++] = post_recv_iov(ug, iov, n, tag);
+}
+
+/* Ends outstanding requests after a failure without waiting for them: receives are
+ * cancelled, and every request is freed (UCX releases one still in flight when it
+ * completes). Sends cannot be cancelled and a dead or stuck peer may never take them, so
+ * waiting could last forever; instead the group is failed for good, and the buffers of
+ * the failed collective stay in UCX's hands until the group is destroyed. */
+static void cancel_all(ucx_group_t *ug, void **reqs, const int *peers, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i] || UCS_PTR_IS_ERR(reqs[i])) {
+            reqs[i] = NULL;
+            continue;
+        }
+        if (peers[i] < 0) /* a receive */
+            ucp_request_cancel(ug->worker, reqs[i]);
+        ucp_request_free(reqs[i]);
+        reqs[i] = NULL;
+    }
+}
+
+/* A peer UCX reported failed that one of the pending requests involves, or -1. A peer
+ * that failed after delivering everything this round needs does not fail it. */
+static int failed_peer_among(ucx_group_t *ug, void **reqs, const int *peers, int n)
+{
+    if (atomic_load(&ug->failed_peer) < 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (reqs[i] && atomic_load(&ug->peer_errors[PEER_OF(peers[i])].failed))
+            return PEER_OF(peers[i]);
+    return -1;
+}
+
+/* Waits for requests reqs[0..n) (NULL entries are done), then clears them. */
+static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, int n,
+                               const char *what)
+{
+    fsdp2_group_t *g = ug->g;
+    double deadline = now_ms() + (double)g->timeout_ms;
+    int idle = 0;
+    for (;;) {
+        int pending = 0;
+        ucs_status_t failed = UCS_OK;
+        for (int i = 0; i < n; i++) {
+            if (!reqs[i])
+                continue;
+            if (UCS_PTR_IS_ERR(reqs[i])) {
+                failed = UCS_PTR_STATUS(reqs[i]);
+                reqs[i] = NULL;
+                continue;
+            }
+            ucs_status_t s = ucp_request_check_status(reqs[i]);
+            if (s == UCS_INPROGRESS) {
+                pending++;
+                continue;
+            }
+            if (s != UCS_OK)
+                failed = s;
+            ucp_request_free(reqs[i]);
+            reqs[i] = NULL;
+        }
+        if (failed != UCS_OK) {
+            cancel_all(ug, reqs, peers, n);
+            int peer = atomic_load(&ug->failed_peer);
+            if (peer >= 0)
+                return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed (%s)", what,
+                                        peer, ucs_status_string(failed));
+            return fsdp2_group_fail(g, FSDP2_ERR_BACKEND, "%s: %s", what,
+                                    ucs_status_string(failed));
+        }
+        if (!pending)
+            return FSDP2_SUCCESS;
+        if (ucp_worker_progress(ug->worker)) {
+            idle = 0;
+            continue;
+        }
+        if (atomic_load(&g->aborted)) {
+            cancel_all(ug, reqs, peers, n);
+            return fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "%s: aborted", what);
+        }
+        int peer = failed_peer_among(ug, reqs, peers, n);
+        if (peer >= 0) {
+            cancel_all(ug, reqs, peers, n);
+            return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed", what, peer);
+        }
+        double left = deadline - now_ms();
+        if (left <= 0) {
+            cancel_all(ug, reqs, peers, n);
+            return fsdp2_group_fail(g, FSDP2_ERR_TIMEOUT,
+                                    "%s: %d transfers still pending after %.1f s (FSDP2_TIMEOUT)",
+                                    what, pending, (double)g->timeout_ms / 1e3);
+        }
+        if (++idle < UCX_SPIN)
+            continue;
+        if (ucp_worker_arm(ug->worker) == UCS_OK) {
+            struct pollfd pfd = {.fd = ug->efd, .events = POLLIN};
+            poll(&pfd, 1, left < 10 ? (int)left + 1 : 10);
+        }
+        idle = 0;
+    }
+}
+
+static fsdp2_status_t wait_list(ucx_group_t *ug, req_list_t *rl, const char *what)
+{
+    fsdp2_status_t status = wait_all(ug, rl->req, rl->peer, rl->n, what);
+    rl->n = 0;
+    return status;
+}
+
+/* ---- algorithms ---- */
+
+static fsdp2_status_t run_all_gather(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    size_t bytes = op->count * op->elem_size;
+    char *recv = op->recv;
+    rl->n = 0;
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        add_recv(ug, rl, r, recv + (size_t)r * bytes, bytes, make_tag(op->seq, PHASE_DATA, r, 0));
+    }
+    for (int k = 1; k < g->size; k++) {
+        int p = (g->rank + k) % g->size;
+        add_send(ug, rl, p, op->send, bytes, make_tag(op->seq, PHASE_DATA, g->rank, 0));
+    }
+    char *mine = recv + (size_t)g->rank * bytes;
+    if (bytes && mine != (const char *)op->send)
+        memcpy(mine, op->send, bytes);
+    return wait_list(ug, rl, "all_gather");
+}
+
+static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    rl->n = 0;
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        size_t first = op->offsets[r], count = op->offsets[r + 1] - first;
+        add_recv_iov(ug, rl, r, op->pieces + first, count,
+                                  make_tag(op->seq, PHASE_DATA, r, 0));
+    }
+    for (int k = 1; k < g->size; k++) {
+        int p = (g->rank + k) % g->size;
+        add_send(ug, rl, p, op->send, op->count,
+                              make_tag(op->seq, PHASE_DATA, g->rank, 0));
+    }
+    const char *src = op->send;
+    for (size_t k = op->offsets[g->rank]; k < op->offsets[g->rank + 1]; k++) {
+        if (op->pieces[k].bytes && op->pieces[k].data != src)
+            memmove(op->pieces[k].data, src, op->pieces[k].bytes);
+        src += op->pieces[k].bytes;
+    }
+    return wait_list(ug, rl, "all_gather_pieces");
+}
+
+static int scratch_acquire(ucx_group_t *ug)
+{
+    pthread_mutex_lock(&ug->lock);
+    int got = -1;
+    while (got < 0) {
+        for (int i = 0; i < UCX_SCRATCH_SETS && got < 0; i++)
+            if (!ug->scratch_busy[i])
+                got = i;
+        if (got < 0)
+            pthread_cond_wait(&ug->changed, &ug->lock);
+    }
+    ug->scratch_busy[got] = 1;
+    pthread_mutex_unlock(&ug->lock);
+    return got;
+}
+
+static void scratch_release(ucx_group_t *ug, int i)
+{
+    pthread_mutex_lock(&ug->lock);
+    ug->scratch_busy[i] = 0;
+    pthread_cond_broadcast(&ug->changed);
+    pthread_mutex_unlock(&ug->lock);
+}
+
+/* Element range [*lo, *hi) of rank r when count elements are split as torch.chunk does. */
+static void chunk_range(size_t count, int size, int r, size_t *lo, size_t *hi)
+{
+    size_t chunk = (count + (size_t)size - 1) / (size_t)size;
+    size_t a = chunk * (size_t)r, b = a + chunk;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+}
+
+/* The reduction half shared by reduce_scatter and all_reduce: rank r's result covers
+ * elements [lo[r], hi[r]) of the send buffers; this rank's result goes to out. Rounds of
+ * at most UCX_SEGMENT bytes per peer bound the scratch. */
+static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl,
+                                    const size_t *lo, const size_t *hi, char *out,
+                                    const char *what)
+{
+    fsdp2_group_t *g = ug->g;
+    size_t es = op->elem_size, seg = UCX_SEGMENT / es;
+    size_t mine = hi[g->rank] - lo[g->rank], most = 0;
+    for (int r = 0; r < g->size; r++)
+        if (hi[r] - lo[r] > most)
+            most = hi[r] - lo[r];
+    int set = scratch_acquire(ug);
+    char *scratch = ug->scratch[set];
+    const void *src[4096];
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    for (size_t s = 0, off = 0; off < most && status == FSDP2_SUCCESS; s++, off += seg) {
+        rl->n = 0;
+        size_t m = off < mine ? (mine - off < seg ? mine - off : seg) : 0;
+        for (int k = 1; k < g->size && m; k++) {
+            int r = (g->rank + g->size - k) % g->size;
+            int slot = (r - g->rank + g->size) % g->size - 1;
+            add_recv(ug, rl, r, scratch + (size_t)slot * UCX_SEGMENT, m * es,
+                                  make_tag(op->seq, PHASE_DATA, r, s));
+        }
+        for (int k = 1; k < g->size; k++) {
+            int p = (g->rank + k) % g->size;
+            size_t len = hi[p] - lo[p];
+            if (off >= len)
+                continue;
+            size_t pm = len - off < seg ? len - off : seg;
+            add_send(ug, rl, p, op->send + (lo[p] + off) * es, pm * es,
+                                  make_tag(op->seq, PHASE_DATA, g->rank, s));
+        }
+        status = wait_list(ug, rl, what);
+        if (status != FSDP2_SUCCESS || !m)
+            continue;
+        for (int r = 0; r < g->size; r++) {
+            int slot = (r - g->rank + g->size) % g->size - 1;
+            src[r] = r == g->rank ? (const void *)(op->send + (lo[r] + off) * es)
+                                  : (const void *)(scratch + (size_t)slot * UCX_SEGMENT);
+        }
+        fsdp2_reduce_rank_order(out + off * es, op->dtype, src, g->size, m,
+                                op->reduce.pre_divide, op->reduce.post_divide);
+    }
+    scratch_release(ug, set);
+    return status;
+}
+
+static fsdp2_status_t run_reduce_scatter(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    size_t lo[4096], hi[4096];
+    for (int r = 0; r < g->size; r++) {
+        lo[r] = (size_t)r * op->count;
+        hi[r] = lo[r] + op->count;
+    }
+    return run_reduction(ug, op, rl, lo, hi, op->recv, "reduce_scatter");
+}
+
+static fsdp2_status_t run_all_reduce(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    size_t lo[4096], hi[4096], es = op->elem_size;
+    for (int r = 0; r < g->size; r++)
+        chunk_range(op->count, g->size, r, &lo[r], &hi[r]);
+    char *buf = op->recv;
+    FSDP2_CHECK(run_reduction(ug, op, rl, lo, hi, buf + lo[g->rank] * es, "all_reduce"));
+    /* Everyone's sends of our range have completed (the reduction waited for them), so
+     * the ranges can now be overwritten with the results. */
+    rl->n = 0;
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        if (hi[r] > lo[r])
+            add_recv(ug, rl, r, buf + lo[r] * es, (hi[r] - lo[r]) * es,
+                                  make_tag(op->seq, PHASE_GATHER, r, 0));
+    }
+    size_t mine = hi[g->rank] - lo[g->rank];
+    for (int k = 1; k < g->size && mine; k++) {
+        int p = (g->rank + k) % g->size;
+        add_send(ug, rl, p, buf + lo[g->rank] * es, mine * es,
+                              make_tag(op->seq, PHASE_GATHER, g->rank, 0));
+    }
+    return wait_list(ug, rl, "all_reduce");
+}
+
+static fsdp2_status_t run_broadcast(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    size_t bytes = op->count * op->elem_size;
+    rl->n = 0;
+    if (g->rank == op->root) {
+        for (int k = 1; k < g->size; k++) {
+            int p = (g->rank + k) % g->size;
+            add_send(ug, rl, p, op->recv, bytes, make_tag(op->seq, PHASE_DATA, op->root, 0));
+        }
+    } else {
+        add_recv(ug, rl, op->root, op->recv, bytes, make_tag(op->seq, PHASE_DATA, op->root, 0));
+    }
+    return wait_list(ug, rl, "broadcast");
+}
+
+static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
+{
+    fsdp2_group_t *g = ug->g;
+    rl->n = 0;
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        add_recv(ug, rl, r, NULL, 0, make_tag(op->seq, PHASE_BARRIER, r, 0));
+    }
+    for (int k = 1; k < g->size; k++) {
+        int p = (g->rank + k) % g->size;
+        add_send(ug, rl, p, NULL, 0, make_tag(op->seq, PHASE_BARRIER, g->rank, 0));
+    }
+    return wait_list(ug, rl, "barrier");
+}
+
+/* The host function a collective becomes on its stream. */
+static fsdp2_status_t ucx_run(void *arg)
+{
+    ucx_slot_t *slot = arg;
+    ucx_group_t *ug = slot->ug;
+    coll_op_t op = slot->op;
+    fsdp2_status_t status = fsdp2_group_check(ug->g);
+    if (status == FSDP2_SUCCESS) {
+        switch (op.kind) {
+        case COLL_ALL_GATHER: status = run_all_gather(ug, &op, slot->list); break;
+        case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(ug, &op, slot->list); break;
+        case COLL_REDUCE_SCATTER: status = run_reduce_scatter(ug, &op, slot->list); break;
+        case COLL_ALL_REDUCE: status = run_all_reduce(ug, &op, slot->list); break;
+        case COLL_BROADCAST: status = run_broadcast(ug, &op, slot->list); break;
+        case COLL_BARRIER: status = run_barrier(ug, &op, slot->list); break;
+        }
+    }
+    pthread_mutex_lock(&ug->lock);
+    slot->busy = 0;
+    pthread_cond_broadcast(&ug->changed);
+    pthread_mutex_unlock(&ug->lock);
+    return status;
+}
+
+static fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream)
+{
+    ucx_group_t *ug = g->backend;
+    ucx_slot_t *slot = &ug->slots[op->seq % UCX_SLOTS];
+    pthread_mutex_lock(&ug->lock);
+    while (slot->busy)
+        pthread_cond_wait(&ug->changed, &ug->lock);
+    slot->busy = 1;
+    slot->op = *op;
+    pthread_mutex_unlock(&ug->lock);
+    fsdp2_status_t status = fsdp2_stream_launch_host(stream, ucx_run, slot);
+    if (status != FSDP2_SUCCESS && stream->is_current)
+        return status; /* ran inline and failed: the slot is already free */
+    if (status != FSDP2_SUCCESS) {
+        pthread_mutex_lock(&ug->lock);
+        slot->busy = 0;
+        pthread_cond_broadcast(&ug->changed);
+        pthread_mutex_unlock(&ug->lock);
+    }
+    return status;
+}
+
+/* ---- create / destroy ---- */
+
+static void ucx_group_free(ucx_group_t *ug)
+{
+    for (int r = 0; ug->eps && ug->worker && r < ug->g->size; r++)
+        close_endpoint(ug, r);
+    free(ug->eps);
+    if (ug->worker)
+        ucp_worker_destroy(ug->worker);
+    for (int i = 0; i < UCX_SLOTS; i++) {
+        if (ug->slots[i].list) {
+            free(ug->slots[i].list->req);
+            free(ug->slots[i].list->peer);
+            free(ug->slots[i].list);
+        }
+    }
+    for (int i = 0; i < UCX_SCRATCH_SETS; i++)
+        free(ug->scratch[i]);
+    free(ug->peer_errors);
+    pthread_mutex_destroy(&ug->lock);
+    pthread_cond_destroy(&ug->changed);
+    free(ug);
+}
+
+/* Connects every endpoint now, with a zero-byte exchange, rather than lazily inside the
+ * first collective: group creation is where a user expects connection errors. */
+static fsdp2_status_t wire_up(ucx_group_t *ug)
+{
+    fsdp2_group_t *g = ug->g;
+    req_list_t *rl = ug->slots[0].list;
+    rl->n = 0;
+    uint64_t seq = UINT64_MAX; /* a tag no collective uses */
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        add_recv(ug, rl, r, NULL, 0, make_tag(seq, PHASE_BARRIER, r, 0));
+    }
+    for (int k = 1; k < g->size; k++) {
+        int p = (g->rank + k) % g->size;
+        add_send(ug, rl, p, NULL, 0, make_tag(seq, PHASE_BARRIER, g->rank, 0));
+    }
+    return wait_list(ug, rl, "connecting");
+}
+
+static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
+{
+    fsdp2_group_t *g = ug->g;
+    ucp_address_t *address = NULL;
+    size_t address_len = 0;
+    ucs_status_t s = ucp_worker_get_address(ug->worker, &address, &address_len);
+    if (s != UCS_OK)
+        return ucx_status(s, "ucp_worker_get_address");
+    char key[FSDP2_GROUP_NAME_MAX + 64];
+    snprintf(key, sizeof(key), "%s/ucx/address/%d", g->name, g->rank);
+    fsdp2_status_t status = fsdp2_store_set(store, key, address, address_len);
+    ucp_worker_release_address(ug->worker, address);
+    FSDP2_CHECK(status);
+    void *remote = malloc(UCX_ADDRESS_MAX);
+    if (!remote)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': address buffer", g->name);
+    for (int k = 1; k < g->size && status == FSDP2_SUCCESS; k++) {
+        int r = (g->rank + k) % g->size;
+        size_t len = 0;
+        snprintf(key, sizeof(key), "%s/ucx/address/%d", g->name, r);
+        status = fsdp2_store_get(store, key, remote, UCX_ADDRESS_MAX, &len);
+        if (status != FSDP2_SUCCESS)
+            break;
+        ug->peer_errors[r].ug = ug;
+        ug->peer_errors[r].peer = r;
+        atomic_init(&ug->peer_errors[r].failed, 0);
+        ucp_ep_params_t params = {
+            .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .address = remote,
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {peer_failed, &ug->peer_errors[r]},
+        };
+        s = ucp_ep_create(ug->worker, &params, &ug->eps[r]);
+        if (s != UCS_OK)
+            status = fsdp2_error(FSDP2_ERR_BACKEND, "group '%s': endpoint to rank %d: %s", g->name,
+                                 r, ucs_status_string(s));
+    }
+    free(remote);
+    FSDP2_CHECK(status);
+    snprintf(key, sizeof(key), "%s/ucx/connected", g->name);
+    FSDP2_CHECK(fsdp2_store_barrier(store, key));
+    return wire_up(ug);
+}
+
+static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
+{
+    FSDP2_CHECK(context_acquire());
+    ucx_group_t *ug = calloc(1, sizeof(*ug));
+    if (!ug) {
+        context_release();
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", g->name);
+    }
+    ug->g = g;
+    atomic_init(&ug->failed_peer, -1);
+    pthread_mutex_init(&ug->lock, NULL);
+    pthread_cond_init(&ug->changed, NULL);
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    ug->eps = calloc((size_t)g->size, sizeof(*ug->eps));
+    ug->peer_errors = calloc((size_t)g->size, sizeof(*ug->peer_errors));
+    int ok = ug->eps && ug->peer_errors;
+    for (int i = 0; i < UCX_SLOTS && ok; i++) {
+        ug->slots[i].ug = ug;
+        req_list_t *rl = calloc(1, sizeof(*rl));
+        ug->slots[i].list = rl;
+        if (rl) {
+            rl->req = calloc(2 * (size_t)g->size + 2, sizeof(void *));
+            rl->peer = calloc(2 * (size_t)g->size + 2, sizeof(int));
+        }
+        ok = rl && rl->req && rl->peer;
+    }
+    /* Scratch for reductions, allocated now so that no step allocates. */
+    for (int i = 0; i < UCX_SCRATCH_SETS && ok && g->size > 1; i++) {
+        ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
+        ok = ug->scratch[i] != NULL;
+    }
+    if (!ok) {
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': buffers for %d ranks", g->name,
+                             g->size);
+        goto cleanup;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_MULTI};
+    ucs_status_t s = ucp_worker_create(context, &wp, &ug->worker);
+    if (s == UCS_OK)
+        s = ucp_worker_get_efd(ug->worker, &ug->efd);
+    if (s != UCS_OK) {
+        status = fsdp2_error(FSDP2_ERR_BACKEND, "group '%s': ucp worker: %s", g->name,
+                             ucs_status_string(s));
+        goto cleanup;
+    }
+    g->backend = ug;
+    status = connect_peers(ug, store);
+cleanup:
+    if (status != FSDP2_SUCCESS) {
+        g->backend = NULL;
+        ucx_group_free(ug);
+        context_release();
+    }
+    return status;
+}
+
+static void ucx_destroy(fsdp2_group_t *g)
+{
+    ucx_group_free(g->backend);
+    context_release();
+}
+
+const fsdp2_group_ops_t fsdp2_ucx_group_ops = {
+    .name = "ucx",
+    .create = ucx_create,
+    .destroy = ucx_destroy,
+    .enqueue = ucx_enqueue,
+};

@@ -1,0 +1,261 @@
+/* Who am I: rank, world size and local placement from the launcher's environment.
+ *
+ * Each launcher is one row of a table naming its variables. The first row whose rank
+ * variable is set is the source; every value is then parsed strictly (decimal digits
+ * only, no sign, no trailing text) and checked against the others, so that a typo or a
+ * half-configured launch is an error naming the variable and its value instead of a
+ * hang at the first rendezvous. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp2/bootstrap.h>
+
+#include "core/error.h"
+#include "core/log_internal.h"
+
+typedef struct launcher_vars {
+    fsdp2_launcher_t launcher;
+    const char *rank;
+    const char *world_size;
+    const char *local_rank;
+    const char *local_world_size; /* NULL: computed (Slurm) */
+    const char *node_rank;        /* NULL: the launcher does not say */
+} launcher_vars_t;
+
+/* Open MPI's OMPI_COMM_WORLD_NODE_RANK is the process's rank among those on its node
+ * (it counts spawned processes too), not the node's index, so node_rank stays -1. */
+static const launcher_vars_t launchers[] = {
+    {FSDP2_LAUNCHER_TORCHRUN, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+     "GROUP_RANK"},
+    {FSDP2_LAUNCHER_OPENMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL},
+    {FSDP2_LAUNCHER_SLURM, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL,
+     "SLURM_NODEID"},
+    {FSDP2_LAUNCHER_PMI, "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", NULL},
+};
+
+const char *fsdp2_launcher_name(fsdp2_launcher_t launcher)
+{
+    switch (launcher) {
+    case FSDP2_LAUNCHER_NONE:
+        return "none";
+    case FSDP2_LAUNCHER_TORCHRUN:
+        return "torchrun";
+    case FSDP2_LAUNCHER_OPENMPI:
+        return "openmpi";
+    case FSDP2_LAUNCHER_SLURM:
+        return "slurm";
+    case FSDP2_LAUNCHER_PMI:
+        return "pmi";
+    }
+    return "unknown";
+}
+
+/* Parses text as a decimal in [lo, hi]; the message names var and the text. */
+static fsdp2_status_t parse_int_text(const char *var, const char *text, long lo, long hi,
+                                     int *out)
+{
+    if (text[0] == '\0')
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is set but empty", var);
+    long value = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "%s='%s' is not a non-negative decimal integer", var, text);
+        if (value > (LONG_MAX - 9) / 10)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s='%s' is out of range %ld..%ld",
+                               var, text, lo, hi);
+        value = value * 10 + (*p - '0');
+    }
+    if (value < lo || value > hi)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%s is out of range %ld..%ld", var,
+                           text, lo, hi);
+    *out = (int)value;
+    return FSDP2_SUCCESS;
+}
+
+/* Reads var into *out when set; *present says whether it was. */
+static fsdp2_status_t read_int(const char *var, long lo, long hi, int *out, int *present)
+{
+    const char *text = var ? getenv(var) : NULL;
+    *present = text != NULL;
+    if (!text)
+        return FSDP2_SUCCESS;
+    return parse_int_text(var, text, lo, hi, out);
+}
+
+static fsdp2_status_t require_int(const char *var, const char *because, long lo, long hi,
+                                  int *out)
+{
+    int present = 0;
+    FSDP2_CHECK(read_int(var, lo, hi, out, &present));
+    if (!present)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is not set (%s)", var, because);
+    return FSDP2_SUCCESS;
+}
+
+/* Slurm's task count on node node_id from SLURM_TASKS_PER_NODE, whose compressed form
+ * lists counts per node in node order, "2(x3),1" meaning 2,2,2,1. */
+static fsdp2_status_t slurm_tasks_on_node(const char *text, int node_id, int *count)
+{
+    const char *var = "SLURM_TASKS_PER_NODE";
+    const char *p = text;
+    long node = 0;
+    while (*p) {
+        char *end;
+        if (*p < '0' || *p > '9')
+            goto malformed;
+        long n = strtol(p, &end, 10);
+        long repeat = 1;
+        if (n < 1 || n > INT_MAX)
+            goto malformed;
+        p = end;
+        if (*p == '(') {
+            if (p[1] != 'x')
+                goto malformed;
+            if (p[2] < '0' || p[2] > '9')
+                goto malformed;
+            repeat = strtol(p + 2, &end, 10);
+            if (repeat < 1 || repeat > INT_MAX || *end != ')')
+                goto malformed;
+            p = end + 1;
+        }
+        if (node_id < node + repeat) {
+            *count = (int)n;
+            return FSDP2_SUCCESS;
+        }
+        node += repeat;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            goto malformed;
+    }
+    return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                       "%s='%s' lists %ld nodes but SLURM_NODEID=%d", var, text, node, node_id);
+malformed:
+    return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                       "%s='%s' is not a list like '2(x3),1' (at '%s')", var, text, p);
+}
+
+/* Slurm's tasks on this node; *var names the variable it came from. */
+static fsdp2_status_t read_slurm_local_size(int node_rank, int world_size, int *local_size,
+                                            const char **var)
+{
+    int present = 0;
+    *var = "SLURM_NTASKS_PER_NODE";
+    FSDP2_CHECK(read_int(*var, 1, world_size, local_size, &present));
+    if (present)
+        return FSDP2_SUCCESS;
+    *var = "SLURM_TASKS_PER_NODE";
+    const char *text = getenv(*var);
+    if (!text)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                           "SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor "
+                           "SLURM_TASKS_PER_NODE is");
+    if (node_rank < 0)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                           "SLURM_NODEID is not set (needed to read SLURM_TASKS_PER_NODE='%s')",
+                           text);
+    return slurm_tasks_on_node(text, node_rank, local_size);
+}
+
+/* Local rank and size. When a launcher sets neither (a hand-written RANK/WORLD_SIZE
+ * launch, PMI without local variables), every rank is taken to be on this host; one
+ * without the other is an error. */
+static fsdp2_status_t read_local(const launcher_vars_t *l, fsdp2_process_info_t *info)
+{
+    const char *size_var = l->local_world_size;
+    int has_rank = 0, has_size = 0;
+    FSDP2_CHECK(read_int(l->local_rank, 0, INT_MAX, &info->local_rank, &has_rank));
+    if (l->local_world_size) {
+        FSDP2_CHECK(read_int(l->local_world_size, 1, info->world_size,
+                             &info->local_world_size, &has_size));
+    } else {
+        FSDP2_CHECK(read_slurm_local_size(info->node_rank, info->world_size,
+                                          &info->local_world_size, &size_var));
+        has_size = 1;
+    }
+    if (has_rank != has_size)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is not set but %s is",
+                           has_rank ? size_var : l->local_rank,
+                           has_rank ? l->local_rank : size_var);
+    if (!has_rank) {
+        info->local_rank = info->rank;
+        info->local_world_size = info->world_size;
+        FSDP2_LOG(INFO, INIT, "%s and %s are not set: assuming all %d ranks on this host",
+                  l->local_rank, l->local_world_size, info->world_size);
+        return FSDP2_SUCCESS;
+    }
+    if (info->local_world_size > info->world_size)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                           "%s gives %d ranks on this node, more than the world size %d",
+                           size_var, info->local_world_size, info->world_size);
+    if (info->local_rank >= info->local_world_size)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%d is not below %s=%d",
+                           l->local_rank, info->local_rank, size_var, info->local_world_size);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t read_master(fsdp2_process_info_t *info)
+{
+    const char *addr = getenv("MASTER_ADDR");
+    if (addr) {
+        size_t len = strlen(addr);
+        if (len == 0)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "MASTER_ADDR is set but empty");
+        if (len >= FSDP2_HOST_MAX)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "MASTER_ADDR='%.64s...' is %zu bytes long (at most %d)", addr,
+                               len, FSDP2_HOST_MAX - 1);
+        memcpy(info->master_addr, addr, len + 1);
+    }
+    int has_port = 0;
+    FSDP2_CHECK(read_int("MASTER_PORT", 1, 65535, &info->master_port, &has_port));
+    if (info->world_size > 1 && (!addr || !has_port))
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                           "%s is not set; a world of %d ranks (from %s) needs MASTER_ADDR and "
+                           "MASTER_PORT for the rendezvous",
+                           addr ? "MASTER_PORT" : "MASTER_ADDR", info->world_size,
+                           fsdp2_launcher_name(info->launcher));
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t read_launcher(const launcher_vars_t *l, fsdp2_process_info_t *info)
+{
+    info->launcher = l->launcher;
+    char because[96];
+    snprintf(because, sizeof(because), "%s is set", l->rank);
+    FSDP2_CHECK(require_int(l->world_size, because, 1, INT_MAX, &info->world_size));
+    FSDP2_CHECK(require_int(l->rank, because, 0, INT_MAX, &info->rank));
+    if (info->rank >= info->world_size)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%d is not below %s=%d", l->rank,
+                           info->rank, l->world_size, info->world_size);
+    int has_node = 0;
+    FSDP2_CHECK(read_int(l->node_rank, 0, INT_MAX, &info->node_rank, &has_node));
+    if (!has_node)
+        info->node_rank = -1;
+    FSDP2_CHECK(read_local(l, info));
+    return read_master(info);
+}
+
+fsdp2_status_t fsdp2_process_info_from_env(fsdp2_process_info_t *info)
+{
+    FSDP2_ARG_CHECK(info != NULL, "info is NULL");
+    fsdp2_process_info_t found = {FSDP2_LAUNCHER_NONE, 0, 1, 0, 1, -1, "", 0};
+    const launcher_vars_t *source = NULL;
+    for (size_t i = 0; i < sizeof(launchers) / sizeof(launchers[0]) && !source; i++)
+        if (getenv(launchers[i].rank))
+            source = &launchers[i];
+    if (source)
+        FSDP2_CHECK(read_launcher(source, &found));
+    else
+        FSDP2_CHECK(read_master(&found));
+    *info = found;
+    FSDP2_LOG(INFO, INIT, "%s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
+              fsdp2_launcher_name(found.launcher), found.rank, found.world_size,
+              found.local_rank, found.local_world_size, found.node_rank,
+              found.master_addr[0] ? found.master_addr : "(unset)", found.master_port);
+    return FSDP2_SUCCESS;
+}

@@ -1,0 +1,36 @@
+/* The rendezvous store's server (store_server.c): one thread serving the protocol of
+ * store_protocol.h to every rank. Used by store.c on the serving rank, and by tests. */
+#ifndef FSDP2_MESH_STORE_SERVER_H
+#define FSDP2_MESH_STORE_SERVER_H
+
+#include <fsdp2/status.h>
+#include <fsdp2/store.h>
+
+typedef struct fsdp2_store_server fsdp2_store_server_t;
+
+/* Binds port (0: a free one) on every interface, IPv6 and IPv4 where the host has
+ * both, and starts the serving thread. world_size ranks are expected to connect. */
+fsdp2_status_t fsdp2_store_server_start(int port, int world_size,
+                                        fsdp2_store_server_t **server);
+
+/* The port bound (the real one when 0 was asked). */
+int fsdp2_store_server_port(const fsdp2_store_server_t *server);
+
+/* Waits until every rank has closed its connection (CLOSE or disconnect), or timeout_ms
+ * passed, then closes every socket, joins the thread and frees the server. */
+void fsdp2_store_server_stop(fsdp2_store_server_t *server, long timeout_ms);
+
+/* What the server holds right now, for tests (read from any thread). */
+typedef struct fsdp2_store_server_stats {
+    int connections; /* open connections, before or after HELLO */
+    int parked;      /* GET/WAIT requests waiting for keys */
+    long keys;
+} fsdp2_store_server_stats_t;
+
+void fsdp2_store_server_stats(const fsdp2_store_server_t *server,
+                              fsdp2_store_server_stats_t *stats);
+
+/* The server a store handle runs (NULL on the ranks that do not serve), for tests. */
+fsdp2_store_server_t *fsdp2_store_server_of(fsdp2_store_t *store);
+
+#endif

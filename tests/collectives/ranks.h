@@ -1,0 +1,37 @@
+/* Runs a function as N real processes ("ranks") that share a rendezvous store and a
+ * world group, for multi-process tests. Rank 0 serves the store on a free port and
+ * hands the port to the others through a pipe. Each rank's function returns its number
+ * of failures (0 = pass); the rank prints what failed to stderr. The parent waits with a
+ * deadline and kills every rank when it passes, so a hung collective fails the test
+ * instead of hanging it. */
+#ifndef FSDP2_TESTS_RANKS_H
+#define FSDP2_TESTS_RANKS_H
+
+#include <fsdp2/fsdp2.h>
+
+typedef struct rank_ctx {
+    int rank, size;
+    fsdp2_store_t *store;
+    fsdp2_group_t *world; /* NULL when the runner was asked not to create it */
+    fsdp2_stream_t *stream; /* a cpu side stream for collectives */
+    void *arg;
+} rank_ctx_t;
+
+typedef int (*rank_fn)(rank_ctx_t *ctx);
+
+typedef struct ranks_result {
+    int status[16];  /* each rank's exit code, or 128 + signal */
+    int timed_out;   /* the deadline passed and the ranks were killed */
+} ranks_result_t;
+
+/* Runs fn on `size` ranks; group_timeout_ms bounds every collective (0: default).
+ * Returns 0 when every rank exited 0. */
+int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
+              ranks_result_t *result);
+
+/* Prints a failure of this rank to stderr and counts it: `fails += FAIL_IF(cond, ...)`. */
+#define RANK_CHECK(ctx, cond, ...) rank_check((ctx), (cond), #cond, __FILE__, __LINE__, __VA_ARGS__)
+int rank_check(const rank_ctx_t *ctx, int ok, const char *expr, const char *file, int line,
+               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+#endif

@@ -1,0 +1,446 @@
+/* Collectives over UCX with real processes: 1, 2, 3 and 4 ranks, every operation and
+ * dtype, sizes from 0 to several reduction segments and not divisible by the world size,
+ * each result checked element-wise against values the test computes itself. Then
+ * concurrency (two streams on one group), and failures: a dead peer, an abort, a hung
+ * peer, each an error within the timeout and never a hang. */
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/check_main.h"
+#include "ranks.h"
+
+#define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
+
+static const size_t sizes[] = {0, 1, 5, 1000, 300001};
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static size_t esize(fsdp2_dtype_t t)
+{
+    size_t b = 0;
+    fsdp2_dtype_size(t, &b);
+    return b;
+}
+
+/* A value exactly representable in every dtype: small integers. */
+static double pattern(int rank, size_t i)
+{
+    return (double)((int)((i * 7 + (size_t)rank * 13) % 29) - 14);
+}
+
+static void fill_pattern(void *p, fsdp2_dtype_t t, int rank, size_t n, size_t base)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = pattern(rank, base + i);
+        fsdp2_convert((char *)p + i * esize(t), t, &v, FSDP2_F64, 1);
+    }
+}
+
+static double get(const void *p, fsdp2_dtype_t t, size_t i)
+{
+    double v;
+    fsdp2_convert(&v, FSDP2_F64, (const char *)p + i * esize(t), t, 1);
+    return v;
+}
+
+static int sync_ok(rank_ctx_t *c)
+{
+    return RANK_CHECK(c, fsdp2_stream_synchronize(c->stream) == FSDP2_SUCCESS, "synchronize");
+}
+
+/* ---- all_gather ---- */
+
+static int body_all_gather(rank_ctx_t *c)
+{
+    int fails = 0;
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16, FSDP2_I32, FSDP2_I64};
+    for (size_t d = 0; d < COUNT(dts); d++) {
+        for (size_t s = 0; s < COUNT(sizes); s++) {
+            fsdp2_dtype_t t = dts[d];
+            size_t n = sizes[s];
+            char *send = malloc(n * esize(t) + 1), *recv = malloc(n * esize(t) * c->size + 1);
+            fill_pattern(send, t, c->rank, n, 0);
+            memset(recv, 0xab, n * esize(t) * c->size);
+            fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
+            fails += sync_ok(c);
+            for (int r = 0; r < c->size && !fails; r++)
+                for (size_t i = 0; i < n && !fails; i++)
+                    fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
+                                        "%s n=%zu from rank %d element %zu: %g, want %g",
+                                        fsdp2_dtype_name(t), n, r, i, get(recv, t, r * n + i),
+                                        pattern(r, i));
+            /* in place: our block already sits in recv */
+            memset(recv, 0xab, n * esize(t) * c->size);
+            fill_pattern(recv + (size_t)c->rank * n * esize(t), t, c->rank, n, 0);
+            fails += OK(c, fsdp2_all_gather_async(c->world, recv + (size_t)c->rank * n * esize(t),
+                                                  recv, n, t, c->stream));
+            fails += sync_ok(c);
+            for (int r = 0; r < c->size && !fails; r++)
+                for (size_t i = 0; i < n && !fails; i++)
+                    fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
+                                        "in place %s n=%zu rank %d element %zu",
+                                        fsdp2_dtype_name(t), n, r, i);
+            free(send);
+            free(recv);
+        }
+    }
+    return fails;
+}
+
+/* Each rank's bytes land in three uneven pieces scattered over one destination. */
+static int body_all_gather_pieces(rank_ctx_t *c)
+{
+    int fails = 0;
+    const size_t bytes = 10007;
+    unsigned char *send = malloc(bytes), *dest = malloc(c->size * (bytes + 64));
+    for (size_t i = 0; i < bytes; i++)
+        send[i] = (unsigned char)(i * 31 + (size_t)c->rank * 7);
+    memset(dest, 0xee, c->size * (bytes + 64));
+    fsdp2_iov_t pieces[16 * 3];
+    size_t offsets[17];
+    offsets[0] = 0;
+    for (int r = 0; r < c->size; r++) {
+        /* rank r's region starts at r * (bytes + 64); pieces leave 16-byte gaps */
+        unsigned char *base = dest + (size_t)r * (bytes + 64);
+        size_t a = 1000 + (size_t)r, b = 5000, rest = bytes - a - b;
+        pieces[3 * r] = (fsdp2_iov_t){base + a + 16, b};
+        pieces[3 * r + 1] = (fsdp2_iov_t){base, a}; /* out of address order on purpose */
+        pieces[3 * r + 2] = (fsdp2_iov_t){base + a + b + 32, rest};
+        offsets[r + 1] = offsets[r] + 3;
+    }
+    fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
+    fails += sync_ok(c);
+    for (int r = 0; r < c->size && !fails; r++) {
+        size_t k = 0;
+        for (int p = 0; p < 3; p++) {
+            const unsigned char *d = pieces[3 * r + p].data;
+            for (size_t i = 0; i < pieces[3 * r + p].bytes && !fails; i++, k++)
+                fails += RANK_CHECK(c, d[i] == (unsigned char)(k * 31 + (size_t)r * 7),
+                                    "rank %d byte %zu", r, k);
+        }
+    }
+    free(send);
+    free(dest);
+    return fails;
+}
+
+/* ---- reductions ---- */
+
+typedef struct reduce_case {
+    fsdp2_reduce_op_t op;
+    double pre, post;
+} reduce_case_t;
+
+static const reduce_case_t reduce_cases[] = {
+    {FSDP2_REDUCE_SUM, 1, 1}, {FSDP2_REDUCE_AVG, 1, 1}, {FSDP2_REDUCE_SUM, 2, 4}};
+
+/* The reference: contributions of ranks 0..size-1 in order, in f64, then rounded to t.
+ * Inputs are small integers and the factors powers of two or the world size, so f64
+ * gives the exact result and the library's f32 arithmetic must round to the same value
+ * (SUM) or within one unit in the last place of t (AVG by 3). */
+static double reference(const reduce_case_t *rc, int size, size_t i, size_t base)
+{
+    double acc = 0;
+    for (int r = 0; r < size; r++)
+        acc += pattern(r, base + i) / rc->pre;
+    acc /= rc->post;
+    if (rc->op == FSDP2_REDUCE_AVG)
+        acc /= size;
+    return acc;
+}
+
+static int close_enough(double got, double want, fsdp2_dtype_t t, int exact)
+{
+    double rounded;
+    unsigned char tmp[8];
+    fsdp2_convert(tmp, t, &want, FSDP2_F64, 1);
+    fsdp2_convert(&rounded, FSDP2_F64, tmp, t, 1);
+    if (exact)
+        return got == rounded;
+    double ulp = t == FSDP2_F64 ? 1e-15 : t == FSDP2_F32 ? 1.2e-7 : t == FSDP2_BF16 ? 7.9e-3 : 9.8e-4;
+    return fabs(got - want) <= 2 * ulp * fmax(1.0, fabs(want));
+}
+
+static int body_reduce_scatter(rank_ctx_t *c)
+{
+    int fails = 0;
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
+    for (size_t d = 0; d < COUNT(dts); d++)
+        for (size_t s = 0; s < COUNT(sizes); s++)
+            for (size_t k = 0; k < COUNT(reduce_cases); k++) {
+                fsdp2_dtype_t t = dts[d];
+                const reduce_case_t *rc = &reduce_cases[k];
+                size_t n = sizes[s], total = n * c->size;
+                char *send = malloc(total * esize(t) + 1), *recv = malloc(n * esize(t) + 1);
+                fill_pattern(send, t, c->rank, total, 0);
+                memset(recv, 0xab, n * esize(t));
+                fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};
+                fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, &red, c->stream));
+                fails += sync_ok(c);
+                int exact = rc->op == FSDP2_REDUCE_SUM || (c->size & (c->size - 1)) == 0;
+                for (size_t i = 0; i < n && !fails; i++) {
+                    double want = reference(rc, c->size, i, (size_t)c->rank * n);
+                    fails += RANK_CHECK(c, close_enough(get(recv, t, i), want, t, exact),
+                                        "%s n=%zu case %zu element %zu: %.9g, want %.9g",
+                                        fsdp2_dtype_name(t), n, k, i, get(recv, t, i), want);
+                }
+                free(send);
+                free(recv);
+            }
+    return fails;
+}
+
+static int body_all_reduce(rank_ctx_t *c)
+{
+    int fails = 0;
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
+    const size_t counts[] = {0, 1, 3, 5, 1001, 600007};
+    for (size_t d = 0; d < COUNT(dts); d++)
+        for (size_t s = 0; s < COUNT(counts); s++)
+            for (size_t k = 0; k < COUNT(reduce_cases); k++) {
+                fsdp2_dtype_t t = dts[d];
+                const reduce_case_t *rc = &reduce_cases[k];
+                size_t n = counts[s];
+                char *buf = malloc(n * esize(t) + 1);
+                fill_pattern(buf, t, c->rank, n, 0);
+                fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};
+                fails += OK(c, fsdp2_all_reduce_async(c->world, buf, n, t, &red, c->stream));
+                fails += sync_ok(c);
+                int exact = rc->op == FSDP2_REDUCE_SUM || (c->size & (c->size - 1)) == 0;
+                for (size_t i = 0; i < n && !fails; i++) {
+                    double want = reference(rc, c->size, i, 0);
+                    fails += RANK_CHECK(c, close_enough(get(buf, t, i), want, t, exact),
+                                        "%s n=%zu case %zu element %zu: %.9g, want %.9g",
+                                        fsdp2_dtype_name(t), n, k, i, get(buf, t, i), want);
+                }
+                free(buf);
+            }
+    return fails;
+}
+
+static int body_broadcast_and_barrier(rank_ctx_t *c)
+{
+    int fails = 0;
+    for (int root = 0; root < c->size; root++) {
+        size_t n = 70001;
+        double *buf = malloc(n * sizeof(double));
+        for (size_t i = 0; i < n; i++)
+            buf[i] = c->rank == root ? pattern(root, i) : -1e300;
+        fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, FSDP2_F64, root, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < n && !fails; i++)
+            fails += RANK_CHECK(c, buf[i] == pattern(root, i), "root %d element %zu", root, i);
+        free(buf);
+    }
+    /* After the barrier every rank must see every rank's arrival. */
+    int64_t arrived = 0;
+    fails += OK(c, fsdp2_store_add(c->store, "arrivals", 1, &arrived));
+    fails += OK(c, fsdp2_barrier_async(c->world, c->stream));
+    fails += sync_ok(c);
+    fails += OK(c, fsdp2_store_add(c->store, "arrivals", 0, &arrived));
+    fails += RANK_CHECK(c, arrived == c->size, "after the barrier %lld of %d arrived",
+                        (long long)arrived, c->size);
+    return fails;
+}
+
+/* An all-gather stream and a reduce-scatter stream on one group, 100 rounds each,
+ * enqueued alternately: collectives run concurrently yet match by sequence number. */
+static int body_two_streams(rank_ctx_t *c)
+{
+    int fails = 0;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *rs;
+    fails += OK(c, fsdp2_stream_create(cpu, "rs", &rs));
+    enum { ROUNDS = 100, N = 4099 };
+    float *ag_send = malloc(N * sizeof(float)), *ag_recv = malloc(ROUNDS * N * c->size * sizeof(float));
+    float *rs_send = malloc(N * c->size * sizeof(float)), *rs_recv = malloc(ROUNDS * N * sizeof(float));
+    fill_pattern(ag_send, FSDP2_F32, c->rank, N, 0);
+    fill_pattern(rs_send, FSDP2_F32, c->rank, (size_t)N * c->size, 0);
+    for (int k = 0; k < ROUNDS; k++) {
+        fails += OK(c, fsdp2_all_gather_async(c->world, ag_send, ag_recv + (size_t)k * N * c->size,
+                                              N, FSDP2_F32, c->stream));
+        fails += OK(c, fsdp2_reduce_scatter_async(c->world, rs_send, rs_recv + (size_t)k * N, N,
+                                                  FSDP2_F32, NULL, rs));
+    }
+    fails += sync_ok(c);
+    fails += RANK_CHECK(c, fsdp2_stream_synchronize(rs) == FSDP2_SUCCESS, "rs stream");
+    reduce_case_t sum = {FSDP2_REDUCE_SUM, 1, 1};
+    for (int k = 0; k < ROUNDS && !fails; k++) {
+        for (int r = 0; r < c->size && !fails; r++)
+            for (size_t i = 0; i < N && !fails; i++)
+                fails += RANK_CHECK(c, ag_recv[((size_t)k * c->size + r) * N + i] == pattern(r, i),
+                                    "round %d all_gather rank %d element %zu", k, r, i);
+        for (size_t i = 0; i < N && !fails; i++)
+            fails += RANK_CHECK(c, rs_recv[(size_t)k * N + i] ==
+                                       (float)reference(&sum, c->size, i, (size_t)c->rank * N),
+                                "round %d reduce_scatter element %zu", k, i);
+    }
+    fsdp2_stream_destroy(rs);
+    free(ag_send);
+    free(ag_recv);
+    free(rs_send);
+    free(rs_recv);
+    return fails;
+}
+
+static int body_bad_arguments(rank_ctx_t *c)
+{
+    int fails = 0;
+    int32_t x[4] = {0};
+    fails += RANK_CHECK(c, fsdp2_all_reduce_async(c->world, x, 4, FSDP2_I32, NULL, c->stream) ==
+                               FSDP2_ERR_INVALID_ARGUMENT, "i32 reduction rejected");
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "i32") != NULL, "message names i32");
+    fails += RANK_CHECK(c, fsdp2_broadcast_async(c->world, x, 4, FSDP2_I32, c->size, c->stream) ==
+                               FSDP2_ERR_INVALID_ARGUMENT, "root out of range");
+    fsdp2_reduce_t bad = {FSDP2_REDUCE_SUM, 0.0, 1.0};
+    fails += RANK_CHECK(c, fsdp2_all_reduce_async(c->world, x, 4, FSDP2_F32, &bad, c->stream) ==
+                               FSDP2_ERR_INVALID_ARGUMENT, "pre_divide 0 rejected");
+    /* nothing was enqueued: the group still works */
+    float y[2] = {1, 2};
+    fails += OK(c, fsdp2_all_reduce_async(c->world, y, 2, FSDP2_F32, NULL, c->stream));
+    fails += sync_ok(c);
+    fails += RANK_CHECK(c, y[0] == c->size && y[1] == 2 * c->size, "sum after errors");
+    return fails;
+}
+
+static void run_all_sizes(rank_fn fn)
+{
+    for (int size = 1; size <= 4; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, fn, NULL, 20000, 120, &res);
+        ck_assert_msg(failed == 0, "world size %d: %d ranks failed (timed out: %d; statuses %d %d %d %d)",
+                      size, failed, res.timed_out, res.status[0], res.status[1], res.status[2],
+                      res.status[3]);
+    }
+}
+
+START_TEST(all_gather_every_dtype_and_size_on_1_to_4_ranks) { run_all_sizes(body_all_gather); }
+END_TEST
+START_TEST(all_gather_into_scattered_pieces_on_1_to_4_ranks) { run_all_sizes(body_all_gather_pieces); }
+END_TEST
+START_TEST(reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks) { run_all_sizes(body_reduce_scatter); }
+END_TEST
+START_TEST(all_reduce_uneven_counts_on_1_to_4_ranks) { run_all_sizes(body_all_reduce); }
+END_TEST
+START_TEST(broadcast_from_every_root_and_barrier_on_1_to_4_ranks) { run_all_sizes(body_broadcast_and_barrier); }
+END_TEST
+START_TEST(collectives_on_two_streams_of_one_group_match_by_sequence) { run_all_sizes(body_two_streams); }
+END_TEST
+START_TEST(bad_arguments_are_errors_and_leave_the_group_usable) { run_all_sizes(body_bad_arguments); }
+END_TEST
+
+/* ---- failures ---- */
+
+static int body_peer_dies(rank_ctx_t *c)
+{
+    float buf[1024] = {0};
+    if (c->rank == c->size - 1)
+        _exit(0); /* dies without a word after connecting */
+    fsdp2_status_t s = fsdp2_all_reduce_async(c->world, buf, 1024, FSDP2_F32, NULL, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_PEER_FAILED || s == FSDP2_ERR_TIMEOUT,
+                           "status %s", fsdp2_status_name(s));
+    /* the group stays failed: the next collective fails at once */
+    fails += RANK_CHECK(c, fsdp2_all_reduce_async(c->world, buf, 4, FSDP2_F32, NULL, c->stream) != FSDP2_SUCCESS ||
+                               fsdp2_stream_synchronize(c->stream) != FSDP2_SUCCESS,
+                        "later collective fails");
+    return fails;
+}
+
+START_TEST(a_dead_peer_is_an_error_on_every_survivor_not_a_hang)
+{
+    for (int size = 2; size <= 3; size++) {
+        ranks_result_t res;
+        run_ranks(size, body_peer_dies, NULL, 3000, 60, &res);
+        ck_assert_msg(!res.timed_out, "ranks hung");
+        for (int r = 0; r < size - 1; r++)
+            ck_assert_msg(res.status[r] == 0, "size %d rank %d: status %d", size, r, res.status[r]);
+    }
+}
+END_TEST
+
+static int body_hung_peer(rank_ctx_t *c)
+{
+    float buf[16] = {0};
+    if (c->rank == 0) {
+        /* never joins the collective; leaves once the others reported */
+        int64_t done = 0;
+        fsdp2_store_add(c->store, "reported", 0, &done);
+        const char *key = "all-reported";
+        return OK(c, fsdp2_store_wait(c->store, &key, 1));
+    }
+    fsdp2_status_t s = fsdp2_all_gather_async(c->world, buf, buf, 4, FSDP2_F32, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    /* TIMEOUT, or PEER_FAILED when the other survivor timed out first and left */
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_TIMEOUT || s == FSDP2_ERR_PEER_FAILED, "status %s",
+                           fsdp2_status_name(s));
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "all_gather") != NULL, "message");
+    int64_t n = 0;
+    fsdp2_store_add(c->store, "reported", 1, &n);
+    if (n == c->size - 1)
+        fsdp2_store_set(c->store, "all-reported", "1", 1);
+    return fails;
+}
+
+START_TEST(a_hung_peer_times_out_with_a_message)
+{
+    ranks_result_t res;
+    int failed = run_ranks(3, body_hung_peer, NULL, 1500, 60, &res);
+    ck_assert_msg(failed == 0 && !res.timed_out, "statuses %d %d %d", res.status[0], res.status[1],
+                  res.status[2]);
+}
+END_TEST
+
+static int body_abort(rank_ctx_t *c)
+{
+    float buf[64] = {0};
+    int fails = 0;
+    if (c->rank == 1)
+        fails += OK(c, fsdp2_group_abort(c->world));
+    fsdp2_status_t s = fsdp2_all_reduce_async(c->world, buf, 64, FSDP2_F32, NULL, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    if (c->rank == 1)
+        fails += RANK_CHECK(c, s == FSDP2_ERR_ABORTED, "aborted rank: %s", fsdp2_status_name(s));
+    else
+        fails += RANK_CHECK(c, s != FSDP2_SUCCESS, "others fail too: %s", fsdp2_status_name(s));
+    return fails;
+}
+
+START_TEST(abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout)
+{
+    ranks_result_t res;
+    int failed = run_ranks(2, body_abort, NULL, 1500, 60, &res);
+    ck_assert_msg(failed == 0 && !res.timed_out, "statuses %d %d", res.status[0], res.status[1]);
+}
+END_TEST
+
+static Suite *collectives_suite(void)
+{
+    Suite *s = suite_create("collectives");
+    TCase *ok = tcase_create("ucx");
+    tcase_set_timeout(ok, 300);
+    tcase_add_test(ok, all_gather_every_dtype_and_size_on_1_to_4_ranks);
+    tcase_add_test(ok, all_gather_into_scattered_pieces_on_1_to_4_ranks);
+    tcase_add_test(ok, reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks);
+    tcase_add_test(ok, all_reduce_uneven_counts_on_1_to_4_ranks);
+    tcase_add_test(ok, broadcast_from_every_root_and_barrier_on_1_to_4_ranks);
+    tcase_add_test(ok, collectives_on_two_streams_of_one_group_match_by_sequence);
+    tcase_add_test(ok, bad_arguments_are_errors_and_leave_the_group_usable);
+    suite_add_tcase(s, ok);
+    TCase *bad = tcase_create("failures");
+    tcase_set_timeout(bad, 300);
+    tcase_add_test(bad, a_dead_peer_is_an_error_on_every_survivor_not_a_hang);
+    tcase_add_test(bad, a_hung_peer_times_out_with_a_message);
+    tcase_add_test(bad, abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout);
+    suite_add_tcase(s, bad);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(collectives_suite)

@@ -1,0 +1,687 @@
+/* The rendezvous store: values, counters, compare-and-set races and barriers across real
+ * processes (1 to 4 ranks forked per test, rank 0 serving on a port the kernel picks
+ * and handing it to the others through a pipe), and the failure paths: ranks that never
+ * connect or die, a server that dies, timeouts; then each operation's definition and
+ * argument checks with one process. (Malformed bytes, refused HELLOs, addresses and the
+ * port's release: test_store_server.c.)
+ *
+ * Ranks report through a shared mapping and their exit status; the parent checks them
+ * against values it computes itself. Nothing sleeps to "wait long enough": a rank that
+ * must wait for another's request to be parked asks the server, with a deadline. */
+#include <check.h>
+
+#include "check_main.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fsdp2/fsdp2.h>
+
+#include "mesh/store_server.h"
+
+#define MAX_RANKS 4
+#define ADDS_PER_RANK 1000
+#define CAS_ROUNDS 20
+#define CHILD_LIMIT_S 90
+
+#define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
+
+typedef struct rank_report {
+    char message[1024];
+    double elapsed_s;   /* what the body chose to time */
+    double at_s;        /* a moment the body chose to mark (CLOCK_MONOTONIC) */
+} rank_report_t;
+
+typedef struct shared {
+    rank_report_t report[MAX_RANKS];
+    int64_t adds[MAX_RANKS][ADDS_PER_RANK];
+    int cas_swapped[CAS_ROUNDS][MAX_RANKS];
+    int cas_seen[CAS_ROUNDS][MAX_RANKS];
+} shared_t;
+
+typedef struct rank_ctx {
+    int rank, world_size;
+    fsdp2_store_t *store; /* the harness destroys it unless the body set it to NULL */
+    shared_t *shared;
+    rank_report_t *report;
+} rank_ctx_t;
+
+typedef int (*rank_body_t)(rank_ctx_t *ctx);
+
+typedef struct run_spec {
+    int world_size;
+    int spawn;          /* ranks 0..spawn-1 run; the others never connect */
+    long timeout_ms[MAX_RANKS];
+    rank_body_t body;
+} run_spec_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* In a rank: record the failure and leave the body. */
+#define RANK_FAIL(ctx, ...)                                                            \
+    do {                                                                               \
+        snprintf((ctx)->report->message, sizeof((ctx)->report->message), __VA_ARGS__); \
+        return 1;                                                                      \
+    } while (0)
+#define RANK_EXPECT(ctx, cond, ...)      \
+    do {                                 \
+        if (!(cond))                     \
+            RANK_FAIL(ctx, __VA_ARGS__); \
+    } while (0)
+#define RANK_OK(ctx, call)                                                                  \
+    do {                                                                                    \
+        fsdp2_status_t rank_s_ = (call);                                                    \
+        RANK_EXPECT(ctx, rank_s_ == FSDP2_SUCCESS, "rank %d: %s: %s: %s", (ctx)->rank, #call, \
+                    fsdp2_status_name(rank_s_), fsdp2_last_error());                        \
+    } while (0)
+#define RANK_STATUS(ctx, call, expected)                                                      \
+    do {                                                                                      \
+        fsdp2_status_t rank_s_ = (call);                                                      \
+        RANK_EXPECT(ctx, rank_s_ == (expected), "rank %d: %s gave %s (expected %s): %s",      \
+                    (ctx)->rank, #call, fsdp2_status_name(rank_s_),                           \
+                    fsdp2_status_name(expected), fsdp2_last_error());                         \
+    } while (0)
+
+static int read_port(int fd)
+{
+    int port = 0;
+    size_t got = 0;
+    while (got < sizeof(port)) {
+        ssize_t n = read(fd, (char *)&port + got, sizeof(port) - got);
+        if (n <= 0 && !(n < 0 && errno == EINTR))
+            return -1;
+        got += n > 0 ? (size_t)n : 0;
+    }
+    return port;
+}
+
+static int rank_main(const run_spec_t *spec, int rank, int port_pipe[2], shared_t *sh)
+{
+    rank_ctx_t ctx = {rank, spec->world_size, NULL, sh, &sh->report[rank]};
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.world_size = spec->world_size;
+    o.rank = rank;
+    o.timeout_ms = spec->timeout_ms[rank];
+    if (rank == 0) {
+        close(port_pipe[0]);
+        o.is_server = 1;
+        RANK_OK(&ctx, fsdp2_store_create(&o, &ctx.store));
+        int port = 0;
+        RANK_OK(&ctx, fsdp2_store_port(ctx.store, &port));
+        for (int r = 1; r < spec->spawn; r++)
+            RANK_EXPECT(&ctx, write(port_pipe[1], &port, sizeof(port)) == sizeof(port),
+                        "writing the port failed");
+        close(port_pipe[1]);
+    } else {
+        close(port_pipe[1]);
+        o.port = read_port(port_pipe[0]);
+        close(port_pipe[0]);
+        RANK_EXPECT(&ctx, o.port > 0, "rank %d: rank 0 never sent its port", rank);
+        RANK_OK(&ctx, fsdp2_store_create(&o, &ctx.store));
+    }
+    int failed = spec->body(&ctx);
+    fsdp2_status_t s = fsdp2_store_destroy(ctx.store);
+    if (!failed && s != FSDP2_SUCCESS)
+        RANK_FAIL(&ctx, "rank %d: destroy: %s: %s", rank, fsdp2_status_name(s),
+                  fsdp2_last_error());
+    return failed;
+}
+
+/* Forks spec->spawn ranks, waits for all of them, and returns their wait statuses. */
+static void run_ranks(const run_spec_t *spec, shared_t *sh, int wstatus[MAX_RANKS])
+{
+    int port_pipe[2];
+    ck_assert_int_eq(pipe(port_pipe), 0);
+    fflush(NULL);
+    pid_t pids[MAX_RANKS];
+    for (int r = 0; r < spec->spawn; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            alarm(CHILD_LIMIT_S);
+            exit(rank_main(spec, r, port_pipe, sh) ? EXIT_FAILURE : EXIT_SUCCESS);
+        }
+    }
+    close(port_pipe[0]);
+    close(port_pipe[1]);
+    for (int r = 0; r < spec->spawn; r++)
+        ck_assert_int_eq(waitpid(pids[r], &wstatus[r], 0), pids[r]);
+}
+
+static shared_t *shared_create(void)
+{
+    shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                        -1, 0);
+    ck_assert_ptr_ne(sh, MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    return sh;
+}
+
+static void expect_rank_exited_ok(const shared_t *sh, int rank, int wstatus)
+{
+    ck_assert_msg(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0,
+                  "rank %d ended with status 0x%x: %s", rank, wstatus,
+                  sh->report[rank].message);
+}
+
+/* Runs ranks that must all succeed. */
+static shared_t *run_all_ok(int world_size, long timeout_ms, rank_body_t body)
+{
+    run_spec_t spec = {world_size, world_size, {0}, body};
+    for (int r = 0; r < MAX_RANKS; r++)
+        spec.timeout_ms[r] = timeout_ms;
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    for (int r = 0; r < world_size; r++)
+        expect_rank_exited_ok(sh, r, wstatus[r]);
+    return sh;
+}
+
+/* Waits (up to 20 s) until the server holds n parked requests. Only on the server rank. */
+static int wait_parked(fsdp2_store_t *store, int n)
+{
+    fsdp2_store_server_t *server = fsdp2_store_server_of(store);
+    double deadline = now_s() + 20;
+    fsdp2_store_server_stats_t st;
+    for (;;) {
+        fsdp2_store_server_stats(server, &st);
+        if (st.parked == n)
+            return 0;
+        if (now_s() > deadline)
+            return -1;
+        struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* The bytes rank r stores under its j-th key: a pattern the checker recomputes. */
+static const size_t value_sizes[] = {0, 1, 1000, 1 << 20};
+#define NSIZES (sizeof(value_sizes) / sizeof(value_sizes[0]))
+
+static uint8_t pattern_byte(int rank, size_t j, size_t i)
+{
+    return (uint8_t)(rank * 131 + j * 17 + i * 7 + 1);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Values across 1..4 ranks                                                             */
+
+static int body_exchange(rank_ctx_t *ctx)
+{
+    uint8_t *buf = malloc(1 << 20);
+    RANK_EXPECT(ctx, buf, "malloc");
+    char key[64];
+    for (size_t j = 0; j < NSIZES; j++) {
+        for (size_t i = 0; i < value_sizes[j]; i++)
+            buf[i] = pattern_byte(ctx->rank, j, i);
+        snprintf(key, sizeof(key), "value/%d/%zu", ctx->rank, j);
+        RANK_OK(ctx, fsdp2_store_set(ctx->store, key, buf, value_sizes[j]));
+    }
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "after-set"));
+    for (int r = 0; r < ctx->world_size; r++) {
+        for (size_t j = 0; j < NSIZES; j++) {
+            size_t len = 12345;
+            snprintf(key, sizeof(key), "value/%d/%zu", r, j);
+            RANK_OK(ctx, fsdp2_store_get(ctx->store, key, buf, 1 << 20, &len));
+            RANK_EXPECT(ctx, len == value_sizes[j], "%s: %zu bytes, expected %zu", key, len,
+                        value_sizes[j]);
+            for (size_t i = 0; i < len; i++)
+                RANK_EXPECT(ctx, buf[i] == pattern_byte(r, j, i),
+                            "%s byte %zu: %u, expected %u", key, i, buf[i],
+                            pattern_byte(r, j, i));
+        }
+    }
+    free(buf);
+    char names[MAX_RANKS][32];
+    const char *keys[MAX_RANKS];
+    for (int r = 0; r < ctx->world_size; r++) {
+        snprintf(names[r], sizeof(names[r]), "value/%d/2", r);
+        keys[r] = names[r];
+    }
+    RANK_OK(ctx, fsdp2_store_wait(ctx->store, keys, (size_t)ctx->world_size));
+    /* The same name twice: each call is its own barrier. */
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "again"));
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "again"));
+    return 0;
+}
+
+START_TEST(values_set_by_each_rank_read_back_identically_by_every_rank)
+{
+    int world_size = _i + 1;
+    munmap(run_all_ok(world_size, 30000, body_exchange), sizeof(shared_t));
+}
+END_TEST
+
+static int body_late_set(rank_ctx_t *ctx)
+{
+    if (ctx->rank == 1) {
+        char buf[16] = {0};
+        size_t len = 0;
+        RANK_OK(ctx, fsdp2_store_get(ctx->store, "late", buf, sizeof(buf), &len));
+        RANK_EXPECT(ctx, len == 5 && memcmp(buf, "hello", 5) == 0, "got '%.*s'", (int)len, buf);
+        return 0;
+    }
+    RANK_EXPECT(ctx, wait_parked(ctx->store, 1) == 0, "rank 1's get was never parked");
+    RANK_OK(ctx, fsdp2_store_set(ctx->store, "late", "hello", 5));
+    return 0;
+}
+
+START_TEST(get_is_parked_by_the_server_until_another_rank_sets_the_key)
+{
+    munmap(run_all_ok(2, 30000, body_late_set), sizeof(shared_t));
+}
+END_TEST
+
+static int body_adds(rank_ctx_t *ctx)
+{
+    for (int i = 0; i < ADDS_PER_RANK; i++)
+        RANK_OK(ctx, fsdp2_store_add(ctx->store, "counter", 1,
+                                     &ctx->shared->adds[ctx->rank][i]));
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "added"));
+    char text[32] = {0};
+    size_t len = 0;
+    RANK_OK(ctx, fsdp2_store_get(ctx->store, "counter", text, sizeof(text) - 1, &len));
+    RANK_EXPECT(ctx, strcmp(text, "4000") == 0, "counter reads '%s'", text);
+    return 0;
+}
+
+START_TEST(add_from_4_ranks_x_1000_reaches_4000_with_every_result_seen_once)
+{
+    shared_t *sh = run_all_ok(4, 30000, body_adds);
+    static uint8_t seen[MAX_RANKS * ADDS_PER_RANK + 1];
+    for (int r = 0; r < 4; r++) {
+        for (int i = 0; i < ADDS_PER_RANK; i++) {
+            int64_t v = sh->adds[r][i];
+            ck_assert_msg(v >= 1 && v <= 4000, "rank %d add %d returned %" PRId64, r, i, v);
+            ck_assert_msg(!seen[v], "value %" PRId64 " returned twice", v);
+            seen[v] = 1;
+            if (i)
+                ck_assert_int_gt(v, sh->adds[r][i - 1]);
+        }
+    }
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+static int body_cas(rank_ctx_t *ctx)
+{
+    char key[32], mine[16], seen[16];
+    snprintf(mine, sizeof(mine), "rank %d", ctx->rank);
+    for (int round = 0; round < CAS_ROUNDS; round++) {
+        snprintf(key, sizeof(key), "leader/%d", round);
+        int swapped = -1;
+        RANK_OK(ctx, fsdp2_store_compare_set(ctx->store, key, NULL, 0, mine, strlen(mine),
+                                             &swapped));
+        ctx->shared->cas_swapped[round][ctx->rank] = swapped;
+        RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "cas"));
+        size_t len = 0;
+        memset(seen, 0, sizeof(seen));
+        RANK_OK(ctx, fsdp2_store_get(ctx->store, key, seen, sizeof(seen) - 1, &len));
+        RANK_EXPECT(ctx, sscanf(seen, "rank %d", &ctx->shared->cas_seen[round][ctx->rank]) == 1,
+                    "%s holds '%s'", key, seen);
+    }
+    return 0;
+}
+
+START_TEST(compare_set_races_between_4_ranks_have_exactly_one_winner)
+{
+    shared_t *sh = run_all_ok(4, 30000, body_cas);
+    for (int round = 0; round < CAS_ROUNDS; round++) {
+        int winners = 0, winner = -1;
+        for (int r = 0; r < 4; r++) {
+            ck_assert_int_ge(sh->cas_swapped[round][r], 0);
+            if (sh->cas_swapped[round][r]) {
+                winners++;
+                winner = r;
+            }
+        }
+        ck_assert_msg(winners == 1, "round %d: %d winners", round, winners);
+        for (int r = 0; r < 4; r++)
+            ck_assert_msg(sh->cas_seen[round][r] == winner, "round %d: rank %d saw %d, won %d",
+                          round, r, sh->cas_seen[round][r], winner);
+    }
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* Ranks that never come or die, a server that dies                                     */
+
+static int body_barrier_times_out(rank_ctx_t *ctx)
+{
+    double t0 = now_s();
+    fsdp2_status_t s = fsdp2_store_barrier(ctx->store, "init");
+    ctx->report->elapsed_s = now_s() - t0;
+    snprintf(ctx->report->message, sizeof(ctx->report->message), "%s", fsdp2_last_error());
+    RANK_EXPECT(ctx, s == FSDP2_ERR_TIMEOUT, "barrier gave %s: %s", fsdp2_status_name(s),
+                fsdp2_last_error());
+    if (ctx->rank == 0) {
+        fsdp2_store_t *store = ctx->store;
+        ctx->store = NULL;
+        t0 = now_s();
+        fsdp2_store_destroy(store);
+        ctx->report->at_s = now_s() - t0;
+    }
+    return 0;
+}
+
+START_TEST(barrier_times_out_naming_the_ranks_that_never_connected)
+{
+    run_spec_t spec = {4, 2, {1000, 1000, 1000, 1000}, body_barrier_times_out};
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    for (int r = 0; r < 2; r++) {
+        expect_rank_exited_ok(sh, r, wstatus[r]);
+        ck_assert_str_eq(sh->report[r].message,
+                         "barrier 'init': ranks 2,3 of 4 did not arrive within 1.0 s");
+        ck_assert_msg(sh->report[r].elapsed_s > 0.9 && sh->report[r].elapsed_s < 4,
+                      "rank %d timed out after %.2f s", r, sh->report[r].elapsed_s);
+    }
+    /* The server waited for ranks 2 and 3 to close, but only for its timeout. */
+    ck_assert_msg(sh->report[0].at_s > 0.5 && sh->report[0].at_s < 4,
+                  "server destroy took %.2f s", sh->report[0].at_s);
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+START_TEST(barrier_timeout_comes_from_FSDP2_TIMEOUT_without_an_option)
+{
+    ck_assert_int_eq(setenv("FSDP2_TIMEOUT", "1", 1), 0);
+    run_spec_t spec = {2, 1, {0}, body_barrier_times_out};
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    expect_rank_exited_ok(sh, 0, wstatus[0]);
+    ck_assert_str_eq(sh->report[0].message,
+                     "barrier 'init': rank 1 of 2 did not arrive within 1.0 s");
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+static int body_rank_2_dies(rank_ctx_t *ctx)
+{
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "start"));
+    if (ctx->rank == 2)
+        raise(SIGKILL);
+    double t0 = now_s();
+    char buf[8];
+    RANK_STATUS(ctx, fsdp2_store_get(ctx->store, "from-rank-2", buf, sizeof(buf), NULL),
+                FSDP2_ERR_TIMEOUT);
+    RANK_STATUS(ctx, fsdp2_store_barrier(ctx->store, "after"), FSDP2_ERR_TIMEOUT);
+    ctx->report->elapsed_s = now_s() - t0;
+    snprintf(ctx->report->message, sizeof(ctx->report->message), "%s", fsdp2_last_error());
+    return 0;
+}
+
+START_TEST(a_rank_killed_mid_run_makes_the_others_time_out_naming_it)
+{
+    run_spec_t spec = {3, 3, {1000, 1000, 1000}, body_rank_2_dies};
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    ck_assert_msg(WIFSIGNALED(wstatus[2]) && WTERMSIG(wstatus[2]) == SIGKILL,
+                  "rank 2 status 0x%x: %s", wstatus[2], sh->report[2].message);
+    for (int r = 0; r < 2; r++) {
+        expect_rank_exited_ok(sh, r, wstatus[r]);
+        ck_assert_str_eq(sh->report[r].message,
+                         "barrier 'after': rank 2 of 3 did not arrive within 1.0 s");
+        ck_assert_msg(sh->report[r].elapsed_s < 8, "rank %d needed %.2f s", r,
+                      sh->report[r].elapsed_s);
+    }
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+static int body_server_dies(rank_ctx_t *ctx)
+{
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "start"));
+    if (ctx->rank == 0) {
+        RANK_EXPECT(ctx, wait_parked(ctx->store, ctx->world_size - 1) == 0,
+                    "the other ranks' gets were never parked");
+        raise(SIGKILL);
+    }
+    double t0 = now_s();
+    char buf[8];
+    RANK_STATUS(ctx, fsdp2_store_get(ctx->store, "never", buf, sizeof(buf), NULL),
+                FSDP2_ERR_PEER_FAILED);
+    ctx->report->elapsed_s = now_s() - t0;
+    /* Later calls fail at once with the same error. */
+    RANK_STATUS(ctx, fsdp2_store_set(ctx->store, "x", "1", 1), FSDP2_ERR_PEER_FAILED);
+    return 0;
+}
+
+START_TEST(clients_get_peer_failed_long_before_the_timeout_when_the_server_dies)
+{
+    run_spec_t spec = {3, 3, {60000, 60000, 60000}, body_server_dies};
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    ck_assert_msg(WIFSIGNALED(wstatus[0]) && WTERMSIG(wstatus[0]) == SIGKILL,
+                  "rank 0 status 0x%x: %s", wstatus[0], sh->report[0].message);
+    for (int r = 1; r < 3; r++) {
+        expect_rank_exited_ok(sh, r, wstatus[r]);
+        ck_assert_msg(sh->report[r].elapsed_s < 10, "rank %d noticed after %.2f s", r,
+                      sh->report[r].elapsed_s);
+    }
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+static int body_server_waits(rank_ctx_t *ctx)
+{
+    if (ctx->rank == 1) {
+        RANK_OK(ctx, fsdp2_store_set(ctx->store, "ready", "", 0));
+        char buf[8];
+        RANK_STATUS(ctx, fsdp2_store_get(ctx->store, "never", buf, sizeof(buf), NULL),
+                    FSDP2_ERR_TIMEOUT);
+        ctx->report->at_s = now_s();
+        return 0;
+    }
+    const char *ready = "ready";
+    RANK_OK(ctx, fsdp2_store_wait(ctx->store, &ready, 1));
+    fsdp2_store_t *store = ctx->store;
+    ctx->store = NULL;
+    RANK_OK(ctx, fsdp2_store_destroy(store));
+    ctx->report->at_s = now_s();
+    return 0;
+}
+
+START_TEST(server_destroy_waits_until_the_other_ranks_have_closed)
+{
+    run_spec_t spec = {2, 2, {20000, 1000}, body_server_waits};
+    shared_t *sh = shared_create();
+    int wstatus[MAX_RANKS];
+    run_ranks(&spec, sh, wstatus);
+    expect_rank_exited_ok(sh, 0, wstatus[0]);
+    expect_rank_exited_ok(sh, 1, wstatus[1]);
+    ck_assert_msg(sh->report[0].at_s > sh->report[1].at_s,
+                  "the server stopped %.3f s before rank 1 finished",
+                  sh->report[1].at_s - sh->report[0].at_s);
+    ck_assert_msg(sh->report[0].at_s - sh->report[1].at_s < 10, "the server stopped %.2f s late",
+                  sh->report[0].at_s - sh->report[1].at_s);
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* Semantics and argument checks, the server and its one client in this process        */
+
+static fsdp2_store_t *open_store(const char *host, int port, int is_server, int world,
+                                 int rank, long timeout_ms)
+{
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.host = host;
+    o.port = port;
+    o.is_server = is_server;
+    o.world_size = world;
+    o.rank = rank;
+    o.timeout_ms = timeout_ms;
+    fsdp2_store_t *st = NULL;
+    OK(fsdp2_store_create(&o, &st));
+    return st;
+}
+
+START_TEST(get_and_wait_time_out_when_keys_never_come_and_the_store_stays_usable)
+{
+    fsdp2_store_t *st = open_store("127.0.0.1", 0, 1, 1, 0, 300);
+    char buf[8];
+    double t0 = now_s();
+    ck_assert_int_eq(fsdp2_store_get(st, "x", buf, sizeof(buf), NULL), FSDP2_ERR_TIMEOUT);
+    double elapsed = now_s() - t0;
+    ck_assert_str_eq(fsdp2_last_error(), "get 'x': the key was not set within 0.3 s");
+    ck_assert_msg(elapsed > 0.25 && elapsed < 3, "get gave up after %.2f s", elapsed);
+    OK(fsdp2_store_set(st, "a", "1", 1));
+    const char *keys[] = {"a", "b"};
+    ck_assert_int_eq(fsdp2_store_wait(st, keys, 2), FSDP2_ERR_TIMEOUT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "'b'"), "%s", fsdp2_last_error());
+    OK(fsdp2_store_set(st, "b", "2", 1));
+    OK(fsdp2_store_wait(st, keys, 2));
+    OK(fsdp2_store_wait(st, NULL, 0));
+    size_t len = 0;
+    OK(fsdp2_store_get(st, "b", buf, sizeof(buf), &len));
+    ck_assert_int_eq(len, 1);
+    ck_assert_int_eq(buf[0], '2');
+    OK(fsdp2_store_destroy(st));
+}
+END_TEST
+
+START_TEST(add_and_compare_set_follow_their_definitions)
+{
+    fsdp2_store_t *st = open_store("127.0.0.1", 0, 1, 1, 0, 10000);
+    int64_t v = 0;
+    OK(fsdp2_store_add(st, "n", -7, &v));
+    ck_assert_int_eq(v, -7);
+    OK(fsdp2_store_add(st, "n", 10, &v));
+    ck_assert_int_eq(v, 3);
+    char text[32] = {0};
+    OK(fsdp2_store_get(st, "n", text, sizeof(text) - 1, NULL));
+    ck_assert_str_eq(text, "3");
+    OK(fsdp2_store_set(st, "word", "abc", 3));
+    ck_assert_int_eq(fsdp2_store_add(st, "word", 1, &v), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "'word'"));
+    OK(fsdp2_store_set(st, "big", "9223372036854775807", 19));
+    ck_assert_int_eq(fsdp2_store_add(st, "big", 1, &v), FSDP2_ERR_OVERFLOW);
+    OK(fsdp2_store_get(st, "big", text, sizeof(text) - 1, NULL));
+    ck_assert_str_eq(text, "9223372036854775807");
+    int swapped = -1;
+    OK(fsdp2_store_compare_set(st, "c", "x", 1, "y", 1, &swapped));
+    ck_assert_int_eq(swapped, 0); /* missing equals only an empty expected */
+    OK(fsdp2_store_compare_set(st, "c", NULL, 0, "y", 1, &swapped));
+    ck_assert_int_eq(swapped, 1);
+    OK(fsdp2_store_compare_set(st, "c", "x", 1, "z", 1, &swapped));
+    ck_assert_int_eq(swapped, 0);
+    OK(fsdp2_store_compare_set(st, "c", "y", 1, "", 0, &swapped));
+    ck_assert_int_eq(swapped, 1);
+    size_t len = 99;
+    OK(fsdp2_store_get(st, "c", text, sizeof(text), &len));
+    ck_assert_int_eq(len, 0);
+    OK(fsdp2_store_destroy(st));
+}
+END_TEST
+
+START_TEST(values_up_to_the_maximum_are_stored_and_larger_ones_refused)
+{
+    fsdp2_store_t *st = open_store("127.0.0.1", 0, 1, 1, 0, 30000);
+    size_t max = FSDP2_STORE_VALUE_MAX;
+    uint8_t *big = malloc(max + 1), *back = malloc(max);
+    for (size_t i = 0; i <= max; i++)
+        big[i] = (uint8_t)(i * 2654435761u >> 24);
+    OK(fsdp2_store_set(st, "big", big, max));
+    size_t len = 0;
+    OK(fsdp2_store_get(st, "big", back, max, &len));
+    ck_assert_int_eq(len, max);
+    ck_assert_int_eq(memcmp(back, big, max), 0);
+    ck_assert_int_eq(fsdp2_store_set(st, "bigger", big, max + 1), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_store_get(st, "big", back, 10, &len), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(len, max);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "16777216"));
+    ck_assert_int_eq(memcmp(back, big, 10), 0);
+    free(big);
+    free(back);
+    OK(fsdp2_store_destroy(st));
+}
+END_TEST
+
+START_TEST(bad_arguments_are_refused_naming_the_value)
+{
+    fsdp2_store_t *st = NULL;
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    ck_assert_int_eq(fsdp2_store_create(NULL, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    o.size = 8;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    o.size = sizeof(o);
+    o.rank = 2;
+    o.world_size = 2;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank=2"));
+    o.rank = 0;
+    o.port = 70000;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "port=70000"));
+    o.port = 0; /* a client needs a real port */
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    o.host = "";
+    o.is_server = 1;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(st);
+    st = open_store("127.0.0.1", 0, 1, 1, 0, 10000);
+    char key[FSDP2_STORE_KEY_MAX + 2];
+    memset(key, 'k', sizeof(key) - 1);
+    key[sizeof(key) - 1] = '\0';
+    ck_assert_int_eq(fsdp2_store_set(st, key, "", 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_store_set(st, "", "", 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_store_set(st, NULL, "", 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_store_barrier(st, ""), FSDP2_ERR_INVALID_ARGUMENT);
+    key[FSDP2_STORE_KEY_MAX] = '\0';
+    OK(fsdp2_store_set(st, key, "", 0));
+    OK(fsdp2_store_barrier(st, "one rank"));
+    OK(fsdp2_store_destroy(st));
+    OK(fsdp2_store_destroy(NULL));
+}
+END_TEST
+
+static Suite *store_suite(void)
+{
+    Suite *s = suite_create("store");
+    TCase *multi = tcase_create("processes");
+    tcase_set_timeout(multi, 120);
+    tcase_add_loop_test(multi, values_set_by_each_rank_read_back_identically_by_every_rank, 0,
+                        MAX_RANKS);
+    tcase_add_test(multi, get_is_parked_by_the_server_until_another_rank_sets_the_key);
+    tcase_add_test(multi, add_from_4_ranks_x_1000_reaches_4000_with_every_result_seen_once);
+    tcase_add_test(multi, compare_set_races_between_4_ranks_have_exactly_one_winner);
+    tcase_add_test(multi, barrier_times_out_naming_the_ranks_that_never_connected);
+    tcase_add_test(multi, barrier_timeout_comes_from_FSDP2_TIMEOUT_without_an_option);
+    tcase_add_test(multi, a_rank_killed_mid_run_makes_the_others_time_out_naming_it);
+    tcase_add_test(multi, clients_get_peer_failed_long_before_the_timeout_when_the_server_dies);
+    tcase_add_test(multi, server_destroy_waits_until_the_other_ranks_have_closed);
+    suite_add_tcase(s, multi);
+
+    TCase *one = tcase_create("one process");
+    tcase_set_timeout(one, 120);
+    tcase_add_test(one, get_and_wait_time_out_when_keys_never_come_and_the_store_stays_usable);
+    tcase_add_test(one, add_and_compare_set_follow_their_definitions);
+    tcase_add_test(one, values_up_to_the_maximum_are_stored_and_larger_ones_refused);
+    tcase_add_test(one, bad_arguments_are_refused_naming_the_value);
+    suite_add_tcase(s, one);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(store_suite)

@@ -1,0 +1,423 @@
+/* The rendezvous store's server against connections of every kind, in one process:
+ * malformed or oversized bytes from a raw socket (closing only that connection), refused
+ * HELLOs, clients that start before the server or find none, IPv4, IPv6 and host
+ * names, and the port and descriptors being released after destroy. */
+#include <check.h>
+
+#include "check_main.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fsdp2/fsdp2.h>
+
+#include "mesh/store_protocol.h"
+
+#define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static fsdp2_store_t *open_store(const char *host, int port, int is_server, int world,
+                                 int rank, long timeout_ms)
+{
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.host = host;
+    o.port = port;
+    o.is_server = is_server;
+    o.world_size = world;
+    o.rank = rank;
+    o.timeout_ms = timeout_ms;
+    fsdp2_store_t *st = NULL;
+    OK(fsdp2_store_create(&o, &st));
+    return st;
+}
+
+static int store_port(const fsdp2_store_t *st)
+{
+    int port = 0;
+    OK(fsdp2_store_port(st, &port));
+    return port;
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Binds port on every interface without SO_REUSEADDR; returns 0 when that works. */
+static int bind_plain(int port)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {0};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons((uint16_t)port);
+    a.sin6_addr = in6addr_any;
+    int rc = fd >= 0 ? bind(fd, (struct sockaddr *)&a, sizeof(a)) : -1;
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+START_TEST(the_port_is_free_again_and_no_descriptor_is_left_after_destroy)
+{
+    /* A first round, so that whatever the C library keeps open after its first use
+     * (resolver files) is counted before. */
+    OK(fsdp2_store_destroy(open_store("127.0.0.1", 0, 1, 1, 0, 10000)));
+    int fds_before = count_fds();
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
+    int port = store_port(server);
+    fsdp2_store_t *client = open_store("127.0.0.1", port, 0, 2, 1, 10000);
+    int64_t v = 0;
+    OK(fsdp2_store_add(client, "n", 5, &v));
+    ck_assert_int_eq(v, 5);
+    ck_assert_int_ne(bind_plain(port), 0);
+    OK(fsdp2_store_destroy(client));
+    OK(fsdp2_store_destroy(server));
+    ck_assert_int_eq(count_fds(), fds_before);
+    ck_assert_msg(bind_plain(port) == 0, "port %d still bound: %s", port, strerror(errno));
+    /* And a new server on that very port. */
+    server = open_store("127.0.0.1", port, 1, 1, 0, 10000);
+    ck_assert_int_eq(store_port(server), port);
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+static size_t raw_hello(uint8_t *out, uint32_t rank, uint32_t world, uint32_t magic)
+{
+    uint8_t hello[STORE_HELLO_BYTES] = {0};
+    store_put_u32(hello, magic);
+    hello[5] = STORE_VERSION;
+    store_put_u32(hello + 8, rank);
+    store_put_u32(hello + 12, world);
+    store_header_t h = {STORE_OP_HELLO, 0, 1, 0, 1};
+    uint8_t *p = store_frame_begin(out, STORE_HEADER_BYTES + 4 + STORE_HELLO_BYTES, &h);
+    return (size_t)(store_put_field(p, hello, sizeof(hello)) - out);
+}
+
+/* A request frame with the given op and fields (lens[i] bytes of 'k' each); the frame's
+ * length field can be overridden to lie. */
+static size_t raw_request(uint8_t *out, uint8_t op, uint32_t nfields, const uint32_t *lens,
+                          int64_t length_override)
+{
+    store_header_t h = {op, 0, 2, 0, nfields};
+    uint32_t body = STORE_HEADER_BYTES;
+    for (uint32_t i = 0; i < nfields; i++)
+        body += 4 + lens[i];
+    uint8_t *p = store_frame_begin(out, body, &h);
+    for (uint32_t i = 0; i < nfields; i++) {
+        store_put_u32(p, lens[i]);
+        memset(p + 4, 'k', lens[i]);
+        p += 4 + lens[i];
+    }
+    if (length_override >= 0)
+        store_put_u32(out, (uint32_t)length_override);
+    return (size_t)(p - out);
+}
+
+typedef enum bad_kind {
+    BAD_HTTP,
+    BAD_HUGE_LENGTH,
+    BAD_LENGTH_BEFORE_HELLO,
+    BAD_ZERO_LENGTH,
+    BAD_MAGIC,
+    BAD_FIELDS_SHORT,
+    BAD_UNKNOWN_OP,
+    BAD_EMPTY_KEY,
+    BAD_LONG_KEY,
+    BAD_OVERSIZED_AFTER_HELLO,
+    BAD_NONZERO_RESERVED,
+    BAD_COUNT
+} bad_kind_t;
+
+static size_t bad_message(bad_kind_t kind, uint8_t *buf)
+{
+    size_t n = 0;
+    uint32_t lens[2] = {3, 1};
+    if (kind >= BAD_FIELDS_SHORT)
+        n = raw_hello(buf, 2, 3, STORE_MAGIC);
+    switch (kind) {
+    case BAD_HTTP:
+        return (size_t)sprintf((char *)buf, "GET / HTTP/1.0\r\n\r\n");
+    case BAD_HUGE_LENGTH:
+        store_put_u32(buf, 0xffffffffu);
+        return 4;
+    case BAD_LENGTH_BEFORE_HELLO:
+        store_put_u32(buf, 1u << 20);
+        return 4;
+    case BAD_ZERO_LENGTH:
+        store_put_u32(buf, 0);
+        return 4;
+    case BAD_MAGIC:
+        return raw_hello(buf, 2, 3, 0x12345678u);
+    case BAD_FIELDS_SHORT: /* the body claims 2 fields but holds bytes for less */
+        return n + raw_request(buf + n, STORE_OP_SET, 2, lens, STORE_HEADER_BYTES + 6);
+    case BAD_UNKNOWN_OP:
+        return n + raw_request(buf + n, 99, 0, NULL, -1);
+    case BAD_EMPTY_KEY:
+        lens[0] = 0;
+        return n + raw_request(buf + n, STORE_OP_SET, 2, lens, -1);
+    case BAD_LONG_KEY:
+        lens[0] = FSDP2_STORE_KEY_MAX + 1;
+        return n + raw_request(buf + n, STORE_OP_GET, 1, lens, -1);
+    case BAD_OVERSIZED_AFTER_HELLO:
+        return n + raw_request(buf + n, STORE_OP_SET, 2, lens, (int64_t)STORE_BODY_MAX + 1);
+    case BAD_NONZERO_RESERVED:
+        n += raw_request(buf + n, STORE_OP_CLOSE, 0, NULL, -1);
+        buf[n - STORE_HEADER_BYTES + 2] = 7;
+        return n;
+    default:
+        return 0;
+    }
+}
+
+START_TEST(malformed_messages_close_only_their_connection)
+{
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 3, 0, 10000);
+    int port = store_port(server);
+    fsdp2_store_t *good = open_store("127.0.0.1", port, 0, 3, 1, 10000);
+    uint8_t buf[4096];
+    size_t n = bad_message((bad_kind_t)_i, buf);
+    int fd = raw_connect(port);
+    ck_assert_int_eq(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+    /* The server closes the connection: after a HELLO reply at most, EOF or a reset. */
+    struct pollfd p = {fd, POLLIN, 0};
+    char reply[256];
+    ssize_t got;
+    do {
+        ck_assert_msg(poll(&p, 1, 20000) == 1, "kind %d: the server kept the connection", _i);
+        got = recv(fd, reply, sizeof(reply), 0);
+    } while (got > 0);
+    ck_assert_msg(got == 0 || errno == ECONNRESET, "kind %d: recv: %s", _i, strerror(errno));
+    close(fd);
+    /* The others are still served, and rank 2 may connect properly now. */
+    OK(fsdp2_store_set(good, "after", "ok", 2));
+    fsdp2_store_t *rank2 = open_store("127.0.0.1", port, 0, 3, 2, 10000);
+    char value[4] = {0};
+    size_t len = 0;
+    OK(fsdp2_store_get(rank2, "after", value, sizeof(value), &len));
+    ck_assert_str_eq(value, "ok");
+    OK(fsdp2_store_get(server, "after", value, sizeof(value), &len));
+    OK(fsdp2_store_destroy(rank2));
+    OK(fsdp2_store_destroy(good));
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+START_TEST(truncated_frame_then_disconnect_leaves_the_server_serving)
+{
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 1, 0, 10000);
+    int port = store_port(server);
+    uint8_t buf[256];
+    size_t n = raw_hello(buf, 0, 1, STORE_MAGIC);
+    int fd = raw_connect(port);
+    ck_assert_int_eq(send(fd, buf, n - 3, MSG_NOSIGNAL), (ssize_t)(n - 3));
+    close(fd);
+    OK(fsdp2_store_set(server, "k", "v", 1));
+    OK(fsdp2_store_barrier(server, "alone"));
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+START_TEST(hello_with_another_world_size_or_a_taken_rank_is_refused)
+{
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.port = store_port(server);
+    o.world_size = 3;
+    o.rank = 1;
+    o.timeout_ms = 5000;
+    fsdp2_store_t *st = NULL;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_CONFIG);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "world size 3"));
+    o.world_size = 2;
+    o.rank = 0;
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_INVALID_CONFIG);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank 0 is already connected"));
+    ck_assert_ptr_null(st);
+    o.rank = 1;
+    OK(fsdp2_store_create(&o, &st));
+    OK(fsdp2_store_destroy(st));
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+typedef struct late_client {
+    int port;
+    fsdp2_status_t status;
+    char message[512];
+    fsdp2_store_t *store;
+} late_client_t;
+
+static void *late_client_main(void *arg)
+{
+    late_client_t *lc = arg;
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.port = lc->port;
+    o.world_size = 2;
+    o.rank = 1;
+    o.timeout_ms = 20000;
+    lc->status = fsdp2_store_create(&o, &lc->store);
+    snprintf(lc->message, sizeof(lc->message), "%s", fsdp2_last_error());
+    return NULL;
+}
+
+/* A bound but not listening socket: connections to its port are refused. */
+static int reserve_port(int *port)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in6 a = {0};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    *port = ntohs(a.sin6_port);
+    return fd;
+}
+
+START_TEST(a_client_started_before_the_server_connects_once_it_listens)
+{
+    late_client_t lc = {0};
+    int reserved = reserve_port(&lc.port);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, late_client_main, &lc), 0);
+    /* The client's first attempts are refused; then the server takes the port. */
+    close(reserved);
+    fsdp2_store_t *server = open_store("127.0.0.1", lc.port, 1, 2, 0, 20000);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_msg(lc.status == FSDP2_SUCCESS, "late client: %s", lc.message);
+    OK(fsdp2_store_set(lc.store, "late", "1", 1));
+    char value[2] = {0};
+    OK(fsdp2_store_get(server, "late", value, 1, NULL));
+    ck_assert_str_eq(value, "1");
+    OK(fsdp2_store_destroy(lc.store));
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+START_TEST(a_client_with_no_server_times_out_naming_host_and_port)
+{
+    int port = 0;
+    int reserved = reserve_port(&port);
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.port = port;
+    o.world_size = 2;
+    o.rank = 1;
+    o.timeout_ms = 300;
+    fsdp2_store_t *st = NULL;
+    double t0 = now_s();
+    ck_assert_int_eq(fsdp2_store_create(&o, &st), FSDP2_ERR_TIMEOUT);
+    double elapsed = now_s() - t0;
+    char where[64];
+    snprintf(where, sizeof(where), "127.0.0.1:%d", port);
+    ck_assert_msg(strstr(fsdp2_last_error(), where), "message: %s", fsdp2_last_error());
+    ck_assert_msg(elapsed > 0.25 && elapsed < 3, "gave up after %.2f s", elapsed);
+    close(reserved);
+}
+END_TEST
+
+static int ipv6_loopback_works(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {0};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+START_TEST(clients_reach_the_server_by_ipv4_ipv6_and_host_name)
+{
+    const char *hosts[] = {"localhost", "::1", "127.0.0.1"};
+    int have_v6 = ipv6_loopback_works();
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 4, 0, 10000);
+    fsdp2_store_t *clients[3];
+    for (int i = 0; i < 3; i++) {
+        const char *host = !have_v6 && strchr(hosts[i], ':') ? "127.0.0.1" : hosts[i];
+        clients[i] = open_store(host, store_port(server), 0, 4, i + 1, 10000);
+        char key[8];
+        snprintf(key, sizeof(key), "h%d", i);
+        OK(fsdp2_store_set(clients[i], key, host, strlen(host)));
+    }
+    for (int i = 0; i < 3; i++) {
+        char key[8], value[64] = {0};
+        snprintf(key, sizeof(key), "h%d", (i + 1) % 3);
+        OK(fsdp2_store_get(clients[i], key, value, sizeof(value) - 1, NULL));
+    }
+    for (int i = 0; i < 3; i++)
+        OK(fsdp2_store_destroy(clients[i]));
+    OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+START_TEST(an_unresolvable_host_is_an_error_naming_it)
+{
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.host = "no-such-host.invalid";
+    o.port = 1;
+    o.world_size = 2;
+    o.rank = 1;
+    o.timeout_ms = 500;
+    fsdp2_store_t *st = NULL;
+    fsdp2_status_t s = fsdp2_store_create(&o, &st);
+    /* Without a resolver answer (EAI_AGAIN) the client retries until its timeout. */
+    ck_assert_msg(s == FSDP2_ERR_INVALID_CONFIG || s == FSDP2_ERR_TIMEOUT, "%s",
+                  fsdp2_status_name(s));
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "no-such-host.invalid"));
+}
+END_TEST
+
+static Suite *store_server_suite(void)
+{
+    Suite *s = suite_create("store_server");
+    TCase *tc = tcase_create("connections");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, the_port_is_free_again_and_no_descriptor_is_left_after_destroy);
+    tcase_add_loop_test(tc, malformed_messages_close_only_their_connection, 0, BAD_COUNT);
+    tcase_add_test(tc, truncated_frame_then_disconnect_leaves_the_server_serving);
+    tcase_add_test(tc, hello_with_another_world_size_or_a_taken_rank_is_refused);
+    tcase_add_test(tc, a_client_started_before_the_server_connects_once_it_listens);
+    tcase_add_test(tc, a_client_with_no_server_times_out_naming_host_and_port);
+    tcase_add_test(tc, clients_reach_the_server_by_ipv4_ipv6_and_host_name);
+    tcase_add_test(tc, an_unresolvable_host_is_an_error_naming_it);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(store_server_suite)
