@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
 done
 source scripts/deps.sh
 fsdp2_install_deps
-FSDP2_PACKAGES=(openmpi-bin libopenmpi-dev) fsdp2_install_deps
+fsdp2_install_deps openmpi-bin libopenmpi-dev
 fsdp2_build build
 mkdir -p "$out"
 mpicc -O2 -o build/bench/mpi_collectives bench/mpi_collectives.c

@@ -6,9 +6,11 @@ set -euo pipefail
 FSDP2_PACKAGES=(meson ninja-build pkg-config gcc g++ libc6-dev libucx-dev ucx-utils libhwloc-dev
                 hwloc libudev-dev libcjson-dev check libopenblas-dev zlib1g-dev)
 
+# fsdp2_install_deps [PACKAGE...]: the given packages, or FSDP2_PACKAGES.
 fsdp2_install_deps() {
-    local missing=()
-    for p in "${FSDP2_PACKAGES[@]}"; do
+    local missing=() wanted=("$@")
+    [ ${#wanted[@]} -gt 0 ] || wanted=("${FSDP2_PACKAGES[@]}")
+    for p in "${wanted[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$p")
     done

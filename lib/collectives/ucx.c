@@ -17,6 +17,9 @@
  * reported by UCX's error handler, and cancels what is outstanding before failing. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +29,14 @@
 
 #include "collectives/group_internal.h"
 #include "core/device_ops.h"
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
 #define UCX_SLOTS 64          /* collectives enqueued and not yet finished, per group */
 #define UCX_SCRATCH_SETS 4    /* reductions running at once, per group */
 #define UCX_SEGMENT (1u << 20) /* bytes per peer per reduction round */
-#define UCX_SPIN 2000         /* progress calls without news before blocking */
+#define UCX_SPIN 200          /* idle progress calls (each followed by a yield) before blocking */
 #define UCX_ADDRESS_MAX 65536
 
 enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2 };
@@ -52,6 +56,7 @@ struct ucx_group {
     int efd;
     ucp_ep_h *eps; /* [size]; eps[rank] unused */
     atomic_int failed_peer; /* -1, or the first peer UCX reported as failed */
+    atomic_long liveness_checked_ms; /* shared by the collectives running at once */
     pthread_mutex_t lock;
     pthread_cond_t changed;
     ucx_slot_t slots[UCX_SLOTS];
@@ -63,8 +68,17 @@ struct ucx_group {
 typedef struct ucx_peer_error {
     ucx_group_t *ug;
     int peer;
-    atomic_int failed; /* UCX reported this endpoint failed */
+    atomic_int failed; /* UCX reported this endpoint failed, or the process is gone */
+    int local;         /* on this host: error mode NONE, liveness by pid */
+    pid_t pid;
 } ucx_peer_error_t;
+
+/* What a rank publishes besides its worker address: where it runs. */
+typedef struct ucx_identity {
+    char host[64];
+    char boot_id[40];
+    int32_t pid;
+} ucx_identity_t;
 
 static pthread_mutex_t context_lock = PTHREAD_MUTEX_INITIALIZER;
 static ucp_context_h context;
@@ -151,6 +165,12 @@ static void close_endpoint(ucx_group_t *ug, int r)
     if (!ug->eps[r])
         return;
     int failed = atomic_load(&ug->peer_errors[r].failed);
+    if (failed && ug->peer_errors[r].local) {
+        /* a dead process on this host: nothing to flush to, and FORCE needs PEER mode;
+         * ucp_worker_destroy releases the endpoint */
+        ug->eps[r] = NULL;
+        return;
+    }
     ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     void *req = ucp_ep_close_nbx(ug->eps[r], &param);
@@ -228,6 +248,52 @@ static void cancel_all(ucx_group_t *ug, void **reqs, const int *peers, int n)
     }
 }
 
+static void mark_failed(ucx_group_t *ug, int peer)
+{
+    atomic_store(&ug->peer_errors[peer].failed, 1);
+    int expected = -1;
+    atomic_compare_exchange_strong(&ug->failed_peer, &expected, peer);
+}
+
+/* Same-host peers run without UCX failure detection (it would force TCP): a waiting
+ * rank checks, at most every 100 ms, that the processes it waits for still exist. */
+static void check_one(ucx_group_t *ug, int peer);
+
+static void check_liveness(ucx_group_t *ug, const int *peers, int n, void **reqs)
+{
+    long t = (long)now_ms(), last = atomic_load(&ug->liveness_checked_ms);
+    if (t - last < 100 || !atomic_compare_exchange_strong(&ug->liveness_checked_ms, &last, t))
+        return; /* checked recently, or another thread is checking now */
+    for (int i = 0; i < n; i++)
+        if (reqs[i])
+            check_one(ug, PEER_OF(peers[i]));
+}
+
+/* Marks a same-host peer failed if its process is gone (or a zombie). */
+static void check_one(ucx_group_t *ug, int peer)
+{
+    ucx_peer_error_t *pe = &ug->peer_errors[peer];
+    if (!pe->local || atomic_load(&pe->failed))
+        return;
+    char path[64], state = 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pe->pid);
+    FILE *f = fopen(path, "r");
+    if (f) { /* "pid (comm) S ...": a zombie has exited */
+        char buf[512];
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[len] = '\0';
+        char *close_paren = strrchr(buf, ')');
+        if (close_paren && close_paren[1] == ' ')
+            state = close_paren[2];
+        fclose(f);
+    }
+    if ((kill(pe->pid, 0) != 0 && errno == ESRCH) || state == 'Z' || state == 'X') {
+        FSDP2_LOG(WARN, COLL, "group '%s': peer %d (pid %d) has exited", ug->g->name, pe->peer,
+                  (int)pe->pid);
+        mark_failed(ug, pe->peer);
+    }
+}
+
 /* A peer UCX reported failed that one of the pending requests involves, or -1. A peer
  * that failed after delivering everything this round needs does not fail it. */
 static int failed_peer_among(ucx_group_t *ug, void **reqs, const int *peers, int n)
@@ -248,13 +314,14 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
     double deadline = now_ms() + (double)g->timeout_ms;
     int idle = 0;
     for (;;) {
-        int pending = 0;
+        int pending = 0, failed_peer = -1;
         ucs_status_t failed = UCS_OK;
         for (int i = 0; i < n; i++) {
             if (!reqs[i])
                 continue;
             if (UCS_PTR_IS_ERR(reqs[i])) {
                 failed = UCS_PTR_STATUS(reqs[i]);
+                failed_peer = PEER_OF(peers[i]);
                 reqs[i] = NULL;
                 continue;
             }
@@ -263,12 +330,19 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
                 pending++;
                 continue;
             }
-            if (s != UCS_OK)
+            if (s != UCS_OK) {
                 failed = s;
+                failed_peer = PEER_OF(peers[i]);
+            }
             ucp_request_free(reqs[i]);
             reqs[i] = NULL;
         }
         if (failed != UCS_OK) {
+            /* a transfer failed: was it because a peer on this host died? */
+            atomic_store(&ug->liveness_checked_ms, 0);
+            check_liveness(ug, peers, n, reqs);
+            if (failed_peer >= 0 && ug->peer_errors[failed_peer].local)
+                check_one(ug, failed_peer);
             cancel_all(ug, reqs, peers, n);
             int peer = atomic_load(&ug->failed_peer);
             if (peer >= 0)
@@ -287,6 +361,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
             cancel_all(ug, reqs, peers, n);
             return fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "%s: aborted", what);
         }
+        check_liveness(ug, peers, n, reqs);
         int peer = failed_peer_among(ug, reqs, peers, n);
         if (peer >= 0) {
             cancel_all(ug, reqs, peers, n);
@@ -299,8 +374,13 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
                                     "%s: %d transfers still pending after %.1f s (FSDP2_TIMEOUT)",
                                     what, pending, (double)g->timeout_ms / 1e3);
         }
-        if (++idle < UCX_SPIN)
+        /* Idle: give the core away before trying again, since with more ranks than
+         * cores the peer we wait for may need this one; block on the event fd only
+         * after a while (waking from it costs a scheduler round trip). */
+        if (++idle < UCX_SPIN) {
+            sched_yield();
             continue;
+        }
         if (ucp_worker_arm(ug->worker) == UCS_OK) {
             struct pollfd pfd = {.fd = ug->efd, .events = POLLIN};
             poll(&pfd, 1, left < 10 ? (int)left + 1 : 10);
@@ -583,6 +663,19 @@ static void ucx_group_free(ucx_group_t *ug)
     free(ug);
 }
 
+static void identity_of_self(ucx_identity_t *id)
+{
+    memset(id, 0, sizeof(*id));
+    gethostname(id->host, sizeof(id->host) - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(id->boot_id, sizeof(id->boot_id), f))
+            id->boot_id[0] = '\0';
+        fclose(f);
+    }
+    id->pid = (int32_t)getpid();
+}
+
 /* Connects every endpoint now, with a zero-byte exchange, rather than lazily inside the
  * first collective: group creation is where a user expects connection errors. */
 static fsdp2_status_t wire_up(ucx_group_t *ug)
@@ -612,9 +705,22 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
         return ucx_status(s, "ucp_worker_get_address");
     char key[FSDP2_GROUP_NAME_MAX + 64];
     snprintf(key, sizeof(key), "%s/ucx/address/%d", g->name, g->rank);
-    fsdp2_status_t status = fsdp2_store_set(store, key, address, address_len);
+    ucx_identity_t me;
+    identity_of_self(&me);
+    size_t msg_len = sizeof(me) + address_len;
+    char *msg = malloc(msg_len);
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (!msg) {
+        ucp_worker_release_address(ug->worker, address);
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': address message", g->name);
+    }
+    memcpy(msg, &me, sizeof(me));
+    memcpy(msg + sizeof(me), address, address_len);
+    status = fsdp2_store_set(store, key, msg, msg_len);
+    free(msg);
     ucp_worker_release_address(ug->worker, address);
     FSDP2_CHECK(status);
+    int mode = (int)fsdp2_env_int(FSDP2_ENV_UCX_ERROR_MODE); /* 0 auto, 1 peer, 2 none */
     void *remote = malloc(UCX_ADDRESS_MAX);
     if (!remote)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': address buffer", g->name);
@@ -625,16 +731,33 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
         status = fsdp2_store_get(store, key, remote, UCX_ADDRESS_MAX, &len);
         if (status != FSDP2_SUCCESS)
             break;
-        ug->peer_errors[r].ug = ug;
-        ug->peer_errors[r].peer = r;
-        atomic_init(&ug->peer_errors[r].failed, 0);
+        if (len <= sizeof(ucx_identity_t)) {
+            status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': rank %d's address is %zu bytes",
+                                 g->name, r, len);
+            break;
+        }
+        ucx_identity_t peer;
+        memcpy(&peer, remote, sizeof(peer));
+        ucx_peer_error_t *pe = &ug->peer_errors[r];
+        pe->ug = ug;
+        pe->peer = r;
+        atomic_init(&pe->failed, 0);
+        pe->local = strcmp(peer.host, me.host) == 0 && strcmp(peer.boot_id, me.boot_id) == 0;
+        pe->pid = (pid_t)peer.pid;
+        /* PEER mode makes UCX 1.13 use TCP even within a host: only across hosts, unless
+         * FSDP2_UCX_ERROR_MODE says otherwise. */
+        int use_peer_mode = mode == 1 || (mode == 0 && !pe->local);
+        if (use_peer_mode)
+            pe->local = 0; /* UCX reports failures; no pid checks */
         ucp_ep_params_t params = {
             .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                           UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            .address = remote,
-            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-            .err_handler = {peer_failed, &ug->peer_errors[r]},
+            .address = (ucp_address_t *)((char *)remote + sizeof(peer)),
+            .err_mode = use_peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
+            .err_handler = {peer_failed, pe},
         };
+        FSDP2_LOG(DEBUG, COLL, "group '%s': rank %d (pid %d on %s) %s", g->name, r, (int)peer.pid,
+                  peer.host, use_peer_mode ? "with UCX peer-failure handling" : "on this host");
         s = ucp_ep_create(ug->worker, &params, &ug->eps[r]);
         if (s != UCS_OK)
             status = fsdp2_error(FSDP2_ERR_BACKEND, "group '%s': endpoint to rank %d: %s", g->name,

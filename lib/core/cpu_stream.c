@@ -13,6 +13,7 @@
  * at thread exit. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,11 @@
 #include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
+
+/* Yields before a worker or a waiter blocks on a condition variable: a wake-up costs a
+ * scheduler round trip (tens of microseconds when ranks outnumber cores), and the next
+ * task or the awaited completion often arrives within a few yields. */
+#define SPIN_YIELDS 64
 
 typedef enum task_kind {
     TASK_HOST,
@@ -138,6 +144,11 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
         deadline_after(timeout_ms, &deadline);
     fsdp2_status_t status = FSDP2_SUCCESS;
     pthread_mutex_lock(&s->lock);
+    for (int spin = 0; spin < SPIN_YIELDS && s->completed < target; spin++) {
+        pthread_mutex_unlock(&s->lock);
+        sched_yield();
+        pthread_mutex_lock(&s->lock);
+    }
     while (s->completed < target) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&s->progress, &s->lock);
@@ -201,8 +212,15 @@ static void *stream_worker(void *arg)
     cpu_stream_t *s = arg;
     pthread_mutex_lock(&s->lock);
     for (;;) {
-        while (s->count == 0 && !s->stopping)
+        for (int spin = 0; s->count == 0 && !s->stopping; spin++) {
+            if (spin < SPIN_YIELDS) { /* work often follows at once: avoid a sleep/wake */
+                pthread_mutex_unlock(&s->lock);
+                sched_yield();
+                pthread_mutex_lock(&s->lock);
+                continue;
+            }
             pthread_cond_wait(&s->not_empty, &s->lock);
+        }
         if (s->count == 0)
             break; /* stopping, and everything submitted has run */
         cpu_task_t task = s->ring[s->head];

@@ -17,7 +17,10 @@
     XX(TIMEOUT, "FSDP2_TIMEOUT", SECONDS, "300", "0.001..604800",                          \
        "seconds before a blocked collective or rendezvous fails with a timeout")           \
     XX(CPU_STREAM_DEPTH, "FSDP2_CPU_STREAM_DEPTH", INT, "1024", "4..1048576",              \
-       "entries in each cpu stream's queue; enqueueing into a full queue blocks")
+       "entries in each cpu stream's queue; enqueueing into a full queue blocks")          \
+    XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
+       "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
+       "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,
