@@ -16,5 +16,6 @@
 #include <fsdp2/store.h>
 #include <fsdp2/topology.h>
 #include <fsdp2/group.h>
+#include <fsdp2/mesh.h>
 
 #endif

@@ -663,6 +663,31 @@ static void ucx_group_free(ucx_group_t *ug)
     free(ug);
 }
 
+/* A barrier over the group's members only (the store's own barrier spans its whole
+ * world, and a mesh dim's group is a subset): each member sets its key, then waits for
+ * all of the group's keys. */
+static fsdp2_status_t members_barrier(fsdp2_group_t *g, fsdp2_store_t *store, const char *what)
+{
+    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
+    char *keys = malloc((size_t)g->size * key_len);
+    const char **list = malloc((size_t)g->size * sizeof(*list));
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (!keys || !list) {
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': barrier keys", g->name);
+        goto cleanup;
+    }
+    for (int r = 0; r < g->size; r++) {
+        snprintf(keys + (size_t)r * key_len, key_len, "%s/ucx/%s/%d", g->name, what, r);
+        list[r] = keys + (size_t)r * key_len;
+    }
+    FSDP2_CHECK_GOTO(fsdp2_store_set(store, list[g->rank], "1", 1), status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_store_wait(store, list, (size_t)g->size), status, cleanup);
+cleanup:
+    free(keys);
+    free(list);
+    return status;
+}
+
 static void identity_of_self(ucx_identity_t *id)
 {
     memset(id, 0, sizeof(*id));
@@ -765,8 +790,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     }
     free(remote);
     FSDP2_CHECK(status);
-    snprintf(key, sizeof(key), "%s/ucx/connected", g->name);
-    FSDP2_CHECK(fsdp2_store_barrier(store, key));
+    FSDP2_CHECK(members_barrier(g, store, "connected"));
     return wire_up(ug);
 }
 

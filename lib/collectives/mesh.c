@@ -1,0 +1,127 @@
+/* fsdp2_mesh: a mesh layout (lib/mesh/mesh_layout.c) plus one process group per dim. It
+ * lives in the collectives layer because it creates groups; the layout math below it
+ * needs no communication. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/group_internal.h"
+#include "core/error.h"
+#include "mesh/mesh_layout.h"
+
+struct fsdp2_mesh {
+    mesh_layout_t layout;
+    int rank;
+    int coords[FSDP2_MESH_MAX_DIMS];
+    fsdp2_group_t *groups[FSDP2_MESH_MAX_DIMS];
+};
+
+fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,
+                                 int ndim, const int *shape, const char *const *names,
+                                 const fsdp2_group_options_t *options, fsdp2_mesh_t **out)
+{
+    FSDP2_ARG_CHECK(out, "mesh is NULL");
+    *out = NULL;
+    FSDP2_ARG_CHECK(store && name && name[0], "mesh: store or name is NULL or empty");
+    FSDP2_ARG_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
+                    "mesh '%s': rank %d is not in 0..%d", name, rank, world_size - 1);
+    fsdp2_mesh_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "mesh '%s'", name);
+    fsdp2_status_t status = mesh_layout_init(&m->layout, world_size, ndim, shape, names);
+    if (status != FSDP2_SUCCESS) {
+        free(m);
+        return status;
+    }
+    m->rank = rank;
+    mesh_layout_coords(&m->layout, rank, m->coords);
+    for (int d = 0; d < ndim && status == FSDP2_SUCCESS; d++) {
+        /* The group of ranks that share every other coordinate: named by the mesh, the
+         * dim and those coordinates, the same string on every member. */
+        char group_name[FSDP2_GROUP_NAME_MAX];
+        int other = ndim == 2 ? m->coords[1 - d] : 0;
+        snprintf(group_name, sizeof(group_name), "%.60s/%s/%d", name, m->layout.names[d], other);
+        status = fsdp2_group_create(store, group_name, m->coords[d], m->layout.shape[d], options,
+                                    &m->groups[d]);
+    }
+    if (status != FSDP2_SUCCESS) {
+        fsdp2_mesh_destroy(m);
+        return status;
+    }
+    *out = m;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_destroy(fsdp2_mesh_t *m)
+{
+    if (!m)
+        return FSDP2_SUCCESS;
+    for (int d = 0; d < FSDP2_MESH_MAX_DIMS; d++)
+        fsdp2_group_destroy(m->groups[d]);
+    free(m);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t check_dim(const fsdp2_mesh_t *m, int dim)
+{
+    FSDP2_ARG_CHECK(m, "mesh is NULL");
+    FSDP2_ARG_CHECK(dim >= 0 && dim < m->layout.ndim, "mesh dim %d is not in 0..%d", dim,
+                    m->layout.ndim - 1);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_ndim(const fsdp2_mesh_t *m, int *ndim)
+{
+    FSDP2_ARG_CHECK(m && ndim, "mesh or ndim is NULL");
+    *ndim = m->layout.ndim;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_size(const fsdp2_mesh_t *m, int dim, int *size)
+{
+    FSDP2_CHECK(check_dim(m, dim));
+    FSDP2_ARG_CHECK(size, "size is NULL");
+    *size = m->layout.shape[dim];
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_dim(const fsdp2_mesh_t *m, const char *name, int *dim)
+{
+    FSDP2_ARG_CHECK(m && name && dim, "mesh, name or dim is NULL");
+    for (int d = 0; d < m->layout.ndim; d++) {
+        if (strcmp(m->layout.names[d], name) == 0) {
+            *dim = d;
+            return FSDP2_SUCCESS;
+        }
+    }
+    return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "the mesh has no dim named '%s' (it has %s%s%s)",
+                       name, m->layout.names[0], m->layout.ndim == 2 ? ", " : "",
+                       m->layout.ndim == 2 ? m->layout.names[1] : "");
+}
+
+fsdp2_status_t fsdp2_mesh_coordinate(const fsdp2_mesh_t *m, int dim, int *coord)
+{
+    FSDP2_CHECK(check_dim(m, dim));
+    FSDP2_ARG_CHECK(coord, "coord is NULL");
+    *coord = m->coords[dim];
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_rank_at(const fsdp2_mesh_t *m, const int *coords, int *rank)
+{
+    FSDP2_ARG_CHECK(m && coords && rank, "mesh, coords or rank is NULL");
+    for (int d = 0; d < m->layout.ndim; d++)
+        FSDP2_ARG_CHECK(coords[d] >= 0 && coords[d] < m->layout.shape[d],
+                        "mesh coordinate %d along dim %d is not in 0..%d", coords[d], d,
+                        m->layout.shape[d] - 1);
+    *rank = mesh_layout_rank(&m->layout, coords);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_group(const fsdp2_mesh_t *m, int dim, fsdp2_group_t **group)
+{
+    FSDP2_CHECK(check_dim(m, dim));
+    FSDP2_ARG_CHECK(group, "group is NULL");
+    *group = m->groups[dim];
+    return FSDP2_SUCCESS;
+}

@@ -1,0 +1,146 @@
+/* Device meshes with real processes: 1D over 1-4 ranks and 2D [2,2], [1,4], [4,1] over 4
+ * ranks. Coordinates must be row-major (PyTorch's init_device_mesh), and an all-reduce of
+ * the global ranks over each dim's group must equal the closed form of the ranks that
+ * share the other coordinate. Invalid shapes and names are errors naming them. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/check_main.h"
+#include "ranks.h"
+
+#define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
+
+typedef struct mesh_case {
+    int ndim;
+    int shape[2];
+} mesh_case_t;
+
+/* Sum of the global ranks in this rank's group along dim, computed from coordinates. */
+static double expected_sum(const mesh_case_t *mc, const int *coords, int dim)
+{
+    double sum = 0;
+    for (int c = 0; c < mc->shape[dim]; c++) {
+        int k[2] = {coords[0], mc->ndim == 2 ? coords[1] : 0};
+        k[dim] = c;
+        sum += mc->ndim == 2 ? k[0] * mc->shape[1] + k[1] : k[0];
+    }
+    return sum;
+}
+
+static int body_mesh(rank_ctx_t *c)
+{
+    const mesh_case_t *mc = c->arg;
+    int fails = 0;
+    const char *names[2] = {"replicate", "shard"};
+    fsdp2_mesh_t *mesh = NULL;
+    char name[32];
+    snprintf(name, sizeof(name), "mesh-%dx%d", mc->shape[0], mc->ndim == 2 ? mc->shape[1] : 1);
+    fails += OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, mc->ndim, mc->shape,
+                                     mc->ndim == 2 ? names : NULL, NULL, &mesh));
+    if (fails)
+        return fails;
+    int coords[2] = {0, 0};
+    for (int d = 0; d < mc->ndim; d++)
+        fails += OK(c, fsdp2_mesh_coordinate(mesh, d, &coords[d]));
+    int want0 = mc->ndim == 2 ? c->rank / mc->shape[1] : c->rank;
+    fails += RANK_CHECK(c, coords[0] == want0, "coordinate 0 is %d, want %d", coords[0], want0);
+    if (mc->ndim == 2)
+        fails += RANK_CHECK(c, coords[1] == c->rank % mc->shape[1], "coordinate 1 is %d", coords[1]);
+    int back = -1;
+    fails += OK(c, fsdp2_mesh_rank_at(mesh, coords, &back));
+    fails += RANK_CHECK(c, back == c->rank, "rank_at gives %d", back);
+    for (int d = 0; d < mc->ndim; d++) {
+        fsdp2_group_t *g;
+        int grank = -1, gsize = -1;
+        fails += OK(c, fsdp2_mesh_group(mesh, d, &g));
+        fsdp2_group_rank(g, &grank);
+        fsdp2_group_size(g, &gsize);
+        fails += RANK_CHECK(c, grank == coords[d] && gsize == mc->shape[d],
+                            "dim %d group: rank %d of %d", d, grank, gsize);
+        double v = c->rank;
+        fails += OK(c, fsdp2_all_reduce_async(g, &v, 1, FSDP2_F64, NULL, c->stream));
+        fails += OK(c, fsdp2_stream_synchronize(c->stream));
+        fails += RANK_CHECK(c, v == expected_sum(mc, coords, d), "dim %d sum %g, want %g", d, v,
+                            expected_sum(mc, coords, d));
+    }
+    if (mc->ndim == 2) {
+        int dim = -1;
+        fails += OK(c, fsdp2_mesh_dim(mesh, "shard", &dim));
+        fails += RANK_CHECK(c, dim == 1, "'shard' is dim %d", dim);
+        fails += RANK_CHECK(c, fsdp2_mesh_dim(mesh, "tensor", &dim) == FSDP2_ERR_INVALID_ARGUMENT &&
+                                   strstr(fsdp2_last_error(), "tensor") != NULL,
+                            "unknown dim name");
+    }
+    fails += OK(c, fsdp2_mesh_destroy(mesh));
+    return fails;
+}
+
+START_TEST(one_dim_meshes_over_1_to_4_ranks)
+{
+    for (int size = 1; size <= 4; size++) {
+        mesh_case_t mc = {1, {size, 1}};
+        ranks_result_t res;
+        ck_assert_msg(run_ranks(size, body_mesh, &mc, 20000, 60, &res) == 0,
+                      "size %d: statuses %d %d %d %d", size, res.status[0], res.status[1],
+                      res.status[2], res.status[3]);
+    }
+}
+END_TEST
+
+START_TEST(two_dim_meshes_over_4_ranks_are_row_major_with_a_group_per_dim)
+{
+    const mesh_case_t cases[] = {{2, {2, 2}}, {2, {1, 4}}, {2, {4, 1}}};
+    for (size_t k = 0; k < 3; k++) {
+        ranks_result_t res;
+        ck_assert_msg(run_ranks(4, body_mesh, (void *)&cases[k], 20000, 60, &res) == 0,
+                      "[%d,%d]: statuses %d %d %d %d", cases[k].shape[0], cases[k].shape[1],
+                      res.status[0], res.status[1], res.status[2], res.status[3]);
+    }
+}
+END_TEST
+
+static int body_bad_meshes(rank_ctx_t *c)
+{
+    int fails = 0;
+    fsdp2_mesh_t *m = NULL;
+    const int three[1] = {3}, zero[2] = {0, 4}, two_two[2] = {2, 2};
+    const char *dup[2] = {"x", "x"};
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad1", c->rank, c->size, 1, three, NULL,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "[3]") != NULL,
+                        "shape [3] on 4 ranks");
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad2", c->rank, c->size, 2, zero, NULL,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT,
+                        "a zero dim");
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad3", c->rank, c->size, 3, two_two, NULL,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT,
+                        "three dims");
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad4", c->rank, c->size, 2, two_two, dup,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "'x'") != NULL,
+                        "duplicate names");
+    fails += RANK_CHECK(c, m == NULL, "no mesh on failure");
+    return fails;
+}
+
+START_TEST(invalid_meshes_are_errors_naming_the_problem)
+{
+    ranks_result_t res;
+    ck_assert_int_eq(run_ranks(4, body_bad_meshes, NULL, 20000, 60, &res), 0);
+}
+END_TEST
+
+static Suite *mesh_suite(void)
+{
+    Suite *s = suite_create("mesh");
+    TCase *tc = tcase_create("mesh");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, one_dim_meshes_over_1_to_4_ranks);
+    tcase_add_test(tc, two_dim_meshes_over_4_ranks_are_row_major_with_a_group_per_dim);
+    tcase_add_test(tc, invalid_meshes_are_errors_naming_the_problem);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(mesh_suite)
