@@ -8,7 +8,7 @@
  * Open MPI's twin (bench/mpi_collectives.c) and prints the ratios.
  *
  * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
- *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--json FILE] */
+ *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +90,7 @@ static double time_op(bench_t *b, int op, size_t bytes)
 int main(int argc, char **argv)
 {
     size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
-    const char *json_path = NULL, *dtype_name = "f32";
+    const char *json_path = NULL, *dtype_name = "f32", *stream_kind = "side";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--min") == 0)
             min_bytes = strtoull(argv[i + 1], NULL, 10);
@@ -100,6 +100,8 @@ int main(int argc, char **argv)
             json_path = argv[i + 1];
         else if (strcmp(argv[i], "--dtype") == 0)
             dtype_name = argv[i + 1];
+        else if (strcmp(argv[i], "--stream") == 0)
+            stream_kind = argv[i + 1];
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;
@@ -136,7 +138,12 @@ int main(int argc, char **argv)
     CHECK(fsdp2_dtype_size(b.dtype, &b.esize));
     CHECK(fsdp2_group_create(store, "bench", info.rank, info.world_size, NULL, &b.group));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
-    CHECK(fsdp2_stream_create(cpu, "bench", &b.stream));
+    /* "side": a stream of its own, as FSDP runs collectives; "current": inline on the
+     * calling thread, to see what the hand-off to a stream worker costs. */
+    if (strcmp(stream_kind, "current") == 0)
+        CHECK(fsdp2_stream_current(cpu, &b.stream));
+    else
+        CHECK(fsdp2_stream_create(cpu, "bench", &b.stream));
     CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.a));
     CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.b));
     memset(b.a, 0, max_bytes); /* fault the pages in before timing */
@@ -179,7 +186,8 @@ int main(int argc, char **argv)
         fprintf(json, "\n]}\n");
         fclose(json);
     }
-    CHECK(fsdp2_stream_destroy(b.stream));
+    if (strcmp(stream_kind, "current") != 0)
+        CHECK(fsdp2_stream_destroy(b.stream));
     CHECK(fsdp2_group_destroy(b.group));
     CHECK(fsdp2_device_free(cpu, b.a));
     CHECK(fsdp2_device_free(cpu, b.b));

@@ -546,6 +546,62 @@ START_TEST(errors_are_kept_on_the_current_stream_and_reported_by_destroy)
 }
 END_TEST
 
+typedef struct exclusive {
+    atomic_int active, overlaps, next, out_of_order;
+    atomic_int ran_on_caller;
+    pthread_t caller;
+} exclusive_t;
+
+typedef struct exclusive_task {
+    exclusive_t *x;
+    int id;
+} exclusive_task_t;
+
+static fsdp2_status_t exclusive_run(void *arg)
+{
+    exclusive_task_t *t = arg;
+    if (atomic_fetch_add(&t->x->active, 1) != 0)
+        atomic_fetch_add(&t->x->overlaps, 1);
+    if (atomic_load(&t->x->next) != t->id)
+        atomic_fetch_add(&t->x->out_of_order, 1);
+    atomic_store(&t->x->next, t->id + 1);
+    if (pthread_equal(pthread_self(), t->x->caller))
+        atomic_fetch_add(&t->x->ran_on_caller, 1);
+    atomic_fetch_sub(&t->x->active, 1);
+    return FSDP2_SUCCESS;
+}
+
+/* A caller blocked in synchronize runs queued tasks itself while the worker is idle
+ * (instead of two thread hand-offs); the worker and the caller must never run two tasks
+ * of one stream at once, nor out of order. */
+START_TEST(a_synchronizing_caller_helps_without_breaking_order_or_exclusivity)
+{
+    enum { ROUNDS = 200, BATCH = 10 };
+    static exclusive_task_t tasks[ROUNDS * BATCH];
+    exclusive_t x;
+    atomic_init(&x.active, 0);
+    atomic_init(&x.overlaps, 0);
+    atomic_init(&x.next, 0);
+    atomic_init(&x.out_of_order, 0);
+    atomic_init(&x.ran_on_caller, 0);
+    x.caller = pthread_self();
+    fsdp2_stream_t *s;
+    OK(fsdp2_stream_create(cpu, "helped", &s));
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int b = 0; b < BATCH; b++) {
+            int id = r * BATCH + b;
+            tasks[id] = (exclusive_task_t){&x, id};
+            OK(fsdp2_stream_launch_host(s, exclusive_run, &tasks[id]));
+        }
+        OK(fsdp2_stream_synchronize(s));
+    }
+    ck_assert_int_eq(atomic_load(&x.overlaps), 0);
+    ck_assert_int_eq(atomic_load(&x.out_of_order), 0);
+    ck_assert_int_eq(atomic_load(&x.next), ROUNDS * BATCH);
+    OK(fsdp2_stream_destroy(s));
+}
+END_TEST
+
 static Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -565,6 +621,7 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, stress_many_threads_enqueue_on_shared_streams);
     tcase_add_test(tc, a_host_function_using_its_own_stream_is_refused_not_a_deadlock);
     tcase_add_test(tc, errors_are_kept_on_the_current_stream_and_reported_by_destroy);
+    tcase_add_test(tc, a_synchronizing_caller_helps_without_breaking_order_or_exclusivity);
     suite_add_tcase(s, tc);
     return s;
 }
