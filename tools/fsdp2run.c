@@ -14,8 +14,8 @@
  * Process groups: each rank is started in its own session (setsid), so it leads its own
  * process group. A Ctrl-C at the terminal therefore reaches only fsdp2run, which
  * forwards it once to every rank's group (rank and anything it started); nothing is
- * delivered twice. Local rank 0 (on every node) keeps fsdp2run's stdin (setsid frees it from job control, so
- * it can read the terminal); the other ranks read /dev/null.
+ * delivered twice. Local rank 0 (on every node) keeps fsdp2run's stdin (setsid frees it
+ * from job control, so it can read the terminal); the other ranks read /dev/null.
  *
  * Under mpirun, srun or a PMI launcher (OMPI_COMM_WORLD_RANK, SLURM_PROCID or PMI_RANK
  * set) and without --nproc-per-node, fsdp2run binds (if asked, from that launcher's
