@@ -534,9 +534,11 @@ static void server_expire(fsdp2_store_server_t *s, int64_t now)
             conn_reply_error(c, FSDP2_ERR_TIMEOUT, "key '%.*s' was not set within %u ms",
                              (int)key.len, (const char *)key.data, c->req.timeout_ms);
         else
+            /* keys are checked in order: this is the first missing one (later ones were
+             * not looked at, so no count of missing keys is claimed) */
             conn_reply_error(c, FSDP2_ERR_TIMEOUT,
-                             "key '%.*s' (%u of %u keys still missing) was not set within %u ms",
-                             (int)key.len, (const char *)key.data, c->req.nfields - c->park_next,
+                             "key '%.*s' (key %u of the %u waited for) was not set within %u ms",
+                             (int)key.len, (const char *)key.data, c->park_next + 1,
                              c->req.nfields, c->req.timeout_ms);
         conn_frame_done(c);
     }
