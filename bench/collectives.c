@@ -125,18 +125,12 @@ int main(int argc, char **argv)
         free(x);
         free(y);
     }
-    fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
-    so.host = info.master_addr[0] ? info.master_addr : "127.0.0.1";
-    so.port = info.master_port;
-    so.is_server = info.rank == 0;
-    so.world_size = info.world_size;
-    so.rank = info.rank;
-    fsdp2_store_t *store;
-    CHECK(fsdp2_store_create(&so, &store));
+    fsdp2_context_t *ctx;
+    CHECK(fsdp2_init(NULL, &ctx));
     bench_t b = {.rank = info.rank, .n = info.world_size};
     CHECK(fsdp2_dtype_parse(dtype_name, &b.dtype));
     CHECK(fsdp2_dtype_size(b.dtype, &b.esize));
-    CHECK(fsdp2_group_create(store, "bench", info.rank, info.world_size, NULL, &b.group));
+    CHECK(fsdp2_context_world(ctx, &b.group));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     /* "side": a stream of its own, as FSDP runs collectives; "current": inline on the
      * calling thread, to see what the hand-off to a stream worker costs. */
@@ -188,9 +182,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(stream_kind, "current") != 0)
         CHECK(fsdp2_stream_destroy(b.stream));
-    CHECK(fsdp2_group_destroy(b.group));
+
     CHECK(fsdp2_device_free(cpu, b.a));
     CHECK(fsdp2_device_free(cpu, b.b));
-    CHECK(fsdp2_store_destroy(store));
+    CHECK(fsdp2_finalize(ctx));
     return 0;
 }

@@ -17,5 +17,6 @@
 #include <fsdp2/topology.h>
 #include <fsdp2/group.h>
 #include <fsdp2/mesh.h>
+#include <fsdp2/init.h>
 
 #endif

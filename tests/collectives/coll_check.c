@@ -1,5 +1,5 @@
 /* A rank program for launcher-driven tests (two fsdp2run "nodes" on loopback): it reads
- * its rank from the environment as any application would, builds the world group and a
+ * its rank from the environment as any application would (fsdp2_init), builds a
  * [nodes, ranks per node] mesh (HSDP's layout), runs each collective and checks the
  * values against closed forms. Exit 0 when everything matched. */
 #include <stdio.h>
@@ -29,18 +29,14 @@ static int fails;
 
 int main(void)
 {
+    fsdp2_context_t *ctx;
+    CHECK(fsdp2_init(NULL, &ctx));
     fsdp2_process_info_t info;
-    CHECK(fsdp2_process_info_from_env(&info));
-    fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
-    so.host = info.master_addr;
-    so.port = info.master_port;
-    so.is_server = info.rank == 0;
-    so.world_size = info.world_size;
-    so.rank = info.rank;
     fsdp2_store_t *store;
-    CHECK(fsdp2_store_create(&so, &store));
     fsdp2_group_t *world;
-    CHECK(fsdp2_group_create(store, "world", info.rank, info.world_size, NULL, &world));
+    CHECK(fsdp2_context_info(ctx, &info));
+    CHECK(fsdp2_context_store(ctx, &store));
+    CHECK(fsdp2_context_world(ctx, &world));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     fsdp2_stream_t *s;
     CHECK(fsdp2_stream_create(cpu, "check", &s));
@@ -81,8 +77,7 @@ int main(void)
     CHECK(fsdp2_stream_synchronize(s));
     CHECK(fsdp2_mesh_destroy(mesh));
     CHECK(fsdp2_stream_destroy(s));
-    CHECK(fsdp2_group_destroy(world));
-    CHECK(fsdp2_store_destroy(store));
+    CHECK(fsdp2_finalize(ctx));
     free(send);
     free(recv);
     if (fails == 0)

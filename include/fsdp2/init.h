@@ -1,0 +1,43 @@
+/* One call from the launcher's environment to a working process: fsdp2_init reads who
+ * this process is (fsdp2_process_info_from_env), connects the rendezvous store (rank 0
+ * serves it on MASTER_ADDR:MASTER_PORT), creates the world group, and sets the log
+ * prefix's rank. A single process with no launcher variables is world size 1 (the store
+ * then listens on a free loopback port). */
+#ifndef FSDP2_INIT_H
+#define FSDP2_INIT_H
+
+#include <fsdp2/bootstrap.h>
+#include <fsdp2/export.h>
+#include <fsdp2/group.h>
+#include <fsdp2/status.h>
+#include <fsdp2/store.h>
+
+FSDP2_EXTERN_C_BEGIN
+
+typedef struct fsdp2_context fsdp2_context_t;
+
+typedef struct fsdp2_init_options {
+    unsigned size;           /* sizeof(fsdp2_init_options_t) */
+    fsdp2_backend_t backend; /* of the world group: FSDP2_BACKEND_UCX */
+    long timeout_ms;         /* store and world group; <= 0: FSDP2_TIMEOUT */
+} fsdp2_init_options_t;
+
+#define FSDP2_INIT_OPTIONS_INIT {sizeof(fsdp2_init_options_t), FSDP2_BACKEND_UCX, 0}
+
+/* Collective over the world: every rank calls it. Blocks until all ranks connected (or
+ * the timeout, naming the ranks that did not). options may be NULL. */
+FSDP2_API fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t **ctx);
+
+/* Destroys the world group and the store (on rank 0, after the others closed theirs).
+ * Synchronize every stream that ran collectives first. NULL ignored. */
+FSDP2_API fsdp2_status_t fsdp2_finalize(fsdp2_context_t *ctx);
+
+/* What fsdp2_init found, and what it made (owned by the context). */
+FSDP2_API fsdp2_status_t fsdp2_context_info(const fsdp2_context_t *ctx,
+                                            fsdp2_process_info_t *info);
+FSDP2_API fsdp2_status_t fsdp2_context_store(const fsdp2_context_t *ctx, fsdp2_store_t **store);
+FSDP2_API fsdp2_status_t fsdp2_context_world(const fsdp2_context_t *ctx, fsdp2_group_t **world);
+
+FSDP2_EXTERN_C_END
+
+#endif
