@@ -11,7 +11,11 @@
  *
  * On cpu a stream is a worker thread draining a fixed-depth FIFO (FSDP2_CPU_STREAM_DEPTH
  * entries; enqueueing into a full queue blocks until there is room), and an event is a
- * position on a stream's counter of completed work. The calling thread itself is the
+ * position on a stream's counter of completed work. A thread that blocks without a
+ * timeout until a stream reaches a position (synchronize, event synchronize, a wait on
+ * the current stream) runs that stream's queued tasks itself while its worker is idle:
+ * one runner at a time, in order. So a task may run on the waiting application thread;
+ * host functions must not rely on which thread runs them. The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
  * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.
@@ -36,8 +40,9 @@ FSDP2_EXTERN_C_BEGIN
 typedef struct fsdp2_stream fsdp2_stream_t;
 typedef struct fsdp2_event fsdp2_event_t;
 
-/* A function run in stream order. On cpu it runs on the stream's worker (or inline on
- * the current stream); on cuda through cudaLaunchHostFunc. A non-success return
+/* A function run in stream order. On cpu it runs on the stream's worker, on a thread
+ * waiting for the stream (see above), or inline on the current stream; on cuda through
+ * cudaLaunchHostFunc. A non-success return
  * becomes the stream's error; set fsdp2_last_error's message with it by returning
  * through the library's error helpers, or it is reported by status name only. */
 typedef fsdp2_status_t (*fsdp2_host_fn)(void *arg);

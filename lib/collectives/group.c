@@ -148,7 +148,15 @@ static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *s
                     what, g->name);
     FSDP2_CHECK(fsdp2_group_check(g));
     op->seq = atomic_fetch_add(&g->next_seq, 1);
-    return g->ops->enqueue(g, op, stream);
+    fsdp2_status_t status = g->ops->enqueue(g, op, stream);
+    if (status != FSDP2_SUCCESS && fsdp2_group_check(g) == FSDP2_SUCCESS) {
+        /* The sequence number is spent: this rank is now out of step with its peers, so
+         * the group cannot be used any more. */
+        char message[384];
+        snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+        return fsdp2_group_fail(g, status, "%s could not be enqueued: %s", what, message);
+    }
+    return status;
 }
 
 static fsdp2_status_t check_reduce(fsdp2_group_t *g, const fsdp2_reduce_t *reduce,

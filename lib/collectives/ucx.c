@@ -63,6 +63,7 @@ struct ucx_group {
     ucx_slot_t slots[UCX_SLOTS];
     void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * UCX_SEGMENT bytes each */
     int scratch_busy[UCX_SCRATCH_SETS];
+    int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */
     struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */
 };
 
@@ -452,26 +453,37 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
     return wait_list(ug, rl, "all_gather_pieces");
 }
 
+/* A free scratch set for a running reduction. ucx_enqueue lets at most UCX_SCRATCH_SETS
+ * reductions of the group be in flight, and since every rank enqueues in the same order
+ * they are the same reductions everywhere, so a set is free for each of them. (Handing
+ * out sets without that bound deadlocked: rank 0 holding every set for seqs 0-3 while
+ * rank 1 held them for seqs 4-7.) Returns -1 once the group has failed: sets used by a
+ * failed round are never reused. */
 static int scratch_acquire(ucx_group_t *ug)
 {
     pthread_mutex_lock(&ug->lock);
     int got = -1;
-    while (got < 0) {
+    while (got < 0 && atomic_load(&ug->g->error) == FSDP2_SUCCESS) {
         for (int i = 0; i < UCX_SCRATCH_SETS && got < 0; i++)
             if (!ug->scratch_busy[i])
                 got = i;
         if (got < 0)
             pthread_cond_wait(&ug->changed, &ug->lock);
     }
-    ug->scratch_busy[got] = 1;
+    if (got >= 0)
+        ug->scratch_busy[got] = 1;
     pthread_mutex_unlock(&ug->lock);
     return got;
 }
 
-static void scratch_release(ucx_group_t *ug, int i)
+/* After a failed round UCX may still write into the set (a receive already matched is
+ * not stopped by cancelling it), so it is never handed out again; waiters are woken to
+ * see the group's error. */
+static void scratch_release(ucx_group_t *ug, int set, int reusable)
 {
     pthread_mutex_lock(&ug->lock);
-    ug->scratch_busy[i] = 0;
+    if (reusable)
+        ug->scratch_busy[set] = 0;
     pthread_cond_broadcast(&ug->changed);
     pthread_mutex_unlock(&ug->lock);
 }
@@ -499,6 +511,8 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         if (hi[r] - lo[r] > most)
             most = hi[r] - lo[r];
     int set = scratch_acquire(ug);
+    if (set < 0)
+        return fsdp2_group_check(ug->g);
     char *scratch = ug->scratch[set];
     const void *src[4096];
     fsdp2_status_t status = FSDP2_SUCCESS;
@@ -531,7 +545,7 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         fsdp2_reduce_rank_order(out + off * es, op->dtype, src, g->size, m,
                                 op->reduce.pre_divide, op->reduce.post_divide);
     }
-    scratch_release(ug, set);
+    scratch_release(ug, set, status == FSDP2_SUCCESS);
     return status;
 }
 
@@ -603,6 +617,22 @@ static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list
     return wait_list(ug, rl, "barrier");
 }
 
+static int is_reduction(const coll_op_t *op)
+{
+    return op->kind == COLL_REDUCE_SCATTER || op->kind == COLL_ALL_REDUCE;
+}
+
+/* Marks the slot free (and the reduction finished). */
+static void slot_release(ucx_group_t *ug, ucx_slot_t *slot)
+{
+    pthread_mutex_lock(&ug->lock);
+    if (is_reduction(&slot->op))
+        ug->reductions_in_flight--;
+    slot->busy = 0;
+    pthread_cond_broadcast(&ug->changed);
+    pthread_mutex_unlock(&ug->lock);
+}
+
 /* The host function a collective becomes on its stream. */
 static fsdp2_status_t ucx_run(void *arg)
 {
@@ -620,10 +650,7 @@ static fsdp2_status_t ucx_run(void *arg)
         case COLL_BARRIER: status = run_barrier(ug, &op, slot->list); break;
         }
     }
-    pthread_mutex_lock(&ug->lock);
-    slot->busy = 0;
-    pthread_cond_broadcast(&ug->changed);
-    pthread_mutex_unlock(&ug->lock);
+    slot_release(ug, slot);
     return status;
 }
 
@@ -632,20 +659,19 @@ static fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_s
     ucx_group_t *ug = g->backend;
     ucx_slot_t *slot = &ug->slots[op->seq % UCX_SLOTS];
     pthread_mutex_lock(&ug->lock);
-    while (slot->busy)
+    /* Like a full queue, a slot still in use or a fifth reduction in flight makes the
+     * caller wait; both are freed by collectives every rank already has in flight. */
+    while (slot->busy ||
+           (is_reduction(op) && ug->reductions_in_flight >= UCX_SCRATCH_SETS))
         pthread_cond_wait(&ug->changed, &ug->lock);
     slot->busy = 1;
     slot->op = *op;
+    if (is_reduction(op))
+        ug->reductions_in_flight++;
     pthread_mutex_unlock(&ug->lock);
     fsdp2_status_t status = fsdp2_stream_launch_host(stream, ucx_run, slot);
-    if (status != FSDP2_SUCCESS && stream->is_current)
-        return status; /* ran inline and failed: the slot is already free */
-    if (status != FSDP2_SUCCESS) {
-        pthread_mutex_lock(&ug->lock);
-        slot->busy = 0;
-        pthread_cond_broadcast(&ug->changed);
-        pthread_mutex_unlock(&ug->lock);
-    }
+    if (status != FSDP2_SUCCESS && !stream->is_current)
+        slot_release(ug, slot); /* never launched (inline runs free the slot themselves) */
     return status;
 }
 

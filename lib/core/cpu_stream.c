@@ -166,8 +166,8 @@ static void run_head_locked(cpu_stream_t *s)
     s->running = 0;
     pthread_cond_broadcast(&s->progress);
     pthread_cond_signal(&s->not_full);
-    if (s->count > 0)
-        pthread_cond_signal(&s->not_empty); /* a worker that waited while we ran */
+    if (s->count > 0 || s->stopping) /* a worker that slept while we ran: more work, or */
+        pthread_cond_signal(&s->not_empty); /* destroy is waiting for it to leave */
 }
 
 /* Caller helps: an application thread about to block until s reaches a position runs
@@ -183,10 +183,15 @@ static int can_help(const cpu_stream_t *s, long timeout_ms)
 
 static void help_locked(cpu_stream_t *s)
 {
+    /* The task's own failure is kept on the stream and reported by the wait; the
+     * caller's last-error message must not change just because it helped. */
+    char saved[1024];
+    snprintf(saved, sizeof(saved), "%s", fsdp2_last_error());
     cpu_stream_t *outer = tls_helping;
     tls_helping = s;
     run_head_locked(s);
     tls_helping = outer;
+    fsdp2_error_set_message(saved);
 }
 
 /* Blocks until s->completed >= target, or the timeout (ms, < 0 forever) passes. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/check_main.h"
@@ -287,6 +288,47 @@ static int body_two_streams(rank_ctx_t *c)
     return fails;
 }
 
+/* Holds a stream before its collective so that ranks start their reductions in opposite
+ * orders. Not a wait for anything: any delay, or none, must give the same result. */
+static fsdp2_status_t delay_run(void *arg)
+{
+    (void)arg;
+    struct timespec t = {0, 200 * 1000 * 1000};
+    nanosleep(&t, NULL);
+    return FSDP2_SUCCESS;
+}
+
+/* Eight all-reduces of one group on eight streams, each rank starting a different half
+ * first: more reductions in flight than the group has scratch sets. Handing sets out in
+ * arrival order deadlocked this until the timeout (rank 0 holding every set for seqs 0-3,
+ * rank 1 for 4-7). */
+static int body_many_reductions_in_opposite_orders(rank_ctx_t *c)
+{
+    enum { NS = 8, N = 1024 };
+    int fails = 0;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *s[NS];
+    static float buf[NS][N];
+    for (int i = 0; i < NS; i++) {
+        fails += OK(c, fsdp2_stream_create(cpu, "many", &s[i]));
+        for (int j = 0; j < N; j++)
+            buf[i][j] = (float)(c->rank + 1);
+    }
+    for (int i = 0; i < NS; i++)
+        if ((c->rank % 2 == 0) == (i >= NS / 2))
+            fails += OK(c, fsdp2_stream_launch_host(s[i], delay_run, NULL));
+    for (int i = 0; i < NS; i++)
+        fails += OK(c, fsdp2_all_reduce_async(c->world, buf[i], N, FSDP2_F32, NULL, s[i]));
+    float want = (float)(c->size * (c->size + 1) / 2);
+    for (int i = 0; i < NS; i++) {
+        fails += RANK_CHECK(c, fsdp2_stream_synchronize(s[i]) == FSDP2_SUCCESS, "stream %d", i);
+        fails += RANK_CHECK(c, buf[i][N - 1] == want, "stream %d: %g, want %g", i, buf[i][N - 1],
+                            want);
+        fsdp2_stream_destroy(s[i]);
+    }
+    return fails;
+}
+
 static int body_bad_arguments(rank_ctx_t *c)
 {
     int fails = 0;
@@ -331,6 +373,11 @@ END_TEST
 START_TEST(collectives_on_two_streams_of_one_group_match_by_sequence) { run_all_sizes(body_two_streams); }
 END_TEST
 START_TEST(bad_arguments_are_errors_and_leave_the_group_usable) { run_all_sizes(body_bad_arguments); }
+END_TEST
+START_TEST(more_reductions_in_flight_than_scratch_sets_do_not_deadlock)
+{
+    run_all_sizes(body_many_reductions_in_opposite_orders);
+}
 END_TEST
 
 /* ---- failures ---- */
@@ -433,6 +480,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(ok, broadcast_from_every_root_and_barrier_on_1_to_4_ranks);
     tcase_add_test(ok, collectives_on_two_streams_of_one_group_match_by_sequence);
     tcase_add_test(ok, bad_arguments_are_errors_and_leave_the_group_usable);
+    tcase_add_test(ok, more_reductions_in_flight_than_scratch_sets_do_not_deadlock);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);
