@@ -79,6 +79,7 @@ typedef struct ucx_peer_error {
 typedef struct ucx_identity {
     char host[64];
     char boot_id[40];
+    char pid_ns[32]; /* "pid:[inode]": pids mean something only within one namespace */
     int32_t pid;
 } ucx_identity_t;
 
@@ -734,6 +735,8 @@ static void identity_of_self(ucx_identity_t *id)
             id->boot_id[0] = '\0';
         fclose(f);
     }
+    ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof(id->pid_ns) - 1);
+    id->pid_ns[n > 0 ? n : 0] = '\0';
     id->pid = (int32_t)getpid();
 }
 
@@ -779,11 +782,15 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
                                sizeof(peer));
         peer.host[sizeof(peer.host) - 1] = '\0';
         peer.boot_id[sizeof(peer.boot_id) - 1] = '\0';
+        peer.pid_ns[sizeof(peer.pid_ns) - 1] = '\0';
         ucx_peer_error_t *pe = &ug->peer_errors[r];
         pe->ug = ug;
         pe->peer = r;
         atomic_init(&pe->failed, 0);
-        pe->local = strcmp(peer.host, me.host) == 0 && strcmp(peer.boot_id, me.boot_id) == 0;
+        /* Same host, and a pid namespace we can check liveness in (two containers on one
+         * host share hostname and boot id, not pids): otherwise UCX's failure handling. */
+        pe->local = strcmp(peer.host, me.host) == 0 && strcmp(peer.boot_id, me.boot_id) == 0 &&
+                    strcmp(peer.pid_ns, me.pid_ns) == 0 && me.pid_ns[0];
         pe->pid = (pid_t)peer.pid;
         *all_local &= pe->local;
     }
