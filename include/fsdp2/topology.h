@@ -14,7 +14,9 @@
  * 2 cores). NUMA mode does the same over the NUMA nodes that have CPUs, binding to all
  * CPUs of the chosen node(s); memory then follows Linux's first-touch local policy.
  *
- * Built without hwloc, every function returns FSDP2_ERR_NOT_AVAILABLE with a message. */
+ * Built without hwloc, loading, querying and binding return FSDP2_ERR_NOT_AVAILABLE with
+ * a message (bind_self too, even with FSDP2_BIND_NONE); destroy(NULL) and the bind-mode
+ * name/parse helpers still work. */
 #ifndef FSDP2_TOPOLOGY_H
 #define FSDP2_TOPOLOGY_H
 
