@@ -28,6 +28,7 @@
 #include <ucp/api/ucp.h>
 
 #include "collectives/group_internal.h"
+#include "core/clock.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
@@ -142,13 +143,6 @@ static uint64_t make_tag(uint64_t seq, int phase, int src, size_t segment)
            ((uint64_t)(src & 0xfff) << 16) | (segment & 0xffff);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 static void peer_failed(void *arg, ucp_ep_h ep, ucs_status_t s)
 {
     (void)ep;
@@ -187,8 +181,8 @@ static void close_endpoint(ucx_group_t *ug, int r)
                                  .flags = failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     void *req = ucp_ep_close_nbx(ug->eps[r], &param);
     if (req && !UCS_PTR_IS_ERR(req)) {
-        double deadline = now_ms() + 2000;
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && now_ms() < deadline)
+        int64_t deadline = fsdp2_now_ms() + 2000;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && fsdp2_now_ms() < deadline)
             ucp_worker_progress(ug->worker);
         ucp_request_free(req); /* released by UCX when done, if it is not yet */
     }
@@ -273,7 +267,7 @@ static void check_one(ucx_group_t *ug, int peer);
 
 static void check_liveness(ucx_group_t *ug, const int *peers, int n, void **reqs)
 {
-    long t = (long)now_ms(), last = atomic_load(&ug->liveness_checked_ms);
+    long t = (long)fsdp2_now_ms(), last = atomic_load(&ug->liveness_checked_ms);
     if (t - last < 100 || !atomic_compare_exchange_strong(&ug->liveness_checked_ms, &last, t))
         return; /* checked recently, or another thread is checking now */
     for (int i = 0; i < n; i++)
@@ -323,7 +317,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
                                const char *what)
 {
     fsdp2_group_t *g = ug->g;
-    double deadline = now_ms() + (double)g->timeout_ms;
+    int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
     int idle = 0;
     for (;;) {
         int pending = 0, failed_peer = -1;
@@ -379,7 +373,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
             cancel_all(ug, reqs, peers, n);
             return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed", what, peer);
         }
-        double left = deadline - now_ms();
+        int64_t left = deadline - fsdp2_now_ms();
         if (left <= 0) {
             cancel_all(ug, reqs, peers, n);
             return fsdp2_group_fail(g, FSDP2_ERR_TIMEOUT,

@@ -184,14 +184,18 @@ static int can_help(const cpu_stream_t *s, long timeout_ms)
 static void help_locked(cpu_stream_t *s)
 {
     /* The task's own failure is kept on the stream and reported by the wait; the
-     * caller's last-error message must not change just because it helped. */
+     * caller's last-error message must not change just because it helped. Only host
+     * functions touch it (kernels cannot fail), so only they pay for the copy. */
+    int host = s->ring[s->head].kind == TASK_HOST;
     char saved[1024];
-    snprintf(saved, sizeof(saved), "%s", fsdp2_last_error());
+    if (host)
+        snprintf(saved, sizeof(saved), "%s", fsdp2_last_error());
     cpu_stream_t *outer = tls_helping;
     tls_helping = s;
     run_head_locked(s);
     tls_helping = outer;
-    fsdp2_error_set_message(saved);
+    if (host)
+        fsdp2_error_set_message(saved);
 }
 
 /* Blocks until s->completed >= target, or the timeout (ms, < 0 forever) passes. */

@@ -21,6 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/clock.h"
 #include "core/device_ops.h"
 #include "core/error.h"
 #include "core/log_internal.h"
@@ -440,13 +441,6 @@ static fsdp2_status_t cuda_event_query(fsdp2_event_t *event)
     return fsdp2_cuda_status(err, "cudaEventQuery", __FILE__, __LINE__);
 }
 
-static uint64_t cuda_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Polls rather than blocking in cudaEventSynchronize, which cannot time out. The
  * sleep starts short (a collective that is about to finish costs little latency) and
  * doubles up to 1 ms (a hung peer costs little CPU). */
@@ -458,13 +452,13 @@ static fsdp2_status_t cuda_event_wait_timeout(fsdp2_event_t *event, long timeout
         FSDP2_CUDA_CHECK(cudaEventSynchronize(e->handle));
         return FSDP2_SUCCESS;
     }
-    uint64_t deadline = cuda_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t deadline = (uint64_t)fsdp2_now_ns() + (uint64_t)timeout_ms * 1000000u;
     long sleep_ns = 2000;
     for (;;) {
         fsdp2_status_t status = cuda_event_query(event);
         if (status != FSDP2_ERR_NOT_READY)
             return status;
-        uint64_t now = cuda_now_ns();
+        uint64_t now = (uint64_t)fsdp2_now_ns();
         if (now >= deadline)
             return fsdp2_error(FSDP2_ERR_TIMEOUT, "event on cuda:%d not complete after %ld ms",
                                event->device.index, timeout_ms);

@@ -25,6 +25,7 @@
 #include <fsdp2/store.h>
 
 #include "core/env_internal.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "mesh/store_protocol.h"
@@ -60,16 +61,9 @@ struct fsdp2_store {
     fsdp2_store_server_t *server;
 };
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int remaining_ms(int64_t deadline)
 {
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - fsdp2_now_ms();
     return left <= 0 ? 0 : left > 60000 ? 60000 : (int)left;
 }
 
@@ -109,7 +103,7 @@ static int wait_socket(const fsdp2_store_t *st, short events, int64_t deadline)
         int rc = poll(&p, 1, remaining_ms(deadline));
         if (rc > 0 || (rc < 0 && errno != EINTR))
             return 0; /* ready, hung up or failed: the next send or recv says which */
-        if (rc == 0 && now_ms() >= deadline)
+        if (rc == 0 && fsdp2_now_ms() >= deadline)
             return -1;
     }
 }
@@ -413,7 +407,7 @@ fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options, fsdp2_st
                          status, cleanup);
         st->port = fsdp2_store_server_port(st->server);
     }
-    int64_t deadline = now_ms() + st->timeout_ms;
+    int64_t deadline = fsdp2_now_ms() + st->timeout_ms;
     FSDP2_CHECK_GOTO(store_connect(st, deadline), status, cleanup);
     FSDP2_CHECK_GOTO(store_hello(st, deadline), status, cleanup);
     FSDP2_LOG(INFO, MESH, "store: rank %d of %d connected to %s:%d%s (timeout %.1f s)",
@@ -437,7 +431,7 @@ fsdp2_status_t fsdp2_store_destroy(fsdp2_store_t *store)
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (store->fd >= 0 && !store->broken)
         status = store_call(store, "store close", STORE_OP_CLOSE, 0, NULL, NULL, 0,
-                            now_ms() + store->timeout_ms);
+                            fsdp2_now_ms() + store->timeout_ms);
     store_free(store);
     return status;
 }
@@ -471,7 +465,7 @@ fsdp2_status_t fsdp2_store_set(fsdp2_store_t *store, const char *key, const void
     const void *data[2] = {key, value};
     uint32_t lens[2] = {(uint32_t)strlen(key), (uint32_t)len};
     return store_call(store, what, STORE_OP_SET, 0, data, lens, 2,
-                      now_ms() + store->timeout_ms);
+                      fsdp2_now_ms() + store->timeout_ms);
 }
 
 fsdp2_status_t fsdp2_store_get(fsdp2_store_t *store, const char *key, void *buf, size_t cap,
@@ -486,7 +480,7 @@ fsdp2_status_t fsdp2_store_get(fsdp2_store_t *store, const char *key, void *buf,
     uint32_t lens[1] = {(uint32_t)strlen(key)};
     fsdp2_status_t s = store_call(store, what, STORE_OP_GET, (uint32_t)store->timeout_ms,
                                   data, lens, 1,
-                                  now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
+                                  fsdp2_now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
     if (s == FSDP2_ERR_TIMEOUT && store->reply.id == store->next_id)
         return fsdp2_error(s, "get '%s': the key was not set within %.1f s", key,
                            seconds(store->timeout_ms));
@@ -521,7 +515,7 @@ fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, s
     if (s == FSDP2_SUCCESS)
         s = store_call(store, what, STORE_OP_WAIT, (uint32_t)store->timeout_ms,
                        (const void *const *)keys, lens, (uint32_t)n,
-                       now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
+                       fsdp2_now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
     free(lens);
     return s;
 }
@@ -538,7 +532,7 @@ fsdp2_status_t fsdp2_store_add(fsdp2_store_t *store, const char *key, int64_t de
     const void *data[2] = {key, delta_bytes};
     uint32_t lens[2] = {(uint32_t)strlen(key), 8};
     FSDP2_CHECK(store_call(store, what, STORE_OP_ADD, 0, data, lens, 2,
-                           now_ms() + store->timeout_ms));
+                           fsdp2_now_ms() + store->timeout_ms));
     store_field_t f = reply_field(store);
     if (f.len != 8)
         return store_break(store, FSDP2_ERR_CORRUPT, "%s: a reply of %u bytes, not 8", what,
@@ -564,7 +558,7 @@ fsdp2_status_t fsdp2_store_compare_set(fsdp2_store_t *store, const char *key,
     const void *data[3] = {key, expected, desired};
     uint32_t lens[3] = {(uint32_t)strlen(key), (uint32_t)expected_len, (uint32_t)desired_len};
     FSDP2_CHECK(store_call(store, what, STORE_OP_CAS, 0, data, lens, 3,
-                           now_ms() + store->timeout_ms));
+                           fsdp2_now_ms() + store->timeout_ms));
     store_field_t f = reply_field(store);
     if (f.len != 1)
         return store_break(store, FSDP2_ERR_CORRUPT, "%s: a reply of %u bytes, not 1", what,
@@ -607,7 +601,7 @@ static fsdp2_status_t barrier_missing(fsdp2_store_t *st, const char *name,
     long timeout = st->timeout_ms;
     fsdp2_status_t s = store_call(st, what, STORE_OP_CHECK, 0, (const void *const *)keys,
                                   lens, (uint32_t)st->world_size,
-                                  now_ms() + STORE_BARRIER_CHECK_MS);
+                                  fsdp2_now_ms() + STORE_BARRIER_CHECK_MS);
     store_field_t f = reply_field(st);
     if (s != FSDP2_SUCCESS || f.len != (uint32_t)st->world_size)
         return fsdp2_error(FSDP2_ERR_TIMEOUT,
@@ -635,7 +629,7 @@ fsdp2_status_t fsdp2_store_barrier(fsdp2_store_t *store, const char *name)
     size_t name_len = strlen(name), key_max = name_len + 64;
     FSDP2_ARG_CHECK(key_max <= FSDP2_STORE_KEY_MAX, "barrier name '%.64s...' is %zu bytes long",
                     name, name_len);
-    int64_t deadline = now_ms() + store->timeout_ms;
+    int64_t deadline = fsdp2_now_ms() + store->timeout_ms;
     uint64_t call = 0;
     FSDP2_CHECK(barrier_next_call(store, name, &call));
     size_t world = (size_t)store->world_size;
@@ -655,7 +649,7 @@ fsdp2_status_t fsdp2_store_barrier(fsdp2_store_t *store, const char *name)
     FSDP2_CHECK_GOTO(fsdp2_store_set(store, keys[store->rank], "", 0), status, cleanup);
     char what[FSDP2_STORE_KEY_MAX + 16];
     snprintf(what, sizeof(what), "barrier '%s'", name);
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - fsdp2_now_ms();
     status = store_call(store, what, STORE_OP_WAIT, (uint32_t)(left > 0 ? left : 1),
                         (const void *const *)keys, lens, (uint32_t)world,
                         deadline + STORE_REPLY_GRACE_MS);

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "mesh/store_map.h"
@@ -73,13 +74,6 @@ struct fsdp2_store_server {
     struct pollfd *pfds;  /* the wake pipe, the listener, then one per connection */
     uint8_t *ranks; /* rank_state_t per rank */
 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---------------------------------------------------------------------------------- */
 /* Connections: reading one frame, writing one reply, failing.                          */
@@ -652,7 +646,7 @@ static void server_turn(fsdp2_store_server_t *s, int timeout)
         while (read(s->wake_rd, drain, sizeof(drain)) > 0) {
         }
     }
-    int64_t now = now_ms();
+    int64_t now = fsdp2_now_ms();
     for (size_t i = 0; i < n; i++) {
         conn_t *c = s->conns[i];
         short ev = s->pfds[i + 2].revents;
@@ -680,7 +674,7 @@ static void *server_main(void *arg)
     fsdp2_store_server_t *s = arg;
     int64_t stop_at = -1, stop_started = 0;
     for (;;) {
-        int64_t now = now_ms();
+        int64_t now = fsdp2_now_ms();
         if (stop_at < 0 && atomic_load(&s->stop_requested)) {
             stop_started = now;
             stop_at = now + atomic_load(&s->stop_timeout_ms);
@@ -696,7 +690,7 @@ static void *server_main(void *arg)
             open[r] = s->ranks[r] != RANK_CLOSED;
         int count = open ? store_format_ranks(open, s->world_size, list, sizeof(list)) : 0;
         FSDP2_LOG(WARN, MESH, "store server: stopping after %.1f s although rank%s %s of %d "
-                  "did not close the store", (double)(now_ms() - stop_started) / 1000,
+                  "did not close the store", (double)(fsdp2_now_ms() - stop_started) / 1000,
                   count == 1 ? "" : "s", list, s->world_size);
         free(open);
     }

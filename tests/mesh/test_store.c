@@ -11,6 +11,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "store_test_util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -32,8 +33,6 @@
 #define ADDS_PER_RANK 1000
 #define CAS_ROUNDS 20
 #define CHILD_LIMIT_S 90
-
-#define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
 
 typedef struct rank_report {
     char message[1024];
@@ -63,13 +62,6 @@ typedef struct run_spec {
     long timeout_ms[MAX_RANKS];
     rank_body_t body;
 } run_spec_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* In a rank: record the failure and leave the body. */
 #define RANK_FAIL(ctx, ...)                                                            \
@@ -522,21 +514,6 @@ END_TEST
 
 /* ---------------------------------------------------------------------------------- */
 /* Semantics and argument checks, the server and its one client in this process        */
-
-static fsdp2_store_t *open_store(const char *host, int port, int is_server, int world,
-                                 int rank, long timeout_ms)
-{
-    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
-    o.host = host;
-    o.port = port;
-    o.is_server = is_server;
-    o.world_size = world;
-    o.rank = rank;
-    o.timeout_ms = timeout_ms;
-    fsdp2_store_t *st = NULL;
-    OK(fsdp2_store_create(&o, &st));
-    return st;
-}
 
 START_TEST(get_and_wait_time_out_when_keys_never_come_and_the_store_stays_usable)
 {

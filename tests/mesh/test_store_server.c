@@ -5,6 +5,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "store_test_util.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -22,30 +23,6 @@
 #include <fsdp2/fsdp2.h>
 
 #include "mesh/store_protocol.h"
-
-#define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static fsdp2_store_t *open_store(const char *host, int port, int is_server, int world,
-                                 int rank, long timeout_ms)
-{
-    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
-    o.host = host;
-    o.port = port;
-    o.is_server = is_server;
-    o.world_size = world;
-    o.rank = rank;
-    o.timeout_ms = timeout_ms;
-    fsdp2_store_t *st = NULL;
-    OK(fsdp2_store_create(&o, &st));
-    return st;
-}
 
 static int store_port(const fsdp2_store_t *st)
 {
