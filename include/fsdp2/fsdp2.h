@@ -12,11 +12,13 @@
 #include <fsdp2/stream.h>
 #include <fsdp2/kernels.h>
 #include <fsdp2/tensor.h>
+#include <fsdp2/random.h>
 #include <fsdp2/bootstrap.h>
 #include <fsdp2/store.h>
 #include <fsdp2/topology.h>
 #include <fsdp2/group.h>
 #include <fsdp2/mesh.h>
 #include <fsdp2/init.h>
+#include <fsdp2/dtensor.h>
 
 #endif
