@@ -142,10 +142,12 @@ FSDP2_API fsdp2_status_t fsdp2_dtensor_full_tensor(const fsdp2_dtensor_t *dt,
  * Per mesh dim: Shard->Replicate all-gathers, Partial->Replicate all-reduces,
  * Partial->Shard reduce-scatters, Replicate->Shard slices locally, Replicate->Partial
  * keeps the values on coordinate 0 and zeros elsewhere for sum (keeps them everywhere
- * for avg), Shard(i)->Shard(j) gathers then slices (no all-to-all: it needs the
- * gathered size in memory). Nested shards of one tensor dim over both mesh dims are
- * gathered inner first. Partial(sum) <-> Partial(avg) and Shard -> Partial are refused.
- * Reductions need a floating dtype. When nothing moves, the result shares dt's storage. */
+ * for avg). The other pairs go through Replicate: Shard(i)->Shard(j) gathers then slices
+ * (no all-to-all, so it needs the gathered size in memory), Shard->Partial gathers,
+ * Partial(sum)<->Partial(avg) all-reduces. Nested shards of one tensor dim over both
+ * mesh dims are gathered inner first and sliced outer first. Reductions need a floating
+ * dtype (f32, f64, bf16, f16; an error names the dtype). When nothing moves, the result
+ * shares dt's storage. */
 FSDP2_API fsdp2_status_t fsdp2_dtensor_redistribute(const fsdp2_dtensor_t *dt,
                                                     const fsdp2_placement_t *placements,
                                                     fsdp2_stream_t *stream, fsdp2_dtensor_t **out);
@@ -159,7 +161,8 @@ FSDP2_API fsdp2_status_t fsdp2_dtensor_init_random(fsdp2_dtensor_t *dt,
 
 /* Checks that dt lives on `mesh` with `placements`, dtype and global shape; on mismatch
  * the error names what and both values ("'fc1.weight': placements [Shard(dim=0)] do
- * not match [Replicate()]"). what may be NULL. */
+ * not match [Replicate()]"). what may be NULL; mesh or placements NULL are not
+ * checked. */
 FSDP2_API fsdp2_status_t fsdp2_dtensor_check(const fsdp2_dtensor_t *dt, const char *what,
                                              const fsdp2_mesh_t *mesh,
                                              const fsdp2_placement_t *placements,

@@ -124,6 +124,8 @@ static int walk(const world_t *w, fsdp2_tensor_t *t, const fsdp2_placement_t *pl
             rest /= len[d];
         }
         double want = what == EXPECT_GLOBAL ? global_value(g) : contribution(w, pl, g);
+        if (t->dtype == FSDP2_I64)
+            want = (double)(int64_t)want; /* as put() stores it */
         if (fill) {
             put(t->data, t->dtype, k, want);
         } else if (get(t->data, t->dtype, k) != want) {
@@ -349,6 +351,18 @@ static int distribute_variants(world_t *w)
         fsdp2_tensor_release(local);
         fsdp2_dtensor_release(dt);
     }
+    /* Integers move (gathers and slices only). */
+    fsdp2_tensor_t *ints;
+    fails += OK(w->c, fsdp2_tensor_empty(cpu, FSDP2_I64, 2, shape, &ints));
+    if (!fails) {
+        walk(w, ints, rep, 2, shape, EXPECT_GLOBAL, 1, "fill");
+        fsdp2_dtensor_t *dt = NULL;
+        fails += OK(w->c, fsdp2_dtensor_distribute(ints, w->mesh, pl, 0, NULL, &dt));
+        if (dt)
+            fails += check_full(w, dt, 2, shape, "i64 round trip");
+        fsdp2_dtensor_release(dt);
+        fsdp2_tensor_release(ints);
+    }
     /* Replicated result: new storage, never the caller's. */
     fsdp2_dtensor_t *dt = NULL;
     fails += OK(w->c, fsdp2_dtensor_distribute(full, w->mesh, rep, FSDP2_DISTRIBUTE_ALL, NULL, &dt));
@@ -467,6 +481,10 @@ static int mistakes_are_errors(world_t *w)
                       "[Shard(dim=0)", "placement mismatch");
     fails += is_error(w, fsdp2_dtensor_check(dt, "w", w->mesh, s0, FSDP2_BF16, 2, shape), "bf16",
                       "dtype mismatch");
+    int stranger; /* only compared, never used as a mesh */
+    fails += is_error(w, fsdp2_dtensor_check(dt, "w", (const fsdp2_mesh_t *)(void *)&stranger, s0,
+                                             FSDP2_F32, 2, shape),
+                      "mesh", "mesh mismatch");
     int64_t other[2] = {6, 3};
     fails += is_error(w, fsdp2_dtensor_check(dt, "w", w->mesh, s0, FSDP2_F32, 2, other), "[6,3]",
                       "shape mismatch");
@@ -496,9 +514,11 @@ static int body_dtensor(rank_ctx_t *c)
         if (s < 2)
             fails += every_pair(&w, 2, shapes[s], FSDP2_BF16);
     }
-    const int64_t vec[1] = {3};
+    const int64_t vec[1] = {3}, cube[3] = {3, 5, 2};
     if (!fails)
         fails += every_pair(&w, 1, vec, FSDP2_F64);
+    if (!fails) /* Shard(1) with rows before and elements after the split dim */
+        fails += every_pair(&w, 3, cube, FSDP2_F32);
     if (!fails)
         fails += init_is_invariant(&w);
     if (!fails)
