@@ -20,5 +20,7 @@
 #include <fsdp2/mesh.h>
 #include <fsdp2/init.h>
 #include <fsdp2/dtensor.h>
+#include <fsdp2/module.h>
+#include <fsdp2/fsdp.h>
 
 #endif

@@ -9,6 +9,7 @@
 #include <fsdp2/bootstrap.h>
 #include <fsdp2/export.h>
 #include <fsdp2/group.h>
+#include <fsdp2/mesh.h>
 #include <fsdp2/status.h>
 #include <fsdp2/store.h>
 
@@ -37,6 +38,9 @@ FSDP2_API fsdp2_status_t fsdp2_context_info(const fsdp2_context_t *ctx,
                                             fsdp2_process_info_t *info);
 FSDP2_API fsdp2_status_t fsdp2_context_store(const fsdp2_context_t *ctx, fsdp2_store_t **store);
 FSDP2_API fsdp2_status_t fsdp2_context_world(const fsdp2_context_t *ctx, fsdp2_group_t **world);
+/* The 1D mesh "world" over the world group: fully_shard's default mesh while the
+ * context lives. */
+FSDP2_API fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *ctx, fsdp2_mesh_t **mesh);
 
 FSDP2_EXTERN_C_END
 

@@ -31,7 +31,8 @@ FSDP2_EXTERN_C_BEGIN
     XX(ERR_CORRUPT, 16, "corrupt or malformed data")                                      \
     XX(ERR_SYSTEM, 17, "system call failed")                                              \
     XX(ERR_BACKEND, 18, "backend library error (CUDA, NCCL, UCX)")                        \
-    XX(ERR_INTERNAL, 19, "internal error (a bug in libfsdp2)")
+    XX(ERR_INTERNAL, 19, "internal error (a bug in libfsdp2)")                            \
+    XX(ERR_NOT_FOUND, 20, "not found")
 
 typedef enum fsdp2_status {
 #define FSDP2_STATUS_ENUM_(name, value, text) FSDP2_##name = value,

@@ -2,6 +2,7 @@
  * it creates a group. */
 #include <stdlib.h>
 
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include <fsdp2/init.h>
 #include <fsdp2/log.h>
@@ -10,6 +11,7 @@ struct fsdp2_context {
     fsdp2_process_info_t info;
     fsdp2_store_t *store;
     fsdp2_group_t *world;
+    fsdp2_mesh_t *mesh; /* 1D over world */
 };
 
 fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t **out)
@@ -42,6 +44,8 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     FSDP2_CHECK_GOTO(fsdp2_group_create(c->store, "world", c->info.rank, c->info.world_size, &go,
                                         &c->world),
                      status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, &c->mesh), status, cleanup);
+    fsdp2_default_mesh_set(c->mesh);
     *out = c;
     return FSDP2_SUCCESS;
 cleanup:
@@ -53,6 +57,7 @@ fsdp2_status_t fsdp2_finalize(fsdp2_context_t *c)
 {
     if (!c)
         return FSDP2_SUCCESS;
+    fsdp2_mesh_destroy(c->mesh);
     fsdp2_group_destroy(c->world);
     fsdp2_status_t status = fsdp2_store_destroy(c->store);
     free(c);
@@ -77,5 +82,12 @@ fsdp2_status_t fsdp2_context_world(const fsdp2_context_t *c, fsdp2_group_t **wor
 {
     FSDP2_ARG_CHECK(c && world, "ctx or world is NULL");
     *world = c->world;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *c, fsdp2_mesh_t **mesh)
+{
+    FSDP2_ARG_CHECK(c && mesh, "ctx or mesh is NULL");
+    *mesh = c->mesh;
     return FSDP2_SUCCESS;
 }

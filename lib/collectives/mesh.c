@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "collectives/group_internal.h"
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include "mesh/mesh_layout.h"
 
@@ -14,7 +15,40 @@ struct fsdp2_mesh {
     int rank;
     int coords[FSDP2_MESH_MAX_DIMS];
     fsdp2_group_t *groups[FSDP2_MESH_MAX_DIMS];
+    int borrowed; /* groups belong to someone else */
 };
+
+static _Atomic(fsdp2_mesh_t *) default_mesh;
+
+fsdp2_mesh_t *fsdp2_default_mesh(void)
+{
+    return default_mesh;
+}
+
+void fsdp2_default_mesh_set(fsdp2_mesh_t *mesh)
+{
+    default_mesh = mesh;
+}
+
+fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_mesh_t **out)
+{
+    FSDP2_ARG_CHECK(g && out, "mesh_wrap_group: group or out is NULL");
+    fsdp2_mesh_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "world mesh");
+    const char *names[1] = {"world"};
+    fsdp2_status_t status = mesh_layout_init(&m->layout, g->size, 1, &g->size, names);
+    if (status != FSDP2_SUCCESS) {
+        free(m);
+        return status;
+    }
+    m->rank = g->rank;
+    m->coords[0] = g->rank;
+    m->groups[0] = g;
+    m->borrowed = 1;
+    *out = m;
+    return FSDP2_SUCCESS;
+}
 
 fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,
                                  int ndim, const int *shape, const char *const *names,
@@ -56,8 +90,10 @@ fsdp2_status_t fsdp2_mesh_destroy(fsdp2_mesh_t *m)
 {
     if (!m)
         return FSDP2_SUCCESS;
-    for (int d = 0; d < FSDP2_MESH_MAX_DIMS; d++)
+    for (int d = 0; d < FSDP2_MESH_MAX_DIMS && !m->borrowed; d++)
         fsdp2_group_destroy(m->groups[d]);
+    if (fsdp2_default_mesh() == m)
+        fsdp2_default_mesh_set(NULL);
     free(m);
     return FSDP2_SUCCESS;
 }

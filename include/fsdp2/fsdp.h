@@ -1,0 +1,216 @@
+/* fully_shard: FSDP2 over the application's module tree.
+ *
+ * fsdp2_fully_shard(m, &opts) makes m's parameters that no nested fully_shard owns into
+ * one communication group: each becomes a DTensor Shard(0) over the mesh's shard dim,
+ * and this rank keeps only its chunk (torch.chunk rows, padded to the chunk size inside
+ * one flat buffer per group). Call it on children before their parents; the outermost
+ * sharded module is the root.
+ *
+ * The step. Around each sharded module's forward the application calls
+ * fsdp2_pre_forward / fsdp2_post_forward, and around its backward fsdp2_pre_backward /
+ * fsdp2_post_backward (or fsdp2_module_run). Between pre and post the module's parameters
+ * are whole (fsdp2_param_unsharded); in backward the application adds its gradients into
+ * fsdp2_param_grad, zeroed by pre_backward. post_backward reduce-scatters them (average
+ * over the shard ranks) and adds the result into the sharded gradients
+ * (fsdp2_param_sharded_grad), which therefore accumulate across micro-batches until
+ * fsdp2_module_zero_grad. fsdp2_backward_finish on the root waits for the outstanding
+ * reduce-scatters: then the sharded gradients are ready for the optimizer.
+ *
+ * Streams. Communication runs on side streams the root owns: all-gathers on one,
+ * reduce-scatters on another. The application computes on its current stream (on cpu:
+ * the calling thread itself). Every hand-off is an event: pre_forward makes the current
+ * stream wait for the module's all-gather; a released unsharded buffer is reused only
+ * after an event recorded where its last reader ran; nothing synchronizes the CPU on the
+ * hot path except the waits the current stream itself must do (on cpu, waiting is the
+ * calling thread's).
+ *
+ * Prefetch. When module i's forward starts, the next module's all-gather is issued (the
+ * order recorded in the previous forward; before any, the tree's order). In backward the
+ * recorded forward order is reversed. fsdp2_set_modules_to_forward_prefetch /
+ * _backward_prefetch replace the implicit choice for a module.
+ *
+ * Memory. The first hook (or fsdp2_memory_plan) on the root plans and allocates, once:
+ * the sharded parameters and gradients (allocated by fully_shard), a ring of unsharded
+ * parameter buffers (two by default; the root and modules with reshard_after_forward
+ * off get their own), a ring of two unsharded gradient buffers, and reduce-scatter
+ * staging. Nothing is allocated inside a step. fsdp2_set_requires_gradient_sync(m, 0)
+ * adds (once) a persistent unsharded gradient buffer for m's groups, where gradients
+ * accumulate without communication.
+ *
+ * Misuse (post without pre, backward before forward, fully_shard twice, a child sharded
+ * after its parent, parameters used while sharded) is FSDP2_ERR_INVALID_STATE with a
+ * message naming the module. */
+#ifndef FSDP2_FSDP_H
+#define FSDP2_FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp2/device.h>
+#include <fsdp2/dtensor.h>
+#include <fsdp2/export.h>
+#include <fsdp2/mesh.h>
+#include <fsdp2/module.h>
+#include <fsdp2/random.h>
+#include <fsdp2/status.h>
+#include <fsdp2/stream.h>
+
+FSDP2_EXTERN_C_BEGIN
+
+typedef struct fsdp2_shard_options {
+    unsigned size;                      /* sizeof(fsdp2_shard_options_t) */
+    fsdp2_mesh_t *mesh;                 /* 1D; NULL: the world mesh of fsdp2_init */
+    int reshard_after_forward;          /* 1: free unsharded parameters after forward */
+    fsdp2_param_t *const *ignored_params; /* left unsharded and untouched */
+    size_t num_ignored_params;
+    fsdp2_device_t device;              /* where shards live: cpu */
+    int unsharded_buffers;              /* the root's ring of unsharded buffers: >= 1 (2) */
+} fsdp2_shard_options_t;
+
+#define FSDP2_SHARD_OPTIONS_INIT \
+    {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2}
+
+/* Shards m's parameters not owned by a nested fully_shard into one group (a group may
+ * have no parameters of its own). Collective over the mesh (all ranks call it with the
+ * same tree); allocates this rank's shards and copies the declared values' rows into
+ * them. Blocking. */
+FSDP2_API fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t *options);
+
+/* Selects modules for fsdp2_fully_shard_tree; return nonzero to shard m. */
+typedef int (*fsdp2_shard_policy_fn)(const fsdp2_module_t *m, void *ctx);
+
+/* Applies fully_shard over the tree under root, children before parents: to every
+ * module that policy selects, or (policy NULL) whose parameters not yet owned by a
+ * sharded descendant number at least min_params elements (FSDP1's size-based auto wrap);
+ * min_params 0 with no policy selects every module with parameters. The root is always
+ * sharded last. */
+FSDP2_API fsdp2_status_t fsdp2_fully_shard_tree(fsdp2_module_t *root,
+                                                const fsdp2_shard_options_t *options,
+                                                fsdp2_shard_policy_fn policy, void *ctx,
+                                                int64_t min_params);
+
+/* Gives values to the meta parameters under m (after sharding): init(param, shard,
+ * offset, ctx) gets each parameter's local shard and its global offset (rows of dim 0,
+ * then 0 for the other dims); with init NULL, parameters with a seeded init
+ * (fsdp2_param_set_random_init) get it and the others zeros. Not collective. */
+typedef fsdp2_status_t (*fsdp2_param_init_fn)(fsdp2_param_t *param, fsdp2_tensor_t *shard,
+                                              const int64_t *global_offset, void *ctx);
+FSDP2_API fsdp2_status_t fsdp2_module_materialize(fsdp2_module_t *m, fsdp2_param_init_fn init,
+                                                  void *ctx);
+/* Seeded, sharding-invariant init for a parameter (see fsdp2/random.h), used by
+ * fsdp2_module_materialize. */
+FSDP2_API fsdp2_status_t fsdp2_param_set_random_init(fsdp2_param_t *p,
+                                                     const fsdp2_random_init_t *init);
+
+/* The hooks. Not collective by themselves, but each rank must drive the same modules in
+ * the same order (the collectives inside are). */
+FSDP2_API fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m);
+FSDP2_API fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m);
+FSDP2_API fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m);
+FSDP2_API fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m);
+
+typedef enum fsdp2_phase {
+    FSDP2_PHASE_FORWARD = 0,
+    FSDP2_PHASE_BACKWARD = 1,
+} fsdp2_phase_t;
+typedef fsdp2_status_t (*fsdp2_module_fn)(fsdp2_module_t *m, void *ctx);
+/* pre hook, fn(m, ctx), post hook. fn's error is returned (after the post hook ran). */
+FSDP2_API fsdp2_status_t fsdp2_module_run(fsdp2_module_t *m, fsdp2_phase_t phase,
+                                          fsdp2_module_fn fn, void *ctx);
+
+/* On the root, after the last post_backward of a step: the current stream waits for
+ * every outstanding reduce-scatter and all-gather, every module still unsharded is
+ * resharded, and the next forward starts a new step. */
+FSDP2_API fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *root);
+
+/* Zeroes the sharded gradients under m (on the current stream). */
+FSDP2_API fsdp2_status_t fsdp2_module_zero_grad(fsdp2_module_t *m);
+
+/* Blocks until the root's side streams are idle; returns their first error. */
+FSDP2_API fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *root);
+
+/* Parameter views (borrowed: owned by the library, valid as stated).
+ * unsharded: between the module's pre and post hooks (or after fsdp2_unshard_wait),
+ * the whole parameter; grad: between pre_backward and post_backward, the whole gradient
+ * to add into; sharded / sharded_grad: always (after fully_shard), the DTensor Shard(0)
+ * of the parameter and of its accumulated gradient (NULL grad for frozen parameters). */
+FSDP2_API fsdp2_status_t fsdp2_param_unsharded(const fsdp2_param_t *p, fsdp2_tensor_t **t);
+FSDP2_API fsdp2_status_t fsdp2_param_grad(const fsdp2_param_t *p, fsdp2_tensor_t **t);
+FSDP2_API fsdp2_status_t fsdp2_param_sharded(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
+FSDP2_API fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
+
+/* Controls, as in FSDP2. Each applies to m's group and the groups below it. */
+FSDP2_API fsdp2_status_t fsdp2_set_requires_gradient_sync(fsdp2_module_t *m, int sync);
+FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int reshard);
+/* Only m's own group: */
+FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard);
+FSDP2_API fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last);
+FSDP2_API fsdp2_status_t fsdp2_set_modules_to_forward_prefetch(fsdp2_module_t *m,
+                                                               fsdp2_module_t *const *modules,
+                                                               size_t count);
+FSDP2_API fsdp2_status_t fsdp2_set_modules_to_backward_prefetch(fsdp2_module_t *m,
+                                                                fsdp2_module_t *const *modules,
+                                                                size_t count);
+
+/* Issues m's all-gather now (asynchronous); *done (may be NULL; owned by the library)
+ * completes when the parameters are whole. fsdp2_unshard_wait makes the current stream
+ * wait for it. fsdp2_reshard frees m's unsharded parameters (m must not be between its
+ * pre and post hooks). */
+FSDP2_API fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done);
+FSDP2_API fsdp2_status_t fsdp2_unshard_wait(fsdp2_module_t *m);
+FSDP2_API fsdp2_status_t fsdp2_reshard(fsdp2_module_t *m);
+
+typedef enum fsdp2_training_state {
+    FSDP2_STATE_IDLE = 0,          /* between steps */
+    FSDP2_STATE_FORWARD = 1,       /* between pre_forward and post_forward */
+    FSDP2_STATE_AFTER_FORWARD = 2, /* forward done, backward not started */
+    FSDP2_STATE_BACKWARD = 3,      /* between pre_backward and post_backward */
+    FSDP2_STATE_AFTER_BACKWARD = 4,
+} fsdp2_training_state_t;
+
+typedef enum fsdp2_unshard_state {
+    FSDP2_SHARDED = 0,    /* only shards exist */
+    FSDP2_UNSHARDING = 1, /* all-gather issued (prefetch or unshard), not yet waited for */
+    FSDP2_UNSHARDED = 2,  /* whole parameters usable on the current stream */
+} fsdp2_unshard_state_t;
+
+/* What a sharded module is doing, for debugging and tests. */
+typedef struct fsdp2_module_state {
+    unsigned size; /* sizeof(fsdp2_module_state_t), set by the caller */
+    int sharded;   /* m is a fully_shard group */
+    int is_root;
+    fsdp2_training_state_t training_state;
+    fsdp2_unshard_state_t unshard_state;
+    int buffer;             /* ring slot holding its unsharded parameters, -1 dedicated/none */
+    int requires_gradient_sync;
+    int reshard_after_forward;
+    int reshard_after_backward;
+    size_t num_params;
+    int64_t shard_numel;     /* padded elements per rank in the group's flat shard */
+    int64_t unsharded_numel; /* elements of its whole parameters */
+    uint64_t all_gathers;    /* issued since fully_shard */
+    uint64_t reduce_scatters;
+} fsdp2_module_state_t;
+
+FSDP2_API fsdp2_status_t fsdp2_module_state(const fsdp2_module_t *m, fsdp2_module_state_t *state);
+
+/* Bytes of device memory the root's plan holds, per category. */
+typedef struct fsdp2_memory_plan {
+    unsigned size;              /* sizeof(fsdp2_memory_plan_t), set by the caller */
+    uint64_t sharded_params;    /* flat padded shards of every group */
+    uint64_t sharded_grads;     /* the same for parameters that require gradients */
+    uint64_t unsharded_params;  /* the ring plus dedicated buffers */
+    uint64_t unsharded_grads;   /* the gradient ring plus no-sync accumulators */
+    uint64_t reduce_scatter;    /* staging: input (ws chunks) and output */
+    uint64_t total;
+    int ring_buffers;
+    int groups;
+} fsdp2_memory_plan_t;
+
+/* Plans and allocates the root's buffers if not done yet (as the first hook does), and
+ * reports the plan. m may be any module of the tree. */
+FSDP2_API fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan);
+
+FSDP2_EXTERN_C_END
+
+#endif

@@ -1,0 +1,220 @@
+/* FSDP2's controls and queries: gradient sync, resharding policy, prefetch lists,
+ * parameter views, zero_grad, the state of a module. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp2/kernels.h>
+
+#include "core/error.h"
+#include "fsdp/fsdp_internal.h"
+
+static fsdp2_status_t need_group(const fsdp2_module_t *m, const char *what)
+{
+    FSDP2_ARG_CHECK(m, "%s: module is NULL", what);
+    if (m->group)
+        return FSDP2_SUCCESS;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(m, fqn, sizeof(fqn));
+    return fsdp2_error(FSDP2_ERR_INVALID_STATE, "%s: module '%s' is not sharded", what,
+                       fqn[0] ? fqn : "(root)");
+}
+
+typedef struct setting {
+    int value;
+    int which; /* 0 gradient sync, 1 reshard after backward */
+} setting_t;
+
+static fsdp2_status_t apply(fsdp2_module_t *m, void *arg)
+{
+    const setting_t *s = arg;
+    fsdp_group_t *g = m->group;
+    if (!g)
+        return FSDP2_SUCCESS;
+    if (s->which == 1) {
+        g->reshard_after_backward = s->value;
+        return FSDP2_SUCCESS;
+    }
+    g->requires_gradient_sync = s->value;
+    /* No sync: gradients stay whole between backwards, in a buffer of their own. */
+    return s->value ? FSDP2_SUCCESS : fsdp_group_accumulator(g);
+}
+
+fsdp2_status_t fsdp2_set_requires_gradient_sync(fsdp2_module_t *m, int sync)
+{
+    FSDP2_ARG_CHECK(m, "set_requires_gradient_sync: module is NULL");
+    setting_t s = {sync != 0, 0};
+    return fsdp_module_walk(m, apply, &s);
+}
+
+fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int reshard)
+{
+    FSDP2_ARG_CHECK(m, "set_reshard_after_backward: module is NULL");
+    setting_t s = {reshard != 0, 1};
+    return fsdp_module_walk(m, apply, &s);
+}
+
+fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard)
+{
+    FSDP2_CHECK(need_group(m, "set_reshard_after_forward"));
+    fsdp_group_t *g = m->group;
+    if (g->root && g == g->root->group)
+        return FSDP2_SUCCESS; /* the root always keeps its parameters through forward */
+    if (!reshard && g->root && !g->dedicated) {
+        if (g->unshard_state != FSDP2_SHARDED) {
+            char fqn[FSDP2_FQN_MAX];
+            fsdp_module_fqn(m, fqn, sizeof(fqn));
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "set_reshard_after_forward: module '%s' is unsharded now; reshard "
+                               "it first",
+                               fqn);
+        }
+        FSDP2_CHECK(fsdp_group_own_buffer(g));
+    }
+    g->reshard_after_forward = reshard != 0;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last)
+{
+    FSDP2_CHECK(need_group(m, "set_is_last_backward"));
+    m->group->is_last_backward = is_last != 0;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t set_prefetch(fsdp2_module_t *m, fsdp2_module_t *const *modules, size_t n,
+                                   const char *what, fsdp_group_t ***list, size_t *count,
+                                   int *is_set)
+{
+    FSDP2_CHECK(need_group(m, what));
+    FSDP2_ARG_CHECK(n == 0 || modules, "%s: %zu modules but the array is NULL", what, n);
+    fsdp_group_t **groups = calloc(n ? n : 1, sizeof(*groups));
+    if (!groups)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s", what);
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_status_t status = need_group(modules[i], what);
+        if (status != FSDP2_SUCCESS) {
+            free(groups);
+            return status;
+        }
+        groups[i] = modules[i]->group;
+    }
+    free(*list);
+    *list = groups;
+    *count = n;
+    *is_set = 1;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_set_modules_to_forward_prefetch(fsdp2_module_t *m,
+                                                     fsdp2_module_t *const *modules, size_t count)
+{
+    fsdp_group_t *g = m ? m->group : NULL;
+    if (!g)
+        return need_group(m, "set_modules_to_forward_prefetch");
+    return set_prefetch(m, modules, count, "set_modules_to_forward_prefetch", &g->forward_prefetch,
+                        &g->num_forward_prefetch, &g->explicit_forward_prefetch);
+}
+
+fsdp2_status_t fsdp2_set_modules_to_backward_prefetch(fsdp2_module_t *m,
+                                                      fsdp2_module_t *const *modules, size_t count)
+{
+    fsdp_group_t *g = m ? m->group : NULL;
+    if (!g)
+        return need_group(m, "set_modules_to_backward_prefetch");
+    return set_prefetch(m, modules, count, "set_modules_to_backward_prefetch",
+                        &g->backward_prefetch, &g->num_backward_prefetch,
+                        &g->explicit_backward_prefetch);
+}
+
+static fsdp2_status_t param_error(const fsdp2_param_t *p, const char *fmt)
+{
+    char fqn[FSDP2_FQN_MAX], mfqn[FSDP2_FQN_MAX] = "";
+    fsdp_param_fqn(p, fqn, sizeof(fqn));
+    if (p->group)
+        fsdp_module_fqn(p->group->module, mfqn, sizeof(mfqn));
+    return fsdp2_error(FSDP2_ERR_INVALID_STATE, fmt, fqn, mfqn[0] ? mfqn : "(root)");
+}
+
+fsdp2_status_t fsdp2_param_unsharded(const fsdp2_param_t *p, fsdp2_tensor_t **t)
+{
+    FSDP2_ARG_CHECK(p && t, "param or tensor is NULL");
+    *t = NULL;
+    if (!p->group)
+        return param_error(p, "parameter '%s' is not sharded (module '%s')");
+    if (p->group->unshard_state != FSDP2_UNSHARDED || !p->unsharded)
+        return param_error(p, "parameter '%s' is sharded now: it is whole between the "
+                              "pre and post hooks of '%s' (or after fsdp2_unshard_wait)");
+    *t = p->unsharded;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_param_grad(const fsdp2_param_t *p, fsdp2_tensor_t **t)
+{
+    FSDP2_ARG_CHECK(p && t, "param or tensor is NULL");
+    *t = NULL;
+    if (!p->requires_grad)
+        return param_error(p, "parameter '%s' does not require gradients (module '%s')");
+    if (!p->group || !p->grad)
+        return param_error(p, "parameter '%s' has no gradient buffer now: it exists between "
+                              "the pre_backward and post_backward of '%s'");
+    *t = p->grad;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t zero_module(fsdp2_module_t *m, void *arg)
+{
+    fsdp_group_t *g = m->group;
+    (void)arg;
+    if (!g || !g->grad_shard)
+        return FSDP2_SUCCESS;
+    fsdp2_stream_t *compute;
+    FSDP2_CHECK(fsdp2_stream_current(g->device, &compute));
+    return fsdp2_fill_async(g->grad_shard->data, g->dtype, (size_t)g->grad_shard_numel, 0.0,
+                            compute);
+}
+
+fsdp2_status_t fsdp2_module_zero_grad(fsdp2_module_t *m)
+{
+    FSDP2_ARG_CHECK(m, "zero_grad: module is NULL");
+    return fsdp_module_walk(m, zero_module, NULL);
+}
+
+fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *m)
+{
+    FSDP2_ARG_CHECK(m, "synchronize: module is NULL");
+    fsdp2_module_t *rootm = fsdp_root_module(m);
+    if (!rootm || !rootm->group->root)
+        return FSDP2_SUCCESS;
+    fsdp_root_t *r = rootm->group->root;
+    fsdp2_status_t a = fsdp2_stream_synchronize(r->ag);
+    fsdp2_status_t b = fsdp2_stream_synchronize(r->rs);
+    return a != FSDP2_SUCCESS ? a : b;
+}
+
+fsdp2_status_t fsdp2_module_state(const fsdp2_module_t *m, fsdp2_module_state_t *st)
+{
+    FSDP2_ARG_CHECK(m && st, "module or state is NULL");
+    FSDP2_ARG_CHECK(st->size == sizeof(*st),
+                    "module_state: size %u is not sizeof(fsdp2_module_state_t) = %zu", st->size,
+                    sizeof(*st));
+    memset(st, 0, sizeof(*st));
+    st->size = sizeof(*st);
+    st->buffer = -1;
+    const fsdp_group_t *g = m->group;
+    if (!g)
+        return FSDP2_SUCCESS;
+    st->sharded = 1;
+    st->is_root = fsdp_root_module((fsdp2_module_t *)m) == m;
+    st->training_state = g->training_state;
+    st->unshard_state = g->unshard_state;
+    st->buffer = g->buffer == FSDP_MAX_RING ? -1 : g->buffer;
+    st->requires_gradient_sync = g->requires_gradient_sync;
+    st->reshard_after_forward = g->reshard_after_forward;
+    st->reshard_after_backward = g->reshard_after_backward;
+    st->num_params = g->num_params;
+    st->shard_numel = g->shard_numel;
+    st->unsharded_numel = g->full_numel;
+    st->all_gathers = g->all_gathers;
+    st->reduce_scatters = g->reduce_scatters;
+    return FSDP2_SUCCESS;
+}

@@ -1,0 +1,175 @@
+/* fully_shard inside the library: the module tree (module.c), parameter groups and their
+ * sharded storage (fully_shard.c), the root's planned buffers (plan.c) and the step
+ * (schedule.c). */
+#ifndef FSDP2_FSDP_INTERNAL_H
+#define FSDP2_FSDP_INTERNAL_H
+
+#include <fsdp2/fsdp.h>
+
+#define FSDP_MAX_RING 8
+
+typedef struct fsdp_group fsdp_group_t;
+typedef struct fsdp_root fsdp_root_t;
+
+struct fsdp2_param {
+    char name[FSDP2_NAME_MAX];
+    fsdp2_module_t *owner;
+    fsdp2_tensor_t *value; /* as declared, until fully_shard copies it; NULL after */
+    int ndim;
+    int64_t shape[FSDP2_MAX_DIMS];
+    fsdp2_dtype_t dtype;
+    int requires_grad;
+    int materialized;
+    int has_random_init;
+    fsdp2_random_init_t random_init;
+
+    /* Set by fully_shard. */
+    fsdp_group_t *group;
+    int64_t row_numel;      /* elements per row of dim 0 (1 for 0-dim: one row) */
+    int64_t rows;           /* global rows (1 for 0-dim) */
+    int64_t chunk_rows;     /* ceil(rows / ws) */
+    int64_t local_rows;     /* this rank's */
+    int64_t offset_rows;    /* this rank's first global row */
+    int64_t shard_offset;   /* elements into the group's flat shard (padded chunks) */
+    int64_t grad_offset;    /* elements into the flat grad shard; -1 when frozen */
+    int64_t full_offset;    /* elements into an unsharded parameter buffer */
+    int64_t grad_full_offset; /* elements into an unsharded gradient buffer; -1 frozen */
+    fsdp2_dtensor_t *sharded;
+    fsdp2_dtensor_t *sharded_grad;
+    fsdp2_tensor_t *unsharded_view[FSDP_MAX_RING + 1]; /* per buffer; [ring] = dedicated */
+    fsdp2_tensor_t *grad_view[3];                       /* per grad buffer; [2] = no-sync */
+    fsdp2_tensor_t *unsharded; /* the current view, NULL while sharded */
+    fsdp2_tensor_t *grad;      /* the current view, NULL outside backward */
+};
+
+typedef struct named_tensor {
+    char name[FSDP2_NAME_MAX];
+    fsdp2_tensor_t *tensor;
+} named_tensor_t;
+
+struct fsdp2_module {
+    char name[FSDP2_NAME_MAX];
+    fsdp2_module_t *parent;
+    fsdp2_module_t **children;
+    size_t num_children;
+    fsdp2_param_t **params;
+    size_t num_params;
+    named_tensor_t *buffers;
+    size_t num_buffers;
+    fsdp_group_t *group; /* set by fully_shard */
+};
+
+/* One unsharded buffer: of the ring, or a group's own. */
+typedef struct unsharded_buffer {
+    void *data;
+    size_t bytes;
+    fsdp2_event_t *free; /* recorded where its last reader ran */
+    fsdp_group_t *owner; /* NULL when free */
+} unsharded_buffer_t;
+
+struct fsdp_group {
+    fsdp2_module_t *module;
+    fsdp_root_t *root; /* set by the root's lazy init */
+    fsdp2_mesh_t *mesh;
+    fsdp2_group_t *pg; /* the mesh's shard dim */
+    int rank, ws;
+    fsdp2_device_t device;
+    fsdp2_dtype_t dtype; /* of every parameter in the group (one dtype per group) */
+    size_t elem;
+    fsdp2_param_t **params; /* the group's, in registration order */
+    size_t num_params;
+    int64_t shard_numel;      /* padded, per rank */
+    int64_t grad_shard_numel; /* padded, per rank, requires_grad params only */
+    int64_t full_numel;       /* unsharded elements */
+    int64_t grad_full_numel;
+    fsdp2_tensor_t *shard;      /* flat [shard_numel] */
+    fsdp2_tensor_t *grad_shard; /* flat [grad_shard_numel], NULL if none */
+    int requested_unsharded_buffers;
+
+    /* Controls. */
+    int reshard_after_forward;
+    int reshard_after_backward;
+    int requires_gradient_sync;
+    int is_last_backward;
+    fsdp_group_t **forward_prefetch;
+    size_t num_forward_prefetch;
+    int explicit_forward_prefetch;
+    fsdp_group_t **backward_prefetch;
+    size_t num_backward_prefetch;
+    int explicit_backward_prefetch;
+
+    /* State. */
+    fsdp2_training_state_t training_state;
+    int forward_done; /* its forward ran in this step */
+    fsdp2_unshard_state_t unshard_state;
+    int buffer;    /* index into root->buffers, FSDP_MAX_RING for own, -1 when sharded */
+    int dedicated; /* keeps its own unsharded buffer */
+    unsharded_buffer_t own;
+    int grad_buffer; /* index into root->grad_buffers, 2 = no-sync accumulator, -1 none */
+    void *accumulator;           /* no-sync unsharded grads, allocated on demand */
+    int accumulator_dirty;       /* holds gradients not yet reduced */
+    fsdp2_event_t *gathered;     /* recorded on the all-gather stream */
+    uint64_t all_gathers, reduce_scatters;
+    fsdp2_iov_t *pieces[FSDP_MAX_RING + 1]; /* all-gather destinations per buffer */
+    size_t *piece_offsets;                  /* ws + 1, the same for every buffer */
+};
+
+struct fsdp_root {
+    fsdp_group_t *group; /* the root's own */
+    fsdp_group_t **groups; /* every group of the tree, in tree (pre-)order */
+    size_t num_groups;
+    fsdp2_device_t device;
+    fsdp2_stream_t *compute;  /* the current stream of the hooks' thread */
+    fsdp2_stream_t *ag;       /* all-gathers */
+    fsdp2_stream_t *rs;       /* reduce-scatters */
+    fsdp2_event_t *compute_mark; /* re-recorded whenever a side stream must wait */
+    fsdp2_event_t *rs_done;
+    fsdp2_event_t *ag_done;
+    fsdp2_event_t *grad_ready;
+    int ring_size;
+    unsharded_buffer_t buffers[FSDP_MAX_RING];
+    int next_buffer;
+    void *grad_buffers[2];
+    fsdp2_event_t *grad_free[2];
+    int next_grad_buffer;
+    void *rs_input;  /* ws x the largest padded gradient shard */
+    void *rs_output; /* the largest padded gradient shard */
+    size_t rs_input_bytes;
+    fsdp2_memory_plan_t plan;
+    /* The forward order of the current and the previous step. */
+    fsdp_group_t **order, **last_order;
+    size_t order_len, last_order_len;
+    int in_step;
+    int backward_started;
+    int reduce_scatters_pending;
+};
+
+/* module.c */
+void fsdp_module_fqn(const fsdp2_module_t *m, char *buf, size_t len);
+void fsdp_param_fqn(const fsdp2_param_t *p, char *buf, size_t len);
+/* The top of m's tree. */
+fsdp2_module_t *fsdp_module_top(fsdp2_module_t *m);
+/* Calls fn on every module of the subtree, parents first; stops at the first error. */
+fsdp2_status_t fsdp_module_walk(fsdp2_module_t *m, fsdp2_status_t (*fn)(fsdp2_module_t *, void *),
+                                void *ctx);
+
+/* fully_shard.c */
+void fsdp_group_free(fsdp_group_t *g);
+/* A view of `rows` rows of p's shape at element `at` of a flat tensor (shares storage). */
+fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
+                               int64_t rows, fsdp2_tensor_t **out);
+/* The outermost sharded module above or at m, or NULL. */
+fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m);
+
+/* plan.c */
+/* Plans and allocates the root's buffers on first use; *out is the root. */
+fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);
+void fsdp_root_free(fsdp_root_t *r);
+/* Creates (once) g's own unsharded buffer, for groups that keep parameters whole. */
+fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g);
+/* Creates (once) g's no-sync gradient accumulator. */
+fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g);
+/* The unsharded buffer with index i of g (ring index, or FSDP_MAX_RING for its own). */
+unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i);
+
+#endif

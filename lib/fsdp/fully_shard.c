@@ -1,0 +1,392 @@
+/* fully_shard: a module's unowned parameters become one group with one flat, padded
+ * shard per rank; each parameter's DTensor Shard(0) is a view into it.
+ *
+ * Flat layout (elements), the all-gather's send buffer as it is:
+ *   [param 0: chunk_rows x row_numel][param 1: chunk_rows x row_numel]...
+ * Rows past a parameter's local rows are padding, zero from the start and never read
+ * as values. The sharded gradients have the same layout over the parameters that
+ * require gradients. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp2/kernels.h>
+
+#include "collectives/mesh_default.h"
+#include "core/error.h"
+#include "fsdp/fsdp_internal.h"
+
+fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m)
+{
+    fsdp2_module_t *root = NULL;
+    for (fsdp2_module_t *x = m; x; x = x->parent) {
+        if (x->group)
+            root = x;
+    }
+    return root;
+}
+
+void fsdp_group_free(fsdp_group_t *g)
+{
+    fsdp2_tensor_release(g->shard);
+    fsdp2_tensor_release(g->grad_shard);
+    fsdp2_event_destroy(g->gathered);
+    for (int i = 0; i <= FSDP_MAX_RING; i++)
+        free(g->pieces[i]);
+    free(g->piece_offsets);
+    free(g->params);
+    free(g->forward_prefetch);
+    free(g->backward_prefetch);
+    free(g);
+}
+
+static int is_ignored(const fsdp2_param_t *p, const fsdp2_shard_options_t *o)
+{
+    for (size_t i = 0; i < o->num_ignored_params; i++) {
+        if (o->ignored_params[i] == p)
+            return 1;
+    }
+    return 0;
+}
+
+/* The parameters of m's subtree that no nested group owns, in named_parameters order. */
+static fsdp2_status_t gather_params(fsdp_group_t *g, fsdp2_module_t *m,
+                                    const fsdp2_shard_options_t *o)
+{
+    for (size_t i = 0; i < m->num_params; i++) {
+        fsdp2_param_t *p = m->params[i];
+        if (p->group || is_ignored(p, o))
+            continue;
+        fsdp2_param_t **bigger = realloc(g->params, (g->num_params + 1) * sizeof(*bigger));
+        if (!bigger)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard");
+        g->params = bigger;
+        g->params[g->num_params++] = p;
+    }
+    for (size_t i = 0; i < m->num_children; i++) {
+        if (!m->children[i]->group)
+            FSDP2_CHECK(gather_params(g, m->children[i], o));
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t check_options(const fsdp2_shard_options_t *o, const char *fqn)
+{
+    FSDP2_ARG_CHECK(o->size == sizeof(*o),
+                    "fully_shard '%s': options size %u is not sizeof(fsdp2_shard_options_t) = %zu "
+                    "(use FSDP2_SHARD_OPTIONS_INIT)",
+                    fqn, o->size, sizeof(*o));
+    FSDP2_ARG_CHECK(o->unsharded_buffers >= 1 && o->unsharded_buffers <= FSDP_MAX_RING,
+                    "fully_shard '%s': unsharded_buffers %d is not in 1..%d", fqn,
+                    o->unsharded_buffers, FSDP_MAX_RING);
+    FSDP2_ARG_CHECK(o->num_ignored_params == 0 || o->ignored_params,
+                    "fully_shard '%s': %zu ignored parameters but the array is NULL", fqn,
+                    o->num_ignored_params);
+    FSDP2_ARG_CHECK(o->device.type == FSDP2_DEVICE_CPU || o->device.type == FSDP2_DEVICE_CUDA,
+                    "fully_shard '%s': shards live on cpu or cuda, not device type %d", fqn,
+                    (int)o->device.type);
+    return FSDP2_SUCCESS;
+}
+
+/* Places every parameter in the flat buffers (offsets, chunk rows). */
+static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
+{
+    for (size_t i = 0; i < g->num_params; i++) {
+        fsdp2_param_t *p = g->params[i];
+        char pfqn[FSDP2_FQN_MAX];
+        fsdp_param_fqn(p, pfqn, sizeof(pfqn));
+        FSDP2_ARG_CHECK(p->ndim >= 1,
+                        "fully_shard '%s': parameter '%s' has 0 dims; Shard(0) needs one (declare "
+                        "it as [1])",
+                        fqn, pfqn);
+        if (i == 0)
+            g->dtype = p->dtype;
+        if (p->dtype != g->dtype)
+            return fsdp2_error(FSDP2_ERR_DTYPE_MISMATCH,
+                               "fully_shard '%s': parameter '%s' is %s but '%s' is %s; one group "
+                               "all-gathers one dtype",
+                               fqn, pfqn, fsdp2_dtype_name(p->dtype), g->params[0]->name,
+                               fsdp2_dtype_name(g->dtype));
+        p->rows = p->shape[0];
+        p->row_numel = 1;
+        for (int d = 1; d < p->ndim; d++)
+            p->row_numel *= p->shape[d];
+        p->chunk_rows = p->rows / g->ws + (p->rows % g->ws != 0);
+        FSDP2_CHECK(fsdp2_chunk_range(p->rows, g->ws, g->rank, &p->offset_rows, &p->local_rows));
+        p->shard_offset = g->shard_numel;
+        g->shard_numel += p->chunk_rows * p->row_numel;
+        p->full_offset = g->full_numel;
+        g->full_numel += p->rows * p->row_numel;
+        if (p->requires_grad) {
+            p->grad_offset = g->grad_shard_numel;
+            g->grad_shard_numel += p->chunk_rows * p->row_numel;
+            p->grad_full_offset = g->grad_full_numel;
+            g->grad_full_numel += p->rows * p->row_numel;
+        }
+    }
+    if (g->num_params)
+        FSDP2_CHECK(fsdp2_dtype_size(g->dtype, &g->elem));
+    return FSDP2_SUCCESS;
+}
+
+/* A view of `rows` rows of p's shape at element offset `at` of a flat buffer. */
+fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
+                               int64_t rows, fsdp2_tensor_t **out)
+{
+    fsdp2_tensor_t *slice;
+    FSDP2_CHECK(fsdp2_tensor_narrow(flat, at, rows * p->row_numel, &slice));
+    int64_t shape[FSDP2_MAX_DIMS];
+    memcpy(shape, p->shape, sizeof(shape));
+    shape[0] = rows;
+    fsdp2_status_t status = fsdp2_tensor_reshape(slice, p->ndim, shape, out);
+    fsdp2_tensor_release(slice);
+    return status;
+}
+
+static fsdp2_status_t make_dtensor(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_tensor_t *flat,
+                                   int64_t at, fsdp2_dtensor_t **out)
+{
+    fsdp2_placement_t shard0[1] = {FSDP2_SHARD_INIT(0)};
+    fsdp2_tensor_t *local;
+    FSDP2_CHECK(fsdp_param_view(p, flat, at, p->local_rows, &local));
+    fsdp2_status_t status =
+        fsdp2_dtensor_from_local(local, g->mesh, shard0, p->ndim, p->shape, 0, NULL, out);
+    fsdp2_tensor_release(local);
+    return status;
+}
+
+/* Copies the declared value's rows of this rank into the shard, then drops the value. */
+static fsdp2_status_t take_value(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_stream_t *stream)
+{
+    fsdp2_tensor_t *value = p->value;
+    p->value = NULL;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (value->device.type != FSDP2_DEVICE_META && p->local_rows > 0) {
+        size_t row_bytes = (size_t)p->row_numel * g->elem;
+        status = fsdp2_memcpy_async((char *)g->shard->data + (size_t)p->shard_offset * g->elem,
+                                    (const char *)value->data + (size_t)p->offset_rows * row_bytes,
+                                    (size_t)p->local_rows * row_bytes, stream);
+    }
+    fsdp2_tensor_release(value);
+    return status;
+}
+
+static fsdp2_status_t build(fsdp_group_t *g, const char *fqn)
+{
+    FSDP2_CHECK(lay_out(g, fqn));
+    FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->num_params ? g->dtype : FSDP2_F32, 1,
+                                   &g->shard_numel, &g->shard));
+    if (g->grad_shard_numel)
+        FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->grad_shard_numel,
+                                       &g->grad_shard));
+    fsdp2_stream_t *stream;
+    FSDP2_CHECK(fsdp2_stream_current(g->device, &stream));
+    for (size_t i = 0; i < g->num_params; i++) {
+        fsdp2_param_t *p = g->params[i];
+        FSDP2_CHECK(make_dtensor(g, p, g->shard, p->shard_offset, &p->sharded));
+        if (p->requires_grad)
+            FSDP2_CHECK(make_dtensor(g, p, g->grad_shard, p->grad_offset, &p->sharded_grad));
+        FSDP2_CHECK(take_value(g, p, stream));
+    }
+    FSDP2_CHECK(fsdp2_stream_synchronize(stream));
+    FSDP2_CHECK(fsdp2_event_create(g->device, &g->gathered));
+    for (size_t i = 0; i < g->num_params; i++)
+        g->params[i]->group = g;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t *options)
+{
+    FSDP2_ARG_CHECK(m, "fully_shard: module is NULL");
+    fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
+    const fsdp2_shard_options_t *o = options ? options : &defaults;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(m, fqn, sizeof(fqn));
+    FSDP2_CHECK(check_options(o, fqn));
+    if (m->group)
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE, "fully_shard: module '%s' is already sharded",
+                           fqn);
+    for (fsdp2_module_t *x = m->parent; x; x = x->parent) {
+        if (x->group) {
+            char pfqn[FSDP2_FQN_MAX];
+            fsdp_module_fqn(x, pfqn, sizeof(pfqn));
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "fully_shard: module '%s' is under '%s', which is already sharded "
+                               "(shard children before their parents)",
+                               fqn, pfqn);
+        }
+    }
+    fsdp2_mesh_t *mesh = o->mesh ? o->mesh : fsdp2_default_mesh();
+    if (!mesh)
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "fully_shard '%s': no mesh given and no world mesh (call fsdp2_init "
+                           "or set options.mesh)",
+                           fqn);
+    int ndim;
+    FSDP2_CHECK(fsdp2_mesh_ndim(mesh, &ndim));
+    FSDP2_ARG_CHECK(ndim == 1, "fully_shard '%s': the mesh has %d dims; fully_shard shards over "
+                               "a 1D mesh",
+                    fqn, ndim);
+    fsdp_group_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
+    g->module = m;
+    g->mesh = mesh;
+    g->device = o->device;
+    g->reshard_after_forward = o->reshard_after_forward != 0;
+    g->reshard_after_backward = 1;
+    g->requires_gradient_sync = 1;
+    g->is_last_backward = 1;
+    g->requested_unsharded_buffers = o->unsharded_buffers;
+    g->buffer = -1;
+    g->grad_buffer = -1;
+    fsdp2_status_t status = fsdp2_mesh_group(mesh, 0, &g->pg);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_rank(g->pg, &g->rank);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_size(g->pg, &g->ws);
+    if (status == FSDP2_SUCCESS)
+        status = gather_params(g, m, o);
+    if (status == FSDP2_SUCCESS)
+        status = build(g, fqn);
+    if (status != FSDP2_SUCCESS) {
+        for (size_t i = 0; i < g->num_params; i++) {
+            fsdp2_param_t *p = g->params[i];
+            p->group = NULL;
+            fsdp2_dtensor_release(p->sharded);
+            fsdp2_dtensor_release(p->sharded_grad);
+            p->sharded = p->sharded_grad = NULL;
+        }
+        fsdp_group_free(g);
+        return status;
+    }
+    m->group = g;
+    return FSDP2_SUCCESS;
+}
+
+typedef struct tree_walk {
+    const fsdp2_shard_options_t *options;
+    fsdp2_shard_policy_fn policy;
+    void *ctx;
+    int64_t min_params;
+} tree_walk_t;
+
+static int64_t unowned_numel(const fsdp2_module_t *m)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < m->num_params; i++) {
+        int64_t numel = 0;
+        if (!m->params[i]->group &&
+            fsdp2_shape_numel(m->params[i]->ndim, m->params[i]->shape, &numel) == FSDP2_SUCCESS)
+            n += numel;
+    }
+    for (size_t i = 0; i < m->num_children; i++) {
+        if (!m->children[i]->group)
+            n += unowned_numel(m->children[i]);
+    }
+    return n;
+}
+
+static fsdp2_status_t shard_below(fsdp2_module_t *m, const tree_walk_t *w)
+{
+    for (size_t i = 0; i < m->num_children; i++) {
+        fsdp2_module_t *c = m->children[i];
+        FSDP2_CHECK(shard_below(c, w));
+        if (c->group)
+            continue;
+        int64_t n = unowned_numel(c);
+        int take = w->policy ? w->policy(c, w->ctx) : n > 0 && n >= w->min_params;
+        if (take)
+            FSDP2_CHECK(fsdp2_fully_shard(c, w->options));
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_fully_shard_tree(fsdp2_module_t *root, const fsdp2_shard_options_t *options,
+                                      fsdp2_shard_policy_fn policy, void *ctx, int64_t min_params)
+{
+    FSDP2_ARG_CHECK(root, "fully_shard_tree: root is NULL");
+    FSDP2_ARG_CHECK(min_params >= 0, "fully_shard_tree: min_params %lld is negative",
+                    (long long)min_params);
+    tree_walk_t w = {options, policy, ctx, min_params};
+    FSDP2_CHECK(shard_below(root, &w));
+    return root->group ? FSDP2_SUCCESS : fsdp2_fully_shard(root, options);
+}
+
+fsdp2_status_t fsdp2_param_set_random_init(fsdp2_param_t *p, const fsdp2_random_init_t *init)
+{
+    FSDP2_ARG_CHECK(p && init, "set_random_init: param or init is NULL");
+    double probe;
+    FSDP2_CHECK(fsdp2_random_value(init, 0, &probe)); /* validates init */
+    p->random_init = *init;
+    p->has_random_init = 1;
+    return FSDP2_SUCCESS;
+}
+
+typedef struct materialize {
+    fsdp2_param_init_fn init;
+    void *ctx;
+} materialize_t;
+
+static fsdp2_status_t materialize_module(fsdp2_module_t *m, void *arg)
+{
+    const materialize_t *mt = arg;
+    for (size_t i = 0; i < m->num_params; i++) {
+        fsdp2_param_t *p = m->params[i];
+        if (p->materialized)
+            continue;
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_param_fqn(p, fqn, sizeof(fqn));
+        if (!p->group)
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "materialize: parameter '%s' is on meta but not sharded", fqn);
+        fsdp2_tensor_t *local;
+        FSDP2_CHECK(fsdp2_dtensor_to_local(p->sharded, &local));
+        int64_t offset[FSDP2_MAX_DIMS] = {p->offset_rows};
+        fsdp2_status_t status = FSDP2_SUCCESS;
+        if (mt->init)
+            status = mt->init(p, local, offset, mt->ctx);
+        else if (p->has_random_init)
+            status = fsdp2_dtensor_init_random(p->sharded, &p->random_init);
+        fsdp2_tensor_release(local);
+        if (status != FSDP2_SUCCESS) {
+            char message[384];
+            snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+            return fsdp2_error(status, "materialize: the initialiser of '%s' failed: %s", fqn,
+                               message);
+        }
+        p->materialized = 1;
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_module_materialize(fsdp2_module_t *m, fsdp2_param_init_fn init, void *ctx)
+{
+    FSDP2_ARG_CHECK(m, "materialize: module is NULL");
+    materialize_t mt = {init, ctx};
+    return fsdp_module_walk(m, materialize_module, &mt);
+}
+
+fsdp2_status_t fsdp2_param_sharded(const fsdp2_param_t *p, fsdp2_dtensor_t **dt)
+{
+    FSDP2_ARG_CHECK(p && dt, "param or dtensor is NULL");
+    *dt = p->sharded;
+    if (!p->sharded) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_param_fqn(p, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE, "parameter '%s' is not sharded", fqn);
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_dtensor_t **dt)
+{
+    FSDP2_ARG_CHECK(p && dt, "param or dtensor is NULL");
+    *dt = p->sharded_grad;
+    if (!p->group) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_param_fqn(p, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE, "parameter '%s' is not sharded", fqn);
+    }
+    return FSDP2_SUCCESS;
+}

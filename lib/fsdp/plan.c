@@ -1,0 +1,325 @@
+/* The root's plan: every buffer a step needs, sized from the groups and allocated once,
+ * before the first step.
+ *
+ * - A ring of unsharded parameter buffers (2 by default), each as big as the largest
+ *   all-gather output (ws x padded shard) of the groups that reshard after forward. The
+ *   parameters sit at the front of a buffer, contiguous and whole; the padding rows of
+ *   the all-gather land in the tail (each rank's rows are scattered straight into place
+ *   by the all-gather, so there is no copy-out).
+ * - Its own buffer for the root and for every group that keeps its parameters between
+ *   forward and backward.
+ * - A ring of two unsharded gradient buffers (the largest group's gradients), so one
+ *   module's backward can start while the previous one's gradients are still copied into
+ *   the reduce-scatter staging, and, on demand, a no-sync accumulator per group.
+ * - Reduce-scatter staging: input (ws padded chunks) and output (one chunk). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "fsdp/fsdp_internal.h"
+
+unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i)
+{
+    return i == FSDP_MAX_RING ? &g->own : &g->root->buffers[i];
+}
+
+/* A parameter-shaped tensor on memory the plan owns (no reference counting). */
+static fsdp2_status_t view_at(const fsdp2_param_t *p, fsdp2_device_t device, void *base,
+                              int64_t offset, size_t elem, fsdp2_tensor_t **out)
+{
+    return fsdp2_tensor_from_blob((char *)base + (size_t)offset * elem, device, p->dtype, p->ndim,
+                                  p->shape, NULL, NULL, out);
+}
+
+static fsdp2_status_t alloc(fsdp_root_t *r, size_t bytes, void **ptr, uint64_t *category)
+{
+    FSDP2_CHECK(fsdp2_device_alloc(r->device, bytes, ptr));
+    *category += bytes;
+    r->plan.total += bytes;
+    return FSDP2_SUCCESS;
+}
+
+/* Where each rank's part of g's all-gather lands in a buffer at base: per parameter, the
+ * rank's rows in place, then its padding rows into the tail. */
+static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
+{
+    size_t n = (size_t)g->ws * g->num_params * 2;
+    fsdp2_iov_t *pieces = calloc(n ? n : 1, sizeof(*pieces));
+    if (!pieces)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "all-gather pieces");
+    if (!g->piece_offsets) {
+        g->piece_offsets = calloc((size_t)g->ws + 1, sizeof(size_t));
+        if (!g->piece_offsets) {
+            free(pieces);
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "all-gather pieces");
+        }
+    }
+    char *at = base;
+    size_t k = 0, pad_cursor = (size_t)g->full_numel * g->elem;
+    for (int r = 0; r < g->ws; r++) {
+        g->piece_offsets[r] = k;
+        for (size_t i = 0; i < g->num_params; i++) {
+            const fsdp2_param_t *p = g->params[i];
+            int64_t off, len;
+            fsdp2_chunk_range(p->rows, g->ws, r, &off, &len);
+            size_t row_bytes = (size_t)p->row_numel * g->elem;
+            size_t valid = (size_t)len * row_bytes, pad = (size_t)(p->chunk_rows - len) * row_bytes;
+            if (valid)
+                pieces[k++] = (fsdp2_iov_t){at + ((size_t)p->full_offset * g->elem + (size_t)off * row_bytes), valid};
+            if (pad) {
+                pieces[k++] = (fsdp2_iov_t){at + pad_cursor, pad};
+                pad_cursor += pad;
+            }
+        }
+    }
+    g->piece_offsets[g->ws] = k;
+    free(g->pieces[b]);
+    g->pieces[b] = pieces;
+    return FSDP2_SUCCESS;
+}
+
+static size_t gathered_bytes(const fsdp_group_t *g)
+{
+    return (size_t)g->ws * (size_t)g->shard_numel * g->elem;
+}
+
+/* Points buffer b's pieces and parameter views of g at that buffer's memory. */
+static fsdp2_status_t bind_buffer(fsdp_group_t *g, int b)
+{
+    unsharded_buffer_t *buf = fsdp_buffer(g, b);
+    FSDP2_CHECK(make_pieces(g, b, buf->data));
+    for (size_t i = 0; i < g->num_params; i++) {
+        fsdp2_param_t *p = g->params[i];
+        fsdp2_tensor_release(p->unsharded_view[b]);
+        p->unsharded_view[b] = NULL;
+        FSDP2_CHECK(view_at(p, g->device, buf->data, p->full_offset, g->elem, &p->unsharded_view[b]));
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
+{
+    if (g->own.data || !g->root)
+        return FSDP2_SUCCESS;
+    fsdp_root_t *r = g->root;
+    g->own.bytes = gathered_bytes(g);
+    FSDP2_CHECK(alloc(r, g->own.bytes, &g->own.data, &r->plan.unsharded_params));
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
+    g->dedicated = 1;
+    return bind_buffer(g, FSDP_MAX_RING);
+}
+
+fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g)
+{
+    if (g->accumulator || !g->root || !g->grad_full_numel)
+        return FSDP2_SUCCESS;
+    fsdp_root_t *r = g->root;
+    size_t bytes = (size_t)g->grad_full_numel * g->elem;
+    FSDP2_CHECK(alloc(r, bytes, &g->accumulator, &r->plan.unsharded_grads));
+    g->accumulator_dirty = 0; /* zeroed in stream order by the next pre_backward */
+    for (size_t i = 0; i < g->num_params; i++) {
+        fsdp2_param_t *p = g->params[i];
+        if (p->requires_grad)
+            FSDP2_CHECK(view_at(p, g->device, g->accumulator, p->grad_full_offset, g->elem,
+                                &p->grad_view[2]));
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
+{
+    fsdp_root_t *r = arg;
+    if (!m->group)
+        return FSDP2_SUCCESS;
+    fsdp_group_t **bigger = realloc(r->groups, (r->num_groups + 1) * sizeof(*bigger));
+    if (!bigger)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
+    r->groups = bigger;
+    r->groups[r->num_groups++] = m->group;
+    if (m->group->device.type != r->device.type || m->group->device.index != r->device.index) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_module_fqn(m, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
+                           "module '%s' keeps its shards on another device than the root", fqn);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t make_streams(fsdp_root_t *r)
+{
+    FSDP2_CHECK(fsdp2_stream_current(r->device, &r->compute));
+    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather", &r->ag));
+    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-reduce-scatter", &r->rs));
+    fsdp2_event_t **events[] = {&r->compute_mark, &r->rs_done, &r->ag_done, &r->grad_ready,
+                                &r->grad_free[0], &r->grad_free[1]};
+    for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
+        FSDP2_CHECK(fsdp2_event_create(r->device, events[i]));
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t allocate(fsdp_root_t *r)
+{
+    size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0;
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *g = r->groups[i];
+        if (!g->dedicated && gathered_bytes(g) > ring_bytes)
+            ring_bytes = gathered_bytes(g);
+        size_t gb = (size_t)g->grad_full_numel * g->elem;
+        size_t sb = (size_t)g->grad_shard_numel * g->elem;
+        grad_bytes = gb > grad_bytes ? gb : grad_bytes;
+        rs_bytes = sb > rs_bytes ? sb : rs_bytes;
+        r->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
+        r->plan.sharded_grads += (uint64_t)g->grad_shard_numel * g->elem;
+    }
+    r->plan.total = r->plan.sharded_params + r->plan.sharded_grads;
+    r->ring_size = ring_bytes ? r->group->requested_unsharded_buffers : 0;
+    for (int b = 0; b < r->ring_size; b++) {
+        r->buffers[b].bytes = ring_bytes;
+        FSDP2_CHECK(alloc(r, ring_bytes, &r->buffers[b].data, &r->plan.unsharded_params));
+        FSDP2_CHECK(fsdp2_event_create(r->device, &r->buffers[b].free));
+    }
+    for (int k = 0; k < 2 && grad_bytes; k++)
+        FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
+    int ws = r->group->ws;
+    if (rs_bytes) {
+        r->rs_input_bytes = (size_t)ws * rs_bytes;
+        FSDP2_CHECK(alloc(r, r->rs_input_bytes, &r->rs_input, &r->plan.reduce_scatter));
+        FSDP2_CHECK(alloc(r, rs_bytes, &r->rs_output, &r->plan.reduce_scatter));
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t bind_groups(fsdp_root_t *r)
+{
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *g = r->groups[i];
+        if (g->dedicated) {
+            g->dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */
+            FSDP2_CHECK(fsdp_group_own_buffer(g));
+        }
+        for (int b = 0; b < r->ring_size && !g->dedicated; b++)
+            FSDP2_CHECK(bind_buffer(g, b));
+        for (int k = 0; k < 2; k++) {
+            for (size_t j = 0; j < g->num_params && r->grad_buffers[k]; j++) {
+                fsdp2_param_t *p = g->params[j];
+                if (p->requires_grad)
+                    FSDP2_CHECK(view_at(p, g->device, r->grad_buffers[k], p->grad_full_offset,
+                                        g->elem, &p->grad_view[k]));
+            }
+        }
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
+{
+    r->group = rootm->group;
+    r->device = rootm->group->device;
+    r->plan.size = sizeof(r->plan);
+    FSDP2_CHECK(fsdp_module_walk(rootm, collect_group, r));
+    for (size_t i = 0; i < r->num_groups; i++)
+        r->groups[i]->root = r;
+    /* FSDP2: the root keeps its parameters from forward to backward. */
+    r->group->reshard_after_forward = 0;
+    for (size_t i = 0; i < r->num_groups; i++)
+        r->groups[i]->dedicated = !r->groups[i]->reshard_after_forward;
+    r->order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->order));
+    r->last_order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->last_order));
+    if (!r->order || !r->last_order)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
+    /* Before any forward, the predicted order is the tree's. */
+    memcpy(r->last_order, r->groups, r->num_groups * sizeof(*r->groups));
+    r->last_order_len = r->num_groups;
+    FSDP2_CHECK(make_streams(r));
+    FSDP2_CHECK(allocate(r));
+    FSDP2_CHECK(bind_groups(r));
+    r->plan.ring_buffers = r->ring_size;
+    r->plan.groups = (int)r->num_groups;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out)
+{
+    FSDP2_ARG_CHECK(m, "module is NULL");
+    fsdp2_module_t *rootm = fsdp_root_module(m);
+    if (!rootm) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_module_fqn(m, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "module '%s' is not under a sharded module (call fsdp2_fully_shard)",
+                           fqn);
+    }
+    if (rootm->group->root) {
+        *out = rootm->group->root;
+        return FSDP2_SUCCESS;
+    }
+    fsdp_root_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
+    fsdp2_status_t status = root_init(rootm, r);
+    if (status != FSDP2_SUCCESS) {
+        fsdp_root_free(r);
+        return status;
+    }
+    *out = r;
+    return FSDP2_SUCCESS;
+}
+
+void fsdp_root_free(fsdp_root_t *r)
+{
+    if (!r)
+        return;
+    fsdp2_stream_destroy(r->ag);
+    fsdp2_stream_destroy(r->rs);
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *g = r->groups[i];
+        for (size_t j = 0; j < g->num_params; j++) {
+            fsdp2_param_t *p = g->params[j];
+            for (int b = 0; b <= FSDP_MAX_RING; b++) {
+                fsdp2_tensor_release(p->unsharded_view[b]);
+                p->unsharded_view[b] = NULL;
+            }
+            for (int k = 0; k < 3; k++) {
+                fsdp2_tensor_release(p->grad_view[k]);
+                p->grad_view[k] = NULL;
+            }
+            p->unsharded = p->grad = NULL;
+        }
+        fsdp2_device_free(r->device, g->own.data);
+        fsdp2_event_destroy(g->own.free);
+        fsdp2_device_free(r->device, g->accumulator);
+        memset(&g->own, 0, sizeof(g->own));
+        g->accumulator = NULL;
+        g->root = NULL;
+    }
+    for (int b = 0; b < r->ring_size; b++) {
+        fsdp2_device_free(r->device, r->buffers[b].data);
+        fsdp2_event_destroy(r->buffers[b].free);
+    }
+    for (int k = 0; k < 2; k++) {
+        fsdp2_device_free(r->device, r->grad_buffers[k]);
+        fsdp2_event_destroy(r->grad_free[k]);
+    }
+    fsdp2_device_free(r->device, r->rs_input);
+    fsdp2_device_free(r->device, r->rs_output);
+    fsdp2_event_destroy(r->compute_mark);
+    fsdp2_event_destroy(r->rs_done);
+    fsdp2_event_destroy(r->ag_done);
+    fsdp2_event_destroy(r->grad_ready);
+    free(r->groups);
+    free(r->order);
+    free(r->last_order);
+    free(r);
+}
+
+fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
+{
+    FSDP2_ARG_CHECK(plan, "memory plan is NULL");
+    FSDP2_ARG_CHECK(plan->size == sizeof(*plan),
+                    "memory plan: size %u is not sizeof(fsdp2_memory_plan_t) = %zu", plan->size,
+                    sizeof(*plan));
+    fsdp_root_t *r;
+    FSDP2_CHECK(fsdp_root_get(m, &r));
+    *plan = r->plan;
+    return FSDP2_SUCCESS;
+}

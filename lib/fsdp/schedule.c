@@ -1,0 +1,427 @@
+/* The step: hooks, all-gathers with prefetch, reduce-scatters, and the events that order
+ * them (see fsdp2/fsdp.h). Three streams: the application's current stream ("compute"),
+ * the all-gather stream and the reduce-scatter stream.
+ *
+ * Ordering, each by one event:
+ * - an all-gather reads shards the optimizer wrote on compute: it waits compute_mark,
+ *   recorded when it is issued;
+ * - it writes an unsharded buffer whose last reader ran on compute: it waits the
+ *   buffer's free event, recorded where the buffer was released;
+ * - compute reads the parameters after the all-gather: it waits the group's gathered;
+ * - the reduce-scatter stream reads gradients compute wrote: it waits grad_ready;
+ * - compute zeroes a gradient buffer the reduce-scatter stream read: it waits that
+ *   buffer's grad_free;
+ * - the optimizer (compute) reads sharded gradients: backward_finish waits rs_done. */
+#include <stdio.h>
+#include <string.h>
+
+#include <fsdp2/kernels.h>
+
+#include "core/error.h"
+#include "fsdp/fsdp_internal.h"
+
+static fsdp2_status_t state_error(const fsdp_group_t *g, const char *fmt, const char *what)
+{
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+    return fsdp2_error(FSDP2_ERR_INVALID_STATE, fmt, what, fqn[0] ? fqn : "(root)");
+}
+
+/* m's group, with the root planned; refuses modules that are not sharded. */
+static fsdp2_status_t group_of(fsdp2_module_t *m, const char *what, fsdp_group_t **g,
+                               fsdp_root_t **r)
+{
+    FSDP2_ARG_CHECK(m, "%s: module is NULL", what);
+    if (!m->group) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_module_fqn(m, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE, "%s: module '%s' is not sharded", what,
+                           fqn[0] ? fqn : "(root)");
+    }
+    FSDP2_CHECK(fsdp_root_get(m, r));
+    *g = m->group;
+    if (!(*g)->root)
+        return state_error(*g, "%s: module '%s' was sharded after its root planned its buffers",
+                           what);
+    return FSDP2_SUCCESS;
+}
+
+/* Makes side wait for everything enqueued on compute so far. */
+static fsdp2_status_t side_waits_compute(fsdp_root_t *r, fsdp2_stream_t *side)
+{
+    FSDP2_CHECK(fsdp2_event_record(r->compute_mark, r->compute));
+    return fsdp2_stream_wait_event(side, r->compute_mark);
+}
+
+static void set_views(fsdp_group_t *g, int b)
+{
+    for (size_t i = 0; i < g->num_params; i++)
+        g->params[i]->unsharded = b >= 0 ? g->params[i]->unsharded_view[b] : NULL;
+}
+
+static void release(fsdp_group_t *g)
+{
+    if (g->buffer >= 0) {
+        unsharded_buffer_t *buf = fsdp_buffer(g, g->buffer);
+        fsdp2_event_record(buf->free, g->root->compute);
+        buf->owner = NULL;
+    }
+    g->buffer = -1;
+    g->unshard_state = FSDP2_SHARDED;
+    set_views(g, -1);
+}
+
+static int in_use(const fsdp_group_t *g)
+{
+    return g->training_state == FSDP2_STATE_FORWARD || g->training_state == FSDP2_STATE_BACKWARD;
+}
+
+/* A ring buffer for g: a free one, else one holding parameters nobody uses now (a
+ * prefetch that was not needed). -1 when every buffer is in use. */
+static int pick_buffer(fsdp_root_t *r)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < r->ring_size; k++) {
+            int b = (r->next_buffer + k) % r->ring_size;
+            fsdp_group_t *owner = r->buffers[b].owner;
+            if (owner && (pass == 0 || in_use(owner)))
+                continue;
+            if (owner)
+                release(owner);
+            r->next_buffer = (b + 1) % r->ring_size;
+            return b;
+        }
+    }
+    return -1;
+}
+
+/* Issues g's all-gather unless its parameters are whole or on their way. A prefetch
+ * (demand 0) that finds no buffer is skipped; a demand is an error. */
+static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
+{
+    if (g->unshard_state != FSDP2_SHARDED)
+        return FSDP2_SUCCESS;
+    int b = g->dedicated ? FSDP_MAX_RING : pick_buffer(r);
+    if (b < 0) {
+        if (!demand)
+            return FSDP2_SUCCESS;
+        char text[160];
+        snprintf(text, sizeof(text),
+                 "%%s: all %d unsharded buffers are in use, none left for '%%s' (raise "
+                 "unsharded_buffers in the root's options)",
+                 r->ring_size);
+        return state_error(g, text, "unshard");
+    }
+    unsharded_buffer_t *buf = fsdp_buffer(g, b);
+    if (g->shard_numel) {
+        FSDP2_CHECK(side_waits_compute(r, r->ag));
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
+        FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, g->shard->data,
+                                                  (size_t)g->shard_numel * g->elem,
+                                                  g->pieces[b], g->piece_offsets, r->ag));
+        FSDP2_CHECK(fsdp2_event_record(g->gathered, r->ag));
+    }
+    buf->owner = g;
+    g->buffer = b;
+    g->unshard_state = FSDP2_UNSHARDING;
+    g->all_gathers++;
+    set_views(g, b);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t wait_unshard(fsdp_root_t *r, fsdp_group_t *g)
+{
+    if (g->unshard_state == FSDP2_UNSHARDING) {
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, g->gathered));
+        g->unshard_state = FSDP2_UNSHARDED;
+    }
+    return FSDP2_SUCCESS;
+}
+
+static long index_of(fsdp_group_t *const *list, size_t n, const fsdp_group_t *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (list[i] == g)
+            return (long)i;
+    }
+    return -1;
+}
+
+static fsdp2_status_t prefetch(fsdp_root_t *r, fsdp_group_t *const *targets, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (targets[i] && targets[i]->root == r && !in_use(targets[i]))
+            FSDP2_CHECK(issue_unshard(r, targets[i], 0));
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* A new step starts at the root's pre_forward: the forward order just recorded becomes
+ * the prediction, and modules left whole by a forward-only step are released. */
+static void begin_step(fsdp_root_t *r)
+{
+    if (r->order_len) {
+        memcpy(r->last_order, r->order, r->order_len * sizeof(*r->order));
+        r->last_order_len = r->order_len;
+    }
+    r->order_len = 0;
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *g = r->groups[i];
+        if (g->training_state != FSDP2_STATE_IDLE && g->unshard_state != FSDP2_SHARDED)
+            release(g);
+        g->training_state = FSDP2_STATE_IDLE;
+        g->forward_done = 0;
+    }
+    r->in_step = 1;
+}
+
+fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "pre_forward", &g, &r));
+    if (in_use(g))
+        return state_error(g, "%s on '%s' while it is between its hooks (call post first)",
+                           "pre_forward");
+    if (g == r->group || !r->in_step)
+        begin_step(r);
+    if (index_of(r->order, r->order_len, g) < 0)
+        r->order[r->order_len++] = g;
+    FSDP2_CHECK(issue_unshard(r, g, 1));
+    if (g->explicit_forward_prefetch) {
+        FSDP2_CHECK(prefetch(r, g->forward_prefetch, g->num_forward_prefetch));
+    } else {
+        long at = index_of(r->last_order, r->last_order_len, g);
+        if (at >= 0 && (size_t)at + 1 < r->last_order_len)
+            FSDP2_CHECK(prefetch(r, &r->last_order[at + 1], 1));
+    }
+    FSDP2_CHECK(wait_unshard(r, g));
+    g->training_state = FSDP2_STATE_FORWARD;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "post_forward", &g, &r));
+    if (g->training_state != FSDP2_STATE_FORWARD)
+        return state_error(g, "%s on '%s' without its pre_forward", "post_forward");
+    g->training_state = FSDP2_STATE_AFTER_FORWARD;
+    g->forward_done = 1;
+    if (g->reshard_after_forward)
+        release(g);
+    return FSDP2_SUCCESS;
+}
+
+/* The gradient buffer for g's backward, zeroed on compute unless it holds gradients
+ * accumulated without sync. */
+static fsdp2_status_t take_grad_buffer(fsdp_root_t *r, fsdp_group_t *g)
+{
+    if (!g->grad_full_numel)
+        return FSDP2_SUCCESS;
+    void *data;
+    int use_accumulator = g->accumulator && (g->accumulator_dirty || !g->requires_gradient_sync);
+    if (use_accumulator) {
+        g->grad_buffer = 2;
+        data = g->accumulator;
+        if (g->accumulator_dirty)
+            goto bind;
+    } else {
+        int k = r->next_grad_buffer;
+        r->next_grad_buffer = (k + 1) % 2;
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->grad_free[k]));
+        g->grad_buffer = k;
+        data = r->grad_buffers[k];
+    }
+    FSDP2_CHECK(fsdp2_fill_async(data, g->dtype, (size_t)g->grad_full_numel, 0.0, r->compute));
+bind:
+    for (size_t i = 0; i < g->num_params; i++) {
+        fsdp2_param_t *p = g->params[i];
+        p->grad = p->requires_grad ? p->grad_view[g->grad_buffer] : NULL;
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "pre_backward", &g, &r));
+    if (in_use(g))
+        return state_error(g, "%s on '%s' while it is between its hooks (call post first)",
+                           "pre_backward");
+    if (!r->in_step || !g->forward_done)
+        return state_error(g, "%s on '%s' before its forward in this step", "pre_backward");
+    if (!g->requires_gradient_sync)
+        FSDP2_CHECK(fsdp_group_accumulator(g)); /* planned already unless set mid-way */
+    FSDP2_CHECK(issue_unshard(r, g, 1));
+    if (g->explicit_backward_prefetch) {
+        FSDP2_CHECK(prefetch(r, g->backward_prefetch, g->num_backward_prefetch));
+    } else {
+        long at = index_of(r->order, r->order_len, g);
+        if (at > 0)
+            FSDP2_CHECK(prefetch(r, &r->order[at - 1], 1));
+    }
+    FSDP2_CHECK(wait_unshard(r, g));
+    FSDP2_CHECK(take_grad_buffer(r, g));
+    g->training_state = FSDP2_STATE_BACKWARD;
+    return FSDP2_SUCCESS;
+}
+
+/* chunk_cat: per rank, the padded chunks of every gradient, rank-major, into the staging
+ * input; padding rows zero so they add nothing. */
+static fsdp2_status_t chunk_cat(fsdp_root_t *r, fsdp_group_t *g, const char *src)
+{
+    char *dst = r->rs_input;
+    for (int k = 0; k < g->ws; k++) {
+        char *block = dst + (size_t)k * (size_t)g->grad_shard_numel * g->elem;
+        for (size_t i = 0; i < g->num_params; i++) {
+            const fsdp2_param_t *p = g->params[i];
+            if (!p->requires_grad)
+                continue;
+            int64_t off, len;
+            fsdp2_chunk_range(p->rows, g->ws, k, &off, &len);
+            size_t row_bytes = (size_t)p->row_numel * g->elem;
+            char *at = block + (size_t)p->grad_offset * g->elem;
+            const char *from = src + (size_t)p->grad_full_offset * g->elem + (size_t)off * row_bytes;
+            FSDP2_CHECK(fsdp2_memcpy_async(at, from, (size_t)len * row_bytes, r->rs));
+            if (len < p->chunk_rows)
+                FSDP2_CHECK(fsdp2_fill_async(at + (size_t)len * row_bytes, g->dtype,
+                                             (size_t)((p->chunk_rows - len) * p->row_numel), 0.0,
+                                             r->rs));
+        }
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
+{
+    const char *src = g->grad_buffer == 2 ? g->accumulator : r->grad_buffers[g->grad_buffer];
+    FSDP2_CHECK(fsdp2_event_record(r->grad_ready, r->compute));
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->rs, r->grad_ready));
+    FSDP2_CHECK(chunk_cat(r, g, src));
+    if (g->grad_buffer == 2)
+        g->accumulator_dirty = 0;
+    else
+        FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
+    size_t n = (size_t)g->grad_shard_numel;
+    FSDP2_CHECK(fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->dtype, &avg,
+                                           r->rs));
+    FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, r->rs_output, g->dtype, n, 1.0, r->rs));
+    FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
+    g->reduce_scatters++;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "post_backward", &g, &r));
+    if (g->training_state != FSDP2_STATE_BACKWARD)
+        return state_error(g, "%s on '%s' without its pre_backward", "post_backward");
+    g->training_state = FSDP2_STATE_AFTER_BACKWARD;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (g->grad_full_numel) {
+        if (g->requires_gradient_sync)
+            status = reduce_scatter(r, g);
+        else
+            g->accumulator_dirty = 1;
+    }
+    for (size_t i = 0; i < g->num_params; i++)
+        g->params[i]->grad = NULL;
+    g->grad_buffer = -1;
+    if (g->reshard_after_backward)
+        release(g);
+    return status;
+}
+
+fsdp2_status_t fsdp2_module_run(fsdp2_module_t *m, fsdp2_phase_t phase, fsdp2_module_fn fn,
+                                void *ctx)
+{
+    FSDP2_ARG_CHECK(fn, "module_run: fn is NULL");
+    FSDP2_ARG_CHECK(phase == FSDP2_PHASE_FORWARD || phase == FSDP2_PHASE_BACKWARD,
+                    "module_run: phase %d is not forward (0) or backward (1)", (int)phase);
+    int fwd = phase == FSDP2_PHASE_FORWARD;
+    FSDP2_CHECK(fwd ? fsdp2_pre_forward(m) : fsdp2_pre_backward(m));
+    fsdp2_status_t status = fn(m, ctx);
+    char message[512] = "";
+    if (status != FSDP2_SUCCESS)
+        snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+    fsdp2_status_t post = fwd ? fsdp2_post_forward(m) : fsdp2_post_backward(m);
+    if (status != FSDP2_SUCCESS)
+        return fsdp2_error(status, "%s", message);
+    return post;
+}
+
+fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "backward_finish", &g, &r));
+    if (g != r->group)
+        return state_error(g, "%s: '%s' is not the root", "backward_finish");
+    for (size_t i = 0; i < r->num_groups; i++) {
+        if (in_use(r->groups[i]))
+            return state_error(r->groups[i], "%s: module '%s' is still between its hooks",
+                               "backward_finish");
+    }
+    if (r->group->is_last_backward) {
+        FSDP2_CHECK(fsdp2_event_record(r->ag_done, r->ag));
+        FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->ag_done));
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->rs_done));
+    }
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *x = r->groups[i];
+        if (x->unshard_state != FSDP2_SHARDED && x->reshard_after_backward)
+            release(x);
+        x->training_state = FSDP2_STATE_IDLE;
+        x->forward_done = 0;
+    }
+    if (r->order_len) {
+        memcpy(r->last_order, r->order, r->order_len * sizeof(*r->order));
+        r->last_order_len = r->order_len;
+    }
+    r->order_len = 0;
+    r->in_step = 0;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    if (done)
+        *done = NULL;
+    FSDP2_CHECK(group_of(m, "unshard", &g, &r));
+    FSDP2_CHECK(issue_unshard(r, g, 1));
+    if (done)
+        *done = g->gathered;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_unshard_wait(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "unshard_wait", &g, &r));
+    if (g->unshard_state == FSDP2_SHARDED)
+        return state_error(g, "%s: module '%s' has no all-gather issued (call fsdp2_unshard)",
+                           "unshard_wait");
+    return wait_unshard(r, g);
+}
+
+fsdp2_status_t fsdp2_reshard(fsdp2_module_t *m)
+{
+    fsdp_group_t *g;
+    fsdp_root_t *r;
+    FSDP2_CHECK(group_of(m, "reshard", &g, &r));
+    if (in_use(g))
+        return state_error(g, "%s: module '%s' is between its hooks", "reshard");
+    if (g->unshard_state != FSDP2_SHARDED)
+        release(g);
+    return FSDP2_SUCCESS;
+}
