@@ -104,6 +104,7 @@ struct fsdp_group {
     fsdp2_unshard_state_t unshard_state;
     int buffer;    /* index into root->buffers, FSDP_MAX_RING for own, -1 when sharded */
     int dedicated; /* keeps its own unsharded buffer */
+    int alias;     /* ws == 1: the shard is the whole parameter, own buffer = shard */
     unsharded_buffer_t own;
     int grad_buffer; /* index into root->grad_buffers, 2 = no-sync accumulator, -1 none */
     void *accumulator;           /* no-sync unsharded grads, allocated on demand */

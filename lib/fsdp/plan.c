@@ -11,7 +11,10 @@
  * - A ring of two unsharded gradient buffers (the largest group's gradients), so one
  *   module's backward can start while the previous one's gradients are still copied into
  *   the reduce-scatter staging, and, on demand, a no-sync accumulator per group.
- * - Reduce-scatter staging: input (ws padded chunks) and output (one chunk). */
+ * - Reduce-scatter staging: input (ws padded chunks) and output (one chunk).
+ * On one rank the flat shard is the whole parameters (no padding), so a group there
+ * gathers nothing and needs no buffer, and its gradients are added straight into the
+ * sharded gradients. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,6 +105,15 @@ fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
     if (g->own.data || !g->root)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = g->root;
+    if (g->ws == 1) {
+        /* One rank: no padding, the flat shard is every parameter whole. */
+        g->alias = 1;
+        g->own.data = g->shard->data;
+        g->own.bytes = 0;
+        FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
+        g->dedicated = 1;
+        return bind_buffer(g, FSDP_MAX_RING);
+    }
     g->own.bytes = gathered_bytes(g);
     FSDP2_CHECK(alloc(r, g->own.bytes, &g->own.data, &r->plan.unsharded_params));
     FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
@@ -162,10 +174,12 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0;
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
+        if (g->ws == 1)
+            g->dedicated = 1; /* its shard is its unsharded buffer */
         if (!g->dedicated && gathered_bytes(g) > ring_bytes)
             ring_bytes = gathered_bytes(g);
         size_t gb = (size_t)g->grad_full_numel * g->elem;
-        size_t sb = (size_t)g->grad_shard_numel * g->elem;
+        size_t sb = g->ws > 1 ? (size_t)g->grad_shard_numel * g->elem : 0;
         grad_bytes = gb > grad_bytes ? gb : grad_bytes;
         rs_bytes = sb > rs_bytes ? sb : rs_bytes;
         r->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
@@ -285,7 +299,9 @@ void fsdp_root_free(fsdp_root_t *r)
             }
             p->unsharded = p->grad = NULL;
         }
-        fsdp2_device_free(r->device, g->own.data);
+        if (!g->alias)
+            fsdp2_device_free(r->device, g->own.data);
+        g->alias = 0;
         fsdp2_event_destroy(g->own.free);
         fsdp2_device_free(r->device, g->accumulator);
         memset(&g->own, 0, sizeof(g->own));

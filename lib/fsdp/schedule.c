@@ -113,7 +113,7 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
         return state_error(g, text, "unshard");
     }
     unsharded_buffer_t *buf = fsdp_buffer(g, b);
-    if (g->shard_numel) {
+    if (g->shard_numel && !g->alias) {
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
         FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, g->shard->data,
@@ -300,6 +300,18 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     const char *src = g->grad_buffer == 2 ? g->accumulator : r->grad_buffers[g->grad_buffer];
     FSDP2_CHECK(fsdp2_event_record(r->grad_ready, r->compute));
     FSDP2_CHECK(fsdp2_stream_wait_event(r->rs, r->grad_ready));
+    if (g->ws == 1) {
+        /* The average over one rank is the gradient; the layouts match (no padding). */
+        FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, src, g->dtype,
+                                     (size_t)g->grad_shard_numel, 1.0, r->rs));
+        if (g->grad_buffer == 2)
+            g->accumulator_dirty = 0;
+        else
+            FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
+        FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
+        g->reduce_scatters++;
+        return FSDP2_SUCCESS;
+    }
     FSDP2_CHECK(chunk_cat(r, g, src));
     if (g->grad_buffer == 2)
         g->accumulator_dirty = 0;
