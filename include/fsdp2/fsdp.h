@@ -10,7 +10,8 @@
  * fsdp2_pre_forward / fsdp2_post_forward, and around its backward fsdp2_pre_backward /
  * fsdp2_post_backward (or fsdp2_module_run). Between pre and post the module's parameters
  * are whole (fsdp2_param_unsharded); in backward the application adds its gradients into
- * fsdp2_param_grad, zeroed by pre_backward. post_backward reduce-scatters them (average
+ * fsdp2_param_grad, zeroed by pre_backward (unless it holds gradients accumulated with
+ * sync off and not yet reduced: then they add up). post_backward reduce-scatters them (average
  * over the shard ranks) and adds the result into the sharded gradients
  * (fsdp2_param_sharded_grad), which therefore accumulate across micro-batches until
  * fsdp2_module_zero_grad. fsdp2_backward_finish on the root waits for the outstanding
@@ -32,7 +33,7 @@
  * Memory. The first hook (or fsdp2_memory_plan) on the root plans and allocates, once:
  * the sharded parameters and gradients (allocated by fully_shard), a ring of unsharded
  * parameter buffers (two by default; the root and modules with reshard_after_forward
- * off get their own), a ring of two unsharded gradient buffers, and reduce-scatter
+ * off get their own; on one rank there is none: the shard is the whole parameter), a ring of two unsharded gradient buffers, and reduce-scatter
  * staging. Nothing is allocated inside a step. fsdp2_set_requires_gradient_sync(m, 0)
  * adds (once) a persistent unsharded gradient buffer for m's groups, where gradients
  * accumulate without communication.
@@ -71,9 +72,10 @@ typedef struct fsdp2_shard_options {
     {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2}
 
 /* Shards m's parameters not owned by a nested fully_shard into one group (a group may
- * have no parameters of its own). Collective over the mesh (all ranks call it with the
- * same tree); allocates this rank's shards and copies the declared values' rows into
- * them. Blocking. */
+ * have no parameters of its own). Every rank calls it on the same tree (it communicates
+ * nothing itself, but the groups' collectives pair up by order). Allocates this rank's
+ * shards (zeroed) and copies the declared values' rows into them; blocking. The
+ * parameters of one group share a dtype. */
 FSDP2_API fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t *options);
 
 /* Selects modules for fsdp2_fully_shard_tree; return nonzero to shard m. */
@@ -133,7 +135,9 @@ FSDP2_API fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *root);
  * unsharded: between the module's pre and post hooks (or after fsdp2_unshard_wait),
  * the whole parameter; grad: between pre_backward and post_backward, the whole gradient
  * to add into; sharded / sharded_grad: always (after fully_shard), the DTensor Shard(0)
- * of the parameter and of its accumulated gradient (NULL grad for frozen parameters). */
+ * of the parameter and of its accumulated gradient (NULL grad for frozen parameters).
+ * A parameter no group owns (ignored_params) is the tensor it was declared with, whole:
+ * unsharded gives it at any time. */
 FSDP2_API fsdp2_status_t fsdp2_param_unsharded(const fsdp2_param_t *p, fsdp2_tensor_t **t);
 FSDP2_API fsdp2_status_t fsdp2_param_grad(const fsdp2_param_t *p, fsdp2_tensor_t **t);
 FSDP2_API fsdp2_status_t fsdp2_param_sharded(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);

@@ -139,8 +139,13 @@ fsdp2_status_t fsdp2_param_unsharded(const fsdp2_param_t *p, fsdp2_tensor_t **t)
 {
     FSDP2_ARG_CHECK(p && t, "param or tensor is NULL");
     *t = NULL;
-    if (!p->group)
-        return param_error(p, "parameter '%s' is not sharded (module '%s')");
+    if (!p->group) {
+        /* Ignored (or never sharded): the declared tensor, whole on every rank. */
+        if (!p->value || p->value->device.type == FSDP2_DEVICE_META)
+            return param_error(p, "parameter '%s' is not sharded and has no values (module '%s')");
+        *t = p->value;
+        return FSDP2_SUCCESS;
+    }
     if (p->group->unshard_state != FSDP2_UNSHARDED || !p->unsharded)
         return param_error(p, "parameter '%s' is sharded now: it is whole between the "
                               "pre and post hooks of '%s' (or after fsdp2_unshard_wait)");
