@@ -121,8 +121,10 @@ FSDP2_API fsdp2_status_t fsdp2_module_run(fsdp2_module_t *m, fsdp2_phase_t phase
                                           fsdp2_module_fn fn, void *ctx);
 
 /* On the root, after the last post_backward of a step: the current stream waits for
- * every outstanding reduce-scatter and all-gather, every module still unsharded is
- * resharded, and the next forward starts a new step. */
+ * every outstanding reduce-scatter and all-gather (not when fsdp2_set_is_last_backward
+ * set 0 on the root: then the reductions may still run), every module still unsharded
+ * is resharded unless its reshard_after_backward is off, and the next forward starts a
+ * new step. */
 FSDP2_API fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *root);
 
 /* Zeroes the sharded gradients under m (on the current stream). */
@@ -137,13 +139,20 @@ FSDP2_API fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *root);
  * to add into; sharded / sharded_grad: always (after fully_shard), the DTensor Shard(0)
  * of the parameter and of its accumulated gradient (NULL grad for frozen parameters).
  * A parameter no group owns (ignored_params) is the tensor it was declared with, whole:
- * unsharded gives it at any time. */
+ * unsharded gives it at any time; it has no sharded views and no gradient buffer (the
+ * application keeps its gradient and its update itself). */
 FSDP2_API fsdp2_status_t fsdp2_param_unsharded(const fsdp2_param_t *p, fsdp2_tensor_t **t);
 FSDP2_API fsdp2_status_t fsdp2_param_grad(const fsdp2_param_t *p, fsdp2_tensor_t **t);
 FSDP2_API fsdp2_status_t fsdp2_param_sharded(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
 FSDP2_API fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
 
-/* Controls, as in FSDP2. Each applies to m's group and the groups below it. */
+/* Controls, as in FSDP2. Each applies to m's group and the groups below it.
+ * reshard_after_backward 0 keeps parameters whole after backward (and backward_finish),
+ * so the next forward gathers nothing: for micro-batches of gradient accumulation. Only
+ * as many stay whole as the unsharded buffers hold (a module whose buffer is taken
+ * gathers again). The whole copies do not see an optimizer step: set it back to 1
+ * before the last micro-batch's backward, or call fsdp2_reshard on the modules after
+ * the step. */
 FSDP2_API fsdp2_status_t fsdp2_set_requires_gradient_sync(fsdp2_module_t *m, int sync);
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int reshard);
 /* Only m's own group: */

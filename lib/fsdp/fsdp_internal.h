@@ -107,8 +107,10 @@ struct fsdp_group {
     int alias;     /* ws == 1: the shard is the whole parameter, own buffer = shard */
     unsharded_buffer_t own;
     int grad_buffer; /* index into root->grad_buffers, 2 = no-sync accumulator, -1 none */
-    void *accumulator;           /* no-sync unsharded grads, allocated on demand */
+    void *accumulator;           /* its own unsharded gradients: no-sync, or encloses groups */
     int accumulator_dirty;       /* holds gradients not yet reduced */
+    int encloses_groups;         /* other groups' modules lie under its module */
+    fsdp2_event_t *accumulator_free; /* recorded after the last copy out of it */
     fsdp2_event_t *gathered;     /* recorded on the all-gather stream */
     uint64_t all_gathers, reduce_scatters;
     fsdp2_iov_t *pieces[FSDP_MAX_RING + 1]; /* all-gather destinations per buffer */

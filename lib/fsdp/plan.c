@@ -10,7 +10,9 @@
  *   forward and backward.
  * - A ring of two unsharded gradient buffers (the largest group's gradients), so one
  *   module's backward can start while the previous one's gradients are still copied into
- *   the reduce-scatter staging, and, on demand, a no-sync accumulator per group.
+ *   the reduce-scatter staging; a buffer of its own for a group that encloses other
+ *   groups (the root with parameters: its backward spans theirs), and, on demand, a
+ *   no-sync accumulator per group (the same buffer).
  * - Reduce-scatter staging: input (ws padded chunks) and output (one chunk).
  * On one rank the flat shard is the whole parameters (no padding), so a group there
  * gathers nothing and needs no buffer, and its gradients are added straight into the
@@ -128,6 +130,7 @@ fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g)
     fsdp_root_t *r = g->root;
     size_t bytes = (size_t)g->grad_full_numel * g->elem;
     FSDP2_CHECK(alloc(r, bytes, &g->accumulator, &r->plan.unsharded_grads));
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->accumulator_free));
     g->accumulator_dirty = 0; /* zeroed in stream order by the next pre_backward */
     for (size_t i = 0; i < g->num_params; i++) {
         fsdp2_param_t *p = g->params[i];
@@ -203,10 +206,25 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     return FSDP2_SUCCESS;
 }
 
+static int is_under(const fsdp2_module_t *m, const fsdp2_module_t *ancestor)
+{
+    for (const fsdp2_module_t *x = m->parent; x; x = x->parent) {
+        if (x == ancestor)
+            return 1;
+    }
+    return 0;
+}
+
 static fsdp2_status_t bind_groups(fsdp_root_t *r)
 {
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
+        /* A group whose backward encloses other groups' backwards holds its gradients
+         * across theirs: it gets a buffer of its own, not one of the ring. */
+        for (size_t j = 0; j < r->num_groups && !g->encloses_groups; j++)
+            g->encloses_groups = is_under(r->groups[j]->module, g->module);
+        if (g->encloses_groups || !g->requires_gradient_sync)
+            FSDP2_CHECK(fsdp_group_accumulator(g));
         if (g->dedicated) {
             g->dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */
             FSDP2_CHECK(fsdp_group_own_buffer(g));
@@ -304,6 +322,8 @@ void fsdp_root_free(fsdp_root_t *r)
         g->alias = 0;
         fsdp2_event_destroy(g->own.free);
         fsdp2_device_free(r->device, g->accumulator);
+        fsdp2_event_destroy(g->accumulator_free);
+        g->accumulator_free = NULL;
         memset(&g->own, 0, sizeof(g->own));
         g->accumulator = NULL;
         g->root = NULL;

@@ -101,6 +101,10 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
 {
     if (g->unshard_state != FSDP2_SHARDED)
         return FSDP2_SUCCESS;
+    if (!g->shard_numel) { /* nothing to gather, no buffer to hold */
+        g->unshard_state = FSDP2_UNSHARDED;
+        return FSDP2_SUCCESS;
+    }
     int b = g->dedicated ? FSDP_MAX_RING : pick_buffer(r);
     if (b < 0) {
         if (!demand)
@@ -113,7 +117,7 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
         return state_error(g, text, "unshard");
     }
     unsharded_buffer_t *buf = fsdp_buffer(g, b);
-    if (g->shard_numel && !g->alias) {
+    if (!g->alias) {
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
         FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, g->shard->data,
@@ -188,16 +192,23 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
     if (index_of(r->order, r->order_len, g) < 0)
         r->order[r->order_len++] = g;
     FSDP2_CHECK(issue_unshard(r, g, 1));
+    /* In use from here on, so that its own prefetch cannot take its buffer. */
+    fsdp2_training_state_t before = g->training_state;
+    g->training_state = FSDP2_STATE_FORWARD;
+    fsdp2_status_t status;
     if (g->explicit_forward_prefetch) {
-        FSDP2_CHECK(prefetch(r, g->forward_prefetch, g->num_forward_prefetch));
+        status = prefetch(r, g->forward_prefetch, g->num_forward_prefetch);
     } else {
         long at = index_of(r->last_order, r->last_order_len, g);
-        if (at >= 0 && (size_t)at + 1 < r->last_order_len)
-            FSDP2_CHECK(prefetch(r, &r->last_order[at + 1], 1));
+        status = at >= 0 && (size_t)at + 1 < r->last_order_len
+                     ? prefetch(r, &r->last_order[at + 1], 1)
+                     : FSDP2_SUCCESS;
     }
-    FSDP2_CHECK(wait_unshard(r, g));
-    g->training_state = FSDP2_STATE_FORWARD;
-    return FSDP2_SUCCESS;
+    if (status == FSDP2_SUCCESS)
+        status = wait_unshard(r, g);
+    if (status != FSDP2_SUCCESS)
+        g->training_state = before;
+    return status;
 }
 
 fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
@@ -221,12 +232,14 @@ static fsdp2_status_t take_grad_buffer(fsdp_root_t *r, fsdp_group_t *g)
     if (!g->grad_full_numel)
         return FSDP2_SUCCESS;
     void *data;
-    int use_accumulator = g->accumulator && (g->accumulator_dirty || !g->requires_gradient_sync);
+    int use_accumulator = g->accumulator && (g->accumulator_dirty || !g->requires_gradient_sync ||
+                                             g->encloses_groups);
     if (use_accumulator) {
         g->grad_buffer = 2;
         data = g->accumulator;
         if (g->accumulator_dirty)
             goto bind;
+        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, g->accumulator_free));
     } else {
         int k = r->next_grad_buffer;
         r->next_grad_buffer = (k + 1) % 2;
@@ -256,17 +269,22 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
     if (!g->requires_gradient_sync)
         FSDP2_CHECK(fsdp_group_accumulator(g)); /* planned already unless set mid-way */
     FSDP2_CHECK(issue_unshard(r, g, 1));
+    fsdp2_training_state_t before = g->training_state;
+    g->training_state = FSDP2_STATE_BACKWARD; /* its prefetch must not take its buffer */
+    fsdp2_status_t status;
     if (g->explicit_backward_prefetch) {
-        FSDP2_CHECK(prefetch(r, g->backward_prefetch, g->num_backward_prefetch));
+        status = prefetch(r, g->backward_prefetch, g->num_backward_prefetch);
     } else {
         long at = index_of(r->order, r->order_len, g);
-        if (at > 0)
-            FSDP2_CHECK(prefetch(r, &r->order[at - 1], 1));
+        status = at > 0 ? prefetch(r, &r->order[at - 1], 1) : FSDP2_SUCCESS;
     }
-    FSDP2_CHECK(wait_unshard(r, g));
-    FSDP2_CHECK(take_grad_buffer(r, g));
-    g->training_state = FSDP2_STATE_BACKWARD;
-    return FSDP2_SUCCESS;
+    if (status == FSDP2_SUCCESS)
+        status = wait_unshard(r, g);
+    if (status == FSDP2_SUCCESS)
+        status = take_grad_buffer(r, g);
+    if (status != FSDP2_SUCCESS)
+        g->training_state = before;
+    return status;
 }
 
 /* chunk_cat: per rank, the padded chunks of every gradient, rank-major, into the staging
@@ -304,18 +322,21 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
         /* The average over one rank is the gradient; the layouts match (no padding). */
         FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, src, g->dtype,
                                      (size_t)g->grad_shard_numel, 1.0, r->rs));
-        if (g->grad_buffer == 2)
+        if (g->grad_buffer == 2) {
             g->accumulator_dirty = 0;
-        else
+            FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
+        } else {
             FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
+        }
         FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
         g->reduce_scatters++;
         return FSDP2_SUCCESS;
     }
     FSDP2_CHECK(chunk_cat(r, g, src));
-    if (g->grad_buffer == 2)
+    if (g->grad_buffer == 2) {
         g->accumulator_dirty = 0;
-    else
+        FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
+    } else
         FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
     fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
     size_t n = (size_t)g->grad_shard_numel;
