@@ -22,5 +22,6 @@
 #include <fsdp2/dtensor.h>
 #include <fsdp2/module.h>
 #include <fsdp2/fsdp.h>
+#include <fsdp2/optim.h>
 
 #endif

@@ -1,0 +1,404 @@
+/* Fashion-MNIST with FSDP: the recipe of PyTorch's FSDP MNIST tutorial (Adadelta lr 1.0,
+ * StepLR gamma 0.7 per epoch, global batch 64, test batch 1000) on libfsdp2, linked the
+ * way an outside application links it.
+ *
+ *   fsdp2run --nproc-per-node 4 build/examples/fashion_mnist --model mlp --epochs 2
+ *
+ * Each rank trains on its share of every epoch's shuffled order (a distributed sampler),
+ * global_batch / ws samples per step; gradients are averaged across ranks by FSDP's
+ * reduce-scatter (or, with --no-shard, by an all-reduce of replicated gradients, DDP
+ * style). Rank 0 prints per epoch: train loss, test loss and accuracy, seconds and
+ * images/s, and the per-rank memory of parameters, gradients, optimizer state and
+ * FSDP's buffers, planned and measured. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <fsdp2/fsdp2.h>
+
+#include "data.h"
+#include "model.h"
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        fsdp2_status_t s_ = (call);                                                        \
+        if (s_ != FSDP2_SUCCESS) {                                                         \
+            fprintf(stderr, "error: %s: %s\n", fsdp2_strerror(s_), fsdp2_last_error());    \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#define EVAL_CHUNK 100
+
+typedef struct args {
+    const char *model, *data, *optimizer, *json;
+    int epochs, batch, test_batch, no_shard, limit;
+    double lr, gamma;
+    long seed;
+    long wrap_min_params;
+} args_t;
+
+typedef struct run {
+    args_t a;
+    int rank, ws, local_batch;
+    fsdp2_context_t *ctx;
+    fsdp2_group_t *world;
+    fsdp2_stream_t *current;
+    fsdp2_mesh_t *mesh, *self_mesh;
+    fm_set_t train, test;
+    fm_model_t *model;
+    fsdp2_optimizer_t *opt;
+    float *x;
+    int *labels;
+} run_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(const char *prog, const char *bad)
+{
+    fprintf(stderr,
+            "%s%s%s"
+            "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
+            "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
+            "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--json FILE]\n",
+            bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
+    exit(2);
+}
+
+static long number(const char *prog, const char *flag, const char *text, long lo, long hi)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
+        usage(prog, NULL);
+    }
+    return v;
+}
+
+static double real(const char *prog, const char *flag, const char *text)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (!*text || *end || !(v >= 0) || !isfinite(v)) {
+        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
+        usage(prog, NULL);
+    }
+    return v;
+}
+
+static void parse(int argc, char **argv, args_t *a)
+{
+    *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, 2, 64, 1000, 0,
+                  0, 1.0, 0.7, 1, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--no-shard")) {
+            a->no_shard = 1;
+            continue;
+        }
+        if (!strcmp(f, "--help") || !strcmp(f, "-h"))
+            usage(argv[0], NULL);
+        if (!v)
+            usage(argv[0], f);
+        i++;
+        if (!strcmp(f, "--model"))
+            a->model = v;
+        else if (!strcmp(f, "--data"))
+            a->data = v;
+        else if (!strcmp(f, "--optimizer"))
+            a->optimizer = v;
+        else if (!strcmp(f, "--json"))
+            a->json = v;
+        else if (!strcmp(f, "--epochs"))
+            a->epochs = (int)number(argv[0], f, v, 1, 1000);
+        else if (!strcmp(f, "--batch"))
+            a->batch = (int)number(argv[0], f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--test-batch"))
+            a->test_batch = (int)number(argv[0], f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--limit"))
+            a->limit = (int)number(argv[0], f, v, 1, 1 << 30);
+        else if (!strcmp(f, "--seed"))
+            a->seed = number(argv[0], f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--wrap-min-params"))
+            a->wrap_min_params = number(argv[0], f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--lr"))
+            a->lr = real(argv[0], f, v);
+        else if (!strcmp(f, "--gamma"))
+            a->gamma = real(argv[0], f, v);
+        else
+            usage(argv[0], f);
+    }
+    if (strcmp(a->model, "mlp") && strcmp(a->model, "cnn")) {
+        fprintf(stderr, "error: --model %s is not mlp or cnn\n", a->model);
+        exit(2);
+    }
+    if (strcmp(a->optimizer, "adadelta") && strcmp(a->optimizer, "sgd") &&
+        strcmp(a->optimizer, "adamw")) {
+        fprintf(stderr, "error: --optimizer %s is not adadelta, sgd or adamw\n", a->optimizer);
+        exit(2);
+    }
+}
+
+static void load_data(run_t *r)
+{
+    char err[1200];
+    if (fm_load(r->a.data, "train", &r->train, err, sizeof(err)) ||
+        fm_load(r->a.data, "t10k", &r->test, err, sizeof(err))) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    if (r->train.rows != 28 || r->train.cols != 28 || r->test.rows != 28 || r->test.cols != 28) {
+        fprintf(stderr, "error: images are %dx%d, the models take 28x28\n", r->train.rows,
+                r->train.cols);
+        exit(1);
+    }
+    if (r->a.limit && r->a.limit < r->train.n)
+        r->train.n = r->a.limit;
+    if (r->a.limit && r->a.limit < r->test.n)
+        r->test.n = r->a.limit;
+}
+
+static fsdp2_optimizer_options_t optimizer_options(const args_t *a)
+{
+    fsdp2_optimizer_options_t sgd = FSDP2_SGD_OPTIONS_INIT(a->lr);
+    fsdp2_optimizer_options_t adamw = FSDP2_ADAMW_OPTIONS_INIT(a->lr);
+    fsdp2_optimizer_options_t adadelta = FSDP2_ADADELTA_OPTIONS_INIT(a->lr);
+    if (!strcmp(a->optimizer, "sgd"))
+        return sgd;
+    return !strcmp(a->optimizer, "adamw") ? adamw : adadelta;
+}
+
+static void setup(run_t *r)
+{
+    CHECK(fsdp2_init(NULL, &r->ctx));
+    fsdp2_process_info_t info;
+    CHECK(fsdp2_context_info(r->ctx, &info));
+    CHECK(fsdp2_context_world(r->ctx, &r->world));
+    CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
+    r->rank = info.rank;
+    r->ws = info.world_size;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    CHECK(fsdp2_stream_current(cpu, &r->current));
+    if (r->a.batch % r->ws) {
+        fprintf(stderr, "error: --batch %d (global) is not divisible by the %d ranks\n",
+                r->a.batch, r->ws);
+        exit(2);
+    }
+    r->local_batch = r->a.batch / r->ws;
+    load_data(r);
+    int max_batch = r->local_batch > EVAL_CHUNK ? r->local_batch : EVAL_CHUNK;
+    CHECK(fm_model_create(!strcmp(r->a.model, "mlp") ? FM_MLP : FM_CNN, max_batch,
+                          (uint64_t)r->a.seed, &r->model));
+    r->model->dropout_seed = (uint64_t)r->a.seed * 1000003u + (uint64_t)r->rank;
+    fsdp2_mesh_t *mesh = r->mesh;
+    if (r->a.no_shard) {
+        /* Replicated: every rank is a mesh of its own (nothing to gather), and the
+         * gradients are all-reduced over the world after backward. */
+        fsdp2_store_t *store;
+        char name[32];
+        int one = 1;
+        snprintf(name, sizeof(name), "self-%d", r->rank);
+        CHECK(fsdp2_context_store(r->ctx, &store));
+        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
+        mesh = r->self_mesh;
+    }
+    CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params));
+    fsdp2_optimizer_options_t oo = optimizer_options(&r->a);
+    CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
+    r->x = malloc(sizeof(float) * (size_t)max_batch * 784);
+    r->labels = malloc(sizeof(int) * (size_t)max_batch);
+    if (!r->x || !r->labels) {
+        fprintf(stderr, "error: out of memory\n");
+        exit(1);
+    }
+}
+
+/* --no-shard: average the (whole) gradients over the world. */
+static void all_reduce_grads(run_t *r)
+{
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
+    for (int i = 0; i < r->model->nlayers; i++) {
+        fsdp2_param_t *ps[2] = {r->model->layers[i].weight, r->model->layers[i].bias};
+        for (int k = 0; k < 2; k++) {
+            fsdp2_dtensor_t *g;
+            fsdp2_tensor_t *local;
+            CHECK(fsdp2_param_sharded_grad(ps[k], &g));
+            CHECK(fsdp2_dtensor_to_local(g, &local));
+            CHECK(fsdp2_all_reduce_async(r->world, local->data, (size_t)local->numel, FSDP2_F32,
+                                         &avg, r->current));
+            fsdp2_tensor_release(local);
+        }
+    }
+}
+
+/* Sums over the world, in place. */
+static void world_sum(run_t *r, double *v, int n)
+{
+    CHECK(fsdp2_all_reduce_async(r->world, v, (size_t)n, FSDP2_F64, NULL, r->current));
+    CHECK(fsdp2_stream_synchronize(r->current));
+}
+
+static void progress(const run_t *r, int epoch, int step, int steps, double loss)
+{
+    if (r->rank || !isatty(STDOUT_FILENO))
+        return;
+    int width = 30, done = steps ? (int)((long)width * step / steps) : width;
+    printf("\repoch %d [%.*s%*s] %d/%d loss %.4f", epoch, done, "##############################",
+           width - done, "", step, steps, loss);
+    fflush(stdout);
+}
+
+typedef struct epoch_stats {
+    double train_loss, test_loss, accuracy, seconds, images_per_s;
+} epoch_stats_t;
+
+static double train_epoch(run_t *r, int epoch, double *seconds)
+{
+    int count;
+    int *order = fm_sampler(r->train.n, r->ws, r->rank, (uint64_t)r->a.seed, epoch, 1, &count);
+    if (!order) {
+        fprintf(stderr, "error: out of memory\n");
+        exit(1);
+    }
+    int steps = count / r->local_batch; /* the last partial batch is dropped on every rank */
+    double loss_sum = 0, t0 = now();
+    for (int s = 0; s < steps; s++) {
+        double loss;
+        int correct;
+        fm_batch(&r->train, order + (size_t)s * r->local_batch, r->local_batch, r->x, r->labels);
+        CHECK(fm_model_forward_backward(r->model, r->x, r->labels, r->local_batch, &loss, &correct));
+        if (r->a.no_shard)
+            all_reduce_grads(r);
+        CHECK(fsdp2_optimizer_step(r->opt));
+        CHECK(fsdp2_optimizer_zero_grad(r->opt));
+        loss_sum += loss;
+        if (s % 20 == 0 || s + 1 == steps)
+            progress(r, epoch + 1, s + 1, steps, loss_sum / (s + 1));
+    }
+    *seconds = now() - t0;
+    if (!r->rank && isatty(STDOUT_FILENO))
+        printf("\n");
+    free(order);
+    double v[2] = {loss_sum, steps};
+    world_sum(r, v, 2);
+    return v[1] ? v[0] / v[1] : 0;
+}
+
+static void test_epoch(run_t *r, double *loss, double *accuracy)
+{
+    int count;
+    int *order = fm_sampler(r->test.n, r->ws, r->rank, 0, 0, 0, &count);
+    double v[3] = {0, 0, 0}; /* loss sum, correct, samples */
+    for (int s = 0; s < count; s += EVAL_CHUNK) {
+        int n = count - s < EVAL_CHUNK ? count - s : EVAL_CHUNK;
+        /* Padding entries (past the end, wrapped) are computed on every rank, so the
+         * collectives pair up, but not counted. */
+        int real_n = 0;
+        for (int k = 0; k < n; k++)
+            real_n += r->rank + (size_t)(s + k) * r->ws < (size_t)r->test.n;
+        double ls;
+        int correct;
+        fm_batch(&r->test, order + s, n, r->x, r->labels);
+        CHECK(fm_model_evaluate(r->model, r->x, r->labels, real_n ? real_n : n, &ls, &correct));
+        if (!real_n)
+            continue;
+        v[0] += ls;
+        v[1] += correct;
+        v[2] += real_n;
+    }
+    free(order);
+    world_sum(r, v, 3);
+    *loss = v[0] / v[2];
+    *accuracy = 100.0 * v[1] / v[2];
+}
+
+static void report_memory(run_t *r, uint64_t *planned, uint64_t *measured)
+{
+    fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
+    CHECK(fsdp2_memory_plan(r->model->root, &plan));
+    fsdp2_memory_stats_t st;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    CHECK(fsdp2_memory_stats_get(cpu, &st));
+    *planned = plan.total;
+    *measured = st.peak_allocated_bytes;
+}
+
+int main(int argc, char **argv)
+{
+    run_t r = {0};
+    parse(argc, argv, &r.a);
+    openblas_set_num_threads(1);
+    setup(&r);
+    int64_t numel = fm_model_numel(r.model);
+    if (!r.rank)
+        printf("fashion_mnist: %s (%lld parameters), %s over %d rank%s, global batch %d (%d per "
+               "rank), %s lr %g, StepLR gamma %g, %d epochs\n",
+               r.a.model, (long long)numel, r.a.no_shard ? "replicated (--no-shard)" : "FSDP",
+               r.ws, r.ws > 1 ? "s" : "", r.a.batch, r.local_batch, r.a.optimizer, r.a.lr,
+               r.a.gamma, r.a.epochs);
+    epoch_stats_t last = {0};
+    FILE *json = NULL;
+    if (!r.rank && r.a.json && !(json = fopen(r.a.json, "w"))) {
+        fprintf(stderr, "error: cannot write %s\n", r.a.json);
+        exit(1);
+    }
+    if (json)
+        fprintf(json, "{\"model\": \"%s\", \"ws\": %d, \"sharded\": %s, \"epochs\": [", r.a.model,
+                r.ws, r.a.no_shard ? "false" : "true");
+    for (int e = 0; e < r.a.epochs; e++) {
+        fsdp2_lr_schedule_t sched = {FSDP2_LR_STEP, 1, r.a.gamma, 0, 0, 0};
+        double lr;
+        CHECK(fsdp2_lr_at(&sched, r.a.lr, e, &lr));
+        CHECK(fsdp2_optimizer_set_lr(r.opt, lr));
+        epoch_stats_t st;
+        st.train_loss = train_epoch(&r, e, &st.seconds);
+        test_epoch(&r, &st.test_loss, &st.accuracy);
+        double secs[1] = {st.seconds};
+        CHECK(fsdp2_all_reduce_async(r.world, secs, 1, FSDP2_F64, NULL, r.current));
+        CHECK(fsdp2_stream_synchronize(r.current));
+        st.seconds = secs[0] / r.ws; /* the ranks' mean */
+        int steps = (r.train.n + r.ws - 1) / r.ws / r.local_batch;
+        st.images_per_s = (double)steps * r.a.batch / st.seconds;
+        uint64_t planned, measured;
+        report_memory(&r, &planned, &measured);
+        if (!r.rank) {
+            printf("epoch %d: train loss %.4f | test loss %.4f, accuracy %.2f%% | %.1f s, %.0f "
+                   "images/s | rank 0 memory: planned %.2f MiB, measured peak %.2f MiB\n",
+                   e + 1, st.train_loss, st.test_loss, st.accuracy, st.seconds, st.images_per_s,
+                   planned / 1048576.0, measured / 1048576.0);
+            fflush(stdout);
+        }
+        if (json)
+            fprintf(json,
+                    "%s{\"epoch\": %d, \"lr\": %.6g, \"train_loss\": %.6f, \"test_loss\": %.6f, "
+                    "\"accuracy\": %.4f, \"seconds\": %.3f, \"images_per_s\": %.1f, "
+                    "\"planned_bytes\": %llu, \"peak_bytes\": %llu}",
+                    e ? ", " : "", e + 1, lr, st.train_loss, st.test_loss, st.accuracy,
+                    st.seconds, st.images_per_s, (unsigned long long)planned,
+                    (unsigned long long)measured);
+        last = st;
+    }
+    if (json) {
+        fprintf(json, "], \"final_accuracy\": %.4f}\n", last.accuracy);
+        fclose(json);
+    }
+    CHECK(fsdp2_optimizer_destroy(r.opt));
+    fm_model_destroy(r.model);
+    fsdp2_mesh_destroy(r.self_mesh);
+    fm_free(&r.train);
+    fm_free(&r.test);
+    free(r.x);
+    free(r.labels);
+    CHECK(fsdp2_finalize(r.ctx));
+    return 0;
+}

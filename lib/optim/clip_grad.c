@@ -1,0 +1,217 @@
+/* torch.nn.utils.clip_grad_norm_ over the sharded gradients of a tree: each rank
+ * reduces its own local shards (only the rows it holds, never the padding), one
+ * collective per sharded mesh dim combines the ranks' shares, and each rank scales its
+ * own shards.
+ *
+ * Why the shares are combined only over the mesh dims where the gradients are Shard:
+ * along a Replicate dim (HSDP's replicas) every rank holds the same values, so
+ * combining there would count them again. On the 1D meshes of fully_shard that is one
+ * collective over dim 0. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp2/fsdp.h>
+#include <fsdp2/optim.h>
+
+#include "core/error.h"
+
+/* The local gradient shards under a root, all on one mesh. */
+typedef struct clip_set {
+    size_t count;
+    fsdp2_tensor_t **grads; /* retained; count of them */
+    fsdp2_mesh_t *mesh;     /* the first gradient's, NULL when there is none */
+    char first_fqn[FSDP2_FQN_MAX];
+    int mesh_ndim;
+    fsdp2_placement_t placements[FSDP2_MESH_MAX_DIMS];
+} clip_set_t;
+
+static void clip_set_free(clip_set_t *set)
+{
+    for (size_t i = 0; set->grads && i < set->count; i++)
+        fsdp2_tensor_release(set->grads[i]);
+    free(set->grads);
+}
+
+static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
+                               const fsdp2_param_info_t *info)
+{
+    fsdp2_dtensor_t *grad = NULL;
+    FSDP2_CHECK(fsdp2_param_sharded_grad(p, &grad));
+    if (!grad)
+        return fsdp2_error(FSDP2_ERR_INTERNAL,
+                           "clip_grad_norm: parameter '%s' has no sharded gradient", info->fqn);
+    fsdp2_dtensor_info_t di;
+    FSDP2_CHECK(fsdp2_dtensor_info(grad, &di));
+    if (di.device.type != FSDP2_DEVICE_CPU) {
+        char dev[FSDP2_DEVICE_NAME_MAX];
+        fsdp2_device_format(di.device, dev, sizeof(dev));
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "clip_grad_norm: parameter '%s' is sharded on %s; only cpu shards "
+                           "are clipped for now",
+                           info->fqn, dev);
+    }
+    if (di.dtype != FSDP2_F32 && di.dtype != FSDP2_F64)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "clip_grad_norm: parameter '%s' is %s; only f32 and f64 gradients "
+                           "are clipped",
+                           info->fqn, fsdp2_dtype_name(di.dtype));
+    fsdp2_mesh_t *mesh = NULL;
+    FSDP2_CHECK(fsdp2_dtensor_mesh(grad, &mesh));
+    if (!set->mesh) {
+        set->mesh = mesh;
+        set->mesh_ndim = di.mesh_ndim;
+        memcpy(set->placements, di.placements, sizeof(set->placements));
+        memcpy(set->first_fqn, info->fqn, sizeof(set->first_fqn));
+    } else if (mesh != set->mesh) {
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "clip_grad_norm: parameter '%s' lives on another mesh than '%s'; "
+                           "the norm is combined over one mesh",
+                           info->fqn, set->first_fqn);
+    }
+    FSDP2_CHECK(fsdp2_dtensor_to_local(grad, &set->grads[set->count]));
+    set->count++;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t collect_grads(fsdp2_module_t *root, clip_set_t *set)
+{
+    size_t count = 0;
+    FSDP2_CHECK(fsdp2_module_params(root, NULL, 0, &count));
+    fsdp2_param_t **all = calloc(count ? count : 1, sizeof(*all));
+    set->grads = calloc(count ? count : 1, sizeof(*set->grads));
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (!all || !set->grads) {
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %zu parameters", count);
+        goto cleanup;
+    }
+    FSDP2_CHECK_GOTO(fsdp2_module_params(root, all, count, &count), status, cleanup);
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_param_info_t info;
+        FSDP2_CHECK_GOTO(fsdp2_param_info(all[i], &info), status, cleanup);
+        if (info.requires_grad && info.sharded)
+            FSDP2_CHECK_GOTO(add_grad(set, all[i], &info), status, cleanup);
+    }
+cleanup:
+    free(all);
+    return status;
+}
+
+/* max that keeps a NaN once seen, as torch's inf-norm does. */
+static double nan_max(double a, double b)
+{
+    return (isnan(a) || a >= b) ? a : b;
+}
+
+/* This rank's share: the sum of squares (2-norm) or the largest |g| (inf-norm). */
+static double share_f32(const float *g, int64_t n, int inf, double share)
+{
+    for (int64_t k = 0; k < n; k++)
+        share = inf ? nan_max(share, fabs((double)g[k])) : share + (double)g[k] * g[k];
+    return share;
+}
+
+static double share_f64(const double *g, int64_t n, int inf, double share)
+{
+    for (int64_t k = 0; k < n; k++)
+        share = inf ? nan_max(share, fabs(g[k])) : share + g[k] * g[k];
+    return share;
+}
+
+static double local_share(const clip_set_t *set, int inf)
+{
+    double share = 0.0;
+    for (size_t i = 0; i < set->count; i++) {
+        const fsdp2_tensor_t *t = set->grads[i];
+        share = t->dtype == FSDP2_F32 ? share_f32(t->data, t->numel, inf, share)
+                                      : share_f64(t->data, t->numel, inf, share);
+    }
+    return share;
+}
+
+/* Combines *share over the ranks of one mesh dim's group, in place. */
+static fsdp2_status_t combine(fsdp2_group_t *group, int inf, double *share)
+{
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *stream;
+    FSDP2_CHECK(fsdp2_stream_current(cpu, &stream));
+    if (!inf) {
+        fsdp2_reduce_t sum = FSDP2_REDUCE_SUM_INIT;
+        FSDP2_CHECK(fsdp2_all_reduce_async(group, share, 1, FSDP2_F64, &sum, stream));
+        return fsdp2_stream_synchronize(stream);
+    }
+    int ws = 0;
+    FSDP2_CHECK(fsdp2_group_size(group, &ws));
+    double *all = calloc((size_t)ws, sizeof(*all));
+    if (!all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %d ranks", ws);
+    fsdp2_status_t status = fsdp2_all_gather_async(group, share, all, 1, FSDP2_F64, stream);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_stream_synchronize(stream);
+    if (status == FSDP2_SUCCESS) {
+        double m = 0.0;
+        for (int r = 0; r < ws; r++)
+            m = nan_max(m, all[r]);
+        *share = m;
+    }
+    free(all);
+    return status;
+}
+
+static fsdp2_status_t global_norm(const clip_set_t *set, int inf, double *norm)
+{
+    double share = local_share(set, inf);
+    for (int d = 0; d < set->mesh_ndim; d++) {
+        if (set->placements[d].type != FSDP2_PLACEMENT_SHARD)
+            continue;
+        fsdp2_group_t *group = NULL;
+        FSDP2_CHECK(fsdp2_mesh_group(set->mesh, d, &group));
+        FSDP2_CHECK(combine(group, inf, &share));
+    }
+    *norm = inf ? share : sqrt(share);
+    return FSDP2_SUCCESS;
+}
+
+static void scale(const clip_set_t *set, double coef)
+{
+    for (size_t i = 0; i < set->count; i++) {
+        fsdp2_tensor_t *t = set->grads[i];
+        if (t->dtype == FSDP2_F32) {
+            float c = (float)coef, *g = t->data;
+            for (int64_t k = 0; k < t->numel; k++)
+                g[k] *= c;
+        } else {
+            double *g = t->data;
+            for (int64_t k = 0; k < t->numel; k++)
+                g[k] *= coef;
+        }
+    }
+}
+
+fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, double norm_type,
+                                    double *total_norm)
+{
+    FSDP2_ARG_CHECK(root, "clip_grad_norm: root is NULL");
+    FSDP2_ARG_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm %g must be >= 0", max_norm);
+    int inf = isinf(norm_type) && norm_type > 0;
+    FSDP2_ARG_CHECK(inf || norm_type == 2.0,
+                    "clip_grad_norm: norm_type %g is not 2.0 or INFINITY", norm_type);
+    clip_set_t set;
+    memset(&set, 0, sizeof(set));
+    double norm = 0.0;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    FSDP2_CHECK_GOTO(collect_grads(root, &set), status, cleanup);
+    /* Every rank has the same tree, so all agree on skipping when nothing is sharded. */
+    if (set.mesh)
+        FSDP2_CHECK_GOTO(global_norm(&set, inf, &norm), status, cleanup);
+    /* torch multiplies by clamp(coef, max=1): scaling only below 1 is the same numbers
+     * (and a NaN norm makes NaN gradients there as here). */
+    double coef = max_norm / (norm + 1e-6);
+    if (!(coef >= 1.0))
+        scale(&set, coef);
+    if (total_norm)
+        *total_norm = norm;
+cleanup:
+    clip_set_free(&set);
+    return status;
+}

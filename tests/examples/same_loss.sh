@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A few training steps of the Fashion-MNIST example at ws = 1 and ws = 2 (FSDP), and at
+# ws = 2 replicated (--no-shard), must reach the same losses: each step's global batch
+# is the same 64 samples whatever the world size, and the gradients are averaged.
+#   same_loss.sh FSDP2RUN FASHION_MNIST
+set -euo pipefail
+run=$1
+prog=$2
+data=/usr/share/datasets/fashion-mnist
+if [ ! -d "$data" ]; then
+    echo "SKIP: $data is missing (Debian package dataset-fashion-mnist)"
+    exit 77
+fi
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+common=(--model mlp --epochs 2 --limit 1280 --seed 3)
+"$run" --nproc-per-node 1 "$prog" "${common[@]}" --json "$out/ws1.json" >/dev/null
+"$run" --nproc-per-node 2 "$prog" "${common[@]}" --json "$out/ws2.json" >/dev/null
+"$run" --nproc-per-node 2 "$prog" "${common[@]}" --no-shard --json "$out/ddp2.json" >/dev/null
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+runs = {name: json.load(open(f"{out}/{name}.json")) for name in ("ws1", "ws2", "ddp2")}
+bad = 0
+for name in ("ws2", "ddp2"):
+    for a, b in zip(runs["ws1"]["epochs"], runs[name]["epochs"]):
+        for key in ("train_loss", "test_loss"):
+            x, y = a[key], b[key]
+            if abs(x - y) > 1e-4 * max(1.0, abs(x)):
+                print(f"FAIL epoch {a['epoch']} {key}: ws1 {x} vs {name} {y}")
+                bad += 1
+            else:
+                print(f"ok   epoch {a['epoch']} {key}: ws1 {x} {name} {y}")
+sys.exit(1 if bad else 0)
+PY
