@@ -36,7 +36,7 @@
 
 typedef struct args {
     const char *model, *data, *optimizer, *json;
-    int epochs, batch, test_batch, no_shard, limit;
+    int epochs, batch, test_batch, no_shard, limit, threads;
     double lr, gamma;
     long seed;
     long wrap_min_params;
@@ -69,7 +69,8 @@ static void usage(const char *prog, const char *bad)
             "%s%s%s"
             "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
             "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
-            "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--json FILE]\n",
+            "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--threads N]\n"
+            "          [--json FILE]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -99,7 +100,7 @@ static double real(const char *prog, const char *flag, const char *text)
 static void parse(int argc, char **argv, args_t *a)
 {
     *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, 2, 64, 1000, 0,
-                  0, 1.0, 0.7, 1, 0};
+                  0, 0, 1.0, 0.7, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -125,6 +126,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->batch = (int)number(argv[0], f, v, 1, 1 << 20);
         else if (!strcmp(f, "--test-batch"))
             a->test_batch = (int)number(argv[0], f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--threads"))
+            a->threads = (int)number(argv[0], f, v, 1, 1024);
         else if (!strcmp(f, "--limit"))
             a->limit = (int)number(argv[0], f, v, 1, 1 << 30);
         else if (!strcmp(f, "--seed"))
@@ -187,6 +190,13 @@ static void setup(run_t *r)
     CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
     r->rank = info.rank;
     r->ws = info.world_size;
+    /* The host's cores shared among its ranks: GEMMs may use their share. */
+    if (!r->a.threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = info.local_world_size > 0 ? info.local_world_size : 1;
+        r->a.threads = cores / local > 1 ? (int)(cores / local) : 1;
+    }
+    openblas_set_num_threads(r->a.threads);
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     CHECK(fsdp2_stream_current(cpu, &r->current));
     if (r->a.batch % r->ws) {
@@ -337,15 +347,14 @@ int main(int argc, char **argv)
 {
     run_t r = {0};
     parse(argc, argv, &r.a);
-    openblas_set_num_threads(1);
     setup(&r);
     int64_t numel = fm_model_numel(r.model);
     if (!r.rank)
         printf("fashion_mnist: %s (%lld parameters), %s over %d rank%s, global batch %d (%d per "
-               "rank), %s lr %g, StepLR gamma %g, %d epochs\n",
+               "rank), %s lr %g, StepLR gamma %g, %d epochs, %d GEMM thread%s per rank\n",
                r.a.model, (long long)numel, r.a.no_shard ? "replicated (--no-shard)" : "FSDP",
                r.ws, r.ws > 1 ? "s" : "", r.a.batch, r.local_batch, r.a.optimizer, r.a.lr,
-               r.a.gamma, r.a.epochs);
+               r.a.gamma, r.a.epochs, r.a.threads, r.a.threads > 1 ? "s" : "");
     epoch_stats_t last = {0};
     FILE *json = NULL;
     if (!r.rank && r.a.json && !(json = fopen(r.a.json, "w"))) {
