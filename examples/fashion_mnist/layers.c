@@ -42,14 +42,15 @@ void relu_backward(const float *y, float *dy, int64_t n)
         dy[i] = y[i] > 0 ? dy[i] : 0;
 }
 
-/* col[(ci*K + ki)*K + kj][oi*OW + oj] = x[ci][oi + ki][oj + kj] */
-static void im2col(const float *x, float *col, int c, int h, int wd, int k)
+/* col[(ci*K + ki)*K + kj][at + oi*OW + oj] = x[ci][oi + ki][oj + kj], rows ld apart: one
+ * sample's columns of a chunk's im2col matrix. */
+static void im2col(const float *x, float *col, int64_t ld, int64_t at, int c, int h, int wd, int k)
 {
     int oh = h - k + 1, ow = wd - k + 1;
     for (int ci = 0; ci < c; ci++) {
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
-                float *row = col + ((size_t)(ci * k + ki) * k + kj) * (size_t)(oh * ow);
+                float *row = col + ((int64_t)(ci * k + ki) * k + kj) * ld + at;
                 for (int oi = 0; oi < oh; oi++)
                     memcpy(row + (size_t)oi * ow, x + ((size_t)ci * h + oi + ki) * wd + kj,
                            sizeof(float) * (size_t)ow);
@@ -58,13 +59,14 @@ static void im2col(const float *x, float *col, int c, int h, int wd, int k)
     }
 }
 
-static void col2im_add(const float *col, float *dx, int c, int h, int wd, int k)
+static void col2im_add(const float *col, int64_t ld, int64_t at, float *dx, int c, int h, int wd,
+                       int k)
 {
     int oh = h - k + 1, ow = wd - k + 1;
     for (int ci = 0; ci < c; ci++) {
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
-                const float *row = col + ((size_t)(ci * k + ki) * k + kj) * (size_t)(oh * ow);
+                const float *row = col + ((int64_t)(ci * k + ki) * k + kj) * ld + at;
                 for (int oi = 0; oi < oh; oi++) {
                     float *d = dx + ((size_t)ci * h + oi + ki) * wd + kj;
                     const float *s = row + (size_t)oi * ow;
@@ -76,49 +78,66 @@ static void col2im_add(const float *col, float *dx, int c, int h, int wd, int k)
     }
 }
 
-void conv_forward(const float *x, const float *w, const float *b, float *y, float *col, int batch,
-                  int c, int h, int wd, int o, int k)
+int64_t conv_scratch(int c, int h, int wd, int o, int k, int chunk)
 {
-    int oh = h - k + 1, ow = wd - k + 1, kk = c * k * k, n = oh * ow;
-    for (int s = 0; s < batch; s++) {
-        const float *xs = x + (size_t)s * c * h * wd;
-        float *ys = y + (size_t)s * o * n;
-        const float *cols = xs;
-        if (k != 1 || h != oh) {
-            im2col(xs, col, c, h, wd, k);
-            cols = col;
+    int64_t n = (int64_t)(h - k + 1) * (wd - k + 1);
+    return ((int64_t)c * k * k + o) * n * chunk; /* im2col [C*K*K, chunk*n] + [O, chunk*n] */
+}
+
+void conv_forward(const float *x, const float *w, const float *b, float *y, float *scratch,
+                  int chunk, int batch, int c, int h, int wd, int o, int k)
+{
+    int64_t n = (int64_t)(h - k + 1) * (wd - k + 1), kk = (int64_t)c * k * k;
+    for (int s0 = 0; s0 < batch; s0 += chunk) {
+        int m = batch - s0 < chunk ? batch - s0 : chunk;
+        int64_t ld = m * n;
+        float *col = scratch, *out = scratch + kk * ld;
+        for (int j = 0; j < m; j++)
+            im2col(x + (size_t)(s0 + j) * c * h * wd, col, ld, j * n, c, h, wd, k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, o, (int)ld, (int)kk, 1.0f, w,
+                    (int)kk, col, (int)ld, 0.0f, out, (int)ld);
+        for (int j = 0; j < m; j++) {
+            float *ys = y + (size_t)(s0 + j) * o * n;
+            for (int oc = 0; oc < o; oc++) {
+                const float *src = out + oc * ld + j * n;
+                for (int64_t i = 0; i < n; i++)
+                    ys[oc * n + i] = src[i] + b[oc];
+            }
         }
-        for (int oc = 0; oc < o; oc++) {
-            for (int i = 0; i < n; i++)
-                ys[(size_t)oc * n + i] = b[oc];
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, o, n, kk, 1.0f, w, kk, cols, n,
-                    1.0f, ys, n);
     }
 }
 
 void conv_backward(const float *x, const float *w, const float *dy, float *dw, float *db,
-                   float *dx, float *col, int batch, int c, int h, int wd, int o, int k)
+                   float *dx, float *scratch, int chunk, int batch, int c, int h, int wd, int o,
+                   int k)
 {
-    int oh = h - k + 1, ow = wd - k + 1, kk = c * k * k, n = oh * ow;
-    for (int s = 0; s < batch; s++) {
-        const float *xs = x + (size_t)s * c * h * wd;
-        const float *dys = dy + (size_t)s * o * n;
-        im2col(xs, col, c, h, wd, k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, o, kk, n, 1.0f, dys, n, col, n, 1.0f,
-                    dw, kk);
+    int64_t n = (int64_t)(h - k + 1) * (wd - k + 1), kk = (int64_t)c * k * k;
+    for (int s0 = 0; s0 < batch; s0 += chunk) {
+        int m = batch - s0 < chunk ? batch - s0 : chunk;
+        int64_t ld = m * n;
+        float *col = scratch, *g = scratch + kk * ld;
+        for (int j = 0; j < m; j++) {
+            im2col(x + (size_t)(s0 + j) * c * h * wd, col, ld, j * n, c, h, wd, k);
+            const float *dys = dy + (size_t)(s0 + j) * o * n;
+            for (int oc = 0; oc < o; oc++)
+                memcpy(g + oc * ld + j * n, dys + oc * n, sizeof(float) * (size_t)n);
+        }
         for (int oc = 0; oc < o; oc++) {
             float sum = 0;
-            for (int i = 0; i < n; i++)
-                sum += dys[(size_t)oc * n + i];
+            for (int64_t i = 0; i < ld; i++)
+                sum += g[oc * ld + i];
             db[oc] += sum;
         }
-        if (dx) {
-            float *dxs = dx + (size_t)s * c * h * wd;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, n, o, 1.0f, w, kk, dys, n,
-                        0.0f, col, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, o, (int)kk, (int)ld, 1.0f, g,
+                    (int)ld, col, (int)ld, 1.0f, dw, (int)kk);
+        if (!dx)
+            continue;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kk, (int)ld, o, 1.0f, w,
+                    (int)kk, g, (int)ld, 0.0f, col, (int)ld);
+        for (int j = 0; j < m; j++) {
+            float *dxs = dx + (size_t)(s0 + j) * c * h * wd;
             memset(dxs, 0, sizeof(float) * (size_t)c * h * wd);
-            col2im_add(col, dxs, c, h, wd, k);
+            col2im_add(col, ld, j * n, dxs, c, h, wd, k);
         }
     }
 }

@@ -17,12 +17,15 @@ void relu_forward(float *y, int64_t n);
 void relu_backward(const float *y, float *dy, int64_t n);
 
 /* A valid (no padding, stride 1) convolution: x[B, C, H, W], w[O, C, K, K], b[O] ->
- * y[B, O, H-K+1, W-K+1], per sample as one GEMM over an im2col buffer `col` of
- * C*K*K x (H-K+1)*(W-K+1) floats. */
-void conv_forward(const float *x, const float *w, const float *b, float *y, float *col, int batch,
-                  int c, int h, int wd, int o, int k);
+ * y[B, O, H-K+1, W-K+1], as one GEMM per chunk of `chunk` samples over an im2col buffer
+ * (bigger GEMMs than one per sample: the weight gradient's has chunk*(H-K+1)*(W-K+1)
+ * terms). scratch holds conv_scratch(...) floats. */
+int64_t conv_scratch(int c, int h, int wd, int o, int k, int chunk);
+void conv_forward(const float *x, const float *w, const float *b, float *y, float *scratch,
+                  int chunk, int batch, int c, int h, int wd, int o, int k);
 void conv_backward(const float *x, const float *w, const float *dy, float *dw, float *db,
-                   float *dx, float *col, int batch, int c, int h, int wd, int o, int k);
+                   float *dx, float *scratch, int chunk, int batch, int c, int h, int wd, int o,
+                   int k);
 
 /* 2x2 max pooling, stride 2: x[B, C, H, W] -> y[B, C, H/2, W/2]; arg keeps the index of
  * each maximum for the backward. */

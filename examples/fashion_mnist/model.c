@@ -88,7 +88,10 @@ fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_
             return FSDP2_ERR_OUT_OF_MEMORY;
     }
     if (kind == FM_CNN) {
-        m->col = buffer(288 * 576);
+        m->conv_chunk = max_batch < 4 ? max_batch : 4; /* measured: larger chunks leave the caches */
+        int64_t need1 = conv_scratch(1, 28, 28, 32, 3, m->conv_chunk);
+        int64_t need2 = conv_scratch(32, 26, 26, 64, 3, m->conv_chunk);
+        m->col = buffer(need1 > need2 ? need1 : need2);
         m->pool_arg = calloc((size_t)cnn_sizes[2] * max_batch, sizeof(int32_t));
         m->mask1 = buffer(cnn_sizes[2] * max_batch);
         m->mask2 = buffer(cnn_sizes[3] * max_batch);
@@ -179,7 +182,7 @@ static fsdp2_status_t conv_fwd(fm_model_t *m, const fm_layer_t *l, const float *
 {
     views_t v;
     TRY(get_views(l, 0, &v));
-    conv_forward(x, v.w, v.b, y, m->col, batch, l->in, l->h, l->w, l->out, l->k);
+    conv_forward(x, v.w, v.b, y, m->col, m->conv_chunk, batch, l->in, l->h, l->w, l->out, l->k);
     return FSDP2_SUCCESS;
 }
 
@@ -254,7 +257,8 @@ static fsdp2_status_t conv_bwd(fm_model_t *m, const fm_layer_t *l, const float *
     views_t v;
     TRY(enter(l, 1));
     TRY(get_views(l, 1, &v));
-    conv_backward(x, v.w, dy, v.dw, v.db, dx, m->col, batch, l->in, l->h, l->w, l->out, l->k);
+    conv_backward(x, v.w, dy, v.dw, v.db, dx, m->col, m->conv_chunk, batch, l->in, l->h, l->w,
+                  l->out, l->k);
     return leave(l, 1);
 }
 

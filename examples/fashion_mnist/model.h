@@ -33,7 +33,8 @@ typedef struct fm_model {
     uint64_t dropout_seed; /* per rank: its samples get their own masks */
     uint64_t dropout_calls;
     /* Activations and their gradients, sized for max_batch (see model.c). */
-    float *x, *a[8], *d[8], *col;
+    float *x, *a[8], *d[8], *col; /* col: convolution scratch for conv_chunk samples */
+    int conv_chunk;
     int32_t *pool_arg;
     float *mask1, *mask2;
 } fm_model_t;
