@@ -332,15 +332,44 @@ static void test_epoch(run_t *r, double *loss, double *accuracy)
     *accuracy = 100.0 * v[1] / v[2];
 }
 
-static void report_memory(run_t *r, uint64_t *planned, uint64_t *measured)
+/* Bytes of optimizer state this rank holds (its shards of every state tensor). */
+static uint64_t optimizer_bytes(run_t *r)
+{
+    const char *names[8];
+    size_t n;
+    CHECK(fsdp2_optimizer_state_names(r->opt, names, 8, &n));
+    uint64_t bytes = 0;
+    for (int i = 0; i < r->model->nlayers; i++) {
+        fsdp2_param_t *ps[2] = {r->model->layers[i].weight, r->model->layers[i].bias};
+        for (int k = 0; k < 2; k++) {
+            for (size_t j = 0; j < n && j < 8; j++) {
+                fsdp2_dtensor_t *state;
+                fsdp2_dtensor_info_t info;
+                CHECK(fsdp2_optimizer_state(r->opt, ps[k], names[j], &state));
+                CHECK(fsdp2_dtensor_info(state, &info));
+                int64_t numel = 1;
+                for (int d = 0; d < info.ndim; d++)
+                    numel *= info.local_shape[d];
+                bytes += (uint64_t)numel * sizeof(float);
+            }
+        }
+    }
+    return bytes;
+}
+
+/* planned: the FSDP plan plus the optimizer state; measured: the allocator's peak;
+ * state: parameters + gradients + optimizer state of this rank. */
+static void report_memory(run_t *r, uint64_t *planned, uint64_t *measured, uint64_t *state)
 {
     fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
     CHECK(fsdp2_memory_plan(r->model->root, &plan));
     fsdp2_memory_stats_t st;
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     CHECK(fsdp2_memory_stats_get(cpu, &st));
-    *planned = plan.total;
+    uint64_t opt = optimizer_bytes(r);
+    *planned = plan.total + opt;
     *measured = st.peak_allocated_bytes;
+    *state = plan.sharded_params + plan.sharded_grads + opt;
 }
 
 int main(int argc, char **argv)
@@ -378,23 +407,25 @@ int main(int argc, char **argv)
         st.seconds = secs[0] / r.ws; /* the ranks' mean */
         int steps = (r.train.n + r.ws - 1) / r.ws / r.local_batch;
         st.images_per_s = (double)steps * r.a.batch / st.seconds;
-        uint64_t planned, measured;
-        report_memory(&r, &planned, &measured);
+        uint64_t planned, measured, state;
+        report_memory(&r, &planned, &measured, &state);
         if (!r.rank) {
             printf("epoch %d: train loss %.4f | test loss %.4f, accuracy %.2f%% | %.1f s, %.0f "
-                   "images/s | rank 0 memory: planned %.2f MiB, measured peak %.2f MiB\n",
+                   "images/s | rank 0 memory: params+grads+optimizer %.2f MiB, planned %.2f "
+                   "MiB, measured peak %.2f MiB\n",
                    e + 1, st.train_loss, st.test_loss, st.accuracy, st.seconds, st.images_per_s,
-                   planned / 1048576.0, measured / 1048576.0);
+                   state / 1048576.0, planned / 1048576.0, measured / 1048576.0);
             fflush(stdout);
         }
         if (json)
             fprintf(json,
                     "%s{\"epoch\": %d, \"lr\": %.6g, \"train_loss\": %.6f, \"test_loss\": %.6f, "
                     "\"accuracy\": %.4f, \"seconds\": %.3f, \"images_per_s\": %.1f, "
-                    "\"planned_bytes\": %llu, \"peak_bytes\": %llu}",
+                    "\"planned_bytes\": %llu, \"peak_bytes\": %llu, "
+                    "\"param_grad_opt_bytes\": %llu}",
                     e ? ", " : "", e + 1, lr, st.train_loss, st.test_loss, st.accuracy,
                     st.seconds, st.images_per_s, (unsigned long long)planned,
-                    (unsigned long long)measured);
+                    (unsigned long long)measured, (unsigned long long)state);
         last = st;
     }
     if (json) {
