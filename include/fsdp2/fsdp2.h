@@ -23,5 +23,6 @@
 #include <fsdp2/module.h>
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
+#include <fsdp2/checkpoint.h>
 
 #endif

@@ -1,0 +1,303 @@
+/* metadata.json: parsing with strict validation, and reading rows out of chunks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint/metadata.h"
+#include "core/error.h"
+
+void meta_free(meta_t *m)
+{
+    for (size_t i = 0; i < m->num_tensors; i++) {
+        for (size_t k = 0; k < m->tensors[i].num_chunks; k++)
+            free(m->tensors[i].chunks[k].crc);
+        free(m->tensors[i].chunks);
+    }
+    free(m->tensors);
+    cJSON_Delete(m->root);
+    memset(m, 0, sizeof(*m));
+}
+
+static fsdp2_status_t corrupt(const meta_t *m, const char *fmt, const char *name)
+{
+    return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint %s: %s%s%s", m->path, fmt,
+                       name ? ": " : "", name ? name : "");
+}
+
+/* A non-negative integer that a double represents exactly. */
+static int get_u64(const cJSON *o, const char *key, uint64_t *v)
+{
+    const cJSON *x = key ? cJSON_GetObjectItemCaseSensitive(o, key) : o;
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0) || x->valuedouble > 9007199254740992.0 ||
+        x->valuedouble != floor(x->valuedouble))
+        return 0;
+    *v = (uint64_t)x->valuedouble;
+    return 1;
+}
+
+static int get_dims(const cJSON *a, int64_t *dims, int *n)
+{
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > FSDP2_MAX_DIMS)
+        return 0;
+    *n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a)
+    {
+        uint64_t v;
+        if (!get_u64(x, NULL, &v) || v > (1ull << 40))
+            return 0;
+        dims[(*n)++] = (int64_t)v;
+    }
+    return 1;
+}
+
+static fsdp2_status_t parse_chunk(const meta_t *m, const meta_tensor_t *t, const cJSON *c,
+                                  chunk_t *k)
+{
+    const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "file"));
+    int64_t goff[FSDP2_MAX_DIMS], shape[FSDP2_MAX_DIMS];
+    int n1, n2;
+    if (!file || strlen(file) >= sizeof(k->file) || strchr(file, '/') || !strcmp(file, "..") ||
+        !get_u64(c, "offset", &k->offset) || !get_u64(c, "bytes", &k->bytes) ||
+        !get_dims(cJSON_GetObjectItemCaseSensitive(c, "global_offset"), goff, &n1) ||
+        !get_dims(cJSON_GetObjectItemCaseSensitive(c, "shape"), shape, &n2) || n1 != t->ndim ||
+        n2 != t->ndim)
+        return corrupt(m, "a chunk entry is malformed", t->name);
+    snprintf(k->file, sizeof(k->file), "%s", file);
+    size_t elem;
+    fsdp2_dtype_size(t->dtype, &elem);
+    uint64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if ((d > 0 && (goff[d] != 0 || shape[d] != t->shape[d])) || goff[d] + shape[d] > t->shape[d])
+            return corrupt(m, "a chunk is not a range of dim-0 rows inside the tensor", t->name);
+        numel *= (uint64_t)shape[d];
+    }
+    if (numel * elem != k->bytes)
+        return corrupt(m, "a chunk's byte count disagrees with its shape", t->name);
+    k->row0 = t->ndim ? goff[0] : 0;
+    k->rows = t->ndim ? shape[0] : 1;
+    const cJSON *crcs = cJSON_GetObjectItemCaseSensitive(c, "crc32c");
+    size_t want = (size_t)((k->bytes + m->block - 1) / m->block);
+    if (!cJSON_IsArray(crcs) || (size_t)cJSON_GetArraySize(crcs) != want)
+        return corrupt(m, "a chunk's checksum list has the wrong length", t->name);
+    k->crc = calloc(want ? want : 1, sizeof(uint32_t));
+    if (!k->crc)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, crcs)
+    {
+        uint64_t v;
+        if (!get_u64(x, NULL, &v) || v > UINT32_MAX)
+            return corrupt(m, "a checksum is not a 32-bit number", t->name);
+        k->crc[k->num_crc++] = (uint32_t)v;
+    }
+    return FSDP2_SUCCESS;
+}
+
+static int by_row(const void *a, const void *b)
+{
+    int64_t x = ((const chunk_t *)a)->row0, y = ((const chunk_t *)b)->row0;
+    return (x > y) - (x < y);
+}
+
+static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
+{
+    t->name = j->string;
+    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "dtype"));
+    if (!dtype || fsdp2_dtype_parse(dtype, &t->dtype) != FSDP2_SUCCESS)
+        return corrupt(m, "unknown dtype", t->name);
+    if (!get_dims(cJSON_GetObjectItemCaseSensitive(j, "shape"), t->shape, &t->ndim))
+        return corrupt(m, "malformed shape", t->name);
+    const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(j, "chunks");
+    if (!cJSON_IsArray(chunks))
+        return corrupt(m, "no chunk list", t->name);
+    size_t n = (size_t)cJSON_GetArraySize(chunks);
+    t->chunks = calloc(n ? n : 1, sizeof(*t->chunks));
+    if (!t->chunks)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, chunks)
+    {
+        FSDP2_CHECK(parse_chunk(m, t, c, &t->chunks[t->num_chunks]));
+        t->num_chunks++;
+    }
+    /* The chunks must tile dim 0 exactly once (an empty tensor may have none). */
+    qsort(t->chunks, t->num_chunks, sizeof(*t->chunks), by_row);
+    int64_t rows = t->ndim ? t->shape[0] : 1, next = 0;
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++)
+        numel *= t->shape[d];
+    for (size_t k = 0; k < t->num_chunks; k++) {
+        if (t->chunks[k].row0 < next)
+            return corrupt(m, "overlapping chunks", t->name);
+        if (t->chunks[k].row0 > next)
+            return corrupt(m, "missing chunks (a gap in dim 0)", t->name);
+        next += t->chunks[k].rows;
+    }
+    if (numel && next != rows)
+        return corrupt(m, "missing chunks (dim 0 not covered to its end)", t->name);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t read_file(const char *path, char **text)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fsdp2_error(errno == ENOENT ? FSDP2_ERR_NOT_FOUND : FSDP2_ERR_IO,
+                           "checkpoint: cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > CKPT_MAX_METADATA) {
+        close(fd);
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint: %s is missing or over %u MiB", path,
+                           CKPT_MAX_METADATA >> 20);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    size_t at = 0;
+    while (buf && at < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + at, (size_t)st.st_size - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        at += (size_t)n;
+    }
+    close(fd);
+    if (!buf || at != (size_t)st.st_size) {
+        free(buf);
+        return fsdp2_error(buf ? FSDP2_ERR_IO : FSDP2_ERR_OUT_OF_MEMORY, "checkpoint: reading %s",
+                           path);
+    }
+    buf[at] = '\0';
+    *text = buf;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t meta_load(const char *dir, meta_t *m)
+{
+    memset(m, 0, sizeof(*m));
+    snprintf(m->path, sizeof(m->path), "%s/%s", dir, CKPT_METADATA);
+    char *text = NULL;
+    FSDP2_CHECK(read_file(m->path, &text));
+    m->root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(m->root))
+        return corrupt(m, "not a JSON object", NULL);
+    const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m->root, "format"));
+    if (!format || strcmp(format, "libfsdp2-checkpoint"))
+        return corrupt(m, "not a libfsdp2 checkpoint (format)", format);
+    uint64_t v, ws, block, step = 0, ostep;
+    if (!get_u64(m->root, "version", &v))
+        return corrupt(m, "no version", NULL);
+    if (v > FSDP2_CHECKPOINT_VERSION)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "checkpoint %s: format version %llu is newer than this library's %d",
+                           m->path, (unsigned long long)v, FSDP2_CHECKPOINT_VERSION);
+    if (!get_u64(m->root, "world_size", &ws) || ws < 1 || ws > (1u << 24) ||
+        !get_u64(m->root, "crc32c_block_bytes", &block) || block < 1 || block > (1u << 30))
+        return corrupt(m, "world_size or crc32c_block_bytes missing or out of range", NULL);
+    get_u64(m->root, "step", &step);
+    m->version = (int)v;
+    m->world_size = (int)ws;
+    m->block = block;
+    m->step = (int64_t)step;
+    m->has_optim_step = get_u64(m->root, "optim.step", &ostep);
+    m->optim_step = m->has_optim_step ? (int64_t)ostep : 0;
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m->root, "tensors");
+    if (!cJSON_IsObject(tensors))
+        return corrupt(m, "no tensors object", NULL);
+    size_t n = (size_t)cJSON_GetArraySize(tensors);
+    m->tensors = calloc(n ? n : 1, sizeof(*m->tensors));
+    if (!m->tensors)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tensors)
+    {
+        if (!cJSON_IsObject(t))
+            return corrupt(m, "a tensor entry is not an object", t->string);
+        for (size_t i = 0; i < m->num_tensors; i++)
+            if (!strcmp(m->tensors[i].name, t->string))
+                return corrupt(m, "a tensor appears twice", t->string);
+        FSDP2_CHECK(parse_tensor(m, t, &m->tensors[m->num_tensors]));
+        m->num_tensors++;
+    }
+    return FSDP2_SUCCESS;
+}
+
+const meta_tensor_t *meta_find(const meta_t *m, const char *name)
+{
+    for (size_t i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+/* The files of one load, opened on first use. */
+fsdp2_status_t meta_file_of(open_files_t *of, const char *name, st_file_t **f)
+{
+    for (int i = 0; i < of->count; i++) {
+        if (!strcmp(of->names[i], name)) {
+            *f = &of->files[i];
+            return FSDP2_SUCCESS;
+        }
+    }
+    if (of->count == 64) { /* more files than slots: reuse the oldest */
+        st_close(&of->files[0]);
+        memmove(&of->files[0], &of->files[1], sizeof(of->files[0]) * 63);
+        memmove(of->names[0], of->names[1], sizeof(of->names[0]) * 63);
+        of->count = 63;
+    }
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s", of->dir, name);
+    FSDP2_CHECK(st_open(path, &of->files[of->count]));
+    snprintf(of->names[of->count], sizeof(of->names[0]), "%s", name);
+    *f = &of->files[of->count++];
+    return FSDP2_SUCCESS;
+}
+
+/* Copies rows [lo, hi) of chunk k of tensor t into dst (the block's rows from lo), reading
+ * whole checksum blocks and verifying them. */
+fsdp2_status_t meta_read_rows(open_files_t *of, const meta_t *m, const meta_tensor_t *t,
+                                const chunk_t *k, int64_t lo, int64_t hi, char *dst,
+                                uint64_t *bytes_read)
+{
+    st_file_t *f;
+    FSDP2_CHECK(meta_file_of(of, k->file, &f));
+    const st_entry_t *e = st_find(f, t->name);
+    if (!e || e->dtype != t->dtype || e->end - e->begin != k->bytes ||
+        f->data_start + e->begin != k->offset)
+        return fsdp2_error(FSDP2_ERR_CORRUPT,
+                           "checkpoint: %s/%s does not hold '%s' where metadata.json says",
+                           of->dir, k->file, t->name);
+    uint64_t row_bytes = k->rows ? k->bytes / (uint64_t)k->rows : 0;
+    uint64_t start = (uint64_t)(lo - k->row0) * row_bytes, end = (uint64_t)(hi - k->row0) * row_bytes;
+    uint64_t bstart = start / m->block * m->block;
+    uint64_t bend = (end + m->block - 1) / m->block * m->block;
+    bend = bend < k->bytes ? bend : k->bytes;
+    size_t span = (size_t)(bend - bstart);
+    char *buf = malloc(span ? span : 1);
+    if (!buf)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint: %zu bytes", span);
+    fsdp2_status_t status = st_read(f, e, bstart, buf, span);
+    for (uint64_t at = bstart; at < bend && status == FSDP2_SUCCESS; at += m->block) {
+        size_t n = (size_t)(bend - at < m->block ? bend - at : m->block);
+        uint32_t crc = st_crc32c(0, buf + (at - bstart), n);
+        if (crc != k->crc[at / m->block])
+            status = fsdp2_error(FSDP2_ERR_CORRUPT,
+                                 "checkpoint: %s/%s: checksum mismatch in '%s' at byte %llu of "
+                                 "its chunk (0x%08x, recorded 0x%08x)",
+                                 of->dir, k->file, t->name, (unsigned long long)at, crc,
+                                 k->crc[at / m->block]);
+    }
+    if (status == FSDP2_SUCCESS) {
+        memcpy(dst, buf + (start - bstart), (size_t)(end - start));
+        *bytes_read += span;
+    }
+    free(buf);
+    return status;
+}
+
