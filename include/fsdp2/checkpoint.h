@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <fsdp2/dtensor.h>
 #include <fsdp2/export.h>
@@ -110,6 +111,25 @@ FSDP2_API fsdp2_status_t fsdp2_checkpoint_export_full(const fsdp2_state_dict_t *
 FSDP2_API fsdp2_status_t fsdp2_checkpoint_import_full(fsdp2_state_dict_t *sd, const char *path,
                                                       const fsdp2_checkpoint_options_t *options,
                                                       fsdp2_checkpoint_report_t *report);
+
+/* Offline tools (one process, no mesh): what tools/fsdp2-ckpt runs. */
+
+/* Prints what dir holds (format, world size, step, extra entries, every tensor with its
+ * dtype, shape, placements, chunks and bytes) to out, as text or (json) JSON. The
+ * metadata is validated; the data is not read (fsdp2_checkpoint_verify reads it). */
+FSDP2_API fsdp2_status_t fsdp2_checkpoint_inspect(const char *dir, FILE *out, int json);
+/* Reads every chunk of dir and checks every checksum and every rank file's header
+ * against the metadata; the first problem is the error. *bytes (may be NULL) gets the
+ * bytes checked. */
+FSDP2_API fsdp2_status_t fsdp2_checkpoint_verify(const char *dir, uint64_t *bytes);
+/* Writes dir's tensors (model and optimizer) whole into one safetensors file at path,
+ * one tensor in memory at a time. */
+FSDP2_API fsdp2_status_t fsdp2_checkpoint_consolidate(const char *dir, const char *path);
+/* Rewrites dir as a checkpoint saved by world_size ranks of a 1D mesh (every tensor
+ * that was sharded becomes Shard(0) over world_size, whole tensors stay whole) at
+ * out_dir, atomically as a save is. Every chunk read is verified. */
+FSDP2_API fsdp2_status_t fsdp2_checkpoint_reshard(const char *dir, const char *out_dir,
+                                                  int world_size);
 
 FSDP2_EXTERN_C_END
 

@@ -57,4 +57,11 @@ fsdp2_status_t meta_read_rows(open_files_t *of, const meta_t *m, const meta_tens
                               const chunk_t *k, int64_t lo, int64_t hi, char *dst,
                               uint64_t *bytes_read);
 
+/* Shared with save.c: removes dir's files and dir; writes and fsyncs a text file; makes
+ * partial the checkpoint at dir atomically; a JSON array of integers. */
+fsdp2_status_t ckpt_remove_dir(const char *dir);
+fsdp2_status_t ckpt_write_text(const char *path, const char *text);
+fsdp2_status_t ckpt_publish(const char *partial, const char *dir);
+cJSON *ckpt_int_array(const int64_t *v, int n);
+
 #endif

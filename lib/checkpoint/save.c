@@ -15,12 +15,13 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint/checkpoint_internal.h"
+#include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 
 /* Removes the regular files of dir, then dir (our own partial or replaced checkpoints
  * hold nothing else). A missing dir is fine. */
-static fsdp2_status_t remove_dir(const char *dir)
+fsdp2_status_t ckpt_remove_dir(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -106,7 +107,7 @@ static fsdp2_status_t host_bytes(const sd_block_t *b, const char *name, const vo
     return FSDP2_SUCCESS;
 }
 
-static cJSON *int_array(const int64_t *v, int n)
+cJSON *ckpt_int_array(const int64_t *v, int n)
 {
     cJSON *a = cJSON_CreateArray();
     for (int i = 0; a && i < n; i++)
@@ -163,8 +164,8 @@ static fsdp2_status_t write_rank_file(const fsdp2_state_dict_t *sd, const char *
         cJSON_AddStringToObject(c, "file", name);
         cJSON_AddNumberToObject(c, "offset", (double)(data_start + offset));
         cJSON_AddNumberToObject(c, "bytes", (double)bytes);
-        cJSON_AddItemToObject(c, "global_offset", int_array(b->offset, b->ndim));
-        cJSON_AddItemToObject(c, "shape", int_array(b->local, b->ndim));
+        cJSON_AddItemToObject(c, "global_offset", ckpt_int_array(b->offset, b->ndim));
+        cJSON_AddItemToObject(c, "shape", ckpt_int_array(b->local, b->ndim));
         cJSON_AddItemToObject(c, "crc32c", crcs);
         cJSON_AddItemToArray(chunks, c);
     }
@@ -182,7 +183,7 @@ static fsdp2_status_t write_rank_file(const fsdp2_state_dict_t *sd, const char *
     return status;
 }
 
-static fsdp2_status_t write_text(const char *path, const char *text)
+fsdp2_status_t ckpt_write_text(const char *path, const char *text)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -225,7 +226,7 @@ static fsdp2_status_t write_metadata(const fsdp2_state_dict_t *sd, const char *p
             fsdp2_mesh_size(sd->mesh, i, &shape[i]);
             s64[i] = shape[i];
         }
-        cJSON_AddItemToObject(root, "mesh", int_array(s64, ndim));
+        cJSON_AddItemToObject(root, "mesh", ckpt_int_array(s64, ndim));
     }
     if (sd->opt) {
         int64_t steps = 0;
@@ -248,7 +249,7 @@ static fsdp2_status_t write_metadata(const fsdp2_state_dict_t *sd, const char *p
             fsdp2_placements_format(info.mesh_ndim, info.placements, placements, sizeof(placements));
         }
         cJSON_AddStringToObject(t, "dtype", fsdp2_dtype_name(b.dtype));
-        cJSON_AddItemToObject(t, "shape", int_array(b.shape, b.ndim));
+        cJSON_AddItemToObject(t, "shape", ckpt_int_array(b.shape, b.ndim));
         cJSON_AddStringToObject(t, "placements", placements);
         cJSON_AddItemToObject(t, "chunks", cJSON_CreateArray());
         cJSON_AddItemToObject(tensors, sd->entries[i].name, t);
@@ -284,14 +285,14 @@ static fsdp2_status_t write_metadata(const fsdp2_state_dict_t *sd, const char *p
     if (status == FSDP2_SUCCESS) {
         char path[4200];
         snprintf(path, sizeof(path), "%s/%s", partial, CKPT_METADATA);
-        status = write_text(path, text);
+        status = ckpt_write_text(path, text);
     }
     cJSON_free(text);
     return status;
 }
 
 /* Rank 0: makes partial the checkpoint at dir, atomically. */
-static fsdp2_status_t publish(const char *partial, const char *dir)
+fsdp2_status_t ckpt_publish(const char *partial, const char *dir)
 {
     FSDP2_CHECK(fsync_path(partial));
     struct stat st;
@@ -299,7 +300,7 @@ static fsdp2_status_t publish(const char *partial, const char *dir)
         if (renameat2(AT_FDCWD, partial, AT_FDCWD, dir, RENAME_EXCHANGE) != 0)
             return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot swap %s into %s: %s", partial,
                                dir, strerror(errno));
-        FSDP2_CHECK(remove_dir(partial)); /* the previous checkpoint, now at partial */
+        FSDP2_CHECK(ckpt_remove_dir(partial)); /* the previous checkpoint, now at partial */
     } else if (rename(partial, dir) != 0) {
         return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot rename %s to %s: %s", partial, dir,
                            strerror(errno));
@@ -341,7 +342,7 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
     /* 1. Rank 0 clears a stale partial directory and makes a fresh one. */
     fsdp2_status_t mine = FSDP2_SUCCESS;
     if (rank == 0) {
-        mine = remove_dir(partial);
+        mine = ckpt_remove_dir(partial);
         if (mine == FSDP2_SUCCESS && mkdir(partial, 0755) != 0)
             mine = fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot create %s: %s", partial,
                                strerror(errno));
@@ -382,11 +383,11 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
         if (status == FSDP2_SUCCESS)
             mine = write_metadata(sd, partial, texts, n, o);
         if (status == FSDP2_SUCCESS && mine == FSDP2_SUCCESS)
-            mine = publish(partial, dir);
+            mine = ckpt_publish(partial, dir);
         if (status != FSDP2_SUCCESS || mine != FSDP2_SUCCESS) {
             char keep[700];
             snprintf(keep, sizeof(keep), "%s", fsdp2_last_error());
-            remove_dir(partial);
+            ckpt_remove_dir(partial);
             fsdp2_error(mine != FSDP2_SUCCESS ? mine : status, "%s", keep);
         }
     }
