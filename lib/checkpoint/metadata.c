@@ -261,6 +261,20 @@ fsdp2_status_t meta_file_of(open_files_t *of, const char *name, st_file_t **f)
 
 /* Copies rows [lo, hi) of chunk k of tensor t into dst (the block's rows from lo), reading
  * whole checksum blocks and verifying them. */
+static fsdp2_status_t check_block(const open_files_t *of, const meta_tensor_t *t,
+                                  const chunk_t *k, const meta_t *m, uint64_t at, const char *data,
+                                  size_t n)
+{
+    uint32_t crc = st_crc32c(0, data, n);
+    if (crc == k->crc[at / m->block])
+        return FSDP2_SUCCESS;
+    return fsdp2_error(FSDP2_ERR_CORRUPT,
+                       "checkpoint: %s/%s: checksum mismatch in '%s' at byte %llu of its chunk "
+                       "(0x%08x, recorded 0x%08x)",
+                       of->dir, k->file, t->name, (unsigned long long)at, crc,
+                       k->crc[at / m->block]);
+}
+
 fsdp2_status_t meta_read_rows(open_files_t *of, const meta_t *m, const meta_tensor_t *t,
                                 const chunk_t *k, int64_t lo, int64_t hi, char *dst,
                                 uint64_t *bytes_read)
@@ -275,29 +289,46 @@ fsdp2_status_t meta_read_rows(open_files_t *of, const meta_t *m, const meta_tens
                            of->dir, k->file, t->name);
     uint64_t row_bytes = k->rows ? k->bytes / (uint64_t)k->rows : 0;
     uint64_t start = (uint64_t)(lo - k->row0) * row_bytes, end = (uint64_t)(hi - k->row0) * row_bytes;
-    uint64_t bstart = start / m->block * m->block;
-    uint64_t bend = (end + m->block - 1) / m->block * m->block;
-    bend = bend < k->bytes ? bend : k->bytes;
-    size_t span = (size_t)(bend - bstart);
-    char *buf = malloc(span ? span : 1);
-    if (!buf)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint: %zu bytes", span);
-    fsdp2_status_t status = st_read(f, e, bstart, buf, span);
-    for (uint64_t at = bstart; at < bend && status == FSDP2_SUCCESS; at += m->block) {
-        size_t n = (size_t)(bend - at < m->block ? bend - at : m->block);
-        uint32_t crc = st_crc32c(0, buf + (at - bstart), n);
-        if (crc != k->crc[at / m->block])
-            status = fsdp2_error(FSDP2_ERR_CORRUPT,
-                                 "checkpoint: %s/%s: checksum mismatch in '%s' at byte %llu of "
-                                 "its chunk (0x%08x, recorded 0x%08x)",
-                                 of->dir, k->file, t->name, (unsigned long long)at, crc,
-                                 k->crc[at / m->block]);
+    uint64_t first = start / m->block * m->block;
+    /* Blocks wholly inside [start, end) are read straight into dst, several per read;
+     * the (at most two) blocks cut by the range go through a bounce buffer. */
+    char *bounce = NULL;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    for (uint64_t at = first; at < end && status == FSDP2_SUCCESS;) {
+        uint64_t block_end = at + m->block < k->bytes ? at + m->block : k->bytes;
+        if (at >= start && block_end <= end) {
+            uint64_t run_end = block_end;
+            while (run_end < end && run_end - at < (64u << 20)) {
+                uint64_t next = run_end + m->block < k->bytes ? run_end + m->block : k->bytes;
+                if (next > end)
+                    break;
+                run_end = next;
+            }
+            char *to = dst + (at - start);
+            status = st_read(f, e, at, to, (size_t)(run_end - at));
+            for (uint64_t b = at; b < run_end && status == FSDP2_SUCCESS; b += m->block) {
+                size_t n = (size_t)(run_end - b < m->block ? run_end - b : m->block);
+                status = check_block(of, t, k, m, b, to + (b - at), n);
+            }
+            *bytes_read += run_end - at;
+            at = run_end;
+            continue;
+        }
+        if (!bounce && !(bounce = malloc((size_t)m->block)))
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint: %llu bytes",
+                               (unsigned long long)m->block);
+        size_t n = (size_t)(block_end - at);
+        status = st_read(f, e, at, bounce, n);
+        if (status == FSDP2_SUCCESS)
+            status = check_block(of, t, k, m, at, bounce, n);
+        if (status == FSDP2_SUCCESS) {
+            uint64_t a = at > start ? at : start, z = block_end < end ? block_end : end;
+            memcpy(dst + (a - start), bounce + (a - at), (size_t)(z - a));
+            *bytes_read += n;
+        }
+        at = block_end;
     }
-    if (status == FSDP2_SUCCESS) {
-        memcpy(dst, buf + (start - bstart), (size_t)(end - start));
-        *bytes_read += span;
-    }
-    free(buf);
+    free(bounce);
     return status;
 }
 

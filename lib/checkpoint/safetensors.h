@@ -20,7 +20,7 @@
 #include <fsdp2/status.h>
 #include <fsdp2/tensor.h>
 
-#define ST_MAX_HEADER (100u << 20) /* as the Python package: 100 MB */
+#define ST_MAX_HEADER 100000000u /* as the Python package */
 #define ST_NAME_MAX 512
 
 typedef struct st_entry {
@@ -84,7 +84,8 @@ fsdp2_status_t st_writer_offset(const st_writer_t *w, const char *name, uint64_t
 /* Appends len bytes of the current tensor's data (tensors in declaration order; a
  * tensor is complete when its bytes are all written). */
 fsdp2_status_t st_writer_write(st_writer_t *w, const void *data, size_t len);
-/* Checks that every declared byte was written, fsyncs and closes. */
+/* Checks that every declared byte was written, fsyncs and closes; frees w whatever the
+ * result, and removes the file when it fails. */
 fsdp2_status_t st_writer_finish(st_writer_t *w);
 /* Closes and removes the file (after an error). NULL ignored. */
 void st_writer_abort(st_writer_t *w);
