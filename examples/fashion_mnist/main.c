@@ -35,7 +35,7 @@
 #define EVAL_CHUNK 100
 
 typedef struct args {
-    const char *model, *data, *optimizer, *json;
+    const char *model, *data, *optimizer, *json, *save, *resume;
     int epochs, batch, test_batch, no_shard, limit, threads;
     double lr, gamma;
     long seed;
@@ -52,6 +52,8 @@ typedef struct run {
     fm_set_t train, test;
     fm_model_t *model;
     fsdp2_optimizer_t *opt;
+    fsdp2_state_dict_t *state;
+    int first_epoch;
     float *x;
     int *labels;
 } run_t;
@@ -70,7 +72,7 @@ static void usage(const char *prog, const char *bad)
             "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
             "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
             "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--threads N]\n"
-            "          [--json FILE]\n",
+            "          [--save DIR] [--resume DIR] [--json FILE]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -99,8 +101,8 @@ static double real(const char *prog, const char *flag, const char *text)
 
 static void parse(int argc, char **argv, args_t *a)
 {
-    *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, 2, 64, 1000, 0,
-                  0, 0, 1.0, 0.7, 1, 0};
+    *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, 2,
+                  64, 1000, 0, 0, 0, 1.0, 0.7, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -120,6 +122,10 @@ static void parse(int argc, char **argv, args_t *a)
             a->optimizer = v;
         else if (!strcmp(f, "--json"))
             a->json = v;
+        else if (!strcmp(f, "--save"))
+            a->save = v;
+        else if (!strcmp(f, "--resume"))
+            a->resume = v;
         else if (!strcmp(f, "--epochs"))
             a->epochs = (int)number(argv[0], f, v, 1, 1000);
         else if (!strcmp(f, "--batch"))
@@ -225,6 +231,19 @@ static void setup(run_t *r)
     CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params));
     fsdp2_optimizer_options_t oo = optimizer_options(&r->a);
     CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
+    CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
+    if (r->a.resume) {
+        /* The model and optimizer as saved (at any world size), and the epoch to go on
+         * from. */
+        fsdp2_checkpoint_report_t rep = {.size = sizeof(rep)};
+        char epoch[32];
+        CHECK(fsdp2_checkpoint_load(r->state, r->a.resume, NULL, &rep));
+        CHECK(fsdp2_checkpoint_extra(r->a.resume, "epoch", epoch, sizeof(epoch)));
+        r->first_epoch = atoi(epoch);
+        if (!r->rank)
+            printf("resumed from %s: epoch %d done, saved by %d rank%s\n", r->a.resume,
+                   r->first_epoch, rep.saved_world_size, rep.saved_world_size > 1 ? "s" : "");
+    }
     r->x = malloc(sizeof(float) * (size_t)max_batch * 784);
     r->labels = malloc(sizeof(int) * (size_t)max_batch);
     if (!r->x || !r->labels) {
@@ -393,7 +412,7 @@ int main(int argc, char **argv)
     if (json)
         fprintf(json, "{\"model\": \"%s\", \"ws\": %d, \"sharded\": %s, \"epochs\": [", r.a.model,
                 r.ws, r.a.no_shard ? "false" : "true");
-    for (int e = 0; e < r.a.epochs; e++) {
+    for (int e = r.first_epoch; e < r.a.epochs; e++) {
         fsdp2_lr_schedule_t sched = {FSDP2_LR_STEP, 1, r.a.gamma, 0, 0, 0};
         double lr;
         CHECK(fsdp2_lr_at(&sched, r.a.lr, e, &lr));
@@ -423,15 +442,30 @@ int main(int argc, char **argv)
                     "\"accuracy\": %.4f, \"seconds\": %.3f, \"images_per_s\": %.1f, "
                     "\"planned_bytes\": %llu, \"peak_bytes\": %llu, "
                     "\"param_grad_opt_bytes\": %llu}",
-                    e ? ", " : "", e + 1, lr, st.train_loss, st.test_loss, st.accuracy,
+                    e > r.first_epoch ? ", " : "", e + 1, lr, st.train_loss, st.test_loss, st.accuracy,
                     st.seconds, st.images_per_s, (unsigned long long)planned,
                     (unsigned long long)measured, (unsigned long long)state);
         last = st;
+        if (r.a.save) {
+            char epoch[32], model_name[16];
+            snprintf(epoch, sizeof(epoch), "%d", e + 1);
+            snprintf(model_name, sizeof(model_name), "%s", r.a.model);
+            const char *keys[2] = {"epoch", "model"}, *values[2] = {epoch, model_name};
+            fsdp2_checkpoint_options_t co = FSDP2_CHECKPOINT_OPTIONS_INIT;
+            co.step = e + 1;
+            co.extra_keys = keys;
+            co.extra_values = values;
+            co.num_extra = 2;
+            CHECK(fsdp2_checkpoint_save(r.state, r.a.save, &co));
+            if (!r.rank)
+                printf("saved %s (epoch %d)\n", r.a.save, e + 1);
+        }
     }
     if (json) {
         fprintf(json, "], \"final_accuracy\": %.4f}\n", last.accuracy);
         fclose(json);
     }
+    CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     fm_model_destroy(r.model);
     fsdp2_mesh_destroy(r.self_mesh);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A few training steps of the Fashion-MNIST example at ws = 1 and ws = 2 (FSDP), and at
-# ws = 2 replicated (--no-shard), must reach the same losses: each step's global batch
-# is the same 64 samples whatever the world size, and the gradients are averaged.
+# A few training steps of the Fashion-MNIST example at ws = 1 and ws = 2 (FSDP), at
+# ws = 2 replicated (--no-shard), and stopped at ws = 4 after one epoch with a checkpoint
+# then resumed at ws = 2, must reach the same losses: each step's global batch is the
+# same 64 samples whatever the world size, and the gradients are averaged.
 #   same_loss.sh FSDP2RUN FASHION_MNIST
 set -euo pipefail
 run=$1
@@ -17,13 +18,23 @@ common=(--model mlp --epochs 2 --limit 1280 --seed 3)
 "$run" --nproc-per-node 1 "$prog" "${common[@]}" --json "$out/ws1.json" >/dev/null
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --json "$out/ws2.json" >/dev/null
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --no-shard --json "$out/ddp2.json" >/dev/null
+# Stop after one epoch at ws 4 with a checkpoint, resume at ws 2 for the second.
+"$run" --nproc-per-node 4 "$prog" "${common[@]}" --epochs 1 --save "$out/ckpt" >/dev/null
+"$run" --nproc-per-node 2 "$prog" "${common[@]}" --resume "$out/ckpt" --json "$out/resumed.json" >/dev/null
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-runs = {name: json.load(open(f"{out}/{name}.json")) for name in ("ws1", "ws2", "ddp2")}
+runs = {name: json.load(open(f"{out}/{name}.json")) for name in ("ws1", "ws2", "ddp2", "resumed")}
 bad = 0
-for name in ("ws2", "ddp2"):
-    for a, b in zip(runs["ws1"]["epochs"], runs[name]["epochs"]):
+if len(runs["resumed"]["epochs"]) != 1 or runs["resumed"]["epochs"][0]["epoch"] != 2:
+    print("FAIL: the resumed run should have trained epoch 2 only:", runs["resumed"]["epochs"])
+    bad += 1
+for name in ("ws2", "ddp2", "resumed"):
+    by_epoch = {e["epoch"]: e for e in runs[name]["epochs"]}
+    for a in runs["ws1"]["epochs"]:
+        b = by_epoch.get(a["epoch"])
+        if b is None:
+            continue
         for key in ("train_loss", "test_loss"):
             x, y = a[key], b[key]
             if abs(x - y) > 1e-4 * max(1.0, abs(x)):
