@@ -22,6 +22,8 @@
 
 #define ST_MAX_HEADER 100000000u /* as the Python package */
 #define ST_NAME_MAX 512
+/* 2^53: the largest integer range a double (cJSON's number) holds exactly. */
+#define ST_MAX_EXACT ((uint64_t)1 << 53)
 
 typedef struct st_entry {
     char name[ST_NAME_MAX];
@@ -89,6 +91,9 @@ fsdp2_status_t st_writer_write(st_writer_t *w, const void *data, size_t len);
 fsdp2_status_t st_writer_finish(st_writer_t *w);
 /* Closes and removes the file (after an error). NULL ignored. */
 void st_writer_abort(st_writer_t *w);
+
+/* Whether s is valid UTF-8 (names and metadata must be, as JSON text). */
+int st_utf8_valid(const char *s);
 
 /* CRC-32C (Castagnoli), as in iSCSI/ext4: crc = st_crc32c(0, data, len) for a whole
  * buffer; pass the previous value to continue. */
