@@ -71,6 +71,11 @@ fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, co
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
+/* A barrier over the group's members only, through the store (set-up time). `what`
+ * names it within the group's keys. */
+fsdp2_status_t fsdp2_group_members_barrier(struct fsdp2_group *g, fsdp2_store_t *store,
+                                           const char *what);
+
 /* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
  * f32 (f64 for f64), then / post (post already includes the group size for AVG),
  * rounded once. dst may alias one of the sources. dtype f32, f64, bf16 or f16. */

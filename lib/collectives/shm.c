@@ -1,0 +1,640 @@
+/* The shared-memory transport: collectives of a group whose members all run on this
+ * host, through one POSIX shared-memory segment per group.
+ *
+ * Each member owns a ring of SHM_SLOTS slots of SHM_SLOT bytes in the segment. A
+ * collective is a sequence of steps; in each step a rank copies the bytes its peers need
+ * into its next slot and publishes that (its `head` counter), then reads what it needs
+ * from its peers' slots for that step and says so (its `done` counter for each writer).
+ * A writer reuses a slot once every reader has finished with it, SHM_SLOTS steps later,
+ * so copy-in and copy-out of consecutive steps overlap across ranks, and the slots stay
+ * small enough to be read back from cache: that is what Open MPI's vader BTL and NCCL's
+ * shm transport do. Counters are monotonic over the group's life (all members run the
+ * same steps in the same order), published with release stores and read with acquire
+ * loads. A rank that has nothing for a step neither writes nor waits for it.
+ *
+ * Reductions read straight from the peers' slots: reduce-scatter has each rank copy the
+ * pieces of its input the others own into its slot and sum its own piece from all slots
+ * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
+ * ranges and then all-gathers the ranges, or, up to one slot, has every rank post its
+ * whole buffer and reduce everything itself (one step instead of two).
+ *
+ * Collectives of a group run one at a time, in sequence order (a stream thread waits for
+ * its collective's turn), so concurrent collectives on different streams never compete
+ * for the slots. Waiting spins briefly, then yields the core, then sleeps on a futex in
+ * the segment: with more ranks than cores the peer we wait for needs this core. A wait
+ * fails on the group's timeout, an abort, a peer whose process is gone, or a peer that
+ * marked the segment broken because its own collective failed: nothing hangs. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "collectives/shm.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+#define SHM_SLOT (256u << 10) /* bytes per step and rank */
+#define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
+#define SHM_PAUSES 64         /* busy polls before a wait starts yielding */
+#define SHM_YIELDS 256        /* yields before it sleeps on the futex */
+#define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
+#define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
+#define SHM_MAGIC 0x66736470326d6873ull
+#define LINE 64
+#define PAGE 4096
+
+typedef _Atomic uint64_t counter_t;
+
+typedef struct shm_header {
+    uint64_t magic;
+    int64_t size;
+    _Alignas(LINE) atomic_int broken;    /* 1 + the rank whose collective failed first */
+    _Alignas(LINE) atomic_uint doorbell; /* futex word, bumped when a sleeper may wake */
+    atomic_int sleepers;
+} shm_header_t;
+
+struct shm_group {
+    fsdp2_group_t *g;
+    shm_header_t *hdr;
+    size_t map_bytes;
+    counter_t *head; /* rank r's head at head[r * LINE / 8]: steps it has posted */
+    counter_t *done; /* reader p's row at done[p * row]: steps of each writer p finished */
+    size_t row;      /* counters per done row */
+    char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
+    shm_peer_gone_fn gone;
+    void *gone_arg;
+    pthread_mutex_t lock;
+    pthread_cond_t turn_changed;
+    uint64_t turn;  /* collectives finished here: sequence number `turn` runs next */
+    uint64_t steps; /* steps run so far, the same count on every member */
+};
+
+/* One collective's view: who we are, the next step, and the wait bookkeeping. */
+typedef struct run {
+    shm_group_t *sg;
+    const char *what;
+    int me, n;
+    uint64_t next; /* the step number the collective uses next */
+    int64_t deadline_ms, liveness_ms;
+} run_t;
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void futex_wait(atomic_uint *word, unsigned value, long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+}
+
+static void wake_sleepers(shm_header_t *h)
+{
+    /* Pairs with wait_for: a sleeper announces itself before its last check, and a
+     * poster reads the announcement after its store (both sequentially consistent), so
+     * one of them sees the other. */
+    if (atomic_load(&h->sleepers) > 0) {
+        atomic_fetch_add(&h->doorbell, 1);
+        syscall(SYS_futex, (unsigned *)&h->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+static counter_t *head_of(const run_t *x, int r) { return x->sg->head + (size_t)r * (LINE / 8); }
+
+static counter_t *done_of(const run_t *x, int reader, int writer)
+{
+    return x->sg->done + (size_t)reader * x->sg->row + (size_t)writer;
+}
+
+static char *slot_of(const run_t *x, int r, uint64_t step)
+{
+    return x->sg->ring + ((size_t)r * SHM_SLOTS + (size_t)(step % SHM_SLOTS)) * SHM_SLOT;
+}
+
+/* Fails the group and marks the segment broken, so that peers fail now rather than at
+ * their timeout. */
+static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt, ...)
+{
+    char message[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    int expected = 0;
+    atomic_compare_exchange_strong(&x->sg->hdr->broken, &expected, x->me + 1);
+    atomic_fetch_add(&x->sg->hdr->doorbell, 1);
+    syscall(SYS_futex, (unsigned *)&x->sg->hdr->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    return fsdp2_group_fail(x->sg->g, status, "%s", message);
+}
+
+/* Called while a wait is idle: every reason to stop waiting for peer. */
+static fsdp2_status_t check_health(run_t *x, int peer)
+{
+    fsdp2_group_t *g = x->sg->g;
+    int broken = atomic_load(&x->sg->hdr->broken);
+    if (broken && broken != x->me + 1)
+        return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: rank %d's collective failed",
+                                x->what, broken - 1);
+    if (atomic_load(&g->aborted))
+        return run_fail(x, FSDP2_ERR_ABORTED, "%s: aborted", x->what);
+    if (atomic_load(&g->error) != FSDP2_SUCCESS)
+        return fsdp2_group_check(g); /* another collective of the group failed here */
+    int64_t now = fsdp2_now_ms();
+    if (now >= x->liveness_ms) {
+        x->liveness_ms = now + SHM_LIVENESS_MS;
+        if (x->sg->gone(x->sg->gone_arg, peer))
+            return run_fail(x, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed (its process is gone)",
+                            x->what, peer);
+    }
+    if (now >= x->deadline_ms)
+        return run_fail(x, FSDP2_ERR_TIMEOUT,
+                        "%s: rank %d did not arrive within %.1f s (FSDP2_TIMEOUT)", x->what, peer,
+                        (double)x->sg->g->timeout_ms / 1e3);
+    return FSDP2_SUCCESS;
+}
+
+/* Waits until *word >= target; peer is the rank that advances it. */
+static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
+{
+    shm_header_t *h = x->sg->hdr;
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(word, memory_order_acquire) >= target)
+            return FSDP2_SUCCESS;
+        if (i < SHM_PAUSES) {
+            cpu_relax();
+            continue;
+        }
+        FSDP2_CHECK(check_health(x, peer));
+        if (i < SHM_PAUSES + SHM_YIELDS) {
+            sched_yield();
+            continue;
+        }
+        atomic_fetch_add(&h->sleepers, 1);
+        unsigned bell = atomic_load(&h->doorbell);
+        if (atomic_load(word) < target)
+            futex_wait(&h->doorbell, bell, SHM_SLEEP_MS);
+        atomic_fetch_sub(&h->sleepers, 1);
+    }
+}
+
+/* This rank's slot for step t, once every reader has finished with its previous use. */
+static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
+{
+    for (int k = 1; k < x->n && t >= SHM_SLOTS; k++) {
+        int p = (x->me + k) % x->n;
+        FSDP2_CHECK(wait_for(x, done_of(x, p, x->me), t + 1 - SHM_SLOTS, p));
+    }
+    *slot = slot_of(x, x->me, t);
+    return FSDP2_SUCCESS;
+}
+
+static void post(run_t *x, uint64_t t)
+{
+    atomic_store(head_of(x, x->me), t + 1);
+    wake_sleepers(x->sg->hdr);
+}
+
+static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
+{
+    FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+    *slot = slot_of(x, r, t);
+    return FSDP2_SUCCESS;
+}
+
+/* Every peer's slot of step t is free as far as this rank is concerned (read, or never
+ * needed: a reader may mark a step it skips before the writer has even posted it). */
+static void finish_step(run_t *x, uint64_t t)
+{
+    for (int k = 1; k < x->n; k++)
+        atomic_store(done_of(x, x->me, (x->me + k) % x->n), t + 1);
+    wake_sleepers(x->sg->hdr);
+}
+
+/* ---- gathers ---- */
+
+/* Where a rank's gathered bytes go: a buffer, or the pieces of all_gather_pieces. */
+typedef struct sink {
+    char *buf;
+    const fsdp2_iov_t *piece; /* the current piece, and how much of it is written */
+    size_t at;
+} sink_t;
+
+static void sink_write(sink_t *s, size_t off, const char *src, size_t m)
+{
+    if (s->buf) {
+        memcpy(s->buf + off, src, m);
+        return;
+    }
+    while (m) { /* pieces are filled in order, so off is always the cursor */
+        size_t room = s->piece->bytes - s->at;
+        if (!room) {
+            s->piece++;
+            s->at = 0;
+            continue;
+        }
+        size_t k = min_size(room, m);
+        memcpy((char *)s->piece->data + s->at, src, k);
+        s->at += k;
+        src += k;
+        m -= k;
+    }
+}
+
+/* Rank r's len[r] bytes reach sinks[r] on every other rank; this rank's bytes come from
+ * mine (its own sink is not written). */
+static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks)
+{
+    size_t most = 0;
+    for (int r = 0; r < x->n; r++)
+        most = len[r] > most ? len[r] : most;
+    for (size_t off = 0; off < most; off += SHM_SLOT) {
+        uint64_t t = x->next++;
+        if (off < len[x->me]) {
+            char *slot;
+            FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
+            post(x, t);
+        }
+        for (int k = 1; k < x->n; k++) {
+            int r = (x->me + k) % x->n;
+            if (off >= len[r])
+                continue;
+            const char *slot;
+            FSDP2_CHECK(slot_for_read(x, r, t, &slot));
+            sink_write(&sinks[r], off, slot, min_size(SHM_SLOT, len[r] - off));
+        }
+        finish_step(x, t);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_all_gather(run_t *x, const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size, len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    char *recv = op->recv;
+    for (int r = 0; r < x->n; r++) {
+        len[r] = bytes;
+        sinks[r] = (sink_t){.buf = recv + (size_t)r * bytes};
+    }
+    char *mine = recv + (size_t)x->me * bytes;
+    if (bytes && mine != (const char *)op->send)
+        memcpy(mine, op->send, bytes);
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
+{
+    size_t len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    for (int r = 0; r < x->n; r++) {
+        len[r] = op->count;
+        sinks[r] = (sink_t){.piece = op->pieces + op->offsets[r]};
+    }
+    const char *src = op->send;
+    for (size_t k = op->offsets[x->me]; k < op->offsets[x->me + 1]; k++) {
+        if (op->pieces[k].bytes && op->pieces[k].data != src)
+            memmove(op->pieces[k].data, src, op->pieces[k].bytes);
+        src += op->pieces[k].bytes;
+    }
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
+{
+    size_t len[FSDP2_SHM_MAX_RANKS] = {0};
+    sink_t sinks[FSDP2_SHM_MAX_RANKS] = {{0}};
+    len[op->root] = op->count * op->elem_size;
+    sinks[op->root].buf = op->recv;
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_barrier(run_t *x)
+{
+    uint64_t t = x->next++;
+    post(x, t);
+    for (int k = 1; k < x->n; k++) {
+        int r = (x->me + k) % x->n;
+        FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+    }
+    finish_step(x, t);
+    return FSDP2_SUCCESS;
+}
+
+/* ---- reductions ---- */
+
+/* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
+ * to out. In each step a writer's slot holds one piece for each peer, in the order of
+ * the peers after it. */
+static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t *lo,
+                                    const size_t *hi, char *out)
+{
+    int n = x->n, me = x->me;
+    size_t es = op->elem_size;
+    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
+    size_t most = 0, mine = hi[me] - lo[me];
+    for (int r = 0; r < n; r++)
+        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
+    const char *send = op->send;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    for (size_t off = 0; off < most; off += piece) {
+        uint64_t t = x->next++;
+        char *slot = NULL;
+        for (int k = 1; k < n; k++) {
+            int p = (me + k) % n;
+            size_t len = hi[p] - lo[p];
+            if (off >= len)
+                continue;
+            if (!slot)
+                FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot + (size_t)(k - 1) * piece * es, send + (lo[p] + off) * es,
+                   min_size(piece, len - off) * es);
+        }
+        if (slot)
+            post(x, t);
+        if (off < mine) {
+            for (int r = 0; r < n; r++) {
+                if (r == me) {
+                    src[r] = send + (lo[me] + off) * es;
+                    continue;
+                }
+                const char *peer_slot;
+                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
+            }
+            fsdp2_reduce_rank_order(out + off * es, op->dtype, src, n, min_size(piece, mine - off),
+                                    op->reduce.pre_divide, op->reduce.post_divide);
+        }
+        finish_step(x, t);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_reduce_scatter(run_t *x, const coll_op_t *op)
+{
+    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS];
+    for (int r = 0; r < x->n; r++) {
+        lo[r] = (size_t)r * op->count;
+        hi[r] = lo[r] + op->count;
+    }
+    return reduce_ranges(x, op, lo, hi, op->recv);
+}
+
+/* Up to one slot: every rank posts its whole buffer and reduces all of them itself. */
+static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    uint64_t t = x->next++;
+    char *slot;
+    FSDP2_CHECK(slot_for_write(x, t, &slot));
+    memcpy(slot, op->recv, bytes);
+    post(x, t);
+    for (int r = 0; r < x->n; r++) {
+        const char *peer_slot = op->recv;
+        if (r != x->me)
+            FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+        src[r] = peer_slot;
+    }
+    /* the result overwrites our own contribution block by block, after reading it */
+    fsdp2_reduce_rank_order(op->recv, op->dtype, src, x->n, op->count, op->reduce.pre_divide,
+                            op->reduce.post_divide);
+    finish_step(x, t);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
+{
+    size_t es = op->elem_size;
+    if (op->count * es <= SHM_SLOT)
+        return all_reduce_one_step(x, op);
+    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    size_t chunk = (op->count + (size_t)x->n - 1) / (size_t)x->n; /* torch.chunk */
+    char *buf = op->recv;
+    for (int r = 0; r < x->n; r++) {
+        lo[r] = min_size(chunk * (size_t)r, op->count);
+        hi[r] = min_size(chunk * (size_t)(r + 1), op->count);
+        len[r] = (hi[r] - lo[r]) * es;
+        sinks[r] = (sink_t){.buf = buf + lo[r] * es};
+    }
+    /* Peers read our buffer only through our slots, so our range can take the result
+     * while they still reduce theirs. */
+    FSDP2_CHECK(reduce_ranges(x, op, lo, hi, buf + lo[x->me] * es));
+    return gather(x, buf + lo[x->me] * es, len, sinks);
+}
+
+/* ---- turns ---- */
+
+/* Waits until the group's collectives before op's have finished here. */
+static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t deadline_ms,
+                                const char *what)
+{
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    pthread_mutex_lock(&sg->lock);
+    while (sg->turn != op->seq && status == FSDP2_SUCCESS) {
+        status = fsdp2_group_check(sg->g);
+        if (status != FSDP2_SUCCESS)
+            break;
+        if (fsdp2_now_ms() >= deadline_ms) {
+            pthread_mutex_unlock(&sg->lock);
+            return fsdp2_group_fail(sg->g, FSDP2_ERR_TIMEOUT,
+                                    "%s: the group's collective %llu (before this one) did not "
+                                    "finish within %.1f s (FSDP2_TIMEOUT)",
+                                    what, (unsigned long long)sg->turn,
+                                    (double)sg->g->timeout_ms / 1e3);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 10 * 1000000L; /* wakes to see group failures */
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&sg->turn_changed, &sg->lock, &ts);
+    }
+    pthread_mutex_unlock(&sg->lock);
+    return status;
+}
+
+static const char *kind_name(coll_kind_t kind)
+{
+    switch (kind) {
+    case COLL_ALL_GATHER: return "all_gather";
+    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_ALL_REDUCE: return "all_reduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "collective";
+}
+
+fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
+{
+    fsdp2_group_t *g = sg->g;
+    const char *what = kind_name(op->kind);
+    int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
+    fsdp2_status_t status = wait_turn(sg, op, deadline, what);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_check(g);
+    if (status != FSDP2_SUCCESS)
+        return status; /* the group has failed: every later turn fails the same way */
+    run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
+               .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
+    switch (op->kind) {
+    case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
+    case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
+    case COLL_REDUCE_SCATTER: status = run_reduce_scatter(&x, op); break;
+    case COLL_ALL_REDUCE: status = run_all_reduce(&x, op); break;
+    case COLL_BROADCAST: status = run_broadcast(&x, op); break;
+    case COLL_BARRIER: status = run_barrier(&x); break;
+    }
+    pthread_mutex_lock(&sg->lock);
+    sg->steps = x.next;
+    sg->turn++;
+    pthread_cond_broadcast(&sg->turn_changed);
+    pthread_mutex_unlock(&sg->lock);
+    return status;
+}
+
+/* ---- create / destroy ---- */
+
+static size_t segment_bytes(int n, size_t *row, size_t *ctl)
+{
+    *row = round_up((size_t)n * 8, LINE) / 8;
+    *ctl = round_up((size_t)n * LINE + (size_t)n * *row * 8, PAGE);
+    return PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
+}
+
+/* Rank 0 creates and sizes the segment and publishes its name; the others open it. */
+static fsdp2_status_t open_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
+                                   char *name, size_t name_cap, int *fd)
+{
+    char key[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/shm/name", g->name);
+    if (g->rank == 0) {
+        static atomic_uint serial;
+        snprintf(name, name_cap, "/fsdp2-%d-%u-%llx", (int)getpid(), atomic_fetch_add(&serial, 1),
+                 (unsigned long long)fsdp2_now_ns());
+        *fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (*fd < 0)
+            return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': shm_open %s: %s", g->name, name,
+                               strerror(errno));
+        if (ftruncate(*fd, (off_t)bytes) != 0) {
+            int e = errno;
+            shm_unlink(name);
+            return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': sizing %s to %zu bytes: %s",
+                               g->name, name, bytes, strerror(e));
+        }
+        return fsdp2_store_set(store, key, name, strlen(name) + 1);
+    }
+    size_t len = 0;
+    FSDP2_CHECK(fsdp2_store_get(store, key, name, name_cap - 1, &len));
+    name[len < name_cap ? len : name_cap - 1] = '\0';
+    *fd = shm_open(name, O_RDWR, 0);
+    if (*fd < 0)
+        return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': shm_open %s (made by rank 0): %s",
+                           g->name, name, strerror(errno));
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || (size_t)st.st_size != bytes)
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': %s has %lld bytes, not %zu",
+                           g->name, name, (long long)st.st_size, bytes);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer_gone_fn gone,
+                                void *gone_arg, shm_group_t **out)
+{
+    *out = NULL;
+    if (g->size > FSDP2_SHM_MAX_RANKS)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': %d ranks (shm: at most %d)",
+                           g->name, g->size, FSDP2_SHM_MAX_RANKS);
+    shm_group_t *sg = calloc(1, sizeof(*sg));
+    if (!sg)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm", g->name);
+    sg->g = g;
+    sg->gone = gone;
+    sg->gone_arg = gone_arg;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&sg->lock, NULL);
+    pthread_cond_init(&sg->turn_changed, &attr);
+    pthread_condattr_destroy(&attr);
+    size_t ctl = 0, bytes = segment_bytes(g->size, &sg->row, &ctl);
+    char name[96] = "";
+    int fd = -1;
+    fsdp2_status_t status = open_segment(g, store, bytes, name, sizeof(name), &fd);
+    if (status == FSDP2_SUCCESS) {
+        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED)
+            status = fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': mmap %s (%zu bytes): %s",
+                                 g->name, name, bytes, strerror(errno));
+        else {
+            sg->hdr = map;
+            sg->map_bytes = bytes;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (status == FSDP2_SUCCESS && g->rank == 0) {
+        sg->hdr->magic = SHM_MAGIC;
+        sg->hdr->size = g->size;
+    }
+    /* After the barrier every member has it mapped (and rank 0 wrote the header), so
+     * the name can go: nothing is left in /dev/shm whatever happens next. */
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_members_barrier(g, store, "shm/mapped");
+    if (name[0] && (g->rank == 0 || status == FSDP2_SUCCESS))
+        shm_unlink(name); /* every member tries, in case rank 0 died: ENOENT is fine */
+    if (status == FSDP2_SUCCESS &&
+        (sg->hdr->magic != SHM_MAGIC || sg->hdr->size != g->size))
+        status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': segment %s was not made for %d "
+                             "ranks of this group", g->name, name, g->size);
+    if (status != FSDP2_SUCCESS) {
+        fsdp2_shm_destroy(sg);
+        return status;
+    }
+    char *base = (char *)sg->hdr;
+    sg->head = (counter_t *)(base + PAGE);
+    sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
+    sg->ring = base + PAGE + ctl;
+    FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
+              bytes);
+    *out = sg;
+    return FSDP2_SUCCESS;
+}
+
+void fsdp2_shm_destroy(shm_group_t *sg)
+{
+    if (!sg)
+        return;
+    if (sg->hdr)
+        munmap(sg->hdr, sg->map_bytes);
+    pthread_mutex_destroy(&sg->lock);
+    pthread_cond_destroy(&sg->turn_changed);
+    free(sg);
+}
