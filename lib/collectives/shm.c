@@ -46,8 +46,9 @@
 
 #define SHM_SLOT (256u << 10) /* bytes per step and rank */
 #define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
-#define SHM_PAUSES 64         /* busy polls before a wait starts yielding */
+#define SHM_SPIN_NS 100000    /* busy polling before a wait yields (ranks <= cores) */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
+#define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
 #define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
 #define SHM_MAGIC 0x66736470326d6873ull
@@ -59,16 +60,22 @@ typedef _Atomic uint64_t counter_t;
 typedef struct shm_header {
     uint64_t magic;
     int64_t size;
-    _Alignas(LINE) atomic_int broken;    /* 1 + the rank whose collective failed first */
-    _Alignas(LINE) atomic_uint doorbell; /* futex word, bumped when a sleeper may wake */
-    atomic_int sleepers;
+    _Alignas(LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
 } shm_header_t;
+
+/* A rank's line: what it publishes, and where those waiting for it sleep. */
+typedef struct rank_line {
+    counter_t head;      /* steps this rank has posted */
+    atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
+    atomic_int sleepers; /* threads asleep on bell */
+    char pad[LINE - 16];
+} rank_line_t;
 
 struct shm_group {
     fsdp2_group_t *g;
     shm_header_t *hdr;
     size_t map_bytes;
-    counter_t *head; /* rank r's head at head[r * LINE / 8]: steps it has posted */
+    rank_line_t *lines; /* [size] */
     counter_t *done; /* reader p's row at done[p * row]: steps of each writer p finished */
     size_t row;      /* counters per done row */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
@@ -78,6 +85,13 @@ struct shm_group {
     pthread_cond_t turn_changed;
     uint64_t turn;  /* collectives finished here: sequence number `turn` runs next */
     uint64_t steps; /* steps run so far, the same count on every member */
+    /* Waiting when the group has a core per rank: busy polling at first (a yield that
+     * lets a peer's thread in keeps both on one core, where the scheduler leaves such
+     * cache-hot threads; measured 1-2 GB/s instead of 12-16 at 64 KiB), and a yield that
+     * ran another thread sends the wait to sleep, so that the wake-up can place it on an
+     * idle core. With more ranks than cores, yield at once and never count. */
+    int64_t spin_ns;
+    int contended_max;
 };
 
 /* One collective's view: who we are, the next step, and the wait bookkeeping. */
@@ -107,18 +121,18 @@ static void futex_wait(atomic_uint *word, unsigned value, long ms)
     syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT, value, &ts, NULL, 0);
 }
 
-static void wake_sleepers(shm_header_t *h)
+static void wake_sleepers(rank_line_t *line)
 {
     /* Pairs with wait_for: a sleeper announces itself before its last check, and a
      * poster reads the announcement after its store (both sequentially consistent), so
      * one of them sees the other. */
-    if (atomic_load(&h->sleepers) > 0) {
-        atomic_fetch_add(&h->doorbell, 1);
-        syscall(SYS_futex, (unsigned *)&h->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    if (atomic_load(&line->sleepers) > 0) {
+        atomic_fetch_add(&line->bell, 1);
+        syscall(SYS_futex, (unsigned *)&line->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }
 
-static counter_t *head_of(const run_t *x, int r) { return x->sg->head + (size_t)r * (LINE / 8); }
+static counter_t *head_of(const run_t *x, int r) { return &x->sg->lines[r].head; }
 
 static counter_t *done_of(const run_t *x, int reader, int writer)
 {
@@ -144,8 +158,10 @@ static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt,
     va_end(ap);
     int expected = 0;
     atomic_compare_exchange_strong(&x->sg->hdr->broken, &expected, x->me + 1);
-    atomic_fetch_add(&x->sg->hdr->doorbell, 1);
-    syscall(SYS_futex, (unsigned *)&x->sg->hdr->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    for (int r = 0; r < x->n; r++) {
+        atomic_fetch_add(&x->sg->lines[r].bell, 1);
+        syscall(SYS_futex, (unsigned *)&x->sg->lines[r].bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
     return fsdp2_group_fail(x->sg->g, status, "%s", message);
 }
 
@@ -178,24 +194,30 @@ static fsdp2_status_t check_health(run_t *x, int peer)
 /* Waits until *word >= target; peer is the rank that advances it. */
 static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
 {
-    shm_header_t *h = x->sg->hdr;
+    rank_line_t *line = &x->sg->lines[peer]; /* peer advances word */
+    int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0;
+    int64_t start = spinning ? fsdp2_now_ns() : 0;
     for (int i = 0;; i++) {
         if (atomic_load_explicit(word, memory_order_acquire) >= target)
             return FSDP2_SUCCESS;
-        if (i < SHM_PAUSES) {
+        if (spinning) {
             cpu_relax();
+            if ((i & 63) == 63)
+                spinning = fsdp2_now_ns() - start < x->sg->spin_ns;
             continue;
         }
         FSDP2_CHECK(check_health(x, peer));
-        if (i < SHM_PAUSES + SHM_YIELDS) {
+        if (yields++ < SHM_YIELDS && contended < x->sg->contended_max) {
+            int64_t t0 = fsdp2_now_ns();
             sched_yield();
+            contended += fsdp2_now_ns() - t0 > SHM_CONTENDED_NS;
             continue;
         }
-        atomic_fetch_add(&h->sleepers, 1);
-        unsigned bell = atomic_load(&h->doorbell);
+        atomic_fetch_add(&line->sleepers, 1);
+        unsigned bell = atomic_load(&line->bell);
         if (atomic_load(word) < target)
-            futex_wait(&h->doorbell, bell, SHM_SLEEP_MS);
-        atomic_fetch_sub(&h->sleepers, 1);
+            futex_wait(&line->bell, bell, SHM_SLEEP_MS);
+        atomic_fetch_sub(&line->sleepers, 1);
     }
 }
 
@@ -213,7 +235,7 @@ static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
 static void post(run_t *x, uint64_t t)
 {
     atomic_store(head_of(x, x->me), t + 1);
-    wake_sleepers(x->sg->hdr);
+    wake_sleepers(&x->sg->lines[x->me]);
 }
 
 static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
@@ -229,7 +251,7 @@ static void finish_step(run_t *x, uint64_t t)
 {
     for (int k = 1; k < x->n; k++)
         atomic_store(done_of(x, x->me, (x->me + k) % x->n), t + 1);
-    wake_sleepers(x->sg->hdr);
+    wake_sleepers(&x->sg->lines[x->me]);
 }
 
 /* ---- gathers ---- */
@@ -578,6 +600,10 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->g = g;
     sg->gone = gone;
     sg->gone_arg = gone_arg;
+    cpu_set_t cpus;
+    int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
+    sg->contended_max = g->size <= cores ? 2 : INT_MAX;
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -619,7 +645,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         return status;
     }
     char *base = (char *)sg->hdr;
-    sg->head = (counter_t *)(base + PAGE);
+    sg->lines = (rank_line_t *)(base + PAGE);
     sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
     sg->ring = base + PAGE + ctl;
     FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
