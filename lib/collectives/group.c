@@ -125,6 +125,8 @@ fsdp2_status_t fsdp2_group_abort(fsdp2_group_t *g)
     FSDP2_ARG_CHECK(g, "group is NULL");
     atomic_store(&g->aborted, 1);
     fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "aborted by the application");
+    if (g->ops->abort)
+        g->ops->abort(g);
     return FSDP2_SUCCESS;
 }
 

@@ -144,6 +144,21 @@ static char *slot_of(const run_t *x, int r, uint64_t step)
     return x->sg->ring + ((size_t)r * SHM_SLOTS + (size_t)(step % SHM_SLOTS)) * SHM_SLOT;
 }
 
+static void mark_broken(shm_group_t *sg, int rank)
+{
+    int expected = 0;
+    atomic_compare_exchange_strong(&sg->hdr->broken, &expected, rank + 1);
+    for (int r = 0; r < sg->g->size; r++) {
+        atomic_fetch_add(&sg->lines[r].bell, 1);
+        syscall(SYS_futex, (unsigned *)&sg->lines[r].bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+void fsdp2_shm_abort(shm_group_t *sg)
+{
+    mark_broken(sg, sg->g->rank);
+}
+
 /* Fails the group and marks the segment broken, so that peers fail now rather than at
  * their timeout. */
 static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt, ...)
@@ -156,12 +171,7 @@ static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
-    int expected = 0;
-    atomic_compare_exchange_strong(&x->sg->hdr->broken, &expected, x->me + 1);
-    for (int r = 0; r < x->n; r++) {
-        atomic_fetch_add(&x->sg->lines[r].bell, 1);
-        syscall(SYS_futex, (unsigned *)&x->sg->lines[r].bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
+    mark_broken(x->sg, x->me);
     return fsdp2_group_fail(x->sg->g, status, "%s", message);
 }
 
@@ -522,8 +532,12 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     fsdp2_status_t status = wait_turn(sg, op, deadline, what);
     if (status == FSDP2_SUCCESS)
         status = fsdp2_group_check(g);
-    if (status != FSDP2_SUCCESS)
-        return status; /* the group has failed: every later turn fails the same way */
+    if (status != FSDP2_SUCCESS) {
+        /* The group has failed here, so this rank will not take part: the peers must
+         * not wait for it until their timeout. */
+        mark_broken(sg, g->rank);
+        return status;
+    }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
     switch (op->kind) {

@@ -906,9 +906,17 @@ static void ucx_destroy(fsdp2_group_t *g)
     context_release();
 }
 
+static void ucx_abort(fsdp2_group_t *g)
+{
+    ucx_group_t *ug = g->backend;
+    if (ug->shm)
+        fsdp2_shm_abort(ug->shm);
+}
+
 const fsdp2_group_ops_t fsdp2_ucx_group_ops = {
     .name = "ucx",
     .create = ucx_create,
     .destroy = ucx_destroy,
     .enqueue = ucx_enqueue,
+    .abort = ucx_abort,
 };
