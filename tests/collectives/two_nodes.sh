@@ -8,10 +8,10 @@
 set -euo pipefail
 fsdp2run=$1
 check=$2
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for run in auto,off peer,off auto,on; do
     mode=${run%,*} shm=${run#*,}
-    port=$((port + 1))
+    # a fresh free port per run (port + 1 of an earlier pick was sometimes taken)
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     out=$(mktemp -d)
     export UCX_TLS=tcp FSDP2_UCX_ERROR_MODE=$mode FSDP2_SHM=$shm FSDP2_TIMEOUT=60
     for node in 0 1; do
