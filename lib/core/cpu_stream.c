@@ -27,17 +27,11 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 
-/* Yields before a waiter blocks on a condition variable: a wake-up costs a scheduler
- * round trip (tens of microseconds when ranks outnumber cores), and the awaited
- * completion often arrives within a few yields.
- *
- * The worker does not spin when idle, and leaves queued tasks to application threads
- * waiting for them ("helpers", who run them inline): a thread per rank that spins or
- * runs what its caller waits for anyway doubles the runnable threads, and with ranks
- * outnumbering cores that cost the side-stream collectives 3-4x against the same
- * collectives run inline (4 ranks on 2 cores, 64 KiB). The wake-up on enqueue may
- * preempt the caller before it waits (on this 2-core machine it did), so a woken worker
- * yields once before taking a task, letting that caller become its helper. */
+/* Yields before a worker or a waiter blocks on a condition variable: a wake-up costs a
+ * scheduler round trip (tens of microseconds when ranks outnumber cores), and the next
+ * task or the awaited completion often arrives within a few yields. (A worker that sleeps
+ * at once, leaving synchronous work to helping callers, measured slower: the wake-up on
+ * enqueue preempts the caller on this 2-core machine.) */
 #define SPIN_YIELDS 64
 
 typedef enum task_kind {
@@ -98,7 +92,6 @@ struct cpu_stream {
     size_t capacity, head, count;
     int stopping;
     int running; /* a task is being run (by the worker or a helping waiter) */
-    int helpers; /* application threads in an untimed wait: they run queued tasks */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -212,9 +205,7 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
     if (timeout_ms >= 0)
         deadline_after(timeout_ms, &deadline);
     fsdp2_status_t status = FSDP2_SUCCESS;
-    int helper = timeout_ms < 0 && s->has_thread && !tls_is_worker;
     pthread_mutex_lock(&s->lock);
-    s->helpers += helper;
     for (int spin = 0; spin < SPIN_YIELDS && s->completed < target; spin++) {
         if (can_help(s, timeout_ms)) {
             help_locked(s);
@@ -242,9 +233,6 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
             break;
         }
     }
-    s->helpers -= helper;
-    if (helper && s->helpers == 0 && s->count > 0)
-        pthread_cond_signal(&s->not_empty); /* tasks past our target: the worker's again */
     pthread_mutex_unlock(&s->lock);
     return status;
 }
@@ -295,17 +283,17 @@ static void *stream_worker(void *arg)
     tls_is_worker = 1;
     pthread_mutex_lock(&s->lock);
     for (;;) {
-        /* Wait for a task nobody runs or will help with; leave once stopping and all has
-         * run. */
-        while (s->count == 0 || s->running || (s->helpers > 0 && !s->stopping)) {
+        /* Wait for a task nobody is running; leave once stopping and all has run. */
+        for (int spin = 0; s->count == 0 || s->running; spin++) {
             if (s->stopping && s->count == 0 && !s->running)
                 break;
-            pthread_cond_wait(&s->not_empty, &s->lock);
-            if (s->count > 0 && !s->running && !s->helpers) {
-                pthread_mutex_unlock(&s->lock); /* the caller may be about to help */
+            if (spin < SPIN_YIELDS) { /* work often follows at once: avoid a sleep/wake */
+                pthread_mutex_unlock(&s->lock);
                 sched_yield();
                 pthread_mutex_lock(&s->lock);
+                continue;
             }
+            pthread_cond_wait(&s->not_empty, &s->lock);
         }
         if (s->count == 0)
             break;
@@ -346,8 +334,7 @@ static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     s->ring[(s->head + s->count) % s->capacity] = *t;
     s->count++;
     s->submitted++;
-    if (!s->helpers) /* else a waiting application thread runs it */
-        pthread_cond_signal(&s->not_empty);
+    pthread_cond_signal(&s->not_empty);
     pthread_mutex_unlock(&s->lock);
     return FSDP2_SUCCESS;
 }
