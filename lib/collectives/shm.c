@@ -46,7 +46,8 @@
 
 #define SHM_SLOT (256u << 10) /* bytes per step and rank */
 #define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
-#define SHM_SPIN_NS 100000    /* busy polling before a wait yields (ranks <= cores) */
+#define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
+#define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -309,13 +310,24 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
             memcpy(slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
             post(x, t);
         }
-        for (int k = 1; k < x->n; k++) {
-            int r = (x->me + k) % x->n;
-            if (off >= len[r])
-                continue;
-            const char *slot;
-            FSDP2_CHECK(slot_for_read(x, r, t, &slot));
-            sink_write(&sinks[r], off, slot, min_size(SHM_SLOT, len[r] - off));
+        /* Copy out whichever peers have posted, blocking only when none has: with more
+         * ranks than cores they arrive in any order. */
+        int pending[FSDP2_SHM_MAX_RANKS], np = 0;
+        for (int k = 1; k < x->n; k++)
+            if (off < len[(x->me + k) % x->n])
+                pending[np++] = (x->me + k) % x->n;
+        while (np > 0) {
+            int ready = -1;
+            for (int i = 0; i < np && ready < 0; i++)
+                if (atomic_load_explicit(head_of(x, pending[i]), memory_order_acquire) > t)
+                    ready = i;
+            if (ready < 0) {
+                FSDP2_CHECK(wait_for(x, head_of(x, pending[0]), t + 1, pending[0]));
+                ready = 0;
+            }
+            int r = pending[ready];
+            pending[ready] = pending[--np];
+            sink_write(&sinks[r], off, slot_of(x, r, t), min_size(SHM_SLOT, len[r] - off));
         }
         finish_step(x, t);
     }
@@ -460,7 +472,7 @@ static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
 static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
 {
     size_t es = op->elem_size;
-    if (op->count * es <= SHM_SLOT)
+    if (op->count * es <= SHM_ONE_STEP_MAX)
         return all_reduce_one_step(x, op);
     size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
     sink_t sinks[FSDP2_SHM_MAX_RANKS];
