@@ -69,7 +69,8 @@ typedef struct rank_line {
     counter_t head;      /* steps this rank has posted */
     atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
     atomic_int sleepers; /* threads asleep on bell */
-    char pad[LINE - 16];
+    atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
+    char pad[LINE - 20];
 } rank_line_t;
 
 struct shm_group {
@@ -93,6 +94,7 @@ struct shm_group {
      * idle core. With more ranks than cores, yield at once and never count. */
     int64_t spin_ns;
     int contended_max;
+    int nudge; /* move_off_peer_core may act */
 };
 
 /* One collective's view: who we are, the next step, and the wait bookkeeping. */
@@ -202,19 +204,57 @@ static fsdp2_status_t check_health(run_t *x, int peer)
     return FSDP2_SUCCESS;
 }
 
+/* With a core per rank, both ranks' threads sometimes end up on one core and stay there
+ * (the scheduler does not move threads that keep waking each other: every collective
+ * then ran at a tenth of its speed or less). A wait that found its peer last waiting on
+ * this core moves itself to a core no rank was seen on, and gives its allowed cores
+ * back at once, so the scheduler is free again afterwards. */
+static void move_off_peer_core(run_t *x, int peer, int cpu)
+{
+    if (!x->sg->nudge || atomic_load_explicit(&x->sg->lines[peer].cpu, memory_order_relaxed) !=
+                             cpu + 1)
+        return;
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    int target = -1;
+    for (int c = 0; c < CPU_SETSIZE && target < 0; c++) {
+        if (!CPU_ISSET(c, &allowed) || c == cpu)
+            continue;
+        int seen = 0;
+        for (int r = 0; r < x->n; r++)
+            seen |= atomic_load_explicit(&x->sg->lines[r].cpu, memory_order_relaxed) == c + 1;
+        if (!seen)
+            target = c;
+    }
+    if (target < 0)
+        return;
+    CPU_ZERO(&one);
+    CPU_SET(target, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) {
+        atomic_store_explicit(&x->sg->lines[x->me].cpu, target + 1, memory_order_relaxed);
+        sched_setaffinity(0, sizeof(allowed), &allowed);
+    }
+}
+
 /* Waits until *word >= target; peer is the rank that advances it. */
 static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
 {
     rank_line_t *line = &x->sg->lines[peer]; /* peer advances word */
     int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0;
     int64_t start = spinning ? fsdp2_now_ns() : 0;
+    int cpu = spinning ? sched_getcpu() : -1;
+    if (spinning)
+        atomic_store_explicit(&x->sg->lines[x->me].cpu, cpu + 1, memory_order_relaxed);
     for (int i = 0;; i++) {
         if (atomic_load_explicit(word, memory_order_acquire) >= target)
             return FSDP2_SUCCESS;
         if (spinning) {
             cpu_relax();
-            if ((i & 63) == 63)
-                spinning = fsdp2_now_ns() - start < x->sg->spin_ns;
+            if ((i & 63) == 63 && fsdp2_now_ns() - start >= x->sg->spin_ns) {
+                spinning = 0;
+                move_off_peer_core(x, peer, cpu);
+            }
             continue;
         }
         FSDP2_CHECK(check_health(x, peer));
@@ -630,6 +670,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
     sg->contended_max = g->size <= cores ? 2 : INT_MAX;
+    sg->nudge = g->size <= cores && cores > 1;
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
