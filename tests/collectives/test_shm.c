@@ -2,11 +2,12 @@
  * 4 ranks: sizes on both sides of a slot (256 KiB) and long enough to wrap each rank's
  * ring of slots several times, every collective checked element-wise against values
  * the test computes; identical bits to the UCX transport (FSDP2_SHM=off) for sums that
- * round; and failures: a rank that dies inside a large collective, and an abort, each
+ * round; and failures: a rank killed inside a large collective, and an abort, each
  * an error on every survivor well before the timeout, with nothing left in /dev/shm. */
 #include <check.h>
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,8 +289,9 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The last rank dies right after it has started a 16 MiB all-gather (its stream is
- * copying into its slots); every other rank must fail with an error, never hang. */
+/* Rank 0 kills the last rank (SIGKILL) once both have started a 16 MiB all-gather,
+ * which takes milliseconds, so the victim dies inside it (or, on a slow day, just
+ * before joining): every other rank must fail with an error, never hang. */
 static int body_dies_inside(rank_ctx_t *c)
 {
     int fails = 0;
@@ -297,10 +299,20 @@ static int body_dies_inside(rank_ctx_t *c)
     float *send = calloc(n, sizeof(float)), *recv = calloc(n * (size_t)c->size, sizeof(float));
     if (c->rank == 0)
         fails += RANK_CHECK(c, segments_left(getpid()) == 0, "segment still named in /dev/shm");
-    fsdp2_status_t s = fsdp2_all_gather_async(c->world, send, recv, n, FSDP2_F32, c->stream);
-    if (c->rank == c->size - 1)
-        _exit(0);
     double t0 = seconds();
+    fsdp2_status_t s = fsdp2_all_gather_async(c->world, send, recv, n, FSDP2_F32, c->stream);
+    if (c->rank == c->size - 1) {
+        int32_t pid = (int32_t)getpid();
+        fsdp2_store_set(c->store, "victim", &pid, sizeof(pid));
+        fsdp2_stream_synchronize(c->stream); /* killed in here */
+        return 1;
+    }
+    if (c->rank == 0) {
+        int32_t pid = 0;
+        size_t len = 0;
+        fails += OK(c, fsdp2_store_get(c->store, "victim", &pid, sizeof(pid), &len));
+        fails += RANK_CHECK(c, pid > 0 && kill(pid, SIGKILL) == 0, "kill %d", (int)pid);
+    }
     if (s == FSDP2_SUCCESS)
         s = fsdp2_stream_synchronize(c->stream);
     fails += RANK_CHECK(c, s == FSDP2_ERR_PEER_FAILED || s == FSDP2_ERR_TIMEOUT, "status %s",
