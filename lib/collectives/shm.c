@@ -617,39 +617,86 @@ static size_t segment_bytes(int n, size_t *row, size_t *ctl)
     return PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
 
-/* Rank 0 creates and sizes the segment and publishes its name; the others open it. */
-static fsdp2_status_t open_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
-                                   char *name, size_t name_cap, int *fd)
+/* Maps the group's segment: rank 0 creates it, reserves its memory (tmpfs would
+ * otherwise grant the size and raise SIGBUS on a page it has no room for) and publishes
+ * its name, "" if it could not; the others open it. A failure here is not an error of
+ * the group: it is written to why, and the members then agree to go without. */
+static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
+                                  char *name, size_t cap, void **map, char *why, size_t why_cap)
 {
     char key[FSDP2_GROUP_NAME_MAX + 32];
     snprintf(key, sizeof(key), "%s/shm/name", g->name);
+    int fd = -1, e = 0;
+    const char *step = "";
     if (g->rank == 0) {
         static atomic_uint serial;
-        snprintf(name, name_cap, "/fsdp2-%d-%u-%llx", (int)getpid(), atomic_fetch_add(&serial, 1),
+        snprintf(name, cap, "/fsdp2-%d-%u-%llx", (int)getpid(), atomic_fetch_add(&serial, 1),
                  (unsigned long long)fsdp2_now_ns());
-        *fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (*fd < 0)
-            return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': shm_open %s: %s", g->name, name,
-                               strerror(errno));
-        if (ftruncate(*fd, (off_t)bytes) != 0) {
-            int e = errno;
-            shm_unlink(name);
-            return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': sizing %s to %zu bytes: %s",
-                               g->name, name, bytes, strerror(e));
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) {
+            e = errno, step = "shm_open";
+            name[0] = '\0';
+        } else if (ftruncate(fd, (off_t)bytes) != 0) {
+            e = errno, step = "ftruncate";
+        } else if ((e = posix_fallocate(fd, 0, (off_t)bytes)) != 0) {
+            step = "posix_fallocate";
         }
-        return fsdp2_store_set(store, key, name, strlen(name) + 1);
+    } else {
+        size_t len = 0;
+        FSDP2_CHECK(fsdp2_store_get(store, key, name, cap - 1, &len));
+        name[len < cap ? len : cap - 1] = '\0';
+        struct stat st;
+        if (!name[0])
+            snprintf(why, why_cap, "rank 0 could not create the segment");
+        else if ((fd = shm_open(name, O_RDWR, 0)) < 0)
+            e = errno, step = "shm_open";
+        else if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)
+            e = EINVAL, step = "fstat (size)";
     }
-    size_t len = 0;
-    FSDP2_CHECK(fsdp2_store_get(store, key, name, name_cap - 1, &len));
-    name[len < name_cap ? len : name_cap - 1] = '\0';
-    *fd = shm_open(name, O_RDWR, 0);
-    if (*fd < 0)
-        return fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': shm_open %s (made by rank 0): %s",
-                           g->name, name, strerror(errno));
-    struct stat st;
-    if (fstat(*fd, &st) != 0 || (size_t)st.st_size != bytes)
-        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': %s has %lld bytes, not %zu",
-                           g->name, name, (long long)st.st_size, bytes);
+    if (fd >= 0 && !e) {
+        *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (*map == MAP_FAILED) {
+            *map = NULL;
+            e = errno, step = "mmap";
+        }
+    }
+    if (e)
+        snprintf(why, why_cap, "%s %s (%zu bytes): %s", step, name, bytes, strerror(e));
+    if (fd >= 0)
+        close(fd);
+    if (g->rank == 0) {
+        if (e && name[0]) {
+            shm_unlink(name);
+            name[0] = '\0';
+        }
+        if (*map) {
+            shm_header_t *h = *map;
+            h->magic = SHM_MAGIC;
+            h->size = g->size;
+        }
+        FSDP2_CHECK(fsdp2_store_set(store, key, name, strlen(name) + 1));
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* Whether every member mapped the segment: each publishes yes or no, all read all. */
+static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int mine, int *all,
+                                 int *first_missing)
+{
+    char key[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, g->rank);
+    FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
+    *all = 1;
+    *first_missing = -1;
+    for (int r = 0; r < g->size; r++) {
+        char value[2] = "";
+        size_t len = 0;
+        snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, r);
+        FSDP2_CHECK(fsdp2_store_get(store, key, value, 1, &len));
+        if (value[0] != '1' && *first_missing < 0)
+            *first_missing = r;
+        *all &= value[0] == '1';
+    }
     return FSDP2_SUCCESS;
 }
 
@@ -678,36 +725,30 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     pthread_cond_init(&sg->turn_changed, &attr);
     pthread_condattr_destroy(&attr);
     size_t ctl = 0, bytes = segment_bytes(g->size, &sg->row, &ctl);
-    char name[96] = "";
-    int fd = -1;
-    fsdp2_status_t status = open_segment(g, store, bytes, name, sizeof(name), &fd);
-    if (status == FSDP2_SUCCESS) {
-        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (map == MAP_FAILED)
-            status = fsdp2_error(FSDP2_ERR_SYSTEM, "group '%s': mmap %s (%zu bytes): %s",
-                                 g->name, name, bytes, strerror(errno));
-        else {
-            sg->hdr = map;
-            sg->map_bytes = bytes;
-        }
+    char name[96] = "", why[256] = "";
+    void *map = NULL;
+    int all = 0, missing = -1;
+    fsdp2_status_t status = map_segment(g, store, bytes, name, sizeof(name), &map, why,
+                                        sizeof(why));
+    if (map) {
+        sg->hdr = map;
+        sg->map_bytes = bytes;
     }
-    if (fd >= 0)
-        close(fd);
-    if (status == FSDP2_SUCCESS && g->rank == 0) {
-        sg->hdr->magic = SHM_MAGIC;
-        sg->hdr->size = g->size;
-    }
-    /* After the barrier every member has it mapped (and rank 0 wrote the header), so
-     * the name can go: nothing is left in /dev/shm whatever happens next. */
+    /* Once everyone has answered, everyone who will map it has: the name can go, and
+     * nothing is left in /dev/shm whatever happens next. */
     if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_members_barrier(g, store, "shm/mapped");
+        status = all_mapped(g, store, map != NULL, &all, &missing);
     if (name[0] && (g->rank == 0 || status == FSDP2_SUCCESS))
         shm_unlink(name); /* every member tries, in case rank 0 died: ENOENT is fine */
-    if (status == FSDP2_SUCCESS &&
+    if (status == FSDP2_SUCCESS && all &&
         (sg->hdr->magic != SHM_MAGIC || sg->hdr->size != g->size))
         status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': segment %s was not made for %d "
                              "ranks of this group", g->name, name, g->size);
-    if (status != FSDP2_SUCCESS) {
+    if (status != FSDP2_SUCCESS || !all) {
+        if (status == FSDP2_SUCCESS)
+            FSDP2_LOG(WARN, COLL, "group '%s': no shared memory (%s%s%d): collectives go "
+                      "over UCX", g->name, why[0] ? why : "", why[0] ? "; first rank without: "
+                      : "first rank without it: ", missing);
         fsdp2_shm_destroy(sg);
         return status;
     }

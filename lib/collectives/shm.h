@@ -17,7 +17,9 @@ typedef int (*shm_peer_gone_fn)(void *arg, int peer);
 
 /* Collective over the group's members (all on this host): rank 0 creates the segment,
  * the others map it, and it is unlinked as soon as everyone has, so that nothing is
- * left in /dev/shm even if a member crashes later. */
+ * left in /dev/shm even if a member crashes later. When any member could not map it
+ * (no room in /dev/shm, say), every member gets *out = NULL and FSDP2_SUCCESS, and the
+ * group stays on UCX; errors are store failures. */
 fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer_gone_fn gone,
                                 void *gone_arg, shm_group_t **out);
 
