@@ -15,7 +15,7 @@
  * Reductions read straight from the peers' slots: reduce-scatter has each rank copy the
  * pieces of its input the others own into its slot and sum its own piece from all slots
  * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
- * ranges and then all-gathers the ranges, or, up to one slot, has every rank post its
+ * ranges and then all-gathers the ranges, or, up to 16 KiB, has every rank post its
  * whole buffer and reduce everything itself (one step instead of two).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
@@ -72,13 +72,14 @@ typedef struct rank_line {
     atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
     char pad[LINE - 20];
 } rank_line_t;
+_Static_assert(sizeof(rank_line_t) == LINE, "a rank's line is one cache line");
 
 struct shm_group {
     fsdp2_group_t *g;
     shm_header_t *hdr;
     size_t map_bytes;
     rank_line_t *lines; /* [size] */
-    counter_t *done; /* reader p's row at done[p * row]: steps of each writer p finished */
+    counter_t *done; /* reader p's row at done[p * row]: the steps of each writer p is done with */
     size_t row;      /* counters per done row */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
     shm_peer_gone_fn gone;
