@@ -15,8 +15,9 @@
  * Reductions read straight from the peers' slots: reduce-scatter has each rank copy the
  * pieces of its input the others own into its slot and sum its own piece from all slots
  * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
- * ranges and then all-gathers the ranges, or, up to 16 KiB, has every rank post its
- * whole buffer and reduce everything itself (one step instead of two).
+ * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
+ * the results are gathered from), or, up to 16 KiB, has every rank post its whole
+ * buffer and reduce everything itself (one step instead of two).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
  * its collective's turn), so concurrent collectives on different streams never compete
@@ -25,7 +26,6 @@
  * fails on the group's timeout, an abort, a peer whose process is gone, or a peer that
  * marked the segment broken because its own collective failed: nothing hangs. */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -34,69 +34,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "collectives/shm.h"
+#include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
-#define SHM_SLOT (256u << 10) /* bytes per step and rank */
-#define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
-#define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
+#define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
 #define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
-#define SHM_MAGIC 0x66736470326d6873ull
-#define LINE 64
-#define PAGE 4096
-
-typedef _Atomic uint64_t counter_t;
-
-typedef struct shm_header {
-    uint64_t magic;
-    int64_t size;
-    _Alignas(LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
-} shm_header_t;
-
-/* A rank's line: what it publishes, and where those waiting for it sleep. */
-typedef struct rank_line {
-    counter_t head;      /* steps this rank has posted */
-    atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
-    atomic_int sleepers; /* threads asleep on bell */
-    atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
-    char pad[LINE - 20];
-} rank_line_t;
-_Static_assert(sizeof(rank_line_t) == LINE, "a rank's line is one cache line");
-
-struct shm_group {
-    fsdp2_group_t *g;
-    shm_header_t *hdr;
-    size_t map_bytes;
-    rank_line_t *lines; /* [size] */
-    counter_t *done; /* reader p's row at done[p * row]: the steps of each writer p is done with */
-    size_t row;      /* counters per done row */
-    char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
-    shm_peer_gone_fn gone;
-    void *gone_arg;
-    pthread_mutex_t lock;
-    pthread_cond_t turn_changed;
-    uint64_t turn;  /* collectives finished here: sequence number `turn` runs next */
-    uint64_t steps; /* steps run so far, the same count on every member */
-    /* Waiting when the group has a core per rank: busy polling at first (a yield that
-     * lets a peer's thread in keeps both on one core, where the scheduler leaves such
-     * cache-hot threads; measured 1-2 GB/s instead of 12-16 at 64 KiB), and a yield that
-     * ran another thread sends the wait to sleep, so that the wake-up can place it on an
-     * idle core. With more ranks than cores, yield at once and never count. */
-    int64_t spin_ns;
-    int contended_max;
-    int nudge; /* move_off_peer_core may act */
-};
 
 /* One collective's view: who we are, the next step, and the wait bookkeeping. */
 typedef struct run {
@@ -107,7 +58,6 @@ typedef struct run {
     int64_t deadline_ms, liveness_ms;
 } run_t;
 
-static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 static void cpu_relax(void)
@@ -510,6 +460,71 @@ static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
     return FSDP2_SUCCESS;
 }
 
+/* All-reduce of large buffers, in two steps per piece: the pieces of the peers' ranges go
+ * out (as in reduce_ranges), then each rank reduces its own piece straight into its next
+ * slot, and every rank, itself included, copies the results out of the slots. Writing
+ * the result once into a slot that stays in cache saves writing it to the buffer and
+ * reading it back to send it. */
+static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size_t *lo,
+                                       const size_t *hi)
+{
+    int n = x->n, me = x->me;
+    size_t es = op->elem_size;
+    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
+    size_t most = 0, mine = hi[me] - lo[me];
+    for (int r = 0; r < n; r++)
+        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
+    char *buf = op->recv;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    for (size_t off = 0; off < most; off += piece) {
+        uint64_t t = x->next++, t_result = x->next++;
+        char *slot = NULL;
+        for (int k = 1; k < n; k++) {
+            int p = (me + k) % n;
+            size_t len = hi[p] - lo[p];
+            if (off >= len)
+                continue;
+            if (!slot)
+                FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot + (size_t)(k - 1) * piece * es, buf + (lo[p] + off) * es,
+                   min_size(piece, len - off) * es);
+        }
+        if (slot)
+            post(x, t);
+        if (off < mine) {
+            size_t m = min_size(piece, mine - off);
+            for (int r = 0; r < n; r++) {
+                if (r == me) {
+                    src[r] = buf + (lo[me] + off) * es;
+                    continue;
+                }
+                const char *peer_slot;
+                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
+            }
+            char *result;
+            FSDP2_CHECK(slot_for_write(x, t_result, &result));
+            fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
+                                    op->reduce.post_divide);
+            post(x, t_result);
+            finish_step(x, t); /* done with the peers' pieces */
+            memcpy(buf + (lo[me] + off) * es, result, m * es);
+        } else {
+            finish_step(x, t);
+        }
+        for (int k = 1; k < n; k++) {
+            int r = (me + k) % n;
+            if (off >= hi[r] - lo[r])
+                continue;
+            const char *peer_slot;
+            FSDP2_CHECK(slot_for_read(x, r, t_result, &peer_slot));
+            memcpy(buf + (lo[r] + off) * es, peer_slot, min_size(piece, hi[r] - lo[r] - off) * es);
+        }
+        finish_step(x, t_result);
+    }
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
 {
     size_t es = op->elem_size;
@@ -525,6 +540,8 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
         len[r] = (hi[r] - lo[r]) * es;
         sinks[r] = (sink_t){.buf = buf + lo[r] * es};
     }
+    if (op->count * es >= SHM_FUSED_MIN)
+        return all_reduce_fused(x, op, lo, hi);
     /* Peers read our buffer only through our slots, so our range can take the result
      * while they still reduce theirs. */
     FSDP2_CHECK(reduce_ranges(x, op, lo, hi, buf + lo[x->me] * es));
@@ -607,169 +624,4 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     pthread_cond_broadcast(&sg->turn_changed);
     pthread_mutex_unlock(&sg->lock);
     return status;
-}
-
-/* ---- create / destroy ---- */
-
-static size_t segment_bytes(int n, size_t *row, size_t *ctl)
-{
-    *row = round_up((size_t)n * 8, LINE) / 8;
-    *ctl = round_up((size_t)n * LINE + (size_t)n * *row * 8, PAGE);
-    return PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
-}
-
-/* Maps the group's segment: rank 0 creates it, reserves its memory (tmpfs would
- * otherwise grant the size and raise SIGBUS on a page it has no room for) and publishes
- * its name, "" if it could not; the others open it. A failure here is not an error of
- * the group: it is written to why, and the members then agree to go without. */
-static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
-                                  char *name, size_t cap, void **map, char *why, size_t why_cap)
-{
-    char key[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(key, sizeof(key), "%s/shm/name", g->name);
-    int fd = -1, e = 0;
-    const char *step = "";
-    if (g->rank == 0) {
-        static atomic_uint serial;
-        snprintf(name, cap, "/fsdp2-%d-%u-%llx", (int)getpid(), atomic_fetch_add(&serial, 1),
-                 (unsigned long long)fsdp2_now_ns());
-        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd < 0) {
-            e = errno, step = "shm_open";
-            name[0] = '\0';
-        } else if (ftruncate(fd, (off_t)bytes) != 0) {
-            e = errno, step = "ftruncate";
-        } else if ((e = posix_fallocate(fd, 0, (off_t)bytes)) != 0) {
-            step = "posix_fallocate";
-        }
-    } else {
-        size_t len = 0;
-        FSDP2_CHECK(fsdp2_store_get(store, key, name, cap - 1, &len));
-        name[len < cap ? len : cap - 1] = '\0';
-        struct stat st;
-        if (!name[0])
-            snprintf(why, why_cap, "rank 0 could not create the segment");
-        else if ((fd = shm_open(name, O_RDWR, 0)) < 0)
-            e = errno, step = "shm_open";
-        else if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)
-            e = EINVAL, step = "fstat (size)";
-    }
-    if (fd >= 0 && !e) {
-        *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (*map == MAP_FAILED) {
-            *map = NULL;
-            e = errno, step = "mmap";
-        }
-    }
-    if (e)
-        snprintf(why, why_cap, "%s %s (%zu bytes): %s", step, name, bytes, strerror(e));
-    if (fd >= 0)
-        close(fd);
-    if (g->rank == 0) {
-        if (e && name[0]) {
-            shm_unlink(name);
-            name[0] = '\0';
-        }
-        if (*map) {
-            shm_header_t *h = *map;
-            h->magic = SHM_MAGIC;
-            h->size = g->size;
-        }
-        FSDP2_CHECK(fsdp2_store_set(store, key, name, strlen(name) + 1));
-    }
-    return FSDP2_SUCCESS;
-}
-
-/* Whether every member mapped the segment: each publishes yes or no, all read all. */
-static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int mine, int *all,
-                                 int *first_missing)
-{
-    char key[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, g->rank);
-    FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
-    *all = 1;
-    *first_missing = -1;
-    for (int r = 0; r < g->size; r++) {
-        char value[2] = "";
-        size_t len = 0;
-        snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, r);
-        FSDP2_CHECK(fsdp2_store_get(store, key, value, 1, &len));
-        if (value[0] != '1' && *first_missing < 0)
-            *first_missing = r;
-        *all &= value[0] == '1';
-    }
-    return FSDP2_SUCCESS;
-}
-
-fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer_gone_fn gone,
-                                void *gone_arg, shm_group_t **out)
-{
-    *out = NULL;
-    if (g->size > FSDP2_SHM_MAX_RANKS)
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': %d ranks (shm: at most %d)",
-                           g->name, g->size, FSDP2_SHM_MAX_RANKS);
-    shm_group_t *sg = calloc(1, sizeof(*sg));
-    if (!sg)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm", g->name);
-    sg->g = g;
-    sg->gone = gone;
-    sg->gone_arg = gone_arg;
-    cpu_set_t cpus;
-    int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
-    sg->contended_max = g->size <= cores ? 2 : INT_MAX;
-    sg->nudge = g->size <= cores && cores > 1;
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_mutex_init(&sg->lock, NULL);
-    pthread_cond_init(&sg->turn_changed, &attr);
-    pthread_condattr_destroy(&attr);
-    size_t ctl = 0, bytes = segment_bytes(g->size, &sg->row, &ctl);
-    char name[96] = "", why[256] = "";
-    void *map = NULL;
-    int all = 0, missing = -1;
-    fsdp2_status_t status = map_segment(g, store, bytes, name, sizeof(name), &map, why,
-                                        sizeof(why));
-    if (map) {
-        sg->hdr = map;
-        sg->map_bytes = bytes;
-    }
-    /* Once everyone has answered, everyone who will map it has: the name can go, and
-     * nothing is left in /dev/shm whatever happens next. */
-    if (status == FSDP2_SUCCESS)
-        status = all_mapped(g, store, map != NULL, &all, &missing);
-    if (name[0] && (g->rank == 0 || status == FSDP2_SUCCESS))
-        shm_unlink(name); /* every member tries, in case rank 0 died: ENOENT is fine */
-    if (status == FSDP2_SUCCESS && all &&
-        (sg->hdr->magic != SHM_MAGIC || sg->hdr->size != g->size))
-        status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': segment %s was not made for %d "
-                             "ranks of this group", g->name, name, g->size);
-    if (status != FSDP2_SUCCESS || !all) {
-        if (status == FSDP2_SUCCESS)
-            FSDP2_LOG(WARN, COLL, "group '%s': no shared memory (%s%s%d): collectives go "
-                      "over UCX", g->name, why[0] ? why : "", why[0] ? "; first rank without: "
-                      : "first rank without it: ", missing);
-        fsdp2_shm_destroy(sg);
-        return status;
-    }
-    char *base = (char *)sg->hdr;
-    sg->lines = (rank_line_t *)(base + PAGE);
-    sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
-    sg->ring = base + PAGE + ctl;
-    FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
-              bytes);
-    *out = sg;
-    return FSDP2_SUCCESS;
-}
-
-void fsdp2_shm_destroy(shm_group_t *sg)
-{
-    if (!sg)
-        return;
-    if (sg->hdr)
-        munmap(sg->hdr, sg->map_bytes);
-    pthread_mutex_destroy(&sg->lock);
-    pthread_cond_destroy(&sg->turn_changed);
-    free(sg);
 }

@@ -75,6 +75,9 @@ static const size_case_t cases[] = {
     {FSDP2_F32, 5 * SLOT / 4 + 3}, {FSDP2_BF16, 3 * SLOT / 2 + 5}, {FSDP2_F64, 2 * SLOT / 8 + 7},
 };
 
+/* All-reduces from 16 MiB reduce straight into the slots (all_reduce_fused). */
+static const size_case_t large_all_reduces[] = {{FSDP2_F32, (4u << 20) + 5}, {FSDP2_BF16, 8u << 20}};
+
 static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
@@ -185,6 +188,8 @@ static int body_across_slots(rank_ctx_t *c)
         fails += check_all_reduce(c, cases[k].dtype, cases[k].count);
         fails += check_broadcast(c, cases[k].dtype, cases[k].count);
     }
+    for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
+        fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
     fails += check_all_gather_pieces(c);
     /* zero-sized collectives between large ones take no steps and keep ranks in step */
     fails += check_all_gather(c, FSDP2_F32, 0);
@@ -222,7 +227,7 @@ static int body_same_bits(rank_ctx_t *c)
     go.timeout_ms = 30000;
     fails += OK(c, fsdp2_group_create(c->store, "plain", c->rank, c->size, &go, &plain));
     const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F16, FSDP2_F64};
-    const size_t counts[] = {1000, 3 * SLOT / 4 + 11};
+    const size_t counts[] = {1000, 3 * SLOT / 4 + 11, (1u << 20) + 3};
     fsdp2_reduce_t avg = {FSDP2_REDUCE_AVG, 2.0, 1.0};
     for (size_t d = 0; d < COUNT(dts) && !fails; d++) {
         for (size_t k = 0; k < COUNT(counts) && !fails; k++) {
