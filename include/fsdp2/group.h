@@ -11,7 +11,8 @@
  * compute. Members must enqueue the collectives of one group in the same order (each
  * call takes the next sequence number of the group, and messages are matched by it), but
  * may run them on different streams: an all-gather on one stream and a reduce-scatter on
- * another proceed concurrently. Buffers must stay valid and untouched until the
+ * another proceed concurrently over UCX messages, one after the other in sequence order
+ * over shared memory (groups within one host). Buffers must stay valid and untouched until the
  * collective has run (record an event after it).
  *
  * Failures (a dead or hung peer, FSDP2_TIMEOUT passing, an abort) become the stream's
@@ -65,7 +66,8 @@ FSDP2_API fsdp2_status_t fsdp2_group_size(const fsdp2_group_t *group, int *size)
 
 /* Makes running and later collectives of this process's end fail with
  * FSDP2_ERR_ABORTED (as soon as they notice: within milliseconds). Peers waiting on us
- * then fail by their own timeout or peer-failure detection. Thread-safe. */
+ * then fail at once where the group runs over shared memory (one host), else by their
+ * own timeout or peer-failure detection. Thread-safe. */
 FSDP2_API fsdp2_status_t fsdp2_group_abort(fsdp2_group_t *group);
 
 /* The group's sticky error: FSDP2_SUCCESS while healthy. Never blocks. */

@@ -125,6 +125,8 @@ fsdp2_status_t fsdp2_group_abort(fsdp2_group_t *g)
     FSDP2_ARG_CHECK(g, "group is NULL");
     atomic_store(&g->aborted, 1);
     fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "aborted by the application");
+    if (g->ops->abort)
+        g->ops->abort(g);
     return FSDP2_SUCCESS;
 }
 
@@ -266,4 +268,29 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
 {
     coll_op_t op = {.kind = COLL_BARRIER, .dtype = FSDP2_U8, .elem_size = 1};
     return enqueue(g, &op, stream, "barrier");
+}
+
+/* Each member sets its key, then waits for all of the group's keys (the store's own
+ * barrier spans its whole world, and a mesh dim's group is a subset). */
+fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
+                                           const char *what)
+{
+    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
+    char *keys = malloc((size_t)g->size * key_len);
+    const char **list = malloc((size_t)g->size * sizeof(*list));
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (!keys || !list) {
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': barrier keys", g->name);
+        goto cleanup;
+    }
+    for (int r = 0; r < g->size; r++) {
+        snprintf(keys + (size_t)r * key_len, key_len, "%s/%s/%d", g->name, what, r);
+        list[r] = keys + (size_t)r * key_len;
+    }
+    FSDP2_CHECK_GOTO(fsdp2_store_set(store, list[g->rank], "1", 1), status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_store_wait(store, list, (size_t)g->size), status, cleanup);
+cleanup:
+    free(keys);
+    free(list);
+    return status;
 }

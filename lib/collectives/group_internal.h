@@ -45,6 +45,8 @@ typedef struct fsdp2_group_ops {
     void (*destroy)(struct fsdp2_group *g);
     /* Enqueues op on stream; op is copied. */
     fsdp2_status_t (*enqueue)(struct fsdp2_group *g, const coll_op_t *op, fsdp2_stream_t *stream);
+    /* Optional: tells the peers now that this member aborted (thread-safe). */
+    void (*abort)(struct fsdp2_group *g);
 } fsdp2_group_ops_t;
 
 struct fsdp2_group {
@@ -70,6 +72,11 @@ fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, co
 /* The sticky error, with its message set as this thread's last error; FSDP2_SUCCESS if
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
+
+/* A barrier over the group's members only, through the store (set-up time). `what`
+ * names it within the group's keys. */
+fsdp2_status_t fsdp2_group_members_barrier(struct fsdp2_group *g, fsdp2_store_t *store,
+                                           const char *what);
 
 /* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
  * f32 (f64 for f64), then / post (post already includes the group size for AVG),

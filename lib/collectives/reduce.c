@@ -6,7 +6,7 @@
 
 #define BLOCK 512
 
-static void load_block_f32(float *out, const void *src, fsdp2_dtype_t t, size_t base, size_t n)
+static inline __attribute__((always_inline)) void load_block_f32(float *out, const void *src, fsdp2_dtype_t t, size_t base, size_t n)
 {
     if (t == FSDP2_F32) {
         const float *s = (const float *)src + base;
@@ -23,7 +23,7 @@ static void load_block_f32(float *out, const void *src, fsdp2_dtype_t t, size_t 
     }
 }
 
-static void store_block_f32(void *dst, fsdp2_dtype_t t, size_t base, const float *in, size_t n)
+static inline __attribute__((always_inline)) void store_block_f32(void *dst, fsdp2_dtype_t t, size_t base, const float *in, size_t n)
 {
     if (t == FSDP2_F32) {
         float *d = (float *)dst + base;
@@ -40,29 +40,58 @@ static void store_block_f32(void *dst, fsdp2_dtype_t t, size_t base, const float
     }
 }
 
+/* One block of m elements. Inlined twice: with m == BLOCK, a constant trip count lets
+ * -O2's cheap vectoriser take every loop (it gives up on unknown counts: 12 GB/s instead
+ * of several times that for an f32 sum), and once for the tail. */
+static inline __attribute__((always_inline)) void
+reduce_block_f32_class(void *dst, fsdp2_dtype_t t, const void *const *src, int n, size_t base,
+                       size_t m, float pre, float post, int divide_pre, int divide_post)
+{
+    float acc[BLOCK], x[BLOCK];
+    if (t == FSDP2_F32 && !divide_pre) { /* no conversion: sum straight from the sources */
+        const float *s0 = (const float *)src[0] + base;
+        for (size_t i = 0; i < m; i++)
+            acc[i] = s0[i];
+        for (int r = 1; r < n; r++) {
+            const float *s = (const float *)src[r] + base;
+            for (size_t i = 0; i < m; i++)
+                acc[i] = acc[i] + s[i];
+        }
+        float *d = (float *)dst + base;
+        if (divide_post)
+            for (size_t i = 0; i < m; i++)
+                d[i] = acc[i] / post;
+        else
+            for (size_t i = 0; i < m; i++)
+                d[i] = acc[i];
+        return;
+    }
+    for (int r = 0; r < n; r++) {
+        float *v = r == 0 ? acc : x;
+        load_block_f32(v, src[r], t, base, m);
+        if (divide_pre)
+            for (size_t i = 0; i < m; i++)
+                v[i] = v[i] / pre;
+        if (r > 0)
+            for (size_t i = 0; i < m; i++)
+                acc[i] = acc[i] + x[i];
+    }
+    if (divide_post)
+        for (size_t i = 0; i < m; i++)
+            acc[i] = acc[i] / post;
+    store_block_f32(dst, t, base, acc, m);
+}
+
 FSDP2_VECTOR_CLONES
 static void reduce_f32_class(void *dst, fsdp2_dtype_t t, const void *const *src, int n,
                              size_t count, float pre, float post, int divide_pre, int divide_post)
 {
-    float acc[BLOCK], x[BLOCK];
-    for (size_t base = 0; base < count; base += BLOCK) {
-        size_t m = count - base < BLOCK ? count - base : BLOCK;
-        for (int r = 0; r < n; r++) {
-            load_block_f32(r == 0 ? acc : x, src[r], t, base, m);
-            if (divide_pre) {
-                float *v = r == 0 ? acc : x;
-                for (size_t i = 0; i < m; i++)
-                    v[i] = v[i] / pre;
-            }
-            if (r > 0)
-                for (size_t i = 0; i < m; i++)
-                    acc[i] = acc[i] + x[i];
-        }
-        if (divide_post)
-            for (size_t i = 0; i < m; i++)
-                acc[i] = acc[i] / post;
-        store_block_f32(dst, t, base, acc, m);
-    }
+    size_t base = 0;
+    for (; base + BLOCK <= count; base += BLOCK)
+        reduce_block_f32_class(dst, t, src, n, base, BLOCK, pre, post, divide_pre, divide_post);
+    if (base < count)
+        reduce_block_f32_class(dst, t, src, n, base, count - base, pre, post, divide_pre,
+                               divide_post);
 }
 
 FSDP2_VECTOR_CLONES

@@ -28,6 +28,7 @@
 #include <ucp/api/ucp.h>
 
 #include "collectives/group_internal.h"
+#include "collectives/shm.h"
 #include "core/clock.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
@@ -66,6 +67,7 @@ struct ucx_group {
     int scratch_busy[UCX_SCRATCH_SETS];
     int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */
     struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */
+    shm_group_t *shm; /* every member on this host: collectives go through shared memory */
 };
 
 typedef struct ucx_peer_error {
@@ -82,6 +84,7 @@ typedef struct ucx_identity {
     char boot_id[40];
     char pid_ns[32]; /* "pid:[inode]": pids mean something only within one namespace */
     int32_t pid;
+    int32_t shm; /* FSDP2_SHM is on */
 } ucx_identity_t;
 
 static pthread_mutex_t context_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -635,7 +638,9 @@ static fsdp2_status_t ucx_run(void *arg)
     ucx_group_t *ug = slot->ug;
     coll_op_t op = slot->op;
     fsdp2_status_t status = fsdp2_group_check(ug->g);
-    if (status == FSDP2_SUCCESS) {
+    if (status == FSDP2_SUCCESS && ug->shm) {
+        status = fsdp2_shm_run(ug->shm, &op);
+    } else if (status == FSDP2_SUCCESS) {
         switch (op.kind) {
         case COLL_ALL_GATHER: status = run_all_gather(ug, &op, slot->list); break;
         case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(ug, &op, slot->list); break;
@@ -674,6 +679,7 @@ static fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_s
 
 static void ucx_group_free(ucx_group_t *ug)
 {
+    fsdp2_shm_destroy(ug->shm);
     for (int r = 0; ug->eps && ug->worker && r < ug->g->size; r++)
         close_endpoint(ug, r);
     free(ug->eps);
@@ -694,31 +700,6 @@ static void ucx_group_free(ucx_group_t *ug)
     free(ug);
 }
 
-/* A barrier over the group's members only (the store's own barrier spans its whole
- * world, and a mesh dim's group is a subset): each member sets its key, then waits for
- * all of the group's keys. */
-static fsdp2_status_t members_barrier(fsdp2_group_t *g, fsdp2_store_t *store, const char *what)
-{
-    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
-    char *keys = malloc((size_t)g->size * key_len);
-    const char **list = malloc((size_t)g->size * sizeof(*list));
-    fsdp2_status_t status = FSDP2_SUCCESS;
-    if (!keys || !list) {
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': barrier keys", g->name);
-        goto cleanup;
-    }
-    for (int r = 0; r < g->size; r++) {
-        snprintf(keys + (size_t)r * key_len, key_len, "%s/ucx/%s/%d", g->name, what, r);
-        list[r] = keys + (size_t)r * key_len;
-    }
-    FSDP2_CHECK_GOTO(fsdp2_store_set(store, list[g->rank], "1", 1), status, cleanup);
-    FSDP2_CHECK_GOTO(fsdp2_store_wait(store, list, (size_t)g->size), status, cleanup);
-cleanup:
-    free(keys);
-    free(list);
-    return status;
-}
-
 static void identity_of_self(ucx_identity_t *id)
 {
     memset(id, 0, sizeof(*id));
@@ -732,6 +713,7 @@ static void identity_of_self(ucx_identity_t *id)
     ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof(id->pid_ns) - 1);
     id->pid_ns[n > 0 ? n : 0] = '\0';
     id->pid = (int32_t)getpid();
+    id->shm = fsdp2_env_int(FSDP2_ENV_SHM) == 0;
 }
 
 /* Connects every endpoint now, with a zero-byte exchange, rather than lazily inside the
@@ -756,7 +738,8 @@ static fsdp2_status_t wire_up(ucx_group_t *ug)
 /* Publishes where this rank runs and reads where its peers run (before any UCX object
  * exists: the context's configuration depends on it). *all_local says whether every peer
  * is on this host (same hostname and boot id). */
-static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store, int *all_local)
+static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store, int *all_local,
+                                          int *all_shm)
 {
     fsdp2_group_t *g = ug->g;
     char key[FSDP2_GROUP_NAME_MAX + 64];
@@ -765,6 +748,7 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
     snprintf(key, sizeof(key), "%s/ucx/identity/%d", g->name, g->rank);
     FSDP2_CHECK(fsdp2_store_set(store, key, &me, sizeof(me)));
     *all_local = 1;
+    *all_shm = me.shm;
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + k) % g->size;
         size_t len = 0;
@@ -787,6 +771,7 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
                     strcmp(peer.pid_ns, me.pid_ns) == 0 && me.pid_ns[0];
         pe->pid = (pid_t)peer.pid;
         *all_local &= pe->local;
+        *all_shm &= peer.shm;
     }
     return FSDP2_SUCCESS;
 }
@@ -837,8 +822,16 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     }
     free(remote);
     FSDP2_CHECK(status);
-    FSDP2_CHECK(members_barrier(g, store, "connected"));
+    FSDP2_CHECK(fsdp2_group_members_barrier(g, store, "ucx/connected"));
     return wire_up(ug);
+}
+
+/* The shared-memory transport's liveness check: same-host peers by pid. */
+static int shm_peer_gone(void *arg, int peer)
+{
+    ucx_group_t *ug = arg;
+    check_one(ug, peer);
+    return atomic_load(&ug->peer_errors[peer].failed);
 }
 
 static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
@@ -874,8 +867,8 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
                              g->size);
         goto cleanup;
     }
-    int all_local = 1;
-    FSDP2_CHECK_GOTO(exchange_identities(ug, store, &all_local), status, cleanup);
+    int all_local = 1, all_shm = 0;
+    FSDP2_CHECK_GOTO(exchange_identities(ug, store, &all_local, &all_shm), status, cleanup);
     FSDP2_CHECK_GOTO(context_acquire(all_local), status, cleanup);
     ug->has_context = 1;
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
@@ -890,6 +883,12 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     }
     g->backend = ug;
     status = connect_peers(ug, store);
+    /* (connect_peers clears `local` for peers the user put on UCX failure handling) */
+    for (int r = 0; r < g->size; r++)
+        all_local &= r == g->rank || ug->peer_errors[r].local;
+    if (status == FSDP2_SUCCESS && all_local && all_shm && g->size > 1 &&
+        g->size <= FSDP2_SHM_MAX_RANKS)
+        status = fsdp2_shm_create(g, store, shm_peer_gone, ug, &ug->shm);
 cleanup:
     if (status != FSDP2_SUCCESS) {
         int had_context = ug->has_context;
@@ -907,9 +906,17 @@ static void ucx_destroy(fsdp2_group_t *g)
     context_release();
 }
 
+static void ucx_abort(fsdp2_group_t *g)
+{
+    ucx_group_t *ug = g->backend;
+    if (ug->shm)
+        fsdp2_shm_abort(ug->shm);
+}
+
 const fsdp2_group_ops_t fsdp2_ucx_group_ops = {
     .name = "ucx",
     .create = ucx_create,
     .destroy = ucx_destroy,
     .enqueue = ucx_enqueue,
+    .abort = ucx_abort,
 };

@@ -20,7 +20,10 @@
        "entries in each cpu stream's queue; enqueueing into a full queue blocks")          \
     XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
        "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
-       "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")
+       "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")                \
+    XX(SHM, "FSDP2_SHM", ENUM, "on", "on|off",                                              \
+       "collectives of a group whose members all run on this host go through a shared-"     \
+       "memory segment of the group (off: UCX messages, as across hosts)")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,

@@ -1,0 +1,627 @@
+/* The shared-memory transport: collectives of a group whose members all run on this
+ * host, through one POSIX shared-memory segment per group.
+ *
+ * Each member owns a ring of SHM_SLOTS slots of SHM_SLOT bytes in the segment. A
+ * collective is a sequence of steps; in each step a rank copies the bytes its peers need
+ * into its next slot and publishes that (its `head` counter), then reads what it needs
+ * from its peers' slots for that step and says so (its `done` counter for each writer).
+ * A writer reuses a slot once every reader has finished with it, SHM_SLOTS steps later,
+ * so copy-in and copy-out of consecutive steps overlap across ranks, and the slots stay
+ * small enough to be read back from cache: that is what Open MPI's vader BTL and NCCL's
+ * shm transport do. Counters are monotonic over the group's life (all members run the
+ * same steps in the same order), published with release stores and read with acquire
+ * loads. A rank that has nothing for a step neither writes nor waits for it.
+ *
+ * Reductions read straight from the peers' slots: reduce-scatter has each rank copy the
+ * pieces of its input the others own into its slot and sum its own piece from all slots
+ * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
+ * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
+ * the results are gathered from), or, up to 16 KiB, has every rank post its whole
+ * buffer and reduce everything itself (one step instead of two).
+ *
+ * Collectives of a group run one at a time, in sequence order (a stream thread waits for
+ * its collective's turn), so concurrent collectives on different streams never compete
+ * for the slots. Waiting spins briefly, then yields the core, then sleeps on a futex in
+ * the segment: with more ranks than cores the peer we wait for needs this core. A wait
+ * fails on the group's timeout, an abort, a peer whose process is gone, or a peer that
+ * marked the segment broken because its own collective failed: nothing hangs. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "collectives/shm_internal.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+#define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
+#define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
+#define SHM_YIELDS 256        /* yields before it sleeps on the futex */
+#define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
+#define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
+#define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
+
+/* One collective's view: who we are, the next step, and the wait bookkeeping. */
+typedef struct run {
+    shm_group_t *sg;
+    const char *what;
+    int me, n;
+    uint64_t next; /* the step number the collective uses next */
+    int64_t deadline_ms, liveness_ms;
+} run_t;
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void futex_wait(atomic_uint *word, unsigned value, long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT, value, &ts, NULL, 0);
+}
+
+static void wake_sleepers(rank_line_t *line)
+{
+    /* Pairs with wait_for: a sleeper announces itself before its last check, and a
+     * poster reads the announcement after its store (both sequentially consistent), so
+     * one of them sees the other. */
+    if (atomic_load(&line->sleepers) > 0) {
+        atomic_fetch_add(&line->bell, 1);
+        syscall(SYS_futex, (unsigned *)&line->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+static counter_t *head_of(const run_t *x, int r) { return &x->sg->lines[r].head; }
+
+static counter_t *done_of(const run_t *x, int reader, int writer)
+{
+    return x->sg->done + (size_t)reader * x->sg->row + (size_t)writer;
+}
+
+static char *slot_of(const run_t *x, int r, uint64_t step)
+{
+    return x->sg->ring + ((size_t)r * SHM_SLOTS + (size_t)(step % SHM_SLOTS)) * SHM_SLOT;
+}
+
+static void mark_broken(shm_group_t *sg, int rank)
+{
+    int expected = 0;
+    atomic_compare_exchange_strong(&sg->hdr->broken, &expected, rank + 1);
+    for (int r = 0; r < sg->g->size; r++) {
+        atomic_fetch_add(&sg->lines[r].bell, 1);
+        syscall(SYS_futex, (unsigned *)&sg->lines[r].bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+void fsdp2_shm_abort(shm_group_t *sg)
+{
+    mark_broken(sg, sg->g->rank);
+}
+
+/* Fails the group and marks the segment broken, so that peers fail now rather than at
+ * their timeout. */
+static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt, ...)
+{
+    char message[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof(message), fmt, ap);
+    va_end(ap);
+    mark_broken(x->sg, x->me);
+    return fsdp2_group_fail(x->sg->g, status, "%s", message);
+}
+
+/* Called while a wait is idle: every reason to stop waiting for peer. */
+static fsdp2_status_t check_health(run_t *x, int peer)
+{
+    fsdp2_group_t *g = x->sg->g;
+    int broken = atomic_load(&x->sg->hdr->broken);
+    if (broken && broken != x->me + 1)
+        return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: rank %d's collective failed",
+                                x->what, broken - 1);
+    if (atomic_load(&g->aborted))
+        return run_fail(x, FSDP2_ERR_ABORTED, "%s: aborted", x->what);
+    if (atomic_load(&g->error) != FSDP2_SUCCESS)
+        return fsdp2_group_check(g); /* another collective of the group failed here */
+    int64_t now = fsdp2_now_ms();
+    if (now >= x->liveness_ms) {
+        x->liveness_ms = now + SHM_LIVENESS_MS;
+        if (x->sg->gone(x->sg->gone_arg, peer))
+            return run_fail(x, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed (its process is gone)",
+                            x->what, peer);
+    }
+    if (now >= x->deadline_ms)
+        return run_fail(x, FSDP2_ERR_TIMEOUT,
+                        "%s: rank %d did not arrive within %.1f s (FSDP2_TIMEOUT)", x->what, peer,
+                        (double)x->sg->g->timeout_ms / 1e3);
+    return FSDP2_SUCCESS;
+}
+
+/* With a core per rank, both ranks' threads sometimes end up on one core and stay there
+ * (the scheduler does not move threads that keep waking each other: every collective
+ * then ran at a tenth of its speed or less). A wait that found its peer last waiting on
+ * this core moves itself to a core no rank was seen on, and gives its allowed cores
+ * back at once, so the scheduler is free again afterwards. */
+static void move_off_peer_core(run_t *x, int peer, int cpu)
+{
+    if (!x->sg->nudge || atomic_load_explicit(&x->sg->lines[peer].cpu, memory_order_relaxed) !=
+                             cpu + 1)
+        return;
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    int target = -1;
+    for (int c = 0; c < CPU_SETSIZE && target < 0; c++) {
+        if (!CPU_ISSET(c, &allowed) || c == cpu)
+            continue;
+        int seen = 0;
+        for (int r = 0; r < x->n; r++)
+            seen |= atomic_load_explicit(&x->sg->lines[r].cpu, memory_order_relaxed) == c + 1;
+        if (!seen)
+            target = c;
+    }
+    if (target < 0)
+        return;
+    CPU_ZERO(&one);
+    CPU_SET(target, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) {
+        atomic_store_explicit(&x->sg->lines[x->me].cpu, target + 1, memory_order_relaxed);
+        sched_setaffinity(0, sizeof(allowed), &allowed);
+    }
+}
+
+/* Waits until *word >= target; peer is the rank that advances it. */
+static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
+{
+    rank_line_t *line = &x->sg->lines[peer]; /* peer advances word */
+    int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0;
+    int64_t start = spinning ? fsdp2_now_ns() : 0;
+    int cpu = spinning ? sched_getcpu() : -1;
+    if (spinning)
+        atomic_store_explicit(&x->sg->lines[x->me].cpu, cpu + 1, memory_order_relaxed);
+    for (int i = 0;; i++) {
+        if (atomic_load_explicit(word, memory_order_acquire) >= target)
+            return FSDP2_SUCCESS;
+        if (spinning) {
+            cpu_relax();
+            if ((i & 63) == 63 && fsdp2_now_ns() - start >= x->sg->spin_ns) {
+                spinning = 0;
+                move_off_peer_core(x, peer, cpu);
+            }
+            continue;
+        }
+        FSDP2_CHECK(check_health(x, peer));
+        if (yields++ < SHM_YIELDS && contended < x->sg->contended_max) {
+            int64_t t0 = fsdp2_now_ns();
+            sched_yield();
+            contended += fsdp2_now_ns() - t0 > SHM_CONTENDED_NS;
+            continue;
+        }
+        atomic_fetch_add(&line->sleepers, 1);
+        unsigned bell = atomic_load(&line->bell);
+        if (atomic_load(word) < target)
+            futex_wait(&line->bell, bell, SHM_SLEEP_MS);
+        atomic_fetch_sub(&line->sleepers, 1);
+    }
+}
+
+/* This rank's slot for step t, once every reader has finished with its previous use. */
+static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
+{
+    for (int k = 1; k < x->n && t >= SHM_SLOTS; k++) {
+        int p = (x->me + k) % x->n;
+        FSDP2_CHECK(wait_for(x, done_of(x, p, x->me), t + 1 - SHM_SLOTS, p));
+    }
+    *slot = slot_of(x, x->me, t);
+    return FSDP2_SUCCESS;
+}
+
+static void post(run_t *x, uint64_t t)
+{
+    atomic_store(head_of(x, x->me), t + 1);
+    wake_sleepers(&x->sg->lines[x->me]);
+}
+
+static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
+{
+    FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+    *slot = slot_of(x, r, t);
+    return FSDP2_SUCCESS;
+}
+
+/* Every peer's slot of step t is free as far as this rank is concerned (read, or never
+ * needed: a reader may mark a step it skips before the writer has even posted it). */
+static void finish_step(run_t *x, uint64_t t)
+{
+    for (int k = 1; k < x->n; k++)
+        atomic_store(done_of(x, x->me, (x->me + k) % x->n), t + 1);
+    wake_sleepers(&x->sg->lines[x->me]);
+}
+
+/* ---- gathers ---- */
+
+/* Where a rank's gathered bytes go: a buffer, or the pieces of all_gather_pieces. */
+typedef struct sink {
+    char *buf;
+    const fsdp2_iov_t *piece; /* the current piece, and how much of it is written */
+    size_t at;
+} sink_t;
+
+static void sink_write(sink_t *s, size_t off, const char *src, size_t m)
+{
+    if (s->buf) {
+        memcpy(s->buf + off, src, m);
+        return;
+    }
+    while (m) { /* pieces are filled in order, so off is always the cursor */
+        size_t room = s->piece->bytes - s->at;
+        if (!room) {
+            s->piece++;
+            s->at = 0;
+            continue;
+        }
+        size_t k = min_size(room, m);
+        memcpy((char *)s->piece->data + s->at, src, k);
+        s->at += k;
+        src += k;
+        m -= k;
+    }
+}
+
+/* Rank r's len[r] bytes reach sinks[r] on every other rank; this rank's bytes come from
+ * mine (its own sink is not written). */
+static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks)
+{
+    size_t most = 0;
+    for (int r = 0; r < x->n; r++)
+        most = len[r] > most ? len[r] : most;
+    for (size_t off = 0; off < most; off += SHM_SLOT) {
+        uint64_t t = x->next++;
+        if (off < len[x->me]) {
+            char *slot;
+            FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
+            post(x, t);
+        }
+        /* Copy out whichever peers have posted, blocking only when none has: with more
+         * ranks than cores they arrive in any order. */
+        int pending[FSDP2_SHM_MAX_RANKS], np = 0;
+        for (int k = 1; k < x->n; k++)
+            if (off < len[(x->me + k) % x->n])
+                pending[np++] = (x->me + k) % x->n;
+        while (np > 0) {
+            int ready = -1;
+            for (int i = 0; i < np && ready < 0; i++)
+                if (atomic_load_explicit(head_of(x, pending[i]), memory_order_acquire) > t)
+                    ready = i;
+            if (ready < 0) {
+                FSDP2_CHECK(wait_for(x, head_of(x, pending[0]), t + 1, pending[0]));
+                ready = 0;
+            }
+            int r = pending[ready];
+            pending[ready] = pending[--np];
+            sink_write(&sinks[r], off, slot_of(x, r, t), min_size(SHM_SLOT, len[r] - off));
+        }
+        finish_step(x, t);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_all_gather(run_t *x, const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size, len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    char *recv = op->recv;
+    for (int r = 0; r < x->n; r++) {
+        len[r] = bytes;
+        sinks[r] = (sink_t){.buf = recv + (size_t)r * bytes};
+    }
+    char *mine = recv + (size_t)x->me * bytes;
+    if (bytes && mine != (const char *)op->send)
+        memcpy(mine, op->send, bytes);
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
+{
+    size_t len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    for (int r = 0; r < x->n; r++) {
+        len[r] = op->count;
+        sinks[r] = (sink_t){.piece = op->pieces + op->offsets[r]};
+    }
+    const char *src = op->send;
+    for (size_t k = op->offsets[x->me]; k < op->offsets[x->me + 1]; k++) {
+        if (op->pieces[k].bytes && op->pieces[k].data != src)
+            memmove(op->pieces[k].data, src, op->pieces[k].bytes);
+        src += op->pieces[k].bytes;
+    }
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
+{
+    size_t len[FSDP2_SHM_MAX_RANKS] = {0};
+    sink_t sinks[FSDP2_SHM_MAX_RANKS] = {{0}};
+    len[op->root] = op->count * op->elem_size;
+    sinks[op->root].buf = op->recv;
+    return gather(x, op->send, len, sinks);
+}
+
+static fsdp2_status_t run_barrier(run_t *x)
+{
+    uint64_t t = x->next++;
+    post(x, t);
+    for (int k = 1; k < x->n; k++) {
+        int r = (x->me + k) % x->n;
+        FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+    }
+    finish_step(x, t);
+    return FSDP2_SUCCESS;
+}
+
+/* ---- reductions ---- */
+
+/* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
+ * to out. In each step a writer's slot holds one piece for each peer, in the order of
+ * the peers after it. */
+static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t *lo,
+                                    const size_t *hi, char *out)
+{
+    int n = x->n, me = x->me;
+    size_t es = op->elem_size;
+    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
+    size_t most = 0, mine = hi[me] - lo[me];
+    for (int r = 0; r < n; r++)
+        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
+    const char *send = op->send;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    for (size_t off = 0; off < most; off += piece) {
+        uint64_t t = x->next++;
+        char *slot = NULL;
+        for (int k = 1; k < n; k++) {
+            int p = (me + k) % n;
+            size_t len = hi[p] - lo[p];
+            if (off >= len)
+                continue;
+            if (!slot)
+                FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot + (size_t)(k - 1) * piece * es, send + (lo[p] + off) * es,
+                   min_size(piece, len - off) * es);
+        }
+        if (slot)
+            post(x, t);
+        if (off < mine) {
+            for (int r = 0; r < n; r++) {
+                if (r == me) {
+                    src[r] = send + (lo[me] + off) * es;
+                    continue;
+                }
+                const char *peer_slot;
+                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
+            }
+            fsdp2_reduce_rank_order(out + off * es, op->dtype, src, n, min_size(piece, mine - off),
+                                    op->reduce.pre_divide, op->reduce.post_divide);
+        }
+        finish_step(x, t);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_reduce_scatter(run_t *x, const coll_op_t *op)
+{
+    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS];
+    for (int r = 0; r < x->n; r++) {
+        lo[r] = (size_t)r * op->count;
+        hi[r] = lo[r] + op->count;
+    }
+    return reduce_ranges(x, op, lo, hi, op->recv);
+}
+
+/* Up to one slot: every rank posts its whole buffer and reduces all of them itself. */
+static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    uint64_t t = x->next++;
+    char *slot;
+    FSDP2_CHECK(slot_for_write(x, t, &slot));
+    memcpy(slot, op->recv, bytes);
+    post(x, t);
+    for (int r = 0; r < x->n; r++) {
+        const char *peer_slot = op->recv;
+        if (r != x->me)
+            FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+        src[r] = peer_slot;
+    }
+    /* the result overwrites our own contribution block by block, after reading it */
+    fsdp2_reduce_rank_order(op->recv, op->dtype, src, x->n, op->count, op->reduce.pre_divide,
+                            op->reduce.post_divide);
+    finish_step(x, t);
+    return FSDP2_SUCCESS;
+}
+
+/* All-reduce of large buffers, in two steps per piece: the pieces of the peers' ranges go
+ * out (as in reduce_ranges), then each rank reduces its own piece straight into its next
+ * slot, and every rank, itself included, copies the results out of the slots. Writing
+ * the result once into a slot that stays in cache saves writing it to the buffer and
+ * reading it back to send it. */
+static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size_t *lo,
+                                       const size_t *hi)
+{
+    int n = x->n, me = x->me;
+    size_t es = op->elem_size;
+    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
+    size_t most = 0, mine = hi[me] - lo[me];
+    for (int r = 0; r < n; r++)
+        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
+    char *buf = op->recv;
+    const void *src[FSDP2_SHM_MAX_RANKS];
+    for (size_t off = 0; off < most; off += piece) {
+        uint64_t t = x->next++, t_result = x->next++;
+        char *slot = NULL;
+        for (int k = 1; k < n; k++) {
+            int p = (me + k) % n;
+            size_t len = hi[p] - lo[p];
+            if (off >= len)
+                continue;
+            if (!slot)
+                FSDP2_CHECK(slot_for_write(x, t, &slot));
+            memcpy(slot + (size_t)(k - 1) * piece * es, buf + (lo[p] + off) * es,
+                   min_size(piece, len - off) * es);
+        }
+        if (slot)
+            post(x, t);
+        if (off < mine) {
+            size_t m = min_size(piece, mine - off);
+            for (int r = 0; r < n; r++) {
+                if (r == me) {
+                    src[r] = buf + (lo[me] + off) * es;
+                    continue;
+                }
+                const char *peer_slot;
+                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
+                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
+            }
+            char *result;
+            FSDP2_CHECK(slot_for_write(x, t_result, &result));
+            fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
+                                    op->reduce.post_divide);
+            post(x, t_result);
+            finish_step(x, t); /* done with the peers' pieces */
+            memcpy(buf + (lo[me] + off) * es, result, m * es);
+        } else {
+            finish_step(x, t);
+        }
+        for (int k = 1; k < n; k++) {
+            int r = (me + k) % n;
+            if (off >= hi[r] - lo[r])
+                continue;
+            const char *peer_slot;
+            FSDP2_CHECK(slot_for_read(x, r, t_result, &peer_slot));
+            memcpy(buf + (lo[r] + off) * es, peer_slot, min_size(piece, hi[r] - lo[r] - off) * es);
+        }
+        finish_step(x, t_result);
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
+{
+    size_t es = op->elem_size;
+    if (op->count * es <= SHM_ONE_STEP_MAX)
+        return all_reduce_one_step(x, op);
+    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
+    sink_t sinks[FSDP2_SHM_MAX_RANKS];
+    size_t chunk = (op->count + (size_t)x->n - 1) / (size_t)x->n; /* torch.chunk */
+    char *buf = op->recv;
+    for (int r = 0; r < x->n; r++) {
+        lo[r] = min_size(chunk * (size_t)r, op->count);
+        hi[r] = min_size(chunk * (size_t)(r + 1), op->count);
+        len[r] = (hi[r] - lo[r]) * es;
+        sinks[r] = (sink_t){.buf = buf + lo[r] * es};
+    }
+    if (op->count * es >= SHM_FUSED_MIN)
+        return all_reduce_fused(x, op, lo, hi);
+    /* Peers read our buffer only through our slots, so our range can take the result
+     * while they still reduce theirs. */
+    FSDP2_CHECK(reduce_ranges(x, op, lo, hi, buf + lo[x->me] * es));
+    return gather(x, buf + lo[x->me] * es, len, sinks);
+}
+
+/* ---- turns ---- */
+
+/* Waits until the group's collectives before op's have finished here. */
+static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t deadline_ms,
+                                const char *what)
+{
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    pthread_mutex_lock(&sg->lock);
+    while (sg->turn != op->seq && status == FSDP2_SUCCESS) {
+        status = fsdp2_group_check(sg->g);
+        if (status != FSDP2_SUCCESS)
+            break;
+        if (fsdp2_now_ms() >= deadline_ms) {
+            pthread_mutex_unlock(&sg->lock);
+            return fsdp2_group_fail(sg->g, FSDP2_ERR_TIMEOUT,
+                                    "%s: the group's collective %llu (before this one) did not "
+                                    "finish within %.1f s (FSDP2_TIMEOUT)",
+                                    what, (unsigned long long)sg->turn,
+                                    (double)sg->g->timeout_ms / 1e3);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 10 * 1000000L; /* wakes to see group failures */
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&sg->turn_changed, &sg->lock, &ts);
+    }
+    pthread_mutex_unlock(&sg->lock);
+    return status;
+}
+
+static const char *kind_name(coll_kind_t kind)
+{
+    switch (kind) {
+    case COLL_ALL_GATHER: return "all_gather";
+    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_ALL_REDUCE: return "all_reduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "collective";
+}
+
+fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
+{
+    fsdp2_group_t *g = sg->g;
+    const char *what = kind_name(op->kind);
+    int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
+    fsdp2_status_t status = wait_turn(sg, op, deadline, what);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_check(g);
+    if (status != FSDP2_SUCCESS) {
+        /* The group has failed here, so this rank will not take part: the peers must
+         * not wait for it until their timeout. */
+        mark_broken(sg, g->rank);
+        return status;
+    }
+    run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
+               .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
+    switch (op->kind) {
+    case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
+    case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
+    case COLL_REDUCE_SCATTER: status = run_reduce_scatter(&x, op); break;
+    case COLL_ALL_REDUCE: status = run_all_reduce(&x, op); break;
+    case COLL_BROADCAST: status = run_broadcast(&x, op); break;
+    case COLL_BARRIER: status = run_barrier(&x); break;
+    }
+    pthread_mutex_lock(&sg->lock);
+    sg->steps = x.next;
+    sg->turn++;
+    pthread_cond_broadcast(&sg->turn_changed);
+    pthread_mutex_unlock(&sg->lock);
+    return status;
+}

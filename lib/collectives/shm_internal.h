@@ -1,0 +1,65 @@
+/* The shared-memory transport's segment layout and per-group state, shared by the
+ * protocol (lib/collectives/shm.c) and the segment's set-up (shm_segment.c).
+ *
+ * Segment: a page of header (shm_header_t), then one cache line per rank (rank_line_t),
+ * then per reader a row of `row` done counters (one per writer), padded to a page, then
+ * each rank's ring of SHM_SLOTS slots of SHM_SLOT bytes. */
+#ifndef FSDP2_COLLECTIVES_SHM_INTERNAL_H
+#define FSDP2_COLLECTIVES_SHM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "collectives/shm.h"
+
+#define SHM_SLOT (256u << 10) /* bytes per step and rank */
+#define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
+#define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
+#define SHM_MAGIC 0x66736470326d6873ull
+#define LINE 64
+#define PAGE 4096
+
+typedef _Atomic uint64_t counter_t;
+
+typedef struct shm_header {
+    uint64_t magic;
+    int64_t size;
+    _Alignas(LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
+} shm_header_t;
+
+/* A rank's line: what it publishes, and where those waiting for it sleep. */
+typedef struct rank_line {
+    counter_t head;      /* steps this rank has posted */
+    atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
+    atomic_int sleepers; /* threads asleep on bell */
+    atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
+    char pad[LINE - 20];
+} rank_line_t;
+_Static_assert(sizeof(rank_line_t) == LINE, "a rank's line is one cache line");
+
+struct shm_group {
+    fsdp2_group_t *g;
+    shm_header_t *hdr;
+    size_t map_bytes;
+    rank_line_t *lines; /* [size] */
+    counter_t *done; /* reader p's row at done[p * row]: steps of each writer it is done with */
+    size_t row;      /* counters per done row */
+    char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
+    shm_peer_gone_fn gone;
+    void *gone_arg;
+    pthread_mutex_t lock;
+    pthread_cond_t turn_changed;
+    uint64_t turn;  /* collectives finished here: sequence number `turn` runs next */
+    uint64_t steps; /* steps run so far, the same count on every member */
+    /* Waiting when the group has a core per rank: busy polling at first (a yield that
+     * lets a peer's thread in keeps both on one core, where the scheduler leaves such
+     * cache-hot threads; measured 1-2 GB/s instead of 12-16 at 64 KiB), and a yield that
+     * ran another thread sends the wait to sleep, so that the wake-up can place it on an
+     * idle core. With more ranks than cores, yield at once and never count. */
+    int64_t spin_ns;
+    int contended_max;
+    int nudge; /* move_off_peer_core may act */
+};
+
+#endif

@@ -1,0 +1,184 @@
+/* The shared-memory transport's segment: created by rank 0, mapped by every member,
+ * unlinked as soon as all have answered, or given up on by all when one cannot map it.
+ * The protocol that runs over it is lib/collectives/shm.c. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "collectives/shm_internal.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log_internal.h"
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+static size_t segment_bytes(int n, size_t *row, size_t *ctl)
+{
+    *row = round_up((size_t)n * 8, LINE) / 8;
+    *ctl = round_up((size_t)n * LINE + (size_t)n * *row * 8, PAGE);
+    return PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
+}
+
+/* Maps the group's segment: rank 0 creates it, reserves its memory (tmpfs would
+ * otherwise grant the size and raise SIGBUS on a page it has no room for) and publishes
+ * its name, "" if it could not; the others open it. A failure here is not an error of
+ * the group: it is written to why, and the members then agree to go without. */
+static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
+                                  char *name, size_t cap, void **map, char *why, size_t why_cap)
+{
+    char key[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/shm/name", g->name);
+    int fd = -1, e = 0;
+    const char *step = "";
+    if (g->rank == 0) {
+        static atomic_uint serial;
+        snprintf(name, cap, "/fsdp2-%d-%u-%llx", (int)getpid(), atomic_fetch_add(&serial, 1),
+                 (unsigned long long)fsdp2_now_ns());
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) {
+            e = errno, step = "shm_open";
+            name[0] = '\0';
+        } else if (ftruncate(fd, (off_t)bytes) != 0) {
+            e = errno, step = "ftruncate";
+        } else if ((e = posix_fallocate(fd, 0, (off_t)bytes)) != 0) {
+            step = "posix_fallocate";
+        }
+    } else {
+        size_t len = 0;
+        FSDP2_CHECK(fsdp2_store_get(store, key, name, cap - 1, &len));
+        name[len < cap ? len : cap - 1] = '\0';
+        struct stat st;
+        if (!name[0])
+            snprintf(why, why_cap, "rank 0 could not create the segment");
+        else if ((fd = shm_open(name, O_RDWR, 0)) < 0)
+            e = errno, step = "shm_open";
+        else if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)
+            e = EINVAL, step = "fstat (size)";
+    }
+    if (fd >= 0 && !e) {
+        *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (*map == MAP_FAILED) {
+            *map = NULL;
+            e = errno, step = "mmap";
+        }
+    }
+    if (e)
+        snprintf(why, why_cap, "%s %s (%zu bytes): %s", step, name, bytes, strerror(e));
+    if (fd >= 0)
+        close(fd);
+    if (g->rank == 0) {
+        if (e && name[0]) {
+            shm_unlink(name);
+            name[0] = '\0';
+        }
+        if (*map) {
+            shm_header_t *h = *map;
+            h->magic = SHM_MAGIC;
+            h->size = g->size;
+        }
+        FSDP2_CHECK(fsdp2_store_set(store, key, name, strlen(name) + 1));
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* Whether every member mapped the segment: each publishes yes or no, all read all. */
+static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int mine, int *all,
+                                 int *first_missing)
+{
+    char key[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, g->rank);
+    FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
+    *all = 1;
+    *first_missing = -1;
+    for (int r = 0; r < g->size; r++) {
+        char value[2] = "";
+        size_t len = 0;
+        snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, r);
+        FSDP2_CHECK(fsdp2_store_get(store, key, value, 1, &len));
+        if (value[0] != '1' && *first_missing < 0)
+            *first_missing = r;
+        *all &= value[0] == '1';
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer_gone_fn gone,
+                                void *gone_arg, shm_group_t **out)
+{
+    *out = NULL;
+    if (g->size > FSDP2_SHM_MAX_RANKS)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': %d ranks (shm: at most %d)",
+                           g->name, g->size, FSDP2_SHM_MAX_RANKS);
+    shm_group_t *sg = calloc(1, sizeof(*sg));
+    if (!sg)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm", g->name);
+    sg->g = g;
+    sg->gone = gone;
+    sg->gone_arg = gone_arg;
+    cpu_set_t cpus;
+    int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
+    sg->contended_max = g->size <= cores ? 2 : INT_MAX;
+    sg->nudge = g->size <= cores && cores > 1;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&sg->lock, NULL);
+    pthread_cond_init(&sg->turn_changed, &attr);
+    pthread_condattr_destroy(&attr);
+    size_t ctl = 0, bytes = segment_bytes(g->size, &sg->row, &ctl);
+    char name[96] = "", why[256] = "";
+    void *map = NULL;
+    int all = 0, missing = -1;
+    fsdp2_status_t status = map_segment(g, store, bytes, name, sizeof(name), &map, why,
+                                        sizeof(why));
+    if (map) {
+        sg->hdr = map;
+        sg->map_bytes = bytes;
+    }
+    /* Once everyone has answered, everyone who will map it has: the name can go, and
+     * nothing is left in /dev/shm whatever happens next. */
+    if (status == FSDP2_SUCCESS)
+        status = all_mapped(g, store, map != NULL, &all, &missing);
+    if (name[0] && (g->rank == 0 || status == FSDP2_SUCCESS))
+        shm_unlink(name); /* every member tries, in case rank 0 died: ENOENT is fine */
+    if (status == FSDP2_SUCCESS && all &&
+        (sg->hdr->magic != SHM_MAGIC || sg->hdr->size != g->size))
+        status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': segment %s was not made for %d "
+                             "ranks of this group", g->name, name, g->size);
+    if (status != FSDP2_SUCCESS || !all) {
+        if (status == FSDP2_SUCCESS)
+            FSDP2_LOG(WARN, COLL, "group '%s': no shared memory (%s%s%d): collectives go "
+                      "over UCX", g->name, why[0] ? why : "", why[0] ? "; first rank without: "
+                      : "first rank without it: ", missing);
+        fsdp2_shm_destroy(sg);
+        return status;
+    }
+    char *base = (char *)sg->hdr;
+    sg->lines = (rank_line_t *)(base + PAGE);
+    sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
+    sg->ring = base + PAGE + ctl;
+    FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
+              bytes);
+    *out = sg;
+    return FSDP2_SUCCESS;
+}
+
+void fsdp2_shm_destroy(shm_group_t *sg)
+{
+    if (!sg)
+        return;
+    if (sg->hdr)
+        munmap(sg->hdr, sg->map_bytes);
+    pthread_mutex_destroy(&sg->lock);
+    pthread_cond_destroy(&sg->turn_changed);
+    free(sg);
+}

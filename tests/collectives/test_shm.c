@@ -1,0 +1,403 @@
+/* The shared-memory transport (lib/collectives/shm.c), with real processes on 2, 3 and
+ * 4 ranks: sizes on both sides of a slot (256 KiB) and long enough to wrap each rank's
+ * ring of slots several times, every collective checked element-wise against values
+ * the test computes; identical bits to the UCX transport (FSDP2_SHM=off) for sums that
+ * round; and failures: a rank killed inside a large collective, and an abort, each
+ * an error on every survivor well before the timeout, with nothing left in /dev/shm. */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/check_main.h"
+#include "core/env_internal.h"
+#include "ranks.h"
+
+#define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+#define SLOT (256 << 10)
+
+static size_t esize(fsdp2_dtype_t t)
+{
+    size_t b = 0;
+    fsdp2_dtype_size(t, &b);
+    return b;
+}
+
+/* Small integers: exact in every dtype, and so are their sums over 4 ranks. */
+static double pattern(int rank, size_t i)
+{
+    return (double)((int)((i * 7 + (size_t)rank * 13) % 29) - 14);
+}
+
+static void fill(void *p, fsdp2_dtype_t t, int rank, size_t n, size_t base)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = pattern(rank, base + i);
+        fsdp2_convert((char *)p + i * esize(t), t, &v, FSDP2_F64, 1);
+    }
+}
+
+static double get(const void *p, fsdp2_dtype_t t, size_t i)
+{
+    double v;
+    fsdp2_convert(&v, FSDP2_F64, (const char *)p + i * esize(t), t, 1);
+    return v;
+}
+
+static double sum_over_ranks(int size, size_t i)
+{
+    double s = 0;
+    for (int r = 0; r < size; r++)
+        s += pattern(r, i);
+    return s;
+}
+
+static int sync_ok(rank_ctx_t *c)
+{
+    return RANK_CHECK(c, fsdp2_stream_synchronize(c->stream) == FSDP2_SUCCESS, "synchronize: %s",
+                      fsdp2_last_error());
+}
+
+typedef struct size_case {
+    fsdp2_dtype_t dtype;
+    size_t count; /* elements per rank */
+} size_case_t;
+
+/* Just under, at and over one slot; and 5+ slots (past the ring of 4). */
+static const size_case_t cases[] = {
+    {FSDP2_F32, SLOT / 4 - 1}, {FSDP2_F32, SLOT / 4},      {FSDP2_F32, SLOT / 4 + 1},
+    {FSDP2_F32, 5 * SLOT / 4 + 3}, {FSDP2_BF16, 3 * SLOT / 2 + 5}, {FSDP2_F64, 2 * SLOT / 8 + 7},
+};
+
+/* All-reduces from 16 MiB reduce straight into the slots (all_reduce_fused). */
+static const size_case_t large_all_reduces[] = {{FSDP2_F32, (4u << 20) + 5}, {FSDP2_BF16, 8u << 20}};
+
+static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
+{
+    int fails = 0;
+    char *send = malloc(n * esize(t)), *recv = malloc(n * esize(t) * c->size);
+    fill(send, t, c->rank, n, 0);
+    memset(recv, 0xab, n * esize(t) * c->size);
+    fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
+    fails += sync_ok(c);
+    for (int r = 0; r < c->size && !fails; r++)
+        for (size_t i = 0; i < n && !fails; i++)
+            fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
+                                "all_gather %s n=%zu rank %d element %zu: %g, want %g",
+                                fsdp2_dtype_name(t), n, r, i, get(recv, t, r * n + i),
+                                pattern(r, i));
+    free(send);
+    free(recv);
+    return fails;
+}
+
+static int check_reduce_scatter(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
+{
+    int fails = 0;
+    size_t total = n * (size_t)c->size;
+    char *send = malloc(total * esize(t)), *recv = malloc(n * esize(t));
+    fill(send, t, c->rank, total, 0);
+    fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, NULL, c->stream));
+    fails += sync_ok(c);
+    size_t base = (size_t)c->rank * n;
+    for (size_t i = 0; i < n && !fails; i++)
+        fails += RANK_CHECK(c, get(recv, t, i) == sum_over_ranks(c->size, base + i),
+                            "reduce_scatter %s n=%zu element %zu: %g, want %g",
+                            fsdp2_dtype_name(t), n, i, get(recv, t, i),
+                            sum_over_ranks(c->size, base + i));
+    free(send);
+    free(recv);
+    return fails;
+}
+
+static int check_all_reduce(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
+{
+    int fails = 0;
+    char *buf = malloc(n * esize(t));
+    fill(buf, t, c->rank, n, 0);
+    fails += OK(c, fsdp2_all_reduce_async(c->world, buf, n, t, NULL, c->stream));
+    fails += sync_ok(c);
+    for (size_t i = 0; i < n && !fails; i++)
+        fails += RANK_CHECK(c, get(buf, t, i) == sum_over_ranks(c->size, i),
+                            "all_reduce %s n=%zu element %zu: %g, want %g", fsdp2_dtype_name(t),
+                            n, i, get(buf, t, i), sum_over_ranks(c->size, i));
+    free(buf);
+    return fails;
+}
+
+static int check_broadcast(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
+{
+    int fails = 0, root = c->size - 1;
+    char *buf = malloc(n * esize(t));
+    fill(buf, t, c->rank, n, 0);
+    fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
+    fails += sync_ok(c);
+    for (size_t i = 0; i < n && !fails; i++)
+        fails += RANK_CHECK(c, get(buf, t, i) == pattern(root, i),
+                            "broadcast %s n=%zu element %zu", fsdp2_dtype_name(t), n, i);
+    free(buf);
+    return fails;
+}
+
+/* Rank r's bytes over three pieces whose boundaries fall inside slots. */
+static int check_all_gather_pieces(rank_ctx_t *c)
+{
+    int fails = 0;
+    const size_t bytes = 3 * SLOT + 1001;
+    unsigned char *send = malloc(bytes), *dest = malloc(c->size * bytes);
+    for (size_t i = 0; i < bytes; i++)
+        send[i] = (unsigned char)(i * 31 + (size_t)c->rank * 7);
+    fsdp2_iov_t pieces[4 * 3];
+    size_t offsets[5] = {0};
+    for (int r = 0; r < c->size; r++) {
+        unsigned char *base = dest + (size_t)r * bytes;
+        size_t a = SLOT + 100, b = SLOT / 3, rest = bytes - a - b;
+        pieces[3 * r] = (fsdp2_iov_t){base + rest, a};
+        pieces[3 * r + 1] = (fsdp2_iov_t){base + rest + a, b};
+        pieces[3 * r + 2] = (fsdp2_iov_t){base, rest};
+        offsets[r + 1] = offsets[r] + 3;
+    }
+    fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
+    fails += sync_ok(c);
+    for (int r = 0; r < c->size && !fails; r++) {
+        size_t k = 0;
+        for (int p = 0; p < 3; p++) {
+            const unsigned char *d = pieces[3 * r + p].data;
+            for (size_t i = 0; i < pieces[3 * r + p].bytes && !fails; i++, k++)
+                fails += RANK_CHECK(c, d[i] == (unsigned char)(k * 31 + (size_t)r * 7),
+                                    "pieces: rank %d byte %zu", r, k);
+        }
+    }
+    free(send);
+    free(dest);
+    return fails;
+}
+
+static int body_across_slots(rank_ctx_t *c)
+{
+    int fails = 0;
+    for (size_t k = 0; k < COUNT(cases) && !fails; k++) {
+        fails += check_all_gather(c, cases[k].dtype, cases[k].count);
+        fails += check_reduce_scatter(c, cases[k].dtype, cases[k].count);
+        fails += check_all_reduce(c, cases[k].dtype, cases[k].count);
+        fails += check_broadcast(c, cases[k].dtype, cases[k].count);
+    }
+    for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
+        fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
+    fails += check_all_gather_pieces(c);
+    /* zero-sized collectives between large ones take no steps and keep ranks in step */
+    fails += check_all_gather(c, FSDP2_F32, 0);
+    fails += check_all_reduce(c, FSDP2_F16, 0);
+    fails += check_all_reduce(c, FSDP2_F16, 3);
+    return fails;
+}
+
+START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
+{
+    for (int size = 2; size <= 4; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_across_slots, NULL, 30000, 240, &res);
+        ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
+                      res.timed_out);
+    }
+}
+END_TEST
+
+/* ---- the same bits as UCX ---- */
+
+static double wavy(int rank, size_t i)
+{
+    return sin((double)i * 0.37 + rank) * 1000.0 / (double)(rank + 3);
+}
+
+/* Sums of non-integers round at every step, so this checks the order of summation. */
+static int body_same_bits(rank_ctx_t *c)
+{
+    int fails = 0;
+    setenv("FSDP2_SHM", "off", 1);
+    fails += OK(c, fsdp2_env_reload());
+    fsdp2_group_t *plain = NULL;
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    fails += OK(c, fsdp2_group_create(c->store, "plain", c->rank, c->size, &go, &plain));
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F16, FSDP2_F64};
+    const size_t counts[] = {1000, 3 * SLOT / 4 + 11, (1u << 20) + 3};
+    fsdp2_reduce_t avg = {FSDP2_REDUCE_AVG, 2.0, 1.0};
+    for (size_t d = 0; d < COUNT(dts) && !fails; d++) {
+        for (size_t k = 0; k < COUNT(counts) && !fails; k++) {
+            fsdp2_dtype_t t = dts[d];
+            size_t n = counts[k] * (size_t)c->size, bytes = n * esize(t);
+            char *a = malloc(bytes), *b = malloc(bytes), *rs_a = malloc(bytes), *rs_b = malloc(bytes);
+            for (size_t i = 0; i < n; i++) {
+                double v = wavy(c->rank, i);
+                fsdp2_convert(a + i * esize(t), t, &v, FSDP2_F64, 1);
+            }
+            memcpy(b, a, bytes);
+            fails += OK(c, fsdp2_reduce_scatter_async(c->world, a, rs_a, counts[k], t, &avg,
+                                                      c->stream));
+            fails += OK(c, fsdp2_reduce_scatter_async(plain, b, rs_b, counts[k], t, &avg,
+                                                      c->stream));
+            fails += OK(c, fsdp2_all_reduce_async(c->world, a, n, t, NULL, c->stream));
+            fails += OK(c, fsdp2_all_reduce_async(plain, b, n, t, NULL, c->stream));
+            fails += sync_ok(c);
+            fails += RANK_CHECK(c, memcmp(rs_a, rs_b, counts[k] * esize(t)) == 0,
+                                "reduce_scatter %s n=%zu: shm and ucx differ", fsdp2_dtype_name(t),
+                                counts[k]);
+            fails += RANK_CHECK(c, memcmp(a, b, bytes) == 0, "all_reduce %s n=%zu: shm and ucx differ",
+                                fsdp2_dtype_name(t), n);
+            free(a);
+            free(b);
+            free(rs_a);
+            free(rs_b);
+        }
+    }
+    fsdp2_group_destroy(plain);
+    return fails;
+}
+
+START_TEST(shm_and_ucx_transports_give_identical_bits)
+{
+    for (int size = 2; size <= 4; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_same_bits, NULL, 30000, 240, &res);
+        ck_assert_msg(failed == 0, "%d ranks: %d failed", size, failed);
+    }
+}
+END_TEST
+
+/* ---- failures ---- */
+
+/* Segments rank 0 of this run created that still have a name in /dev/shm. */
+static int segments_left(int rank0_pid)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "fsdp2-%d-", rank0_pid);
+    int n = 0;
+    DIR *d = opendir("/dev/shm");
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Rank 0 kills the last rank (SIGKILL) once both have started a 16 MiB all-gather,
+ * which takes milliseconds, so the victim dies inside it (or, on a slow day, just
+ * before joining): every other rank must fail with an error, never hang. */
+static int body_dies_inside(rank_ctx_t *c)
+{
+    int fails = 0;
+    size_t n = (size_t)4 << 20;
+    float *send = calloc(n, sizeof(float)), *recv = calloc(n * (size_t)c->size, sizeof(float));
+    if (c->rank == 0)
+        fails += RANK_CHECK(c, segments_left(getpid()) == 0, "segment still named in /dev/shm");
+    double t0 = seconds();
+    fsdp2_status_t s = fsdp2_all_gather_async(c->world, send, recv, n, FSDP2_F32, c->stream);
+    if (c->rank == c->size - 1) {
+        int32_t pid = (int32_t)getpid();
+        fsdp2_store_set(c->store, "victim", &pid, sizeof(pid));
+        fsdp2_stream_synchronize(c->stream); /* killed in here */
+        return 1;
+    }
+    if (c->rank == 0) {
+        int32_t pid = 0;
+        size_t len = 0;
+        fails += OK(c, fsdp2_store_get(c->store, "victim", &pid, sizeof(pid), &len));
+        fails += RANK_CHECK(c, pid > 0 && kill(pid, SIGKILL) == 0, "kill %d", (int)pid);
+    }
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    fails += RANK_CHECK(c, s == FSDP2_ERR_PEER_FAILED || s == FSDP2_ERR_TIMEOUT, "status %s",
+                        fsdp2_status_name(s));
+    fails += RANK_CHECK(c, seconds() - t0 < 20, "failed after %.1f s", seconds() - t0);
+    fails += RANK_CHECK(c, fsdp2_barrier_async(c->world, c->stream) != FSDP2_SUCCESS ||
+                               fsdp2_stream_synchronize(c->stream) != FSDP2_SUCCESS,
+                        "later collective fails");
+    free(send);
+    free(recv);
+    return fails;
+}
+
+START_TEST(a_rank_dying_inside_a_large_collective_fails_the_others_and_leaves_no_segment)
+{
+    for (int size = 2; size <= 4; size++) {
+        ranks_result_t res;
+        run_ranks(size, body_dies_inside, NULL, 3000, 60, &res);
+        ck_assert_msg(!res.timed_out, "%d ranks hung", size);
+        for (int r = 0; r < size - 1; r++)
+            ck_assert_msg(res.status[r] == 0, "size %d rank %d: status %d", size, r,
+                          res.status[r]);
+    }
+}
+END_TEST
+
+/* Rank 1 aborts while the others wait in an all-gather it never joins: they fail at
+ * once (the segment is marked broken), long before their 60 s timeout. */
+static int body_abort_while_others_wait(rank_ctx_t *c)
+{
+    int fails = 0;
+    size_t n = (size_t)1 << 20;
+    float *send = calloc(n, sizeof(float)), *recv = calloc(n * (size_t)c->size, sizeof(float));
+    if (c->rank == 1) {
+        const char *key = "all-waiting";
+        fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
+        fails += OK(c, fsdp2_group_abort(c->world));
+    } else {
+        double t0 = seconds();
+        fsdp2_status_t s = fsdp2_all_gather_async(c->world, send, recv, n, FSDP2_F32, c->stream);
+        int64_t count = 0;
+        fsdp2_store_add(c->store, "waiting", 1, &count);
+        if (count == c->size - 1)
+            fsdp2_store_set(c->store, "all-waiting", "1", 1);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_stream_synchronize(c->stream);
+        fails += RANK_CHECK(c, s == FSDP2_ERR_PEER_FAILED, "status %s", fsdp2_status_name(s));
+        fails += RANK_CHECK(c, seconds() - t0 < 20, "failed after %.1f s, not at once",
+                            seconds() - t0);
+    }
+    free(send);
+    free(recv);
+    return fails;
+}
+
+START_TEST(an_abort_fails_the_peers_waiting_on_the_aborted_rank_at_once)
+{
+    for (int size = 2; size <= 3; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_abort_while_others_wait, NULL, 60000, 50, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "%d ranks: statuses %d %d %d", size,
+                      res.status[0], res.status[1], res.status[2]);
+    }
+}
+END_TEST
+
+static Suite *shm_suite(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *ok = tcase_create("results");
+    tcase_set_timeout(ok, 600);
+    tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
+    tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
+    suite_add_tcase(s, ok);
+    TCase *bad = tcase_create("failures");
+    tcase_set_timeout(bad, 300);
+    tcase_add_test(bad, a_rank_dying_inside_a_large_collective_fails_the_others_and_leaves_no_segment);
+    tcase_add_test(bad, an_abort_fails_the_peers_waiting_on_the_aborted_rank_at_once);
+    suite_add_tcase(s, bad);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(shm_suite)
