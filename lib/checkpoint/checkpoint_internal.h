@@ -16,6 +16,7 @@ typedef struct sd_entry {
     fsdp2_dtensor_t *dtensor; /* borrowed */
     fsdp2_tensor_t *tensor;   /* borrowed: whole on every rank */
     int optimizer;            /* an optimizer state tensor */
+    int unmaterialized;       /* a parameter declared on meta, never given values */
 } sd_entry_t;
 
 struct fsdp2_state_dict {

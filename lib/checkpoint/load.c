@@ -205,7 +205,12 @@ fsdp2_status_t fsdp2_checkpoint_extra(const char *dir, const char *key, char *bu
     if (status == FSDP2_SUCCESS) {
         const cJSON *extra = cJSON_GetObjectItemCaseSensitive(m.root, "extra");
         const char *v = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(extra, key));
-        if (v)
+        if (v && strlen(v) >= len)
+            status = fsdp2_error(FSDP2_ERR_OVERFLOW,
+                                 "checkpoint %s: extra entry '%s' has %zu characters, the buffer "
+                                 "holds %zu",
+                                 dir, key, strlen(v), len - 1);
+        else if (v)
             snprintf(buf, len, "%s", v);
         else
             status = fsdp2_error(FSDP2_ERR_NOT_FOUND, "checkpoint %s has no extra entry '%s'",

@@ -63,5 +63,7 @@ fsdp2_status_t ckpt_remove_dir(const char *dir);
 fsdp2_status_t ckpt_write_text(const char *path, const char *text);
 fsdp2_status_t ckpt_publish(const char *partial, const char *dir);
 cJSON *ckpt_int_array(const int64_t *v, int n);
+/* path without trailing slashes ("ckpt/" -> "ckpt"; "/" stays). */
+void ckpt_clean_path(const char *path, char *buf, size_t len);
 
 #endif

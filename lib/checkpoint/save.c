@@ -18,6 +18,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/log_internal.h"
 
 /* Removes the regular files of dir, then dir (our own partial or replaced checkpoints
  * hold nothing else). A missing dir is fine. */
@@ -119,7 +120,7 @@ cJSON *ckpt_int_array(const int64_t *v, int n)
 static fsdp2_status_t write_rank_file(const fsdp2_state_dict_t *sd, const char *partial, int rank,
                                       char **record)
 {
-    char name[64], path[4200];
+    char name[64], path[4400];
     snprintf(name, sizeof(name), "rank-%05d.safetensors", rank);
     snprintf(path, sizeof(path), "%s/%s", partial, name);
     st_writer_t *w = NULL;
@@ -283,12 +284,19 @@ static fsdp2_status_t write_metadata(const fsdp2_state_dict_t *sd, const char *p
     if (status == FSDP2_SUCCESS && !text)
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
     if (status == FSDP2_SUCCESS) {
-        char path[4200];
+        char path[4400];
         snprintf(path, sizeof(path), "%s/%s", partial, CKPT_METADATA);
         status = ckpt_write_text(path, text);
     }
     cJSON_free(text);
     return status;
+}
+
+void ckpt_clean_path(const char *path, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", path);
+    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--)
+        buf[n - 1] = '\0';
 }
 
 /* Rank 0: makes partial the checkpoint at dir, atomically. */
@@ -297,17 +305,27 @@ fsdp2_status_t ckpt_publish(const char *partial, const char *dir)
     FSDP2_CHECK(fsync_path(partial));
     struct stat st;
     if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                               "checkpoint: %s exists and is not a directory", dir);
         if (renameat2(AT_FDCWD, partial, AT_FDCWD, dir, RENAME_EXCHANGE) != 0)
             return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot swap %s into %s: %s", partial,
                                dir, strerror(errno));
-        FSDP2_CHECK(ckpt_remove_dir(partial)); /* the previous checkpoint, now at partial */
+        /* The new checkpoint is in place: failing to remove the previous one (now at
+         * partial; the next save clears it) is not the save's failure. */
+        if (ckpt_remove_dir(partial) != FSDP2_SUCCESS)
+            FSDP2_LOG(WARN, CKPT, "checkpoint %s saved, but the previous one stays at %s: %s",
+                      dir, partial, fsdp2_last_error());
     } else if (rename(partial, dir) != 0) {
         return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot rename %s to %s: %s", partial, dir,
                            strerror(errno));
     }
     char parent[4096];
     parent_of(dir, parent, sizeof(parent));
-    return fsync_path(parent);
+    if (fsync_path(parent) != FSDP2_SUCCESS)
+        FSDP2_LOG(WARN, CKPT, "checkpoint %s saved, but fsync of its parent failed: %s", dir,
+                  fsdp2_last_error());
+    return FSDP2_SUCCESS;
 }
 
 static fsdp2_status_t check_save_args(const fsdp2_state_dict_t *sd, const char *dir,
@@ -325,6 +343,12 @@ static fsdp2_status_t check_save_args(const fsdp2_state_dict_t *sd, const char *
                         "checkpoint save: extra entry %zu is NULL", i);
     FSDP2_ARG_CHECK(sd->mesh, "checkpoint save: the state dict has no DTensor, so no mesh to "
                               "save over");
+    for (size_t i = 0; i < sd->count; i++)
+        if (sd->entries[i].unmaterialized)
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "checkpoint save: '%s' was declared on meta and never "
+                               "materialized (fsdp2_module_materialize)",
+                               sd->entries[i].name);
     return FSDP2_SUCCESS;
 }
 
@@ -336,12 +360,18 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
     FSDP2_CHECK(check_save_args(sd, dir, o));
     int rank, size;
     FSDP2_CHECK(ckpt_mesh_rank(sd->mesh, &rank, &size));
-    char partial[4096];
+    char clean[4096], partial[4200];
+    ckpt_clean_path(dir, clean, sizeof(clean));
+    dir = clean;
     snprintf(partial, sizeof(partial), "%s.partial", dir);
 
     /* 1. Rank 0 clears a stale partial directory and makes a fresh one. */
     fsdp2_status_t mine = FSDP2_SUCCESS;
-    if (rank == 0) {
+    struct stat st;
+    if (rank == 0 && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        mine = fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "checkpoint save: %s exists and is not a directory", dir);
+    else if (rank == 0) {
         mine = ckpt_remove_dir(partial);
         if (mine == FSDP2_SUCCESS && mkdir(partial, 0755) != 0)
             mine = fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot create %s: %s", partial,
@@ -461,9 +491,11 @@ fsdp2_status_t fsdp2_checkpoint_export_full(const fsdp2_state_dict_t *sd, const 
             mine = st_writer_finish(w);
         else
             st_writer_abort(w);
-        if (mine == FSDP2_SUCCESS && comm == FSDP2_SUCCESS && rename(partial, path) != 0)
+        if (mine == FSDP2_SUCCESS && comm == FSDP2_SUCCESS && rename(partial, path) != 0) {
             mine = fsdp2_error(FSDP2_ERR_IO, "export_full: cannot rename %s to %s: %s", partial,
                                path, strerror(errno));
+            unlink(partial);
+        }
     }
     if (comm != FSDP2_SUCCESS)
         return comm;

@@ -18,7 +18,8 @@ static fsdp2_status_t add(fsdp2_state_dict_t *sd, const char *name, fsdp2_dtenso
     char *copy = strdup(name);
     if (!copy)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "state dict");
-    sd->entries[sd->count++] = (sd_entry_t){copy, dt, t, optimizer};
+    sd->entries[sd->count++] = (sd_entry_t){.name = copy, .dtensor = dt, .tensor = t,
+                                            .optimizer = optimizer};
     if (dt && !sd->mesh)
         fsdp2_dtensor_mesh(dt, &sd->mesh);
     return FSDP2_SUCCESS;
@@ -60,6 +61,8 @@ static fsdp2_status_t add_params(fsdp2_state_dict_t *sd, fsdp2_module_t *root)
             status = fsdp2_param_sharded(params[i], &dt);
             if (status == FSDP2_SUCCESS)
                 status = add(sd, info.fqn, dt, NULL, 0);
+            if (status == FSDP2_SUCCESS)
+                sd->entries[sd->count - 1].unmaterialized = !info.materialized;
         } else {
             fsdp2_tensor_t *t;
             status = fsdp2_param_unsharded(params[i], &t);

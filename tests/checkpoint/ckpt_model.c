@@ -17,6 +17,13 @@ static const param_spec_t ENC_BIAS = {"enc", "bias", "enc.bias", FSDP2_F32, 1, {
 static const param_spec_t HEAD_WEIGHT = {"head", "weight", "head.weight", FSDP2_F32, 2, {3, 5}, 2};
 static const param_spec_t CONV_KERNEL = {"conv", "kernel", "conv.kernel", FSDP2_F64, 3,
                                          {4, 2, 3}, 3};
+static const param_spec_t HEAD_PROJ = {"head", "proj", "head.proj", FSDP2_F32, 2, {1000, 600}, 5};
+const param_spec_t WHOLE_SPEC[NUM_WHOLE] = {
+    {"enc", "running", "enc.running", FSDP2_F32, 1, {6}, -1},
+    {"", "scale", "scale", FSDP2_F32, 1, {4}, -1},
+};
+static const param_spec_t CONV_KERNEL_F32 = {"conv", "kernel", "conv.kernel", FSDP2_F32, 3,
+                                             {4, 2, 3}, 3};
 static const param_spec_t HEAD_BIAS = {"head", "bias", "head.bias", FSDP2_F32, 1, {3}, 4};
 static const param_spec_t HEAD_WEIGHT_WIDER = {"head", "weight", "head.weight", FSDP2_F32, 2,
                                                {3, 6}, 2};
@@ -78,7 +85,8 @@ int variant_specs(variant_t v, param_spec_t *out)
     out[n++] = v == VARIANT_RESHAPED ? HEAD_WEIGHT_WIDER : HEAD_WEIGHT;
     if (v == VARIANT_EXTRA_PARAM)
         out[n++] = HEAD_BIAS;
-    out[n++] = CONV_KERNEL;
+    out[n++] = HEAD_PROJ;
+    out[n++] = v == VARIANT_RETYPED ? CONV_KERNEL_F32 : CONV_KERNEL;
     return n;
 }
 
@@ -174,7 +182,8 @@ int model_fill(model_t *m, int seed)
         }
     }
     if (!fails)
-        fill_local(m->buffer, seed, BUFFER_SLOT, 0);
+        for (int i = 0; i < NUM_WHOLE; i++)
+            fill_local(m->whole[i], seed, WHOLE_SLOT + i, 0);
     return fails;
 }
 
@@ -204,17 +213,28 @@ int model_open(rank_ctx_t *c, fsdp2_mesh_t *mesh, variant_t v, int seed, model_t
             fails += OK(c, fsdp2_module_add_param(m->mods[i], s->name, t, 1, &m->p[j]));
         fsdp2_tensor_release(t);
     }
-    int64_t buffer_shape[1] = {6};
+    const param_spec_t *b = &WHOLE_SPEC[0], *s = &WHOLE_SPEC[1];
     if (!fails)
-        fails += OK(c, fsdp2_tensor_empty(CPU, FSDP2_F32, 1, buffer_shape, &m->buffer));
+        fails += OK(c, fsdp2_tensor_empty(CPU, b->dtype, b->ndim, b->shape, &m->whole[0]));
     if (!fails)
-        fails += OK(c, fsdp2_module_add_buffer(m->mods[0], "running", m->buffer));
+        fails += OK(c, fsdp2_module_add_buffer(m->mods[0], b->name, m->whole[0]));
+    /* The ignored parameter is the cpu tensor it was declared with. */
+    fsdp2_tensor_t *scale = NULL;
+    if (!fails)
+        fails += OK(c, fsdp2_tensor_empty(CPU, s->dtype, s->ndim, s->shape, &scale));
+    if (!fails)
+        fails += OK(c, fsdp2_module_add_param(m->root, s->name, scale, 1, &m->scale));
+    fsdp2_tensor_release(scale);
     fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
     so.mesh = mesh;
     for (int i = 0; i < 3 && !fails; i++)
         fails += OK(c, fsdp2_fully_shard(m->mods[i], &so));
+    so.ignored_params = &m->scale;
+    so.num_ignored_params = 1;
     if (!fails)
         fails += OK(c, fsdp2_fully_shard(m->root, &so));
+    if (!fails)
+        fails += OK(c, fsdp2_param_unsharded(m->scale, &m->whole[1]));
     init_ctx_t ic = {m, seed, 0};
     if (!fails)
         fails += OK(c, fsdp2_module_materialize(m->root, init_param, &ic));
@@ -238,7 +258,7 @@ int model_close(model_t *m)
         fails += OK(m->c, fsdp2_module_synchronize(m->root));
         fails += OK(m->c, fsdp2_module_destroy(m->root));
     }
-    fsdp2_tensor_release(m->buffer);
+    fsdp2_tensor_release(m->whole[0]);
     memset(m, 0, sizeof(*m));
     return fails;
 }
@@ -291,8 +311,8 @@ int compare_bits(const rank_ctx_t *c, const char *what, const char *when, fsdp2_
 static int check_values(const rank_ctx_t *c, const char *what, const char *when,
                         const fsdp2_tensor_t *t, const param_spec_t *s, int seed, int slot)
 {
-    int64_t n = s ? spec_numel(s) : 6;
-    fsdp2_dtype_t dtype = s ? s->dtype : FSDP2_F32;
+    int64_t n = spec_numel(s);
+    fsdp2_dtype_t dtype = s->dtype;
     int fails = RANK_CHECK(c, t->numel == n && t->dtype == dtype,
                            "%s: %s has %lld elements of %s, want %lld of %s", when, what,
                            (long long)t->numel, fsdp2_dtype_name(t->dtype), (long long)n,
@@ -331,6 +351,8 @@ int model_check(model_t *m, int param_seed, int state_seed, const char *except, 
             fails += f;
         }
     }
-    return fails + check_values(m->c, "enc.running (buffer)", when, m->buffer, NULL, param_seed,
-                                BUFFER_SLOT);
+    for (int i = 0; i < NUM_WHOLE; i++)
+        fails += check_values(m->c, WHOLE_SPEC[i].fqn, when, m->whole[i], &WHOLE_SPEC[i],
+                              param_seed, WHOLE_SLOT + i);
+    return fails;
 }

@@ -7,13 +7,18 @@
  *   t=1 enc.bias    f32 [5]      2,2,1,0
  *   t=2 head.weight f32 [3,5]    fewer rows than 4 ranks: 1,1,1,0
  *   t=3 conv.kernel f64 [4,2,3]  3-D, its own dtype (a group per dtype)
+ *   t=5 head.proj   f32 [1000,600] 2.4 MB: chunks span several 1 MiB checksum blocks,
+ *                                and most row ranges cut one
  *   enc.running     f32 [6]      a buffer: whole on every rank
+ *   scale           f32 [4]      a root parameter in ignored_params: whole, no optimizer
+ *                                state
  * plus an AdamW whose exp_avg / exp_avg_sq are Shard(0) DTensors like the parameters.
  * Variants change the tree the way a model changes between a save and a load: one more
- * parameter (t=4 head.bias f32 [3]), head.weight reshaped to [3,6], or no enc.bias.
+ * parameter (t=4 head.bias f32 [3]), head.weight reshaped to [3,6], no enc.bias, or
+ * conv.kernel in f32.
  *
  * Every tensor slot has an index: 3 * t for parameter t, 3 * t + 1 and 3 * t + 2 for its
- * exp_avg and exp_avg_sq, BUFFER_SLOT for the buffer. A value is value_of(seed, slot,
+ * exp_avg and exp_avg_sq, WHOLE_SLOT + i for whole tensor i. A value is value_of(seed, slot,
  * global element index): seed 0 is what gets saved, other seeds are "something else"
  * (what a fresh model holds before a load). The formula is a sin in double, so the
  * values use every mantissa bit and a misplaced row, a byte swap or a rounding through
@@ -29,8 +34,9 @@
 
 #include "../collectives/ranks.h"
 
-#define MAX_PARAMS 5
-#define BUFFER_SLOT 15
+#define MAX_PARAMS 6
+#define NUM_WHOLE 2   /* tensors whole on every rank: the buffer and the ignored parameter */
+#define WHOLE_SLOT 18 /* WHOLE_SPEC[i]'s formula slot is WHOLE_SLOT + i */
 #define GROUP_TIMEOUT_MS 20000
 #define DEADLINE_S 120
 
@@ -39,6 +45,7 @@ typedef enum variant {
     VARIANT_EXTRA_PARAM = 1,  /* + head.bias [3] */
     VARIANT_RESHAPED = 2,     /* head.weight [3,6] */
     VARIANT_MISSING_PARAM = 3, /* no enc.bias */
+    VARIANT_RETYPED = 4,      /* conv.kernel f32 */
 } variant_t;
 
 typedef struct param_spec {
@@ -57,12 +64,15 @@ typedef struct model {
     int np;
     param_spec_t spec[MAX_PARAMS];
     fsdp2_param_t *p[MAX_PARAMS];
-    fsdp2_tensor_t *buffer; /* our handle on enc.running (the module holds another) */
+    fsdp2_param_t *scale;
+    /* enc.running (our handle: the module holds another) and scale (borrowed) */
+    fsdp2_tensor_t *whole[NUM_WHOLE];
     fsdp2_optimizer_t *opt;
     fsdp2_state_dict_t *sd;
 } model_t;
 
 extern const char *const STATE_NAME[2]; /* exp_avg, exp_avg_sq */
+extern const param_spec_t WHOLE_SPEC[NUM_WHOLE]; /* enc.running, scale */
 
 /* A library call that must succeed: `fails += OK(c, call)` prints it otherwise. */
 int check_ok(const rank_ctx_t *c, fsdp2_status_t s, const char *expr, const char *file, int line);
@@ -96,11 +106,11 @@ int model_find(const model_t *m, const char *fqn);
 int model_slot_dtensor(model_t *m, int j, int s, fsdp2_dtensor_t **dt);
 
 /* Writes value_of(seed, ...) into every local shard: parameters, optimizer states and
- * the buffer. Not collective. */
+ * the whole tensors. Not collective. */
 int model_fill(model_t *m, int seed);
 
 /* Collective: gathers every parameter and optimizer state whole and compares them bit
- * for bit with value_of(param_seed) (the parameters and the buffer) and
+ * for bit with value_of(param_seed) (the parameters and the whole tensors) and
  * value_of(state_seed) (the optimizer states); the parameter called `except` (may be
  * NULL) and its states are compared with except_seed instead. */
 int model_check(model_t *m, int param_seed, int state_seed, const char *except, int except_seed,
