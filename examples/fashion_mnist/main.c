@@ -428,9 +428,24 @@ int main(int argc, char **argv)
         st.images_per_s = (double)steps * r.a.batch / st.seconds;
         uint64_t planned, measured, state;
         report_memory(&r, &planned, &measured, &state);
+        /* Per rank: the largest over the ranks (uneven shards differ a little). */
+        double mem[3] = {(double)state, (double)planned, (double)measured};
+        double *all = calloc((size_t)r.ws * 3, sizeof(double));
+        if (!all) {
+            fprintf(stderr, "error: out of memory\n");
+            exit(1);
+        }
+        CHECK(fsdp2_all_gather_async(r.world, mem, all, 3, FSDP2_F64, r.current));
+        CHECK(fsdp2_stream_synchronize(r.current));
+        for (int k = 0; k < r.ws * 3; k++)
+            mem[k % 3] = all[k] > mem[k % 3] ? all[k] : mem[k % 3];
+        free(all);
+        state = (uint64_t)mem[0];
+        planned = (uint64_t)mem[1];
+        measured = (uint64_t)mem[2];
         if (!r.rank) {
             printf("epoch %d: train loss %.4f | test loss %.4f, accuracy %.2f%% | %.1f s, %.0f "
-                   "images/s | rank 0 memory: params+grads+optimizer %.2f MiB, planned %.2f "
+                   "images/s | per rank (max): params+grads+optimizer %.2f MiB, planned %.2f "
                    "MiB, measured peak %.2f MiB\n",
                    e + 1, st.train_loss, st.test_loss, st.accuracy, st.seconds, st.images_per_s,
                    state / 1048576.0, planned / 1048576.0, measured / 1048576.0);
