@@ -445,7 +445,8 @@ static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
     uint64_t t = x->next++;
     char *slot;
     FSDP2_CHECK(slot_for_write(x, t, &slot));
-    memcpy(slot, op->recv, bytes);
+    if (bytes) /* count 0: recv may be NULL */
+        memcpy(slot, op->recv, bytes);
     post(x, t);
     for (int r = 0; r < x->n; r++) {
         const char *peer_slot = op->recv;

@@ -356,3 +356,33 @@ int model_check(model_t *m, int param_seed, int state_seed, const char *except, 
                               param_seed, WHOLE_SLOT + i);
     return fails;
 }
+
+/* ---------------------------------------------------------------------------------- */
+/* Saving and loading                                                                  */
+
+int model_save(model_t *m, const char *dir, int64_t step)
+{
+    const char *keys[1] = {"who"}, *values[1] = {"test"};
+    fsdp2_checkpoint_options_t o = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    o.step = step;
+    o.extra_keys = keys;
+    o.extra_values = values;
+    o.num_extra = 1;
+    return OK(m->c, fsdp2_checkpoint_save(m->sd, dir, &o));
+}
+
+int model_load(model_t *m, const char *dir, int strict, fsdp2_checkpoint_report_t *report)
+{
+    fsdp2_checkpoint_options_t o = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    o.strict = strict;
+    report->size = sizeof(*report);
+    return OK(m->c, fsdp2_checkpoint_load(m->sd, dir, &o, report));
+}
+
+int model_check_steps(model_t *m, int64_t want, const char *when)
+{
+    int64_t steps = -1;
+    int fails = OK(m->c, fsdp2_optimizer_steps(m->opt, &steps));
+    return fails + RANK_CHECK(m->c, steps == want, "%s: optimizer step count %lld, want %lld",
+                              when, (long long)steps, (long long)want);
+}

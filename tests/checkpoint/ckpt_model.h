@@ -39,6 +39,8 @@
 #define WHOLE_SLOT 18 /* WHOLE_SPEC[i]'s formula slot is WHOLE_SLOT + i */
 #define GROUP_TIMEOUT_MS 20000
 #define DEADLINE_S 120
+#define SAVED_STEPS 7 /* the optimizer step count the tests save */
+#define NUM_SLOTS_BASE 17 /* 5 parameters x (value, exp_avg, exp_avg_sq) + 2 whole tensors */
 
 typedef enum variant {
     VARIANT_BASE = 0,
@@ -115,6 +117,13 @@ int model_fill(model_t *m, int seed);
  * NULL) and its states are compared with except_seed instead. */
 int model_check(model_t *m, int param_seed, int state_seed, const char *except, int except_seed,
                 const char *when);
+
+/* Collective: saves m to dir with the given step and the extra entry who = "test". */
+int model_save(model_t *m, const char *dir, int64_t step);
+/* Collective: loads dir into m, strict or not, filling *report. */
+int model_load(model_t *m, const char *dir, int strict, fsdp2_checkpoint_report_t *report);
+/* The optimizer's step count is `want`. */
+int model_check_steps(model_t *m, int64_t want, const char *when);
 
 /* Compares n elements of dtype bit for bit; prints the first difference with both
  * values (decimal and bits). */
