@@ -99,6 +99,17 @@ FSDP2_API fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const cha
 FSDP2_API fsdp2_status_t fsdp2_checkpoint_extra(const char *dir, const char *key, char *buf,
                                                 size_t len);
 
+/* Copies src's tensors into dst's in place, by name (src: another state dict, e.g. of a
+ * model built the same way, or one holding whole tensors). A DTensor gets the local
+ * shard of a src DTensor with the same mesh and placements, or its rows of a whole src
+ * tensor; a whole tensor gets a whole tensor. Not collective (no resharding between
+ * different placements: go through fsdp2_checkpoint_save / load for that, an error says
+ * so). Strictness and report as for fsdp2_checkpoint_load. */
+FSDP2_API fsdp2_status_t fsdp2_load_state_dict(fsdp2_state_dict_t *dst,
+                                               const fsdp2_state_dict_t *src,
+                                               const fsdp2_checkpoint_options_t *options,
+                                               fsdp2_checkpoint_report_t *report);
+
 /* The whole model as one safetensors file at path (the state dict's model tensors only,
  * not the optimizer's): collective, each tensor gathered in turn and written by rank 0,
  * so no rank holds more than one whole tensor at a time. Readable by the Python

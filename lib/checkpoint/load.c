@@ -280,3 +280,115 @@ fsdp2_status_t fsdp2_checkpoint_import_full(fsdp2_state_dict_t *sd, const char *
     st_close(&f);
     return status;
 }
+
+static const sd_entry_t *sd_find(const fsdp2_state_dict_t *sd, const char *name)
+{
+    size_t lo = 0, hi = sd->count; /* entries are sorted by name */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(sd->entries[mid].name, name);
+        if (!c)
+            return &sd->entries[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+typedef struct sd_source {
+    const fsdp2_state_dict_t *sd;
+} sd_source_t;
+
+static const void *find_sd(const void *src, const char *name, fsdp2_dtype_t *dtype, int *ndim,
+                           int64_t *shape)
+{
+    const sd_source_t *s = src;
+    const sd_entry_t *e = sd_find(s->sd, name);
+    sd_block_t b;
+    if (!e || sd_block_of(s->sd, e, &b) != FSDP2_SUCCESS)
+        return NULL;
+    *dtype = b.dtype;
+    *ndim = b.ndim;
+    memcpy(shape, b.shape, sizeof(int64_t) * FSDP2_MAX_DIMS);
+    return e;
+}
+
+/* Fills dst's block of d from s (same dtype and global shape). */
+static fsdp2_status_t copy_entry(const fsdp2_state_dict_t *dst, const sd_entry_t *d,
+                                 const fsdp2_state_dict_t *src, const sd_entry_t *s)
+{
+    sd_block_t db, sb;
+    FSDP2_CHECK(sd_block_of(dst, d, &db));
+    FSDP2_CHECK(sd_block_of(src, s, &sb));
+    if (db.data->numel == 0)
+        return FSDP2_SUCCESS;
+    if (db.data->device.type != FSDP2_DEVICE_CPU || sb.data->device.type != FSDP2_DEVICE_CPU)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED, "load_state_dict: '%s' is not on the cpu",
+                           d->name);
+    if (s->tensor) { /* whole: take this block's rows */
+        size_t row_bytes = db.ndim ? db.data->nbytes / (size_t)db.local[0] : db.data->nbytes;
+        size_t at = db.ndim ? (size_t)db.offset[0] * row_bytes : 0;
+        memcpy(db.data->data, (const char *)sb.data->data + at, db.data->nbytes);
+        return FSDP2_SUCCESS;
+    }
+    fsdp2_dtensor_info_t di, si;
+    fsdp2_mesh_t *dm = NULL, *sm = NULL;
+    if (d->dtensor) {
+        FSDP2_CHECK(fsdp2_dtensor_info(d->dtensor, &di));
+        FSDP2_CHECK(fsdp2_dtensor_mesh(d->dtensor, &dm));
+    }
+    FSDP2_CHECK(fsdp2_dtensor_info(s->dtensor, &si));
+    FSDP2_CHECK(fsdp2_dtensor_mesh(s->dtensor, &sm));
+    int same = d->dtensor && dm == sm && di.mesh_ndim == si.mesh_ndim &&
+               !memcmp(di.local_shape, si.local_shape, sizeof(di.local_shape)) &&
+               !memcmp(di.offset, si.offset, sizeof(di.offset));
+    if (!same)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "load_state_dict: '%s' is laid out differently in the source (another "
+                           "mesh or placements); reshard it through a checkpoint",
+                           d->name);
+    memcpy(db.data->data, sb.data->data, db.data->nbytes);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_load_state_dict(fsdp2_state_dict_t *dst, const fsdp2_state_dict_t *src,
+                                     const fsdp2_checkpoint_options_t *options,
+                                     fsdp2_checkpoint_report_t *report)
+{
+    FSDP2_ARG_CHECK(dst && src, "load_state_dict: dst or src is NULL");
+    fsdp2_checkpoint_options_t defaults = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    fsdp2_checkpoint_report_t local = {.size = sizeof(local)};
+    FSDP2_CHECK(check_report(report, &options, &defaults));
+    fsdp2_checkpoint_report_t *r = report ? report : &local;
+    const char **names = calloc(src->count ? src->count : 1, sizeof(*names));
+    if (!names)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "load_state_dict");
+    for (size_t i = 0; i < src->count; i++)
+        names[i] = src->entries[i].name;
+    sd_source_t source = {src};
+    fsdp2_status_t status = compare(dst, 0, &source, find_sd, names, src->count,
+                                    options->strict, r, "load_state_dict");
+    free(names);
+    for (size_t i = 0; i < dst->count && status == FSDP2_SUCCESS; i++) {
+        const sd_entry_t *d = &dst->entries[i], *s = sd_find(src, d->name);
+        fsdp2_dtype_t dtype;
+        int ndim;
+        int64_t shape[FSDP2_MAX_DIMS];
+        sd_block_t db;
+        if (!s || !find_sd(&source, d->name, &dtype, &ndim, shape))
+            continue;
+        status = sd_block_of(dst, d, &db);
+        if (status != FSDP2_SUCCESS)
+            break;
+        if (dtype != db.dtype || ndim != db.ndim || memcmp(shape, db.shape, sizeof(int64_t) * (size_t)ndim))
+            continue; /* reported as mismatched (non-strict) */
+        status = copy_entry(dst, d, src, s);
+        if (status == FSDP2_SUCCESS) {
+            r->loaded++;
+            r->bytes_read += db.data->nbytes;
+        }
+    }
+    return status;
+}
