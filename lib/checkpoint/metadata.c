@@ -123,8 +123,8 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
     const cJSON *c;
     cJSON_ArrayForEach(c, chunks)
     {
-        FSDP2_CHECK(parse_chunk(m, t, c, &t->chunks[t->num_chunks]));
-        t->num_chunks++;
+        /* Counted before parsing, so meta_free frees what a failing parse allocated. */
+        FSDP2_CHECK(parse_chunk(m, t, c, &t->chunks[t->num_chunks++]));
     }
     /* The chunks must tile dim 0 exactly once (an empty tensor may have none). */
     qsort(t->chunks, t->num_chunks, sizeof(*t->chunks), by_row);
@@ -222,8 +222,7 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
         for (size_t i = 0; i < m->num_tensors; i++)
             if (!strcmp(m->tensors[i].name, t->string))
                 return corrupt(m, "a tensor appears twice", t->string);
-        FSDP2_CHECK(parse_tensor(m, t, &m->tensors[m->num_tensors]));
-        m->num_tensors++;
+        FSDP2_CHECK(parse_tensor(m, t, &m->tensors[m->num_tensors++]));
     }
     return FSDP2_SUCCESS;
 }
