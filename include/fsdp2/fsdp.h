@@ -1,8 +1,10 @@
 /* fully_shard: FSDP2 over the application's module tree.
  *
  * fsdp2_fully_shard(m, &opts) makes m's parameters that no nested fully_shard owns into
- * one communication group: each becomes a DTensor Shard(0) over the mesh's shard dim,
- * and this rank keeps only its chunk (torch.chunk rows, padded to the chunk size inside
+ * one communication group: each becomes a DTensor Shard(0) over the mesh's shard dim
+ * ([Replicate, Shard(0)] on a 2D [replicate, shard] mesh: HSDP, whose gradients are
+ * reduce-scattered over the shard dim, then all-reduced over the replicate dim), and
+ * this rank keeps only its chunk (torch.chunk rows, padded to the chunk size inside
  * one flat buffer per group). Call it on children before their parents; the outermost
  * sharded module is the root.
  *
@@ -60,7 +62,8 @@ FSDP2_EXTERN_C_BEGIN
 
 typedef struct fsdp2_shard_options {
     unsigned size;                      /* sizeof(fsdp2_shard_options_t) */
-    fsdp2_mesh_t *mesh;                 /* 1D; NULL: the world mesh of fsdp2_init */
+    fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
+                                           NULL: the world mesh of fsdp2_init */
     int reshard_after_forward;          /* 1: free unsharded parameters after forward */
     fsdp2_param_t *const *ignored_params; /* left unsharded and untouched */
     size_t num_ignored_params;

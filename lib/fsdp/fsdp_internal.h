@@ -71,7 +71,9 @@ struct fsdp_group {
     fsdp2_module_t *module;
     fsdp_root_t *root; /* set by the root's lazy init */
     fsdp2_mesh_t *mesh;
-    fsdp2_group_t *pg; /* the mesh's shard dim */
+    fsdp2_group_t *pg; /* the mesh's shard dim (its last) */
+    fsdp2_group_t *replicate; /* HSDP: the mesh's dim 0 on a 2D mesh, else NULL */
+    int replicas;             /* size of that dim (1 without HSDP) */
     int rank, ws;
     fsdp2_device_t device;
     fsdp2_dtype_t dtype; /* of every parameter in the group (one dtype per group) */

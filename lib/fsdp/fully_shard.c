@@ -146,11 +146,13 @@ fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int
 static fsdp2_status_t make_dtensor(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_tensor_t *flat,
                                    int64_t at, fsdp2_dtensor_t **out)
 {
-    fsdp2_placement_t shard0[1] = {FSDP2_SHARD_INIT(0)};
+    /* FSDP: [Shard(0)]; HSDP: [Replicate, Shard(0)] (replicate x shard, as PyTorch). */
+    fsdp2_placement_t fsdp[1] = {FSDP2_SHARD_INIT(0)};
+    fsdp2_placement_t hsdp[2] = {FSDP2_REPLICATE_INIT, FSDP2_SHARD_INIT(0)};
     fsdp2_tensor_t *local;
     FSDP2_CHECK(fsdp_param_view(p, flat, at, p->local_rows, &local));
-    fsdp2_status_t status =
-        fsdp2_dtensor_from_local(local, g->mesh, shard0, p->ndim, p->shape, 0, NULL, out);
+    fsdp2_status_t status = fsdp2_dtensor_from_local(local, g->mesh, g->replicate ? hsdp : fsdp,
+                                                     p->ndim, p->shape, 0, NULL, out);
     fsdp2_tensor_release(local);
     return status;
 }
@@ -224,8 +226,9 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
                            fqn);
     int ndim;
     FSDP2_CHECK(fsdp2_mesh_ndim(mesh, &ndim));
-    FSDP2_ARG_CHECK(ndim == 1, "fully_shard '%s': the mesh has %d dims; fully_shard shards over "
-                               "a 1D mesh",
+    FSDP2_ARG_CHECK(ndim == 1 || ndim == 2,
+                    "fully_shard '%s': the mesh has %d dims; fully_shard takes a 1D mesh (FSDP) "
+                    "or a 2D [replicate, shard] mesh (HSDP)",
                     fqn, ndim);
     fsdp_group_t *g = calloc(1, sizeof(*g));
     if (!g)
@@ -240,7 +243,13 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     g->requested_unsharded_buffers = o->unsharded_buffers;
     g->buffer = -1;
     g->grad_buffer = -1;
-    fsdp2_status_t status = fsdp2_mesh_group(mesh, 0, &g->pg);
+    g->replicas = 1;
+    fsdp2_status_t status = fsdp2_mesh_group(mesh, ndim - 1, &g->pg);
+    if (status == FSDP2_SUCCESS && ndim == 2) {
+        status = fsdp2_mesh_group(mesh, 0, &g->replicate);
+        if (status == FSDP2_SUCCESS)
+            status = fsdp2_group_size(g->replicate, &g->replicas);
+    }
     if (status == FSDP2_SUCCESS)
         status = fsdp2_group_rank(g->pg, &g->rank);
     if (status == FSDP2_SUCCESS)

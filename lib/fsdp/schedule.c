@@ -318,8 +318,13 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     const char *src = g->grad_buffer == 2 ? g->accumulator : r->grad_buffers[g->grad_buffer];
     FSDP2_CHECK(fsdp2_event_record(r->grad_ready, r->compute));
     FSDP2_CHECK(fsdp2_stream_wait_event(r->rs, r->grad_ready));
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
     if (g->ws == 1) {
-        /* The average over one rank is the gradient; the layouts match (no padding). */
+        /* The average over one rank is the gradient; the layouts match (no padding).
+         * HSDP averages it over the replicas first (in place: the buffer is ours). */
+        if (g->replicas > 1)
+            FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, (void *)src,
+                                               (size_t)g->grad_shard_numel, g->dtype, &avg, r->rs));
         FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, src, g->dtype,
                                      (size_t)g->grad_shard_numel, 1.0, r->rs));
         if (g->grad_buffer == 2) {
@@ -338,10 +343,12 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
         FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
     } else
         FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
-    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
     size_t n = (size_t)g->grad_shard_numel;
     FSDP2_CHECK(fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->dtype, &avg,
                                            r->rs));
+    /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
+    if (g->replicas > 1)
+        FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->dtype, &avg, r->rs));
     FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, r->rs_output, g->dtype, n, 1.0, r->rs));
     FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
     g->reduce_scatters++;
