@@ -412,6 +412,13 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
     if (rank == 0) {
         if (status == FSDP2_SUCCESS)
             mine = write_metadata(sd, partial, texts, n, o);
+        if (status == FSDP2_SUCCESS && mine == FSDP2_SUCCESS) {
+            /* Read back what we wrote with the loader's checks (chunk tiling included)
+             * before anything becomes visible. */
+            meta_t check;
+            mine = meta_load(partial, &check);
+            meta_free(&check);
+        }
         if (status == FSDP2_SUCCESS && mine == FSDP2_SUCCESS)
             mine = ckpt_publish(partial, dir);
         if (status != FSDP2_SUCCESS || mine != FSDP2_SUCCESS) {
