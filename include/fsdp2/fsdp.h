@@ -60,6 +60,20 @@
 
 FSDP2_EXTERN_C_BEGIN
 
+/* Mixed precision (FSDP2's MixedPrecisionPolicy). The shards (and the optimizer) keep
+ * the parameters' declared dtype; param_dtype is what the all-gather moves and the
+ * application computes with (the cast happens on the way in, on the all-gather stream),
+ * and the gradients it writes are in it too; reduce_dtype is what the reduce-scatter sums
+ * in, after which the result is added into the sharded gradients in their own dtype.
+ * FSDP2_DTYPE_COUNT keeps the default: param_dtype = the parameters' dtype, reduce_dtype
+ * = param_dtype. Floating dtypes only. */
+typedef struct fsdp2_mp_policy {
+    fsdp2_dtype_t param_dtype;
+    fsdp2_dtype_t reduce_dtype;
+} fsdp2_mp_policy_t;
+
+#define FSDP2_MP_POLICY_INIT {FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT}
+
 typedef struct fsdp2_shard_options {
     unsigned size;                      /* sizeof(fsdp2_shard_options_t) */
     fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
@@ -69,10 +83,11 @@ typedef struct fsdp2_shard_options {
     size_t num_ignored_params;
     fsdp2_device_t device;              /* where shards live: cpu */
     int unsharded_buffers;              /* the root's ring of unsharded buffers: >= 1 (2) */
+    fsdp2_mp_policy_t mp;               /* mixed precision: none */
 } fsdp2_shard_options_t;
 
 #define FSDP2_SHARD_OPTIONS_INIT \
-    {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2}
+    {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2, FSDP2_MP_POLICY_INIT}
 
 /* Shards m's parameters not owned by a nested fully_shard into one group (a group may
  * have no parameters of its own). Every rank calls it on the same tree (it communicates
@@ -161,6 +176,10 @@ FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int
 /* Only m's own group: */
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard);
 FSDP2_API fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last);
+/* The gradients are summed after dividing each rank's by factor (instead of averaged:
+ * FSDP2's set_reduce_scatter_divide_factor), so that f16 sums stay in range; factor 0
+ * goes back to the average. On HSDP the replicate dim still averages. */
+FSDP2_API fsdp2_status_t fsdp2_set_reduce_scatter_divide_factor(fsdp2_module_t *m, double factor);
 FSDP2_API fsdp2_status_t fsdp2_set_modules_to_forward_prefetch(fsdp2_module_t *m,
                                                                fsdp2_module_t *const *modules,
                                                                size_t count);

@@ -74,6 +74,17 @@ fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard)
     return FSDP2_SUCCESS;
 }
 
+fsdp2_status_t fsdp2_set_reduce_scatter_divide_factor(fsdp2_module_t *m, double factor)
+{
+    FSDP2_CHECK(need_group(m, "set_reduce_scatter_divide_factor"));
+    FSDP2_ARG_CHECK(factor == 0 || (factor > 0 && factor < 1e300),
+                    "set_reduce_scatter_divide_factor: factor %g is not 0 or a positive number",
+                    factor);
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT, divided = {FSDP2_REDUCE_SUM, factor, 1.0};
+    m->group->reduce = factor == 0 ? avg : divided;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last)
 {
     FSDP2_CHECK(need_group(m, "set_is_last_backward"));

@@ -78,6 +78,10 @@ struct fsdp_group {
     fsdp2_device_t device;
     fsdp2_dtype_t dtype; /* of every parameter in the group (one dtype per group) */
     size_t elem;
+    fsdp2_dtype_t pdtype, rdtype; /* mixed precision: compute (all-gather), reduce */
+    size_t pe, re;
+    int cast;                     /* pdtype != dtype: a copy-in cast before gathering */
+    fsdp2_reduce_t reduce;        /* of the reduce-scatter: average, or a divide factor */
     fsdp2_param_t **params; /* the group's, in registration order */
     size_t num_params;
     int64_t shard_numel;      /* padded, per rank */
@@ -137,6 +141,7 @@ struct fsdp_root {
     void *grad_buffers[2];
     fsdp2_event_t *grad_free[2];
     int next_grad_buffer;
+    void *send;      /* copy-in: the largest cast shard, the all-gather's send buffer */
     void *rs_input;  /* ws x the largest padded gradient shard */
     void *rs_output; /* the largest padded gradient shard */
     size_t rs_input_bytes;

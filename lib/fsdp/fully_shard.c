@@ -129,6 +129,31 @@ static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
     return FSDP2_SUCCESS;
 }
 
+static fsdp2_status_t check_mp_dtype(fsdp2_dtype_t d, const char *what, const char *fqn)
+{
+    int is_float = 0;
+    if (d == FSDP2_DTYPE_COUNT)
+        return FSDP2_SUCCESS;
+    fsdp2_dtype_is_float(d, &is_float);
+    FSDP2_ARG_CHECK(is_float, "fully_shard '%s': mixed precision %s %d (%s) is not a floating dtype",
+                    fqn, what, (int)d, fsdp2_dtype_name(d));
+    return FSDP2_SUCCESS;
+}
+
+/* The group's compute and reduce dtypes from the policy (defaults: its own dtype). */
+static fsdp2_status_t set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const char *fqn)
+{
+    FSDP2_CHECK(check_mp_dtype(mp->param_dtype, "param_dtype", fqn));
+    FSDP2_CHECK(check_mp_dtype(mp->reduce_dtype, "reduce_dtype", fqn));
+    g->pdtype = mp->param_dtype == FSDP2_DTYPE_COUNT ? g->dtype : mp->param_dtype;
+    g->rdtype = mp->reduce_dtype == FSDP2_DTYPE_COUNT ? g->pdtype : mp->reduce_dtype;
+    g->cast = g->pdtype != g->dtype;
+    FSDP2_CHECK(fsdp2_dtype_size(g->pdtype, &g->pe));
+    FSDP2_CHECK(fsdp2_dtype_size(g->rdtype, &g->re));
+    g->reduce = (fsdp2_reduce_t)FSDP2_REDUCE_AVG_INIT;
+    return FSDP2_SUCCESS;
+}
+
 /* A view of `rows` rows of p's shape at element offset `at` of a flat buffer. */
 fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
                                int64_t rows, fsdp2_tensor_t **out)
@@ -173,11 +198,15 @@ static fsdp2_status_t take_value(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_stream
     return status;
 }
 
-static fsdp2_status_t build(fsdp_group_t *g, const char *fqn)
+static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const char *fqn)
 {
     FSDP2_CHECK(lay_out(g, fqn));
-    FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->num_params ? g->dtype : FSDP2_F32, 1,
-                                   &g->shard_numel, &g->shard));
+    if (!g->num_params) {
+        g->dtype = FSDP2_F32;
+        g->elem = sizeof(float);
+    }
+    FSDP2_CHECK(set_precision(g, mp, fqn));
+    FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->shard_numel, &g->shard));
     if (g->grad_shard_numel)
         FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->grad_shard_numel,
                                        &g->grad_shard));
@@ -257,7 +286,7 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (status == FSDP2_SUCCESS)
         status = gather_params(g, m, o);
     if (status == FSDP2_SUCCESS)
-        status = build(g, fqn);
+        status = build(g, &o->mp, fqn);
     if (status != FSDP2_SUCCESS) {
         for (size_t i = 0; i < g->num_params; i++) {
             fsdp2_param_t *p = g->params[i];

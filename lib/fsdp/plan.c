@@ -29,11 +29,11 @@ unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i)
 }
 
 /* A parameter-shaped tensor on memory the plan owns (no reference counting). */
-static fsdp2_status_t view_at(const fsdp2_param_t *p, fsdp2_device_t device, void *base,
-                              int64_t offset, size_t elem, fsdp2_tensor_t **out)
+static fsdp2_status_t view_at(const fsdp2_param_t *p, const fsdp_group_t *g, void *base,
+                              int64_t offset, fsdp2_tensor_t **out)
 {
-    return fsdp2_tensor_from_blob((char *)base + (size_t)offset * elem, device, p->dtype, p->ndim,
-                                  p->shape, NULL, NULL, out);
+    return fsdp2_tensor_from_blob((char *)base + (size_t)offset * g->pe, g->device, g->pdtype,
+                                  p->ndim, p->shape, NULL, NULL, out);
 }
 
 static fsdp2_status_t alloc(fsdp_root_t *r, size_t bytes, void **ptr, uint64_t *category)
@@ -60,17 +60,17 @@ static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
         }
     }
     char *at = base;
-    size_t k = 0, pad_cursor = (size_t)g->full_numel * g->elem;
+    size_t k = 0, pad_cursor = (size_t)g->full_numel * g->pe;
     for (int r = 0; r < g->ws; r++) {
         g->piece_offsets[r] = k;
         for (size_t i = 0; i < g->num_params; i++) {
             const fsdp2_param_t *p = g->params[i];
             int64_t off, len;
             fsdp2_chunk_range(p->rows, g->ws, r, &off, &len);
-            size_t row_bytes = (size_t)p->row_numel * g->elem;
+            size_t row_bytes = (size_t)p->row_numel * g->pe;
             size_t valid = (size_t)len * row_bytes, pad = (size_t)(p->chunk_rows - len) * row_bytes;
             if (valid)
-                pieces[k++] = (fsdp2_iov_t){at + ((size_t)p->full_offset * g->elem + (size_t)off * row_bytes), valid};
+                pieces[k++] = (fsdp2_iov_t){at + ((size_t)p->full_offset * g->pe + (size_t)off * row_bytes), valid};
             if (pad) {
                 pieces[k++] = (fsdp2_iov_t){at + pad_cursor, pad};
                 pad_cursor += pad;
@@ -85,7 +85,7 @@ static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
 
 static size_t gathered_bytes(const fsdp_group_t *g)
 {
-    return (size_t)g->ws * (size_t)g->shard_numel * g->elem;
+    return (size_t)g->ws * (size_t)g->shard_numel * g->pe;
 }
 
 /* Points buffer b's pieces and parameter views of g at that buffer's memory. */
@@ -97,7 +97,7 @@ static fsdp2_status_t bind_buffer(fsdp_group_t *g, int b)
         fsdp2_param_t *p = g->params[i];
         fsdp2_tensor_release(p->unsharded_view[b]);
         p->unsharded_view[b] = NULL;
-        FSDP2_CHECK(view_at(p, g->device, buf->data, p->full_offset, g->elem, &p->unsharded_view[b]));
+        FSDP2_CHECK(view_at(p, g, buf->data, p->full_offset, &p->unsharded_view[b]));
     }
     return FSDP2_SUCCESS;
 }
@@ -107,7 +107,7 @@ fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
     if (g->own.data || !g->root)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = g->root;
-    if (g->ws == 1) {
+    if (g->ws == 1 && !g->cast) {
         /* One rank: no padding, the flat shard is every parameter whole. */
         g->alias = 1;
         g->own.data = g->shard->data;
@@ -128,15 +128,14 @@ fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g)
     if (g->accumulator || !g->root || !g->grad_full_numel)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = g->root;
-    size_t bytes = (size_t)g->grad_full_numel * g->elem;
+    size_t bytes = (size_t)g->grad_full_numel * g->pe;
     FSDP2_CHECK(alloc(r, bytes, &g->accumulator, &r->plan.unsharded_grads));
     FSDP2_CHECK(fsdp2_event_create(r->device, &g->accumulator_free));
     g->accumulator_dirty = 0; /* zeroed in stream order by the next pre_backward */
     for (size_t i = 0; i < g->num_params; i++) {
         fsdp2_param_t *p = g->params[i];
         if (p->requires_grad)
-            FSDP2_CHECK(view_at(p, g->device, g->accumulator, p->grad_full_offset, g->elem,
-                                &p->grad_view[2]));
+            FSDP2_CHECK(view_at(p, g, g->accumulator, p->grad_full_offset, &p->grad_view[2]));
     }
     return FSDP2_SUCCESS;
 }
@@ -174,17 +173,19 @@ static fsdp2_status_t make_streams(fsdp_root_t *r)
 
 static fsdp2_status_t allocate(fsdp_root_t *r)
 {
-    size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0;
+    size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0, send_bytes = 0;
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         if (g->ws == 1)
-            g->dedicated = 1; /* its shard is its unsharded buffer */
+            g->dedicated = 1; /* its shard (or its cast) is its unsharded buffer */
         if (!g->dedicated && gathered_bytes(g) > ring_bytes)
             ring_bytes = gathered_bytes(g);
-        size_t gb = (size_t)g->grad_full_numel * g->elem;
-        size_t sb = g->ws > 1 ? (size_t)g->grad_shard_numel * g->elem : 0;
+        size_t gb = (size_t)g->grad_full_numel * g->pe;
+        size_t sb = g->ws > 1 ? (size_t)g->grad_shard_numel * g->re : 0;
+        size_t cb = g->ws > 1 && g->cast ? (size_t)g->shard_numel * g->pe : 0;
         grad_bytes = gb > grad_bytes ? gb : grad_bytes;
         rs_bytes = sb > rs_bytes ? sb : rs_bytes;
+        send_bytes = cb > send_bytes ? cb : send_bytes;
         r->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
         r->plan.sharded_grads += (uint64_t)g->grad_shard_numel * g->elem;
     }
@@ -197,6 +198,8 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     }
     for (int k = 0; k < 2 && grad_bytes; k++)
         FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
+    if (send_bytes) /* mixed precision: the cast shard the all-gather sends */
+        FSDP2_CHECK(alloc(r, send_bytes, &r->send, &r->plan.unsharded_params));
     int ws = r->group->ws;
     if (rs_bytes) {
         r->rs_input_bytes = (size_t)ws * rs_bytes;
@@ -235,8 +238,8 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
             for (size_t j = 0; j < g->num_params && r->grad_buffers[k]; j++) {
                 fsdp2_param_t *p = g->params[j];
                 if (p->requires_grad)
-                    FSDP2_CHECK(view_at(p, g->device, r->grad_buffers[k], p->grad_full_offset,
-                                        g->elem, &p->grad_view[k]));
+                    FSDP2_CHECK(view_at(p, g, r->grad_buffers[k], p->grad_full_offset,
+                                        &p->grad_view[k]));
             }
         }
     }
@@ -336,6 +339,7 @@ void fsdp_root_free(fsdp_root_t *r)
         fsdp2_device_free(r->device, r->grad_buffers[k]);
         fsdp2_event_destroy(r->grad_free[k]);
     }
+    fsdp2_device_free(r->device, r->send);
     fsdp2_device_free(r->device, r->rs_input);
     fsdp2_device_free(r->device, r->rs_output);
     fsdp2_event_destroy(r->compute_mark);

@@ -120,9 +120,22 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
     if (!g->alias) {
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
-        FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, g->shard->data,
-                                                  (size_t)g->shard_numel * g->elem,
-                                                  g->pieces[b], g->piece_offsets, r->ag));
+        if (g->cast && g->ws == 1) {
+            /* One rank, mixed precision: the cast shard is the whole parameters. */
+            FSDP2_CHECK(fsdp2_cast_async(buf->data, g->pdtype, g->shard->data, g->dtype,
+                                         (size_t)g->shard_numel, r->ag));
+        } else {
+            /* Copy-in: the cast to the compute dtype, on the all-gather stream ahead of
+             * the all-gather that sends it (so the staging is reused in order). */
+            const void *send = g->shard->data;
+            if (g->cast) {
+                FSDP2_CHECK(fsdp2_cast_async(r->send, g->pdtype, g->shard->data, g->dtype,
+                                             (size_t)g->shard_numel, r->ag));
+                send = r->send;
+            }
+            FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, send, (size_t)g->shard_numel * g->pe,
+                                                      g->pieces[b], g->piece_offsets, r->ag));
+        }
         FSDP2_CHECK(fsdp2_event_record(g->gathered, r->ag));
     }
     buf->owner = g;
@@ -247,7 +260,7 @@ static fsdp2_status_t take_grad_buffer(fsdp_root_t *r, fsdp_group_t *g)
         g->grad_buffer = k;
         data = r->grad_buffers[k];
     }
-    FSDP2_CHECK(fsdp2_fill_async(data, g->dtype, (size_t)g->grad_full_numel, 0.0, r->compute));
+    FSDP2_CHECK(fsdp2_fill_async(data, g->pdtype, (size_t)g->grad_full_numel, 0.0, r->compute));
 bind:
     for (size_t i = 0; i < g->num_params; i++) {
         fsdp2_param_t *p = g->params[i];
@@ -288,24 +301,25 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
 }
 
 /* chunk_cat: per rank, the padded chunks of every gradient, rank-major, into the staging
- * input; padding rows zero so they add nothing. */
+ * input, cast from the compute dtype to the reduce dtype; padding rows zero so they add
+ * nothing. */
 static fsdp2_status_t chunk_cat(fsdp_root_t *r, fsdp_group_t *g, const char *src)
 {
     char *dst = r->rs_input;
     for (int k = 0; k < g->ws; k++) {
-        char *block = dst + (size_t)k * (size_t)g->grad_shard_numel * g->elem;
+        char *block = dst + (size_t)k * (size_t)g->grad_shard_numel * g->re;
         for (size_t i = 0; i < g->num_params; i++) {
             const fsdp2_param_t *p = g->params[i];
             if (!p->requires_grad)
                 continue;
             int64_t off, len;
             fsdp2_chunk_range(p->rows, g->ws, k, &off, &len);
-            size_t row_bytes = (size_t)p->row_numel * g->elem;
-            char *at = block + (size_t)p->grad_offset * g->elem;
-            const char *from = src + (size_t)p->grad_full_offset * g->elem + (size_t)off * row_bytes;
-            FSDP2_CHECK(fsdp2_memcpy_async(at, from, (size_t)len * row_bytes, r->rs));
+            char *at = block + (size_t)p->grad_offset * g->re;
+            const char *from = src + ((size_t)p->grad_full_offset + (size_t)(off * p->row_numel)) * g->pe;
+            FSDP2_CHECK(fsdp2_cast_async(at, g->rdtype, from, g->pdtype,
+                                         (size_t)(len * p->row_numel), r->rs));
             if (len < p->chunk_rows)
-                FSDP2_CHECK(fsdp2_fill_async(at + (size_t)len * row_bytes, g->dtype,
+                FSDP2_CHECK(fsdp2_fill_async(at + (size_t)(len * p->row_numel) * g->re, g->rdtype,
                                              (size_t)((p->chunk_rows - len) * p->row_numel), 0.0,
                                              r->rs));
         }
@@ -320,13 +334,15 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     FSDP2_CHECK(fsdp2_stream_wait_event(r->rs, r->grad_ready));
     fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
     if (g->ws == 1) {
-        /* The average over one rank is the gradient; the layouts match (no padding).
-         * HSDP averages it over the replicas first (in place: the buffer is ours). */
+        /* The reduction over one rank is the gradient (divided by the factor if one is
+         * set); the layouts match (no padding). HSDP averages it over the replicas first,
+         * in place (the buffer is ours), in the compute dtype. */
         if (g->replicas > 1)
             FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, (void *)src,
-                                               (size_t)g->grad_shard_numel, g->dtype, &avg, r->rs));
-        FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, src, g->dtype,
-                                     (size_t)g->grad_shard_numel, 1.0, r->rs));
+                                               (size_t)g->grad_shard_numel, g->pdtype, &avg, r->rs));
+        double scale = g->reduce.op == FSDP2_REDUCE_SUM ? 1.0 / g->reduce.pre_divide : 1.0;
+        FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, src, g->pdtype,
+                                           (size_t)g->grad_shard_numel, scale, r->rs));
         if (g->grad_buffer == 2) {
             g->accumulator_dirty = 0;
             FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
@@ -344,12 +360,13 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     } else
         FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
     size_t n = (size_t)g->grad_shard_numel;
-    FSDP2_CHECK(fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->dtype, &avg,
-                                           r->rs));
+    FSDP2_CHECK(fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype,
+                                           &g->reduce, r->rs));
     /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
     if (g->replicas > 1)
-        FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->dtype, &avg, r->rs));
-    FSDP2_CHECK(fsdp2_axpy_async(g->grad_shard->data, r->rs_output, g->dtype, n, 1.0, r->rs));
+        FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs));
+    FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, r->rs_output, g->rdtype, n,
+                                       1.0, r->rs));
     FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
     g->reduce_scatters++;
     return FSDP2_SUCCESS;
