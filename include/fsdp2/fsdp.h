@@ -164,7 +164,8 @@ FSDP2_API fsdp2_status_t fsdp2_param_grad(const fsdp2_param_t *p, fsdp2_tensor_t
 FSDP2_API fsdp2_status_t fsdp2_param_sharded(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
 FSDP2_API fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_dtensor_t **dt);
 
-/* Controls, as in FSDP2. Each applies to m's group and the groups below it.
+/* Controls, as in FSDP2. Each applies to m's group and the groups below it. Every rank
+ * must set the same; they are refused while an affected module is between its hooks.
  * reshard_after_backward 0 keeps parameters whole after backward (and backward_finish),
  * so the next forward gathers nothing: for micro-batches of gradient accumulation. Only
  * as many stay whole as the unsharded buffers hold (a module whose buffer is taken
@@ -173,10 +174,13 @@ FSDP2_API fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_
  * the step. */
 FSDP2_API fsdp2_status_t fsdp2_set_requires_gradient_sync(fsdp2_module_t *m, int sync);
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int reshard);
-/* Only m's own group: */
+/* Only m's own group (a no-op on the root, which always keeps its parameters through
+ * forward): */
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard);
+/* Read on the root only (set it there). */
 FSDP2_API fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last);
-/* The gradients are summed after dividing each rank's by factor (instead of averaged:
+/* m's own group only. The gradients are summed after dividing each rank's by factor
+ * (instead of averaged:
  * FSDP2's set_reduce_scatter_divide_factor), so that f16 sums stay in range; factor 0
  * goes back to the average. On HSDP the replicate dim still averages. */
 FSDP2_API fsdp2_status_t fsdp2_set_reduce_scatter_divide_factor(fsdp2_module_t *m, double factor);
@@ -187,10 +191,12 @@ FSDP2_API fsdp2_status_t fsdp2_set_modules_to_backward_prefetch(fsdp2_module_t *
                                                                 fsdp2_module_t *const *modules,
                                                                 size_t count);
 
-/* Issues m's all-gather now (asynchronous); *done (may be NULL; owned by the library)
- * completes when the parameters are whole. fsdp2_unshard_wait makes the current stream
- * wait for it. fsdp2_reshard frees m's unsharded parameters (m must not be between its
- * pre and post hooks). */
+/* Issues m's all-gather now (asynchronous; every rank must call it, the all-gather is
+ * collective); *done (may be NULL; owned by the library, re-recorded by later
+ * all-gathers of m) completes when the parameters are whole. The buffer stays m's (no
+ * prefetch takes it) until fsdp2_reshard or m's hooks release it. fsdp2_unshard_wait
+ * makes the current stream wait for it. fsdp2_reshard frees m's unsharded parameters
+ * (m must not be between its pre and post hooks). */
 FSDP2_API fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done);
 FSDP2_API fsdp2_status_t fsdp2_unshard_wait(fsdp2_module_t *m);
 FSDP2_API fsdp2_status_t fsdp2_reshard(fsdp2_module_t *m);

@@ -30,6 +30,14 @@ static fsdp2_status_t apply(fsdp2_module_t *m, void *arg)
     fsdp_group_t *g = m->group;
     if (!g)
         return FSDP2_SUCCESS;
+    if (g->training_state == FSDP2_STATE_FORWARD || g->training_state == FSDP2_STATE_BACKWARD) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_module_fqn(m, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "module '%s' is between its hooks: change its settings before its "
+                           "pre hook or after its post hook",
+                           fqn[0] ? fqn : "(root)");
+    }
     if (s->which == 1) {
         g->reshard_after_backward = s->value;
         return FSDP2_SUCCESS;
@@ -185,6 +193,10 @@ static fsdp2_status_t zero_module(fsdp2_module_t *m, void *arg)
         return FSDP2_SUCCESS;
     fsdp2_stream_t *compute;
     FSDP2_CHECK(fsdp2_stream_current(g->device, &compute));
+    if (g->root) { /* reductions still adding into the gradients (is_last_backward 0) */
+        FSDP2_CHECK(fsdp2_event_record(g->root->rs_done, g->root->rs));
+        FSDP2_CHECK(fsdp2_stream_wait_event(compute, g->root->rs_done));
+    }
     return fsdp2_fill_async(g->grad_shard->data, g->dtype, (size_t)g->grad_shard_numel, 0.0,
                             compute);
 }

@@ -107,6 +107,7 @@ struct fsdp_group {
     /* State. */
     fsdp2_training_state_t training_state;
     int forward_done; /* its forward ran in this step */
+    int pinned;       /* unsharded by fsdp2_unshard: no prefetch may take its buffer */
     fsdp2_unshard_state_t unshard_state;
     int buffer;    /* index into root->buffers, FSDP_MAX_RING for own, -1 when sharded */
     int dedicated; /* keeps its own unsharded buffer */
@@ -140,6 +141,7 @@ struct fsdp_root {
     int next_buffer;
     void *grad_buffers[2];
     fsdp2_event_t *grad_free[2];
+    fsdp_group_t *grad_owner[2]; /* the group whose backward holds each gradient buffer */
     int next_grad_buffer;
     void *send;      /* copy-in: the largest cast shard, the all-gather's send buffer */
     void *rs_input;  /* ws x the largest padded gradient shard */

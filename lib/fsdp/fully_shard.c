@@ -217,13 +217,27 @@ static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const 
         FSDP2_CHECK(make_dtensor(g, p, g->shard, p->shard_offset, &p->sharded));
         if (p->requires_grad)
             FSDP2_CHECK(make_dtensor(g, p, g->grad_shard, p->grad_offset, &p->sharded_grad));
-        FSDP2_CHECK(take_value(g, p, stream));
     }
-    FSDP2_CHECK(fsdp2_stream_synchronize(stream));
     FSDP2_CHECK(fsdp2_event_create(g->device, &g->gathered));
+    /* Only now that nothing can fail but the copies are the declared values taken. */
+    for (size_t i = 0; i < g->num_params; i++)
+        FSDP2_CHECK(take_value(g, g->params[i], stream));
+    FSDP2_CHECK(fsdp2_stream_synchronize(stream));
     for (size_t i = 0; i < g->num_params; i++)
         g->params[i]->group = g;
     return FSDP2_SUCCESS;
+}
+
+/* Whether a group under m already belongs to a planned root. */
+static int planned_below(const fsdp2_module_t *m)
+{
+    if (m->group && m->group->root)
+        return 1;
+    for (size_t i = 0; i < m->num_children; i++) {
+        if (planned_below(m->children[i]))
+            return 1;
+    }
+    return 0;
 }
 
 fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t *options)
@@ -246,6 +260,12 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
                                "(shard children before their parents)",
                                fqn, pfqn);
         }
+    }
+    if (planned_below(m)) {
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "fully_shard: module '%s' holds sharded modules whose root already "
+                           "planned its buffers (shard the whole tree before the first hook)",
+                           fqn);
     }
     fsdp2_mesh_t *mesh = o->mesh ? o->mesh : fsdp2_default_mesh();
     if (!mesh)

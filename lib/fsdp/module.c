@@ -203,17 +203,29 @@ static void module_free(fsdp2_module_t *m)
     free(m);
 }
 
+/* Every root planned in the tree (an unsharded top may hold several), streams drained. */
+static fsdp2_status_t free_roots(fsdp2_module_t *m)
+{
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (m->group && m->group->root && m->group->root->group == m->group) {
+        status = fsdp2_module_synchronize(m);
+        fsdp_root_free(m->group->root);
+    }
+    for (size_t i = 0; i < m->num_children; i++) {
+        fsdp2_status_t s = free_roots(m->children[i]);
+        if (status == FSDP2_SUCCESS)
+            status = s;
+    }
+    return status;
+}
+
 fsdp2_status_t fsdp2_module_destroy(fsdp2_module_t *root)
 {
     if (!root)
         return FSDP2_SUCCESS;
     FSDP2_ARG_CHECK(!root->parent, "module_destroy: '%s' has a parent; destroy the root",
                     root->name);
-    fsdp2_status_t status = FSDP2_SUCCESS;
-    if (root->group && root->group->root) {
-        status = fsdp2_module_synchronize(root);
-        fsdp_root_free(root->group->root);
-    }
+    fsdp2_status_t status = free_roots(root);
     module_free(root);
     return status;
 }

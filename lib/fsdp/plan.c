@@ -150,12 +150,17 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
     r->groups = bigger;
     r->groups[r->num_groups++] = m->group;
-    if (m->group->device.type != r->device.type || m->group->device.index != r->device.index) {
-        char fqn[FSDP2_FQN_MAX];
-        fsdp_module_fqn(m, fqn, sizeof(fqn));
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(m, fqn, sizeof(fqn));
+    if (m->group->device.type != r->device.type || m->group->device.index != r->device.index)
         return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
                            "module '%s' keeps its shards on another device than the root", fqn);
-    }
+    /* The root's buffers are sized for its mesh: one mesh per tree. */
+    if (m->group->mesh != r->groups[0]->mesh)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "module '%s' is sharded over another mesh than the root's; one tree "
+                           "shards over one mesh",
+                           fqn);
     return FSDP2_SUCCESS;
 }
 

@@ -68,6 +68,7 @@ static void release(fsdp_group_t *g)
     }
     g->buffer = -1;
     g->unshard_state = FSDP2_SHARDED;
+    g->pinned = 0;
     set_views(g, -1);
 }
 
@@ -84,7 +85,7 @@ static int pick_buffer(fsdp_root_t *r)
         for (int k = 0; k < r->ring_size; k++) {
             int b = (r->next_buffer + k) % r->ring_size;
             fsdp_group_t *owner = r->buffers[b].owner;
-            if (owner && (pass == 0 || in_use(owner)))
+            if (owner && (pass == 0 || in_use(owner) || owner->pinned))
                 continue;
             if (owner)
                 release(owner);
@@ -254,9 +255,17 @@ static fsdp2_status_t take_grad_buffer(fsdp_root_t *r, fsdp_group_t *g)
             goto bind;
         FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, g->accumulator_free));
     } else {
+        /* The next buffer of the ring, unless a backward still holds it. */
         int k = r->next_grad_buffer;
+        if (r->grad_owner[k] && r->grad_owner[k] != g)
+            k = 1 - k;
+        if (r->grad_owner[k] && r->grad_owner[k] != g)
+            return state_error(g, "%s: both gradient buffers are held by backwards still running "
+                                  "(no buffer for '%s')",
+                               "pre_backward");
         r->next_grad_buffer = (k + 1) % 2;
         FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->grad_free[k]));
+        r->grad_owner[k] = g;
         g->grad_buffer = k;
         data = r->grad_buffers[k];
     }
@@ -382,13 +391,17 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     g->training_state = FSDP2_STATE_AFTER_BACKWARD;
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (g->grad_full_numel) {
-        if (g->requires_gradient_sync)
+        /* Gradients in a ring buffer are always reduced now; only the accumulator may
+         * keep them (sync off). */
+        if (g->requires_gradient_sync || g->grad_buffer != 2)
             status = reduce_scatter(r, g);
         else
             g->accumulator_dirty = 1;
     }
     for (size_t i = 0; i < g->num_params; i++)
         g->params[i]->grad = NULL;
+    if (g->grad_buffer == 0 || g->grad_buffer == 1)
+        r->grad_owner[g->grad_buffer] = NULL;
     g->grad_buffer = -1;
     if (g->reshard_after_backward)
         release(g);
@@ -425,10 +438,11 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
             return state_error(r->groups[i], "%s: module '%s' is still between its hooks",
                                "backward_finish");
     }
+    /* A prefetch nobody used may still read shards the optimizer is about to write. */
+    FSDP2_CHECK(fsdp2_event_record(r->ag_done, r->ag));
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->ag_done));
     if (r->group->is_last_backward) {
-        FSDP2_CHECK(fsdp2_event_record(r->ag_done, r->ag));
         FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
-        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->ag_done));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->rs_done));
     }
     for (size_t i = 0; i < r->num_groups; i++) {
@@ -444,6 +458,7 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
     }
     r->order_len = 0;
     r->in_step = 0;
+    r->grad_owner[0] = r->grad_owner[1] = NULL;
     return FSDP2_SUCCESS;
 }
 
@@ -455,6 +470,7 @@ fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done)
         *done = NULL;
     FSDP2_CHECK(group_of(m, "unshard", &g, &r));
     FSDP2_CHECK(issue_unshard(r, g, 1));
+    g->pinned = g->buffer >= 0; /* until fsdp2_reshard or its hooks release it */
     if (done)
         *done = g->gathered;
     return FSDP2_SUCCESS;
