@@ -75,7 +75,7 @@ static fsdp2_status_t parse_chunk(const meta_t *m, const meta_tensor_t *t, const
     for (int d = 0; d < t->ndim; d++) {
         if ((d > 0 && (goff[d] != 0 || shape[d] != t->shape[d])) || goff[d] + shape[d] > t->shape[d])
             return corrupt(m, "a chunk is not a range of dim-0 rows inside the tensor", t->name);
-        numel *= (uint64_t)shape[d];
+        numel *= (uint64_t)shape[d]; /* at most the tensor's, checked in parse_tensor */
     }
     if (numel * elem != k->bytes)
         return corrupt(m, "a chunk's byte count disagrees with its shape", t->name);
@@ -113,6 +113,16 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
         return corrupt(m, "unknown dtype", t->name);
     if (!get_dims(cJSON_GetObjectItemCaseSensitive(j, "shape"), t->shape, &t->ndim))
         return corrupt(m, "malformed shape", t->name);
+    /* The tensor's bytes must fit in 2^53 (what JSON numbers hold exactly): then every
+     * product of its dims and of its chunks' dims below is safe. */
+    uint64_t bytes;
+    size_t elem;
+    fsdp2_dtype_size(t->dtype, &elem);
+    bytes = elem;
+    for (int d = 0; d < t->ndim; d++) {
+        if (__builtin_mul_overflow(bytes, (uint64_t)t->shape[d], &bytes) || bytes > (1ull << 53))
+            return corrupt(m, "the tensor's size overflows", t->name);
+    }
     const cJSON *chunks = cJSON_GetObjectItemCaseSensitive(j, "chunks");
     if (!cJSON_IsArray(chunks))
         return corrupt(m, "no chunk list", t->name);

@@ -447,6 +447,11 @@ fsdp2_status_t fsdp2_checkpoint_export_full(const fsdp2_state_dict_t *sd, const 
 {
     FSDP2_ARG_CHECK(sd && path && path[0], "export_full: state dict or path is NULL or empty");
     FSDP2_ARG_CHECK(sd->mesh, "export_full: the state dict has no DTensor");
+    for (size_t i = 0; i < sd->count; i++)
+        if (sd->entries[i].unmaterialized)
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "export_full: '%s' was declared on meta and never materialized",
+                               sd->entries[i].name);
     FSDP2_ARG_CHECK(strlen(path) < 4000, "export_full: path is too long");
     int rank, size;
     FSDP2_CHECK(ckpt_mesh_rank(sd->mesh, &rank, &size));
@@ -481,8 +486,10 @@ fsdp2_status_t fsdp2_checkpoint_export_full(const fsdp2_state_dict_t *sd, const 
             comm = fsdp2_dtensor_full_tensor(e->dtensor, NULL, &full);
             if (comm != FSDP2_SUCCESS)
                 break;
-        } else {
-            fsdp2_tensor_retain(e->tensor, &full);
+        } else if (fsdp2_tensor_retain(e->tensor, &full) != FSDP2_SUCCESS) {
+            if (mine == FSDP2_SUCCESS)
+                mine = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "export_full: '%s'", e->name);
+            continue;
         }
         if (rank == 0 && mine == FSDP2_SUCCESS) {
             if (full->device.type != FSDP2_DEVICE_CPU && full->numel)

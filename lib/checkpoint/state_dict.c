@@ -20,8 +20,16 @@ static fsdp2_status_t add(fsdp2_state_dict_t *sd, const char *name, fsdp2_dtenso
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "state dict");
     sd->entries[sd->count++] = (sd_entry_t){.name = copy, .dtensor = dt, .tensor = t,
                                             .optimizer = optimizer};
-    if (dt && !sd->mesh)
-        fsdp2_dtensor_mesh(dt, &sd->mesh);
+    fsdp2_mesh_t *mesh = NULL;
+    if (dt)
+        fsdp2_dtensor_mesh(dt, &mesh);
+    if (mesh && !sd->mesh)
+        sd->mesh = mesh;
+    else if (mesh && mesh != sd->mesh)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "state_dict: '%s' lives on another mesh than '%s'; one state dict "
+                           "saves over one mesh",
+                           name, sd->entries[0].name);
     return FSDP2_SUCCESS;
 }
 

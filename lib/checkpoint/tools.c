@@ -8,6 +8,7 @@
 #include "checkpoint/metadata.h"
 #include "core/error.h"
 
+/* Bytes of a tensor (meta_load has checked that they fit in 2^53). */
 static uint64_t tensor_bytes(const meta_tensor_t *t)
 {
     size_t elem;
@@ -273,6 +274,11 @@ fsdp2_status_t fsdp2_checkpoint_reshard(const char *dir, const char *out_dir, in
     FSDP2_ARG_CHECK(world_size >= 1 && world_size <= 65536,
                     "reshard: world size %d is not in 1..65536", world_size);
     FSDP2_ARG_CHECK(strlen(out_dir) < 3000, "reshard: out_dir is too long");
+    char clean_in[3072], clean_out[3072];
+    ckpt_clean_path(dir, clean_in, sizeof(clean_in));
+    ckpt_clean_path(out_dir, clean_out, sizeof(clean_out));
+    dir = clean_in;
+    out_dir = clean_out;
     FSDP2_ARG_CHECK(strcmp(dir, out_dir), "reshard: out_dir must differ from dir '%s'", dir);
     meta_t m;
     open_files_t *of = NULL;

@@ -170,14 +170,22 @@ fsdp2_status_t fsdp2_dtensor_distribute(const fsdp2_tensor_t *full, fsdp2_mesh_t
     FSDP2_ARG_CHECK(src_rank == FSDP2_DISTRIBUTE_ALL || (src_rank >= 0 && src_rank < world),
                     "distribute: source rank %d is not in 0..%d or FSDP2_DISTRIBUTE_ALL",
                     src_rank, world - 1);
-    FSDP2_CHECK(dtensor_check_placements(mesh_ndim, placements, full->ndim));
+    /* Every rank-local problem becomes this rank's share of the agreement below, so the
+     * others fail with it instead of waiting for this rank until the timeout. */
+    fsdp2_status_t ok = dtensor_check_placements(mesh_ndim, placements, full->ndim);
     fsdp2_device_t device = output_device(full, stream);
-    fsdp2_stream_t *s;
-    FSDP2_CHECK(dtensor_stream(stream, device, &s));
+    fsdp2_stream_t *s = NULL;
+    fsdp2_status_t got_stream = dtensor_stream(stream, device, &s);
+    if (got_stream != FSDP2_SUCCESS) {
+        fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+        if (ok == FSDP2_SUCCESS)
+            ok = got_stream;
+        FSDP2_CHECK(fsdp2_stream_current(cpu, &s));
+    }
     int holds_values = src_rank == FSDP2_DISTRIBUTE_ALL || src_rank == rank;
     /* A rank whose values are used must have them where the result goes. */
-    fsdp2_status_t ok = FSDP2_SUCCESS;
-    if (holds_values && (full->device.type != device.type || full->device.index != device.index)) {
+    if (ok == FSDP2_SUCCESS && holds_values &&
+        (full->device.type != device.type || full->device.index != device.index)) {
         char a[FSDP2_DEVICE_NAME_MAX], b[FSDP2_DEVICE_NAME_MAX];
         fsdp2_device_format(full->device, a, sizeof(a));
         fsdp2_device_format(device, b, sizeof(b));
@@ -185,16 +193,19 @@ fsdp2_status_t fsdp2_dtensor_distribute(const fsdp2_tensor_t *full, fsdp2_mesh_t
                          "distribute: rank %d's full tensor is on %s but the stream is on %s", rank,
                          a, b);
     }
+    fsdp2_tensor_t *whole = NULL;
+    if (ok == FSDP2_SUCCESS)
+        ok = holds_values ? fsdp2_tensor_retain(full, &whole)
+                          : fsdp2_tensor_empty(device, full->dtype, full->ndim, full->shape, &whole);
     int64_t sig[SIG_LEN];
     signature(sig, full->ndim, full->dtype, full->shape, mesh_ndim, placements);
-    FSDP2_CHECK(agree(mesh, sig, src_rank == FSDP2_DISTRIBUTE_ALL ? 0 : src_rank, "distribute",
-                      ok, s));
+    fsdp2_status_t agreed = agree(mesh, sig, src_rank == FSDP2_DISTRIBUTE_ALL ? 0 : src_rank,
+                                  "distribute", ok, s);
+    if (agreed != FSDP2_SUCCESS) {
+        fsdp2_tensor_release(whole);
+        return agreed;
+    }
 
-    fsdp2_tensor_t *whole;
-    if (holds_values)
-        FSDP2_CHECK(fsdp2_tensor_retain(full, &whole));
-    else
-        FSDP2_CHECK(fsdp2_tensor_empty(device, full->dtype, full->ndim, full->shape, &whole));
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (src_rank != FSDP2_DISTRIBUTE_ALL && device.type != FSDP2_DEVICE_META) {
         status = mesh_broadcast(mesh, whole->data, (size_t)whole->numel, whole->dtype, src_rank, s);
