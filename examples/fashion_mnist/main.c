@@ -35,7 +35,7 @@
 #define EVAL_CHUNK 100
 
 typedef struct args {
-    const char *model, *data, *optimizer, *json, *save, *resume;
+    const char *model, *data, *optimizer, *json, *save, *resume, *param_dtype;
     int epochs, batch, test_batch, no_shard, limit, threads;
     double lr, gamma;
     long seed;
@@ -72,7 +72,7 @@ static void usage(const char *prog, const char *bad)
             "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
             "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
             "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--threads N]\n"
-            "          [--save DIR] [--resume DIR] [--json FILE]\n",
+            "          [--param-dtype f32|bf16] [--save DIR] [--resume DIR] [--json FILE]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -101,8 +101,8 @@ static double real(const char *prog, const char *flag, const char *text)
 
 static void parse(int argc, char **argv, args_t *a)
 {
-    *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, 2,
-                  64, 1000, 0, 0, 0, 1.0, 0.7, 1, 0};
+    *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, "f32",
+                  2, 64, 1000, 0, 0, 0, 1.0, 0.7, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -122,6 +122,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->optimizer = v;
         else if (!strcmp(f, "--json"))
             a->json = v;
+        else if (!strcmp(f, "--param-dtype"))
+            a->param_dtype = v;
         else if (!strcmp(f, "--save"))
             a->save = v;
         else if (!strcmp(f, "--resume"))
@@ -149,6 +151,10 @@ static void parse(int argc, char **argv, args_t *a)
     }
     if (strcmp(a->model, "mlp") && strcmp(a->model, "cnn")) {
         fprintf(stderr, "error: --model %s is not mlp or cnn\n", a->model);
+        exit(2);
+    }
+    if (strcmp(a->param_dtype, "f32") && strcmp(a->param_dtype, "bf16")) {
+        fprintf(stderr, "error: --param-dtype %s is not f32 or bf16\n", a->param_dtype);
         exit(2);
     }
     if (strcmp(a->optimizer, "adadelta") && strcmp(a->optimizer, "sgd") &&
@@ -228,7 +234,8 @@ static void setup(run_t *r)
         CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
         mesh = r->self_mesh;
     }
-    CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params));
+    CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params,
+                         strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16));
     fsdp2_optimizer_options_t oo = optimizer_options(&r->a);
     CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
     CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
@@ -399,10 +406,11 @@ int main(int argc, char **argv)
     int64_t numel = fm_model_numel(r.model);
     if (!r.rank)
         printf("fashion_mnist: %s (%lld parameters), %s over %d rank%s, global batch %d (%d per "
-               "rank), %s lr %g, StepLR gamma %g, %d epochs, %d GEMM thread%s per rank\n",
+               "rank), %s lr %g, StepLR gamma %g, %d epochs, %d GEMM thread%s per rank, %s "
+               "compute\n",
                r.a.model, (long long)numel, r.a.no_shard ? "replicated (--no-shard)" : "FSDP",
                r.ws, r.ws > 1 ? "s" : "", r.a.batch, r.local_batch, r.a.optimizer, r.a.lr,
-               r.a.gamma, r.a.epochs, r.a.threads, r.a.threads > 1 ? "s" : "");
+               r.a.gamma, r.a.epochs, r.a.threads, r.a.threads > 1 ? "s" : "", r.a.param_dtype);
     epoch_stats_t last = {0};
     FILE *json = NULL;
     if (!r.rank && r.a.json && !(json = fopen(r.a.json, "w"))) {

@@ -79,6 +79,19 @@ fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_
         TRY(add_layer(m, "fc1", 0, 9216, 128, 0, 0, 0));
         TRY(add_layer(m, "fc2", 0, 128, 10, 0, 0, 0));
     }
+    int64_t most_w = 0, most_b = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const fm_layer_t *l = &m->layers[i];
+        int64_t w = (int64_t)l->out * l->in * (l->conv ? l->k * l->k : 1);
+        most_w = w > most_w ? w : most_w;
+        most_b = l->out > most_b ? l->out : most_b;
+    }
+    m->w32 = buffer(most_w);
+    m->dw32 = buffer(most_w);
+    m->b32 = buffer(most_b);
+    m->db32 = buffer(most_b);
+    if (!m->w32 || !m->dw32 || !m->b32 || !m->db32)
+        return FSDP2_ERR_OUT_OF_MEMORY;
     const int64_t *sizes = kind == FM_MLP ? mlp_sizes : cnn_sizes;
     int n = kind == FM_MLP ? 3 : 5;
     for (int i = 0; i < n; i++) {
@@ -111,16 +124,23 @@ void fm_model_destroy(fm_model_t *m)
         free(m->d[i]);
     }
     free(m->col);
+    free(m->w32);
+    free(m->dw32);
+    free(m->b32);
+    free(m->db32);
     free(m->pool_arg);
     free(m->mask1);
     free(m->mask2);
     free(m);
 }
 
-fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params)
+fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params,
+                              fsdp2_dtype_t param_dtype)
 {
     fsdp2_shard_options_t o = FSDP2_SHARD_OPTIONS_INIT;
     o.mesh = mesh;
+    o.mp.param_dtype = param_dtype; /* f32: no cast */
+    o.mp.reduce_dtype = FSDP2_F32;  /* sum the bf16 gradients in f32 */
     if (wrap_min_params > 0) {
         TRY(fsdp2_fully_shard_tree(m->root, &o, NULL, NULL, wrap_min_params));
     } else {
@@ -151,28 +171,61 @@ static int is_unit(const fm_layer_t *l)
 
 typedef struct views {
     float *w, *b, *dw, *db;
+    fsdp2_tensor_t *dw_t, *db_t; /* bf16 compute: the gradients to add dw, db into */
 } views_t;
 
-static fsdp2_status_t get_views(const fm_layer_t *l, int grads, views_t *v)
+/* A parameter (or its gradient) as float: itself, or (bf16 compute) converted into
+ * scratch. */
+static float *as_f32(const fsdp2_tensor_t *t, float *scratch)
+{
+    if (t->dtype == FSDP2_F32)
+        return t->data;
+    fsdp2_convert(scratch, FSDP2_F32, t->data, t->dtype, (size_t)t->numel);
+    return scratch;
+}
+
+static fsdp2_status_t get_views(fm_model_t *m, const fm_layer_t *l, int grads, views_t *v)
 {
     fsdp2_tensor_t *t;
+    memset(v, 0, sizeof(*v));
     TRY(fsdp2_param_unsharded(l->weight, &t));
-    v->w = t->data;
+    v->w = as_f32(t, m->w32);
     TRY(fsdp2_param_unsharded(l->bias, &t));
-    v->b = t->data;
-    if (grads) {
-        TRY(fsdp2_param_grad(l->weight, &t));
-        v->dw = t->data;
-        TRY(fsdp2_param_grad(l->bias, &t));
-        v->db = t->data;
+    v->b = as_f32(t, m->b32);
+    if (!grads)
+        return FSDP2_SUCCESS;
+    TRY(fsdp2_param_grad(l->weight, &v->dw_t));
+    TRY(fsdp2_param_grad(l->bias, &v->db_t));
+    if (v->dw_t->dtype == FSDP2_F32) {
+        v->dw = v->dw_t->data;
+        v->db = v->db_t->data;
+        v->dw_t = v->db_t = NULL;
+    } else { /* computed in f32 scratch, added into the bf16 gradients after */
+        memset(m->dw32, 0, sizeof(float) * (size_t)v->dw_t->numel);
+        memset(m->db32, 0, sizeof(float) * (size_t)v->db_t->numel);
+        v->dw = m->dw32;
+        v->db = m->db32;
     }
     return FSDP2_SUCCESS;
 }
 
-static fsdp2_status_t linear_fwd(const fm_layer_t *l, const float *x, float *y, int batch)
+/* bf16 compute: the gradients computed in f32 added into the library's bf16 buffers. */
+static void flush_grads(const views_t *v)
+{
+    fsdp2_tensor_t *t[2] = {v->dw_t, v->db_t};
+    const float *from[2] = {v->dw, v->db};
+    for (int k = 0; k < 2 && t[k]; k++) {
+        uint16_t *g = t[k]->data;
+        for (int64_t i = 0; i < t[k]->numel; i++)
+            g[i] = fsdp2_f32_to_bf16(fsdp2_bf16_to_f32(g[i]) + from[k][i]);
+    }
+}
+
+static fsdp2_status_t linear_fwd(fm_model_t *m, const fm_layer_t *l, const float *x, float *y,
+                                 int batch)
 {
     views_t v;
-    TRY(get_views(l, 0, &v));
+    TRY(get_views(m, l, 0, &v));
     linear_forward(x, v.w, v.b, y, batch, l->in, l->out);
     return FSDP2_SUCCESS;
 }
@@ -181,7 +234,7 @@ static fsdp2_status_t conv_fwd(fm_model_t *m, const fm_layer_t *l, const float *
                                int batch)
 {
     views_t v;
-    TRY(get_views(l, 0, &v));
+    TRY(get_views(m, l, 0, &v));
     conv_forward(x, v.w, v.b, y, m->col, m->conv_chunk, batch, l->in, l->h, l->w, l->out, l->k);
     return FSDP2_SUCCESS;
 }
@@ -208,7 +261,7 @@ static fsdp2_status_t forward(fm_model_t *m, const float *x, int batch, int trai
         const float *in = x;
         for (int i = 0; i < 3; i++) {
             TRY(enter(&L[i], 0));
-            TRY(linear_fwd(&L[i], in, m->a[i], batch));
+            TRY(linear_fwd(m, &L[i], in, m->a[i], batch));
             if (i < 2)
                 relu_forward(m->a[i], (int64_t)batch * mlp_sizes[i]);
             TRY(leave(&L[i], 0));
@@ -230,24 +283,25 @@ static fsdp2_status_t forward(fm_model_t *m, const float *x, int batch, int trai
         dropout_forward(m->a[2], m->mask1, (int64_t)batch * cnn_sizes[2], 0.25,
                         m->dropout_seed * 7919 + call * 2, 0);
     TRY(enter(&L[2], 0));
-    TRY(linear_fwd(&L[2], m->a[2], m->a[3], batch));
+    TRY(linear_fwd(m, &L[2], m->a[2], m->a[3], batch));
     TRY(leave(&L[2], 0));
     relu_forward(m->a[3], (int64_t)batch * cnn_sizes[3]);
     if (train)
         dropout_forward(m->a[3], m->mask2, (int64_t)batch * cnn_sizes[3], 0.5,
                         m->dropout_seed * 7919 + call * 2 + 1, 0);
     TRY(enter(&L[3], 0));
-    TRY(linear_fwd(&L[3], m->a[3], m->a[4], batch));
+    TRY(linear_fwd(m, &L[3], m->a[3], m->a[4], batch));
     return leave(&L[3], 0);
 }
 
-static fsdp2_status_t linear_bwd(const fm_layer_t *l, const float *x, const float *dy, float *dx,
-                                 int batch)
+static fsdp2_status_t linear_bwd(fm_model_t *m, const fm_layer_t *l, const float *x,
+                                 const float *dy, float *dx, int batch)
 {
     views_t v;
     TRY(enter(l, 1));
-    TRY(get_views(l, 1, &v));
+    TRY(get_views(m, l, 1, &v));
     linear_backward(x, v.w, dy, v.dw, v.db, dx, batch, l->in, l->out);
+    flush_grads(&v);
     return leave(l, 1);
 }
 
@@ -256,9 +310,10 @@ static fsdp2_status_t conv_bwd(fm_model_t *m, const fm_layer_t *l, const float *
 {
     views_t v;
     TRY(enter(l, 1));
-    TRY(get_views(l, 1, &v));
+    TRY(get_views(m, l, 1, &v));
     conv_backward(x, v.w, dy, v.dw, v.db, dx, m->col, m->conv_chunk, batch, l->in, l->h, l->w,
                   l->out, l->k);
+    flush_grads(&v);
     return leave(l, 1);
 }
 
@@ -268,16 +323,16 @@ static fsdp2_status_t backward(fm_model_t *m, const float *x, int batch)
     fm_layer_t *L = m->layers;
     if (m->kind == FM_MLP) {
         for (int i = 2; i >= 0; i--) {
-            TRY(linear_bwd(&L[i], i ? m->a[i - 1] : x, m->d[i], i ? m->d[i - 1] : NULL, batch));
+            TRY(linear_bwd(m, &L[i], i ? m->a[i - 1] : x, m->d[i], i ? m->d[i - 1] : NULL, batch));
             if (i)
                 relu_backward(m->a[i - 1], m->d[i - 1], (int64_t)batch * mlp_sizes[i - 1]);
         }
         return FSDP2_SUCCESS;
     }
-    TRY(linear_bwd(&L[3], m->a[3], m->d[4], m->d[3], batch));
+    TRY(linear_bwd(m, &L[3], m->a[3], m->d[4], m->d[3], batch));
     dropout_backward(m->d[3], m->mask2, (int64_t)batch * cnn_sizes[3]);
     relu_backward(m->a[3], m->d[3], (int64_t)batch * cnn_sizes[3]);
-    TRY(linear_bwd(&L[2], m->a[2], m->d[3], m->d[2], batch));
+    TRY(linear_bwd(m, &L[2], m->a[2], m->d[3], m->d[2], batch));
     dropout_backward(m->d[2], m->mask1, (int64_t)batch * cnn_sizes[2]);
     maxpool_backward(m->d[2], m->pool_arg, m->d[1], batch, 64, 24, 24);
     relu_backward(m->a[1], m->d[1], (int64_t)batch * cnn_sizes[1]);

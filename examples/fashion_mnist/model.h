@@ -35,6 +35,7 @@ typedef struct fm_model {
     /* Activations and their gradients, sized for max_batch (see model.c). */
     float *x, *a[8], *d[8], *col; /* col: convolution scratch for conv_chunk samples */
     int conv_chunk;
+    float *w32, *b32, *dw32, *db32; /* bf16 compute: the largest layer's, as f32 */
     int32_t *pool_arg;
     float *mask1, *mask2;
 } fm_model_t;
@@ -44,8 +45,10 @@ fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_
 void fm_model_destroy(fm_model_t *m);
 
 /* fully_shard over mesh: each layer its own unit (wrap_min_params 0), or the layers the
- * size-based policy picks; the root last; then the seeded init. */
-fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params);
+ * size-based policy picks; the root last; then the seeded init. param_dtype FSDP2_BF16
+ * gathers and computes in bf16 (mixed precision, gradients summed in f32). */
+fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params,
+                              fsdp2_dtype_t param_dtype);
 
 /* One forward and backward over x (batch samples, normalised) with labels: gradients
  * end up (averaged over the mesh) in the sharded gradients. Returns the mean loss in

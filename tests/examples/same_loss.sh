@@ -18,6 +18,8 @@ common=(--model mlp --epochs 2 --limit 1280 --seed 3)
 "$run" --nproc-per-node 1 "$prog" "${common[@]}" --json "$out/ws1.json" >/dev/null
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --json "$out/ws2.json" >/dev/null
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --no-shard --json "$out/ddp2.json" >/dev/null
+# Mixed precision (bf16 compute, f32 reduction): close to f32, not equal.
+"$run" --nproc-per-node 2 "$prog" "${common[@]}" --param-dtype bf16 --json "$out/bf16.json" >/dev/null
 # Stop after one epoch at ws 4 with a checkpoint, resume at ws 2 for the second.
 "$run" --nproc-per-node 4 "$prog" "${common[@]}" --epochs 1 --save "$out/ckpt" >/dev/null
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --resume "$out/ckpt" --json "$out/resumed.json" >/dev/null
@@ -42,5 +44,11 @@ for name in ("ws2", "ddp2", "resumed"):
                 bad += 1
             else:
                 print(f"ok   epoch {a['epoch']} {key}: ws1 {x} {name} {y}")
+bf16 = json.load(open(f"{out}/bf16.json"))["epochs"]
+for a, b in zip(runs["ws1"]["epochs"], bf16):
+    x, y = a["train_loss"], b["train_loss"]
+    ok = abs(x - y) <= 0.03 * abs(x)
+    print(f"{'ok  ' if ok else 'FAIL'} epoch {a['epoch']} train_loss: f32 {x} bf16 {y} (within 3%)")
+    bad += not ok
 sys.exit(1 if bad else 0)
 PY
