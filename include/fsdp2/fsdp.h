@@ -75,7 +75,8 @@ typedef struct fsdp2_mp_policy {
 #define FSDP2_MP_POLICY_INIT {FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT}
 
 typedef struct fsdp2_shard_options {
-    unsigned size;                      /* sizeof(fsdp2_shard_options_t) */
+    unsigned size;                      /* sizeof(fsdp2_shard_options_t); the size before
+                                           `mp` is accepted too (mp then defaults) */
     fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
                                            NULL: the world mesh of fsdp2_init */
     int reshard_after_forward;          /* 1: free unsharded parameters after forward */

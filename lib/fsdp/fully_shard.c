@@ -6,6 +6,7 @@
  * Rows past a parameter's local rows are padding, zero from the start and never read
  * as values. The sharded gradients have the same layout over the parameters that
  * require gradients. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,6 +246,13 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     FSDP2_ARG_CHECK(m, "fully_shard: module is NULL");
     fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
     const fsdp2_shard_options_t *o = options ? options : &defaults;
+    if (options && options->size == offsetof(fsdp2_shard_options_t, mp)) {
+        /* Built against the header before mixed precision: the fields it knows, and the
+         * defaults for the rest (what the size field is for). */
+        memcpy(&defaults, options, offsetof(fsdp2_shard_options_t, mp));
+        defaults.size = sizeof(defaults);
+        o = &defaults;
+    }
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(m, fqn, sizeof(fqn));
     FSDP2_CHECK(check_options(o, fqn));

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/log_internal.h"
 #include "fsdp/fsdp_internal.h"
 
 unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i)
@@ -275,6 +276,14 @@ static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
     FSDP2_CHECK(bind_groups(r));
     r->plan.ring_buffers = r->ring_size;
     r->plan.groups = (int)r->num_groups;
+    FSDP2_LOG(INFO, FSDP,
+              "memory plan: %d groups, %d unsharded buffers; bytes: sharded params %llu, grads "
+              "%llu, unsharded params %llu, unsharded grads %llu, reduce-scatter %llu, total %llu",
+              r->plan.groups, r->plan.ring_buffers, (unsigned long long)r->plan.sharded_params,
+              (unsigned long long)r->plan.sharded_grads,
+              (unsigned long long)r->plan.unsharded_params,
+              (unsigned long long)r->plan.unsharded_grads,
+              (unsigned long long)r->plan.reduce_scatter, (unsigned long long)r->plan.total);
     return FSDP2_SUCCESS;
 }
 
