@@ -4,8 +4,11 @@ NLL) or the tutorial CNN, Adadelta lr 1.0, StepLR gamma 0.7 per epoch, global ba
 split over the ranks by a DistributedSampler, test batch 1000, data normalised with
 mean 0.2860 / std 0.3530, DDP over gloo when there is more than one rank.
 
-    /usr/bin/python3 -m torch.distributed.run --nproc_per_node N bench/peer_fashion_mnist.py \
+    build/tools/fsdp2run --nproc-per-node N /usr/bin/python3 bench/peer_fashion_mnist.py \
         [--model mlp|cnn] [--epochs 2] [--json FILE]
+
+(fsdp2run sets the torchrun variables; Debian's torch.distributed.run 1.13 fails under
+Python 3.11.)
 
 Prints one line per epoch (rank 0): train loss, test loss, accuracy, seconds (training
 only, the mean over the ranks) and images/s; --json writes them."""
