@@ -380,6 +380,30 @@ static fsdp2_status_t run_barrier(run_t *x)
 
 /* ---- reductions ---- */
 
+/* Step t of a pipelined reduction: the piece at `off` of every peer's range of base
+ * ([lo[p], hi[p]) elements, piece elements of es bytes at most) goes into this rank's
+ * slot, peer by peer in ring order, and the slot is posted; nothing is posted when no
+ * peer has rows left at off. */
+static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, const size_t *lo,
+                                       const size_t *hi, size_t off, size_t piece, size_t es)
+{
+    int n = x->n, me = x->me;
+    char *slot = NULL;
+    for (int k = 1; k < n; k++) {
+        int p = (me + k) % n;
+        size_t len = hi[p] - lo[p];
+        if (off >= len)
+            continue;
+        if (!slot)
+            FSDP2_CHECK(slot_for_write(x, t, &slot));
+        memcpy(slot + (size_t)(k - 1) * piece * es, base + (lo[p] + off) * es,
+               min_size(piece, len - off) * es);
+    }
+    if (slot)
+        post(x, t);
+    return FSDP2_SUCCESS;
+}
+
 /* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
  * to out. In each step a writer's slot holds one piece for each peer, in the order of
  * the peers after it. */
@@ -396,19 +420,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
     const void *src[FSDP2_SHM_MAX_RANKS];
     for (size_t off = 0; off < most; off += piece) {
         uint64_t t = x->next++;
-        char *slot = NULL;
-        for (int k = 1; k < n; k++) {
-            int p = (me + k) % n;
-            size_t len = hi[p] - lo[p];
-            if (off >= len)
-                continue;
-            if (!slot)
-                FSDP2_CHECK(slot_for_write(x, t, &slot));
-            memcpy(slot + (size_t)(k - 1) * piece * es, send + (lo[p] + off) * es,
-                   min_size(piece, len - off) * es);
-        }
-        if (slot)
-            post(x, t);
+        FSDP2_CHECK(post_peer_pieces(x, t, send, lo, hi, off, piece, es));
         if (off < mine) {
             for (int r = 0; r < n; r++) {
                 if (r == me) {
@@ -479,19 +491,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
     const void *src[FSDP2_SHM_MAX_RANKS];
     for (size_t off = 0; off < most; off += piece) {
         uint64_t t = x->next++, t_result = x->next++;
-        char *slot = NULL;
-        for (int k = 1; k < n; k++) {
-            int p = (me + k) % n;
-            size_t len = hi[p] - lo[p];
-            if (off >= len)
-                continue;
-            if (!slot)
-                FSDP2_CHECK(slot_for_write(x, t, &slot));
-            memcpy(slot + (size_t)(k - 1) * piece * es, buf + (lo[p] + off) * es,
-                   min_size(piece, len - off) * es);
-        }
-        if (slot)
-            post(x, t);
+        FSDP2_CHECK(post_peer_pieces(x, t, buf, lo, hi, off, piece, es));
         if (off < mine) {
             size_t m = min_size(piece, mine - off);
             for (int r = 0; r < n; r++) {

@@ -152,8 +152,6 @@ struct fsdp_root {
     fsdp_group_t **order, **last_order;
     size_t order_len, last_order_len;
     int in_step;
-    int backward_started;
-    int reduce_scatters_pending;
 };
 
 /* module.c */

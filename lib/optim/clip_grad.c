@@ -15,6 +15,7 @@
 #include <fsdp2/optim.h>
 
 #include "core/error.h"
+#include "optim/optim_internal.h"
 
 /* The local gradient shards under a root, all on one mesh. */
 typedef struct clip_set {
@@ -42,20 +43,7 @@ static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
         return fsdp2_error(FSDP2_ERR_INTERNAL,
                            "clip_grad_norm: parameter '%s' has no sharded gradient", info->fqn);
     fsdp2_dtensor_info_t di;
-    FSDP2_CHECK(fsdp2_dtensor_info(grad, &di));
-    if (di.device.type != FSDP2_DEVICE_CPU) {
-        char dev[FSDP2_DEVICE_NAME_MAX];
-        fsdp2_device_format(di.device, dev, sizeof(dev));
-        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
-                           "clip_grad_norm: parameter '%s' is sharded on %s; only cpu shards "
-                           "are clipped for now",
-                           info->fqn, dev);
-    }
-    if (di.dtype != FSDP2_F32 && di.dtype != FSDP2_F64)
-        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
-                           "clip_grad_norm: parameter '%s' is %s; only f32 and f64 gradients "
-                           "are clipped",
-                           info->fqn, fsdp2_dtype_name(di.dtype));
+    FSDP2_CHECK(optim_check_shard("clip_grad_norm", info->fqn, grad, &di));
     fsdp2_mesh_t *mesh = NULL;
     FSDP2_CHECK(fsdp2_dtensor_mesh(grad, &mesh));
     if (!set->mesh) {

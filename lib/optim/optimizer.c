@@ -143,19 +143,7 @@ static fsdp2_status_t add_param(const fsdp2_optimizer_t *opt, const fsdp2_param_
         return fsdp2_error(FSDP2_ERR_INTERNAL, "optimizer: parameter '%s' has no sharded gradient",
                            info->fqn);
     fsdp2_dtensor_info_t di;
-    FSDP2_CHECK(fsdp2_dtensor_info(value, &di));
-    if (di.device.type != FSDP2_DEVICE_CPU) {
-        char dev[FSDP2_DEVICE_NAME_MAX];
-        fsdp2_device_format(di.device, dev, sizeof(dev));
-        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
-                           "optimizer: parameter '%s' is sharded on %s; only cpu shards are "
-                           "updated for now",
-                           info->fqn, dev);
-    }
-    if (di.dtype != FSDP2_F32 && di.dtype != FSDP2_F64)
-        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
-                           "optimizer: parameter '%s' is %s; only f32 and f64 shards are updated",
-                           info->fqn, fsdp2_dtype_name(di.dtype));
+    FSDP2_CHECK(optim_check_shard("optimizer", info->fqn, value, &di));
     op->param = p;
     op->dtype = di.dtype;
     FSDP2_CHECK(fsdp2_dtensor_to_local(value, &op->value));
@@ -355,5 +343,23 @@ fsdp2_status_t fsdp2_optimizer_state_names(const fsdp2_optimizer_t *opt, const c
     *count = state_names_of(&opt->options, &all);
     for (size_t s = 0; s < *count && s < capacity; s++)
         names[s] = all[s];
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_dtensor_t *dt,
+                                 fsdp2_dtensor_info_t *info)
+{
+    FSDP2_CHECK(fsdp2_dtensor_info(dt, info));
+    if (info->device.type != FSDP2_DEVICE_CPU) {
+        char dev[FSDP2_DEVICE_NAME_MAX];
+        fsdp2_device_format(info->device, dev, sizeof(dev));
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "%s: parameter '%s' is sharded on %s; only cpu shards for now", what,
+                           fqn, dev);
+    }
+    if (info->dtype != FSDP2_F32 && info->dtype != FSDP2_F64)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "%s: parameter '%s' is %s; only f32 and f64 shards", what, fqn,
+                           fsdp2_dtype_name(info->dtype));
     return FSDP2_SUCCESS;
 }
