@@ -16,7 +16,11 @@
  * math must give the same value.
  *
  *   fsdp2run --nproc-per-node N build/bench/bench_fsdp_step [--layers 24] [--dim 1024]
- *       [--batch 16] [--steps 6] [--warmup 2] [--rounds 3] [--json FILE]
+ *       [--batch 16] [--steps 6] [--warmup 2] [--rounds 3] [--json FILE] [--trace FILE]
+ *
+ * --trace adds a third mode, fsdp with its timed steps traced (fsdp2/trace.h), written
+ * to FILE: the row next to plain fsdp is what tracing costs while on. (Off it is one
+ * relaxed load per traced operation: the plain fsdp row is that.)
  *
  * The modes run in rounds of alternating order and each reports its median round: this
  * machine's speed drifts by tens of percent between runs, which would otherwise decide
@@ -44,7 +48,8 @@
 
 typedef struct config {
     int layers, dim, batch, steps, warmup, rounds;
-    const char *json;
+    const char *json, *trace;
+    fsdp2_context_t *ctx;
 } config_t;
 
 typedef struct result {
@@ -195,7 +200,8 @@ static void run_ddp(model_t *m, fsdp2_group_t *world, result_t *res)
     free(g);
 }
 
-static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res)
+/* traced: the timed steps are traced into cfg->trace (written after them). */
+static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res, int traced)
 {
     const config_t *c = m->cfg;
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT, meta = FSDP2_DEVICE_META_INIT;
@@ -228,9 +234,12 @@ static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res)
     CHECK(fsdp2_memory_plan(root, &plan));
     double t_total = 0, c_total = 0;
     for (int step = 0; step < c->warmup + c->steps; step++) {
+        if (traced && step == c->warmup)
+            CHECK(fsdp2_trace_start(c->ctx, c->trace));
         fill_input(m);
         m->compute_s = 0;
         double t0 = now();
+        CHECK(fsdp2_trace_step(step));
         CHECK(fsdp2_pre_forward(root));
         for (int l = 0; l < c->layers; l++) {
             fsdp2_tensor_t *W;
@@ -269,6 +278,8 @@ static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res)
             c_total += m->compute_s;
         }
     }
+    if (traced)
+        CHECK(fsdp2_trace_stop(c->ctx));
     fsdp2_memory_stats_t after;
     CHECK(fsdp2_memory_stats_get(cpu, &after));
     res->step_ms = 1e3 * t_total / c->steps;
@@ -331,9 +342,12 @@ static void parse(int argc, char **argv, config_t *c)
             i++;
         } else if (!strcmp(a, "--json") && v) {
             c->json = argv[++i];
+        } else if (!strcmp(a, "--trace") && v) {
+            c->trace = argv[++i];
         } else {
             fprintf(stderr, "usage: %s [--layers N] [--dim N] [--batch N] [--steps N] "
-                            "[--warmup N] [--rounds N] [--json FILE] (bad argument '%s')\n",
+                            "[--warmup N] [--rounds N] [--json FILE] [--trace FILE] (bad "
+                            "argument '%s')\n",
                     argv[0], a);
             exit(2);
         }
@@ -349,13 +363,14 @@ static void print_row(const char *mode, int ws, const result_t *r)
 
 int main(int argc, char **argv)
 {
-    config_t cfg = {24, 1024, 16, 6, 2, 3, NULL};
+    config_t cfg = {24, 1024, 16, 6, 2, 3, NULL, NULL, NULL};
     parse(argc, argv, &cfg);
     if (cfg.rounds > MAX_ROUNDS)
         cfg.rounds = MAX_ROUNDS;
     openblas_set_num_threads(1);
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
+    cfg.ctx = ctx;
     fsdp2_group_t *world;
     fsdp2_mesh_t *mesh;
     fsdp2_process_info_t info;
@@ -375,19 +390,23 @@ int main(int argc, char **argv)
 
     /* Rounds in alternating order (ddp fsdp, fsdp ddp, ...); each mode reports its
      * median round, so slow drifts of the machine hit both modes alike. */
-    result_t ddp_runs[MAX_ROUNDS], fsdp_runs[MAX_ROUNDS];
+    result_t ddp_runs[MAX_ROUNDS], fsdp_runs[MAX_ROUNDS], traced_runs[MAX_ROUNDS];
+    int modes = cfg.trace ? 3 : 2;
     for (int round = 0; round < cfg.rounds; round++) {
-        for (int k = 0; k < 2; k++) {
-            if ((k == 0) == (round % 2 == 0)) {
-                run_ddp(&m, world, &ddp_runs[round]);
-                reduce_max(world, s, &ddp_runs[round]);
-            } else {
-                run_fsdp(&m, mesh, &fsdp_runs[round]);
-                reduce_max(world, s, &fsdp_runs[round]);
-            }
+        for (int k = 0; k < modes; k++) {
+            int mode = (k + round) % modes; /* 0 ddp, 1 fsdp, 2 fsdp traced */
+            result_t *res = mode == 0 ? &ddp_runs[round]
+                            : mode == 1 ? &fsdp_runs[round]
+                                        : &traced_runs[round];
+            if (mode == 0)
+                run_ddp(&m, world, res);
+            else
+                run_fsdp(&m, mesh, res, mode == 2);
+            reduce_max(world, s, res);
         }
     }
     result_t ddp = median(ddp_runs, cfg.rounds), fsdp = median(fsdp_runs, cfg.rounds);
+    result_t traced = cfg.trace ? median(traced_runs, cfg.rounds) : fsdp;
     uint64_t ideal = 2ull * (uint64_t)cfg.layers * (uint64_t)cfg.dim * (uint64_t)cfg.dim * 4 /
                      (uint64_t)info.world_size;
     if (info.rank == 0) {
@@ -398,8 +417,14 @@ int main(int argc, char **argv)
                "| planned buffers MiB | loss |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         print_row("ddp", info.world_size, &ddp);
         print_row("fsdp", info.world_size, &fsdp);
+        if (cfg.trace)
+            print_row("fsdp traced", info.world_size, &traced);
         printf("fsdp/ddp step time %.3f; fsdp params+grads / (total/ws) = %.4f\n",
                fsdp.step_ms / ddp.step_ms, (double)fsdp.param_grad_bytes / (double)ideal);
+        if (cfg.trace)
+            printf("traced/untraced fsdp step time %.3f; trace of the last round's timed steps "
+                   "in %s\n",
+                   traced.step_ms / fsdp.step_ms, cfg.trace);
         if (cfg.json) {
             FILE *f = fopen(cfg.json, "w");
             if (f) {
@@ -410,14 +435,16 @@ int main(int argc, char **argv)
                         "\"fsdp\": {\"step_ms\": %.4f, \"compute_ms\": %.4f, \"exposed_ms\": %.4f, "
                         "\"peak_bytes\": %llu, \"param_grad_bytes\": %llu, "
                         "\"planned_buffer_bytes\": %llu, \"loss\": %.9g}, "
-                        "\"step_ratio\": %.4f, \"param_grad_over_ideal\": %.5f}\n",
+                        "\"step_ratio\": %.4f, \"param_grad_over_ideal\": %.5f, "
+                        "\"traced_step_ms\": %.4f}\n",
                         cfg.layers, cfg.dim, cfg.batch, info.world_size, ddp.step_ms,
                         ddp.compute_ms, ddp.exposed_ms, (unsigned long long)ddp.peak_bytes,
                         ddp.loss, fsdp.step_ms, fsdp.compute_ms, fsdp.exposed_ms,
                         (unsigned long long)fsdp.peak_bytes,
                         (unsigned long long)fsdp.param_grad_bytes,
                         (unsigned long long)fsdp.plan_buffers, fsdp.loss,
-                        fsdp.step_ms / ddp.step_ms, (double)fsdp.param_grad_bytes / (double)ideal);
+                        fsdp.step_ms / ddp.step_ms, (double)fsdp.param_grad_bytes / (double)ideal,
+                        cfg.trace ? traced.step_ms : 0.0);
                 fclose(f);
             }
         }

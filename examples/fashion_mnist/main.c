@@ -35,8 +35,9 @@
 #define EVAL_CHUNK 100
 
 typedef struct args {
-    const char *model, *data, *optimizer, *json, *save, *resume, *param_dtype;
+    const char *model, *data, *optimizer, *json, *save, *resume, *param_dtype, *trace;
     int epochs, batch, test_batch, no_shard, limit, threads;
+    long trace_from, trace_to; /* traced steps [from, to) of the run */
     double lr, gamma;
     long seed;
     long wrap_min_params;
@@ -54,6 +55,7 @@ typedef struct run {
     fsdp2_optimizer_t *opt;
     fsdp2_state_dict_t *state;
     int first_epoch;
+    long step; /* training steps run so far (this run) */
     float *x;
     int *labels;
 } run_t;
@@ -72,7 +74,8 @@ static void usage(const char *prog, const char *bad)
             "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
             "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
             "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--threads N]\n"
-            "          [--param-dtype f32|bf16] [--save DIR] [--resume DIR] [--json FILE]\n",
+            "          [--param-dtype f32|bf16] [--save DIR] [--resume DIR] [--json FILE]\n"
+            "          [--trace FILE.json [--trace-steps FROM:TO]]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -102,7 +105,7 @@ static double real(const char *prog, const char *flag, const char *text)
 static void parse(int argc, char **argv, args_t *a)
 {
     *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, "f32",
-                  2, 64, 1000, 0, 0, 0, 1.0, 0.7, 1, 0};
+                  NULL, 2, 64, 1000, 0, 0, 0, 10, 15, 1.0, 0.7, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -128,6 +131,17 @@ static void parse(int argc, char **argv, args_t *a)
             a->save = v;
         else if (!strcmp(f, "--resume"))
             a->resume = v;
+        else if (!strcmp(f, "--trace"))
+            a->trace = v;
+        else if (!strcmp(f, "--trace-steps")) {
+            char *end;
+            a->trace_from = strtol(v, &end, 10);
+            a->trace_to = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+            if (*end || a->trace_from < 0 || a->trace_to <= a->trace_from) {
+                fprintf(stderr, "error: --trace-steps %s is not FROM:TO with 0 <= FROM < TO\n", v);
+                exit(2);
+            }
+        }
         else if (!strcmp(f, "--epochs"))
             a->epochs = (int)number(argv[0], f, v, 1, 1000);
         else if (!strcmp(f, "--batch"))
@@ -298,6 +312,19 @@ typedef struct epoch_stats {
     double train_loss, test_loss, accuracy, seconds, images_per_s;
 } epoch_stats_t;
 
+/* Writes the trace of the steps run so far (all ranks: the stop is collective). */
+static void stop_trace(run_t *r)
+{
+    int on = 0;
+    CHECK(fsdp2_trace_active(&on));
+    if (!on)
+        return;
+    CHECK(fsdp2_trace_stop(r->ctx));
+    if (!r->rank)
+        printf("%swrote trace %s (steps %ld..%ld)\n", isatty(STDOUT_FILENO) ? "\n" : "",
+               r->a.trace, r->a.trace_from, r->step);
+}
+
 static double train_epoch(run_t *r, int epoch, double *seconds)
 {
     int count;
@@ -308,15 +335,22 @@ static double train_epoch(run_t *r, int epoch, double *seconds)
     }
     int steps = count / r->local_batch; /* the last partial batch is dropped on every rank */
     double loss_sum = 0, t0 = now();
-    for (int s = 0; s < steps; s++) {
+    for (int s = 0; s < steps; s++, r->step++) {
         double loss;
         int correct;
+        if (r->a.trace && r->step == r->a.trace_from)
+            CHECK(fsdp2_trace_start(r->ctx, r->a.trace));
+        CHECK(fsdp2_trace_step(r->step));
+        CHECK(fsdp2_trace_range_push("data"));
         fm_batch(&r->train, order + (size_t)s * r->local_batch, r->local_batch, r->x, r->labels);
+        CHECK(fsdp2_trace_range_pop());
         CHECK(fm_model_forward_backward(r->model, r->x, r->labels, r->local_batch, &loss, &correct));
         if (r->a.no_shard)
             all_reduce_grads(r);
         CHECK(fsdp2_optimizer_step(r->opt));
         CHECK(fsdp2_optimizer_zero_grad(r->opt));
+        if (r->a.trace && r->step + 1 == r->a.trace_to)
+            stop_trace(r);
         loss_sum += loss;
         if (s % 20 == 0 || s + 1 == steps)
             progress(r, epoch + 1, s + 1, steps, loss_sum / (s + 1));
@@ -488,6 +522,8 @@ int main(int argc, char **argv)
         fprintf(json, "], \"final_accuracy\": %.4f}\n", last.accuracy);
         fclose(json);
     }
+    if (r.a.trace)
+        stop_trace(&r); /* fewer steps ran than --trace-steps asked for */
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     fm_model_destroy(r.model);

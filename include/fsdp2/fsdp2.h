@@ -24,5 +24,6 @@
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
 #include <fsdp2/checkpoint.h>
+#include <fsdp2/trace.h>
 
 #endif

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "collectives/mesh_default.h"
+#include "collectives/trace_session.h"
 #include "core/error.h"
 #include <fsdp2/init.h>
 #include <fsdp2/log.h>
@@ -46,6 +47,7 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
                      status, cleanup);
     FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, &c->mesh), status, cleanup);
     fsdp2_default_mesh_set(c->mesh);
+    FSDP2_CHECK_GOTO(fsdp2_trace_session_from_env(c), status, cleanup);
     *out = c;
     return FSDP2_SUCCESS;
 cleanup:
@@ -57,11 +59,13 @@ fsdp2_status_t fsdp2_finalize(fsdp2_context_t *c)
 {
     if (!c)
         return FSDP2_SUCCESS;
+    /* A trace started on this context is written while the store can still meet. */
+    fsdp2_status_t traced = fsdp2_trace_session_end(c);
     fsdp2_mesh_destroy(c->mesh);
     fsdp2_group_destroy(c->world);
     fsdp2_status_t status = fsdp2_store_destroy(c->store);
     free(c);
-    return status;
+    return traced != FSDP2_SUCCESS ? traced : status;
 }
 
 fsdp2_status_t fsdp2_context_info(const fsdp2_context_t *c, fsdp2_process_info_t *info)

@@ -8,6 +8,7 @@
 #ifndef FSDP2_CORE_DEVICE_OPS_H
 #define FSDP2_CORE_DEVICE_OPS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include <fsdp2/device.h>
@@ -20,11 +21,21 @@ struct fsdp2_stream {
     const struct fsdp2_device_ops *ops;
     fsdp2_device_t device;
     int is_current; /* the thread's current stream: never destroyed by the user */
+    /* Tracing (lib/core/trace.c): the stream's name, its track in the session `trace_gen`
+     * and the last slice enqueued on it there (flow arrows start in it). Zero before the
+     * stream is first traced. */
+    char name[32];
+    _Atomic unsigned trace_gen;
+    int trace_track;
+    _Atomic int trace_last;
 };
 
 struct fsdp2_event {
     const struct fsdp2_device_ops *ops;
     fsdp2_device_t device;
+    /* Tracing: the flow source of the latest record made in session `trace_gen`. */
+    unsigned trace_gen;
+    int trace_src;
 };
 
 typedef struct fsdp2_device_ops {

@@ -1,9 +1,11 @@
 /* Streams and events: argument checks, then dispatch to the device's backend. */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/trace_internal.h"
 
 static int same_device(fsdp2_device_t a, fsdp2_device_t b)
 {
@@ -19,7 +21,11 @@ fsdp2_status_t fsdp2_stream_create(fsdp2_device_t device, const char *name,
     const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     FSDP2_CHECK(ops->check(device.index));
-    return ops->stream_create(device.index, name ? name : "side", stream);
+    FSDP2_CHECK(ops->stream_create(device.index, name ? name : "side", stream));
+    snprintf((*stream)->name, sizeof((*stream)->name), "%s", name ? name : "side");
+    atomic_init(&(*stream)->trace_gen, 0);
+    atomic_init(&(*stream)->trace_last, -1);
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_stream_destroy(fsdp2_stream_t *stream)
@@ -65,7 +71,10 @@ fsdp2_status_t fsdp2_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t *ev
                     "the event's device (type %d index %d) is not the stream's (type %d index %d)",
                     (int)event->device.type, event->device.index, (int)stream->device.type,
                     stream->device.index);
-    return stream->ops->stream_wait_event(stream, event);
+    FSDP2_CHECK(stream->ops->stream_wait_event(stream, event));
+    if (fsdp2_tracing())
+        fsdp2_trace_event_waited(stream, event);
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_stream_launch_host(fsdp2_stream_t *stream, fsdp2_host_fn fn, void *arg)
@@ -90,7 +99,10 @@ fsdp2_status_t fsdp2_event_create(fsdp2_device_t device, fsdp2_event_t **event)
     const fsdp2_device_ops_t *ops = NULL;
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     FSDP2_CHECK(ops->check(device.index));
-    return ops->event_create(device.index, event);
+    FSDP2_CHECK(ops->event_create(device.index, event));
+    (*event)->trace_gen = 0;
+    (*event)->trace_src = -1;
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_event_destroy(fsdp2_event_t *event)
@@ -108,7 +120,10 @@ fsdp2_status_t fsdp2_event_record(fsdp2_event_t *event, fsdp2_stream_t *stream)
                     "index %d)",
                     (int)event->device.type, event->device.index, (int)stream->device.type,
                     stream->device.index);
-    return event->ops->event_record(event, stream);
+    FSDP2_CHECK(event->ops->event_record(event, stream));
+    if (fsdp2_tracing())
+        fsdp2_trace_event_recorded(event, stream);
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_event_query(fsdp2_event_t *event)

@@ -15,6 +15,7 @@
 
 #include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 
 fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m)
@@ -29,6 +30,10 @@ fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m)
 
 void fsdp_group_free(fsdp_group_t *g)
 {
+    if (g->shard)
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, -(int64_t)g->shard->nbytes);
+    if (g->grad_shard)
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, -(int64_t)g->grad_shard->nbytes);
     fsdp2_tensor_release(g->shard);
     fsdp2_tensor_release(g->grad_shard);
     fsdp2_event_destroy(g->gathered);
@@ -208,9 +213,12 @@ static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const 
     }
     FSDP2_CHECK(set_precision(g, mp, fqn));
     FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->shard_numel, &g->shard));
-    if (g->grad_shard_numel)
+    fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, (int64_t)g->shard->nbytes);
+    if (g->grad_shard_numel) {
         FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->grad_shard_numel,
                                        &g->grad_shard));
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, (int64_t)g->grad_shard->nbytes);
+    }
     fsdp2_stream_t *stream;
     FSDP2_CHECK(fsdp2_stream_current(g->device, &stream));
     for (size_t i = 0; i < g->num_params; i++) {
@@ -291,6 +299,7 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
     g->module = m;
+    g->trace_slice = g->trace_hold = g->trace_grad_hold = -1;
     g->mesh = mesh;
     g->device = o->device;
     g->reshard_after_forward = o->reshard_after_forward != 0;

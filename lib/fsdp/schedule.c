@@ -18,6 +18,7 @@
 #include <fsdp2/kernels.h>
 
 #include "core/error.h"
+#include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 
 static fsdp2_status_t state_error(const fsdp_group_t *g, const char *fmt, const char *what)
@@ -25,6 +26,60 @@ static fsdp2_status_t state_error(const fsdp_group_t *g, const char *fmt, const 
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(g->module, fqn, sizeof(fqn));
     return fsdp2_error(FSDP2_ERR_INVALID_STATE, fmt, what, fqn[0] ? fqn : "(root)");
+}
+
+/* Tracing: a slice of g's work on stream (its FQN as the module). */
+static int trace_begin(fsdp_group_t *g, fsdp2_stream_t *stream, trace_cat_t cat, uint64_t bytes,
+                       fsdp2_dtype_t dtype)
+{
+    if (!fsdp2_tracing())
+        return -1;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+    trace_op_t op = TRACE_OP_INIT(cat);
+    op.module = fqn;
+    op.bytes = bytes;
+    op.dtype = (int)dtype;
+    return fsdp2_trace_stream_begin(stream, &op);
+}
+
+/* Tracing: g holds `bytes` of a planned buffer (a track per buffer) from now on. */
+static int trace_hold(fsdp_group_t *g, const char *kind, int index, uint64_t bytes,
+                      trace_mem_t mem)
+{
+    if (!fsdp2_tracing())
+        return -1;
+    char fqn[FSDP2_FQN_MAX], track[FSDP2_FQN_MAX + 32];
+    fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+    if (index >= 0)
+        snprintf(track, sizeof(track), "%s buffer %d", kind, index);
+    else
+        snprintf(track, sizeof(track), "%s of %s", kind, fqn[0] ? fqn : "(root)");
+    trace_op_t op = TRACE_OP_INIT(TRACE_MEMORY);
+    op.name = fqn[0] ? fqn : "(root)";
+    op.module = fqn;
+    op.bytes = bytes;
+    op.mem = mem;
+    return fsdp2_trace_host_begin(0, track, &op);
+}
+
+static void trace_end_hold(int *token)
+{
+    fsdp2_trace_host_end(*token);
+    *token = -1;
+}
+
+/* Collectives enqueued from here on are g's (until trace_label(NULL)). */
+static void trace_label(fsdp_group_t *g, char *fqn, size_t len, fsdp2_dtype_t dtype)
+{
+    if (!g) {
+        fsdp2_trace_label_set(NULL, -1);
+        return;
+    }
+    if (!fsdp2_tracing())
+        return;
+    fsdp_module_fqn(g->module, fqn, len);
+    fsdp2_trace_label_set(fqn, (int)dtype);
 }
 
 /* m's group, with the root planned; refuses modules that are not sharded. */
@@ -61,6 +116,7 @@ static void set_views(fsdp_group_t *g, int b)
 
 static void release(fsdp_group_t *g)
 {
+    trace_end_hold(&g->trace_hold);
     if (g->buffer >= 0) {
         unsharded_buffer_t *buf = fsdp_buffer(g, g->buffer);
         fsdp2_event_record(buf->free, g->root->compute);
@@ -121,26 +177,39 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
     if (!g->alias) {
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
+        size_t cast_bytes = (size_t)g->shard_numel * g->pe;
         if (g->cast && g->ws == 1) {
             /* One rank, mixed precision: the cast shard is the whole parameters. */
+            int t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
             FSDP2_CHECK(fsdp2_cast_async(buf->data, g->pdtype, g->shard->data, g->dtype,
                                          (size_t)g->shard_numel, r->ag));
+            fsdp2_trace_stream_end(r->ag, t);
         } else {
             /* Copy-in: the cast to the compute dtype, on the all-gather stream ahead of
              * the all-gather that sends it (so the staging is reused in order). */
             const void *send = g->shard->data;
             if (g->cast) {
+                int t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
                 FSDP2_CHECK(fsdp2_cast_async(r->send, g->pdtype, g->shard->data, g->dtype,
                                              (size_t)g->shard_numel, r->ag));
+                fsdp2_trace_stream_end(r->ag, t);
                 send = r->send;
             }
-            FSDP2_CHECK(fsdp2_all_gather_pieces_async(g->pg, send, (size_t)g->shard_numel * g->pe,
-                                                      g->pieces[b], g->piece_offsets, r->ag));
+            char fqn[FSDP2_FQN_MAX];
+            trace_label(g, fqn, sizeof(fqn), g->pdtype);
+            fsdp2_status_t status = fsdp2_all_gather_pieces_async(
+                g->pg, send, (size_t)g->shard_numel * g->pe, g->pieces[b], g->piece_offsets, r->ag);
+            trace_label(NULL, NULL, 0, FSDP2_F32);
+            FSDP2_CHECK(status);
         }
         FSDP2_CHECK(fsdp2_event_record(g->gathered, r->ag));
     }
     buf->owner = g;
     g->buffer = b;
+    if (!g->alias)
+        g->trace_hold = trace_hold(g, b == FSDP_MAX_RING ? "own buffer" : "unsharded",
+                                   b == FSDP_MAX_RING ? -1 : b,
+                                   (uint64_t)g->full_numel * g->pe, TRACE_MEM_UNSHARDED_PARAMS);
     g->unshard_state = FSDP2_UNSHARDING;
     g->all_gathers++;
     set_views(g, b);
@@ -201,8 +270,10 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
     if (in_use(g))
         return state_error(g, "%s on '%s' while it is between its hooks (call post first)",
                            "pre_forward");
-    if (g == r->group || !r->in_step)
+    if (g == r->group || !r->in_step) {
+        fsdp2_trace_step_auto();
         begin_step(r);
+    }
     if (index_of(r->order, r->order_len, g) < 0)
         r->order[r->order_len++] = g;
     FSDP2_CHECK(issue_unshard(r, g, 1));
@@ -222,6 +293,8 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
         status = wait_unshard(r, g);
     if (status != FSDP2_SUCCESS)
         g->training_state = before;
+    else
+        g->trace_slice = trace_begin(g, r->compute, TRACE_FORWARD, 0, g->pdtype);
     return status;
 }
 
@@ -232,6 +305,8 @@ fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
     FSDP2_CHECK(group_of(m, "post_forward", &g, &r));
     if (g->training_state != FSDP2_STATE_FORWARD)
         return state_error(g, "%s on '%s' without its pre_forward", "post_forward");
+    fsdp2_trace_stream_end(r->compute, g->trace_slice);
+    g->trace_slice = -1;
     g->training_state = FSDP2_STATE_AFTER_FORWARD;
     g->forward_done = 1;
     if (g->reshard_after_forward)
@@ -275,6 +350,10 @@ bind:
         fsdp2_param_t *p = g->params[i];
         p->grad = p->requires_grad ? p->grad_view[g->grad_buffer] : NULL;
     }
+    g->trace_grad_hold = trace_hold(g, g->grad_buffer == 2 ? "gradient accumulator" : "gradient",
+                                    g->grad_buffer == 2 ? -1 : g->grad_buffer,
+                                    (uint64_t)g->grad_full_numel * g->pe,
+                                    TRACE_MEM_UNSHARDED_GRADS);
     return FSDP2_SUCCESS;
 }
 
@@ -306,6 +385,8 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
         status = take_grad_buffer(r, g);
     if (status != FSDP2_SUCCESS)
         g->training_state = before;
+    else
+        g->trace_slice = trace_begin(g, r->compute, TRACE_BACKWARD, 0, g->pdtype);
     return status;
 }
 
@@ -336,22 +417,53 @@ static fsdp2_status_t chunk_cat(fsdp_root_t *r, fsdp_group_t *g, const char *src
     return FSDP2_SUCCESS;
 }
 
+/* Tracing: the reduce-scatter staging is g's from the copy-out to the accumulation. */
+static int trace_staging(fsdp_root_t *r, fsdp_group_t *g, uint64_t bytes)
+{
+    if (!fsdp2_tracing())
+        return -1;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+    trace_op_t op = TRACE_OP_INIT(TRACE_MEMORY);
+    op.name = fqn[0] ? fqn : "(root)";
+    op.module = fqn;
+    op.bytes = bytes;
+    op.mem = TRACE_MEM_REDUCE_SCATTER;
+    return fsdp2_trace_stream_hold(r->rs, "reduce-scatter staging", &op);
+}
+
+/* The sharded gradients += the reduced ones (scaled), on the reduce-scatter stream. */
+static fsdp2_status_t accumulate(fsdp_root_t *r, fsdp_group_t *g, const void *src,
+                                 fsdp2_dtype_t dtype, double scale)
+{
+    size_t n = (size_t)g->grad_shard_numel;
+    int t = trace_begin(g, r->rs, TRACE_ACCUMULATE, n * g->elem, g->dtype);
+    FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, src, dtype, n, scale, r->rs));
+    fsdp2_trace_stream_end(r->rs, t);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
 {
     const char *src = g->grad_buffer == 2 ? g->accumulator : r->grad_buffers[g->grad_buffer];
     FSDP2_CHECK(fsdp2_event_record(r->grad_ready, r->compute));
     FSDP2_CHECK(fsdp2_stream_wait_event(r->rs, r->grad_ready));
     fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
+    size_t n = (size_t)g->grad_shard_numel;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp2_status_t status = FSDP2_SUCCESS;
     if (g->ws == 1) {
         /* The reduction over one rank is the gradient (divided by the factor if one is
          * set); the layouts match (no padding). HSDP averages it over the replicas first,
          * in place (the buffer is ours), in the compute dtype. */
-        if (g->replicas > 1)
-            FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, (void *)src,
-                                               (size_t)g->grad_shard_numel, g->pdtype, &avg, r->rs));
+        if (g->replicas > 1) {
+            trace_label(g, fqn, sizeof(fqn), g->pdtype);
+            status = fsdp2_all_reduce_async(g->replicate, (void *)src, n, g->pdtype, &avg, r->rs);
+            trace_label(NULL, NULL, 0, FSDP2_F32);
+            FSDP2_CHECK(status);
+        }
         double scale = g->reduce.op == FSDP2_REDUCE_SUM ? 1.0 / g->reduce.pre_divide : 1.0;
-        FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, src, g->pdtype,
-                                           (size_t)g->grad_shard_numel, scale, r->rs));
+        FSDP2_CHECK(accumulate(r, g, src, g->pdtype, scale));
         if (g->grad_buffer == 2) {
             g->accumulator_dirty = 0;
             FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
@@ -362,20 +474,26 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
         g->reduce_scatters++;
         return FSDP2_SUCCESS;
     }
-    FSDP2_CHECK(chunk_cat(r, g, src));
+    int staging = trace_staging(r, g, (size_t)(g->ws + 1) * n * g->re);
+    int t = trace_begin(g, r->rs, TRACE_COPY_OUT, (size_t)g->ws * n * g->re, g->rdtype);
+    status = chunk_cat(r, g, src);
+    fsdp2_trace_stream_end(r->rs, t);
+    FSDP2_CHECK(status);
     if (g->grad_buffer == 2) {
         g->accumulator_dirty = 0;
         FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
     } else
         FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
-    size_t n = (size_t)g->grad_shard_numel;
-    FSDP2_CHECK(fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype,
-                                           &g->reduce, r->rs));
+    trace_label(g, fqn, sizeof(fqn), g->rdtype);
+    status = fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype, &g->reduce,
+                                        r->rs);
     /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
-    if (g->replicas > 1)
-        FSDP2_CHECK(fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs));
-    FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, r->rs_output, g->rdtype, n,
-                                       1.0, r->rs));
+    if (status == FSDP2_SUCCESS && g->replicas > 1)
+        status = fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs);
+    trace_label(NULL, NULL, 0, FSDP2_F32);
+    FSDP2_CHECK(status);
+    FSDP2_CHECK(accumulate(r, g, r->rs_output, g->rdtype, 1.0));
+    fsdp2_trace_stream_end(r->rs, staging);
     FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
     g->reduce_scatters++;
     return FSDP2_SUCCESS;
@@ -388,6 +506,8 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     FSDP2_CHECK(group_of(m, "post_backward", &g, &r));
     if (g->training_state != FSDP2_STATE_BACKWARD)
         return state_error(g, "%s on '%s' without its pre_backward", "post_backward");
+    fsdp2_trace_stream_end(r->compute, g->trace_slice);
+    g->trace_slice = -1;
     g->training_state = FSDP2_STATE_AFTER_BACKWARD;
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (g->grad_full_numel) {
@@ -403,6 +523,7 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     if (g->grad_buffer == 0 || g->grad_buffer == 1)
         r->grad_owner[g->grad_buffer] = NULL;
     g->grad_buffer = -1;
+    trace_end_hold(&g->trace_grad_hold);
     if (g->reshard_after_backward)
         release(g);
     return status;

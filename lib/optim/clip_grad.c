@@ -15,6 +15,7 @@
 #include <fsdp2/optim.h>
 
 #include "core/error.h"
+#include "core/trace_internal.h"
 #include "optim/optim_internal.h"
 
 /* The local gradient shards under a root, all on one mesh. */
@@ -188,6 +189,13 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
     memset(&set, 0, sizeof(set));
     double norm = 0.0;
     fsdp2_status_t status = FSDP2_SUCCESS;
+    int traced = -1;
+    if (fsdp2_tracing()) {
+        trace_op_t op = TRACE_OP_INIT(TRACE_OPTIMIZER);
+        op.name = "clip_grad_norm";
+        op.module = "";
+        traced = fsdp2_trace_host_begin(TRACE_TRACK_OPTIMIZER, NULL, &op);
+    }
     FSDP2_CHECK_GOTO(collect_grads(root, &set), status, cleanup);
     /* Every rank has the same tree, so all agree on skipping when nothing is sharded. */
     if (set.mesh)
@@ -200,6 +208,7 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
     if (total_norm)
         *total_norm = norm;
 cleanup:
+    fsdp2_trace_host_end(traced);
     clip_set_free(&set);
     return status;
 }

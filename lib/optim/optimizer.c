@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/log_internal.h"
+#include "core/trace_internal.h"
 #include "optim/optim_internal.h"
 
 typedef struct optim_param {
@@ -30,6 +31,7 @@ struct fsdp2_optimizer {
     fsdp2_optimizer_options_t options;
     fsdp2_module_t *root;
     int64_t steps;
+    uint64_t state_bytes; /* counted in the trace's optimizer_state */
     size_t num_params;
     optim_param_t *params;
 };
@@ -217,8 +219,10 @@ fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimize
         fsdp2_optimizer_destroy(opt);
         return status;
     }
+    opt->state_bytes = state_bytes(opt);
+    fsdp2_trace_mem_static(TRACE_MEM_OPTIMIZER_STATE, (int64_t)opt->state_bytes);
     FSDP2_LOG(INFO, OPTIM, "%s: %zu parameters, %llu bytes of state", kind_name(options->kind),
-              opt->num_params, (unsigned long long)state_bytes(opt));
+              opt->num_params, (unsigned long long)opt->state_bytes);
     *out = opt;
     return FSDP2_SUCCESS;
 }
@@ -227,6 +231,7 @@ fsdp2_status_t fsdp2_optimizer_destroy(fsdp2_optimizer_t *opt)
 {
     if (!opt)
         return FSDP2_SUCCESS;
+    fsdp2_trace_mem_static(TRACE_MEM_OPTIMIZER_STATE, -(int64_t)opt->state_bytes);
     for (size_t i = 0; opt->params && i < opt->num_params; i++)
         release_param(&opt->params[i]);
     free(opt->params);
@@ -260,6 +265,14 @@ static optim_coeffs_t coeffs_of(const fsdp2_optimizer_t *opt)
 fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
 {
     FSDP2_ARG_CHECK(opt, "optimizer_step: optimizer is NULL");
+    int traced = -1;
+    if (fsdp2_tracing()) {
+        trace_op_t op = TRACE_OP_INIT(TRACE_OPTIMIZER);
+        op.name = kind_name(opt->options.kind);
+        op.module = "";
+        op.bytes = opt->state_bytes;
+        traced = fsdp2_trace_host_begin(TRACE_TRACK_OPTIMIZER, NULL, &op);
+    }
     optim_coeffs_t c = coeffs_of(opt);
     for (size_t i = 0; i < opt->num_params; i++) {
         const optim_param_t *op = &opt->params[i];
@@ -269,6 +282,7 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
             optim_update_f64(&c, &op->shard);
     }
     opt->steps++;
+    fsdp2_trace_host_end(traced);
     return FSDP2_SUCCESS;
 }
 
