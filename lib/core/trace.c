@@ -34,7 +34,7 @@ _Static_assert(sizeof(void *) >= 8, "markers pack a generation and an index into
 static const char *const cat_names[TRACE_CAT_COUNT] = {
     "step",      "forward",        "backward",   "optimizer", "user",     "copy_in",
     "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",  "copy_out",
-    "accumulate", "memory",
+    "accumulate", "memory",   "wait",
 };
 
 const char *fsdp2_trace_cat_name(int cat)
@@ -288,6 +288,18 @@ void fsdp2_trace_host_end(int token)
     if (r->mem < TRACE_MEM_COUNT)
         mem_change((trace_mem_t)r->mem, -(int64_t)r->bytes);
     atomic_store_explicit(&r->t1, fsdp2_now_ns(), memory_order_release);
+}
+
+int fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event)
+{
+    if (!stream->is_current || fsdp2_event_query(event) == FSDP2_SUCCESS)
+        return -1; /* a side stream's wait blocks nobody; a complete one, nothing */
+    trace_op_t op = TRACE_OP_INIT(TRACE_WAIT);
+    op.module = "";
+    int token = fsdp2_trace_host_begin(stream_track(stream, current_gen()), NULL, &op);
+    if (token >= 0)
+        fsdp2_trace_.recs[token].has_module = 0;
+    return token;
 }
 
 void fsdp2_trace_event_recorded(fsdp2_event_t *event, fsdp2_stream_t *stream)

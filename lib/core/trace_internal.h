@@ -38,6 +38,7 @@ typedef enum trace_cat {
     TRACE_COPY_OUT,
     TRACE_ACCUMULATE,
     TRACE_MEMORY,
+    TRACE_WAIT, /* a thread blocked on its current stream's wait for an event */
     TRACE_CAT_COUNT
 } trace_cat_t;
 
@@ -86,6 +87,10 @@ int fsdp2_trace_stream_hold(fsdp2_stream_t *stream, const char *track, const tra
  * (track_name != NULL). A TRACE_MEMORY op counts its bytes from begin to end. */
 int fsdp2_trace_host_begin(int virtual_track, const char *track_name, const trace_op_t *op);
 void fsdp2_trace_host_end(int token);
+
+/* A wait of the current stream (the calling thread blocks) that has not completed yet:
+ * a `wait` slice on its track around the blocking; -1 when not traced. */
+int fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event);
 
 /* Flow arrows: called by fsdp2_event_record and fsdp2_stream_wait_event. */
 void fsdp2_trace_event_recorded(fsdp2_event_t *event, fsdp2_stream_t *stream);
