@@ -9,9 +9,10 @@
  *
  * FSDP2_TRACE=path.json turns it on from fsdp2_init to fsdp2_finalize; the functions
  * below trace chosen steps instead. Off, each traced operation costs one relaxed atomic
- * load. Records go to a buffer of FSDP2_TRACE_EVENTS entries (default 262144, about
- * 160 bytes each, allocated at start); when it is full, later records are counted as
- * dropped, reported at stop and in the file. */
+ * load. Records go to a buffer of FSDP2_TRACE_EVENTS entries (default 262144 of 248
+ * bytes: 62 MiB, touched only as used; allocated by the first start with that start's
+ * size and kept until exit); when it is full, later records are counted as dropped,
+ * reported at stop and in the file. */
 #ifndef FSDP2_TRACE_H
 #define FSDP2_TRACE_H
 
@@ -35,11 +36,14 @@ FSDP2_API fsdp2_status_t fsdp2_trace_start(fsdp2_context_t *ctx, const char *pat
 /* Stops recording and writes the trace. Synchronize the streams that ran traced work
  * first: operations whose end was not recorded yet are left out (and counted). With
  * several ranks each writes `path.rank<R>.json`; without a context that is all (merge
- * them with fsdp2_trace_merge). Collective with a context of several ranks: rank 0 waits for all of them (FSDP2_TIMEOUT) and merges them into `path`,
- * removing the parts; when rank 0 cannot read a part (ranks on other hosts without a
- * shared file system) the parts stay and it says so (merge them with
- * `fsdp2-trace merge`). The file appears whole or not at all (written beside it and
- * renamed). Not tracing: FSDP2_ERR_INVALID_STATE. */
+ * them with fsdp2_trace_merge). With a context of several ranks it is collective: rank 0
+ * waits for every rank's word (FSDP2_TIMEOUT), merges the parts into `path` and removes
+ * them, and the others wait for rank 0's result, so all return the same status. A rank
+ * whose start failed still tells rank 0 at its stop (and returns
+ * FSDP2_ERR_INVALID_STATE), so nobody waits out the timeout. When rank 0 cannot read a
+ * part (ranks on other hosts without a shared file system) the parts stay and it says
+ * so (merge them with `fsdp2-trace merge`). Files appear whole or not at all (written
+ * beside and renamed). Not tracing: FSDP2_ERR_INVALID_STATE. */
 FSDP2_API fsdp2_status_t fsdp2_trace_stop(fsdp2_context_t *ctx);
 
 /* *on = 1 while recording. */

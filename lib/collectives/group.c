@@ -138,7 +138,7 @@ fsdp2_status_t fsdp2_group_error(fsdp2_group_t *g)
 }
 
 /* Tracing: a slice on the stream around the collective. */
-static int trace_begin(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream)
+static trace_token_t trace_begin(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream)
 {
     static const trace_cat_t cats[] = {
         [COLL_ALL_GATHER] = TRACE_ALL_GATHER,     [COLL_ALL_GATHER_PIECES] = TRACE_ALL_GATHER,
@@ -146,7 +146,7 @@ static int trace_begin(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *st
         [COLL_BROADCAST] = TRACE_BROADCAST,       [COLL_BARRIER] = TRACE_BARRIER,
     };
     if (!fsdp2_tracing())
-        return -1;
+        return TRACE_NO_TOKEN;
     trace_op_t t = TRACE_OP_INIT(cats[op->kind]);
     t.bytes = op->count * op->elem_size;
     t.dtype = op->kind == COLL_ALL_GATHER_PIECES || op->kind == COLL_BARRIER ? -1 : (int)op->dtype;
@@ -169,9 +169,10 @@ static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *s
                     what, g->name);
     FSDP2_CHECK(fsdp2_group_check(g));
     op->seq = atomic_fetch_add(&g->next_seq, 1);
-    int traced = trace_begin(g, op, stream);
+    trace_token_t traced = trace_begin(g, op, stream);
     fsdp2_status_t status = g->ops->enqueue(g, op, stream);
-    fsdp2_trace_stream_end(stream, traced);
+    if (traced >= 0)
+        fsdp2_trace_stream_end(stream, traced);
     if (status != FSDP2_SUCCESS && fsdp2_group_check(g) == FSDP2_SUCCESS) {
         /* The sequence number is spent: this rank is now out of step with its peers, so
          * the group cannot be used any more. */

@@ -25,7 +25,7 @@
        "collectives of a group whose members all run on this host go through a shared-"     \
        "memory segment of the group (off: UCX messages, as across hosts)")                 \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
-       "records in the trace buffer (about 200 bytes each, allocated when tracing starts)")
+       "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,

@@ -71,12 +71,13 @@ fsdp2_status_t fsdp2_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t *ev
                     "the event's device (type %d index %d) is not the stream's (type %d index %d)",
                     (int)event->device.type, event->device.index, (int)stream->device.type,
                     stream->device.index);
-    int waiting = fsdp2_tracing() ? fsdp2_trace_wait_begin(stream, event) : -1;
+    if (!fsdp2_tracing())
+        return stream->ops->stream_wait_event(stream, event);
+    trace_token_t waiting = fsdp2_trace_wait_begin(stream, event);
     fsdp2_status_t status = stream->ops->stream_wait_event(stream, event);
     fsdp2_trace_host_end(waiting);
     FSDP2_CHECK(status);
-    if (fsdp2_tracing())
-        fsdp2_trace_event_waited(stream, event);
+    fsdp2_trace_event_waited(stream, event);
     return FSDP2_SUCCESS;
 }
 

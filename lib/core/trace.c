@@ -5,8 +5,11 @@
  * last; its times are atomics because the host functions that stamp them run on stream
  * threads. Each start of recording is a new generation: records, streams, events and
  * the host functions still queued from an earlier generation are recognised by it and
- * ignored, so a late marker never stamps a record of the next trace. The buffer is
- * allocated on the first start and kept (markers may still point into it). */
+ * ignored; tokens carry their generation too. After a stop, markers change nothing.
+ * (A marker that passed its check just as a new trace started could still stamp a
+ * record of it: markers of a trace that was stopped without synchronizing its streams
+ * are the documented misuse.) The buffer is allocated on the first start, with the
+ * capacity of that start, and kept until exit (markers may still point into it). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +28,7 @@ static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_llong mem_static[TRACE_MEM_COUNT];
 static _Thread_local const char *tls_label;
 static _Thread_local int tls_label_dtype = -1;
-static _Thread_local int tls_ranges[TRACE_RANGE_DEPTH];
+static _Thread_local trace_token_t tls_ranges[TRACE_RANGE_DEPTH];
 static _Thread_local int tls_range_depth;
 static _Thread_local unsigned tls_range_gen;
 
@@ -57,7 +60,7 @@ static int rec_reserve(void)
     }
     trace_rec_t *r = &fsdp2_trace_.recs[i];
     atomic_store_explicit(&r->kind, TREC_NONE, memory_order_relaxed);
-    r->gen = current_gen();
+    atomic_store_explicit(&r->gen, current_gen(), memory_order_relaxed);
     atomic_store_explicit(&r->t0, 0, memory_order_relaxed);
     atomic_store_explicit(&r->t1, 0, memory_order_relaxed);
     return (int)i;
@@ -68,48 +71,75 @@ static void rec_publish(int i, trace_rec_kind_t kind)
     atomic_store_explicit(&fsdp2_trace_.recs[i].kind, kind, memory_order_release);
 }
 
-/* The record a token or marker names, if it is still of the current generation. */
+/* The record index i of generation gen, if that is still the current generation. */
 static trace_rec_t *rec_live(int i, unsigned gen)
 {
     if (i < 0 || (size_t)i >= fsdp2_trace_.capacity || gen != current_gen())
         return NULL;
     trace_rec_t *r = &fsdp2_trace_.recs[i];
-    return r->gen == gen ? r : NULL;
+    return atomic_load_explicit(&r->gen, memory_order_relaxed) == gen ? r : NULL;
 }
 
+/* A token names a record and its generation, so one kept across a stop and a start
+ * never touches the record now at that index. */
+static trace_token_t token_of(int i, unsigned gen)
+{
+    return i < 0 ? TRACE_NO_TOKEN : (trace_token_t)(((uint64_t)gen << 32) | (uint32_t)i);
+}
+
+static trace_rec_t *token_rec(trace_token_t token)
+{
+    if (token < 0)
+        return NULL;
+    return rec_live((int)(uint32_t)token, (unsigned)((uint64_t)token >> 32));
+}
+
+/* Truncates like snprintf, but never inside a UTF-8 sequence (the file must stay valid
+ * JSON text). */
 static void copy_text(char *dst, size_t cap, const char *src)
 {
-    snprintf(dst, cap, "%s", src ? src : "");
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80)
+            n--; /* src[n] would start the part cut off: cut before its lead byte */
+    }
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
+
 /* A track by name (caller holds trace_lock): an existing one of that name, unless
- * `unique` asks for a new one (then "name #2", "name #3"...), numbered from `first`. */
+ * `unique` asks for a new one (then "name #2", "name #3"...), numbered from `first`
+ * within its kind's span. -1 when the kind has no tid left (the record is dropped rather
+ * than put on another track, where it could overlap). Names compare as stored
+ * (truncated), so a long name finds its track again. */
 static int track_named_locked(const char *name, int first, int unique)
 {
     trace_state_t *t = &fsdp2_trace_;
-    int copies = 0;
+    char base[sizeof(t->tracks[0].base)];
+    copy_text(base, sizeof(base), name);
+    int copies = 0, tid = first;
     for (int k = 0; k < t->num_tracks; k++) {
-        if (strcmp(t->tracks[k].base, name) == 0) {
+        if (t->tracks[k].tid >= first && t->tracks[k].tid < first + TRACE_TRACK_SPAN &&
+            t->tracks[k].tid >= tid)
+            tid = t->tracks[k].tid + 1;
+        if (strcmp(t->tracks[k].base, base) == 0) {
             if (!unique)
                 return t->tracks[k].tid;
             copies++;
         }
     }
-    if (t->num_tracks == TRACE_MAX_TRACKS)
-        return first; /* out of tracks: share the first of the kind */
-    int tid = first;
-    for (int k = 0; k < t->num_tracks; k++) {
-        if (t->tracks[k].tid >= first && t->tracks[k].tid < first + TRACE_TRACK_SPAN &&
-            t->tracks[k].tid >= tid)
-            tid = t->tracks[k].tid + 1;
-    }
+    if (t->num_tracks == TRACE_MAX_TRACKS || tid >= first + TRACE_TRACK_SPAN)
+        return -1;
     trace_track_t *tr = &t->tracks[t->num_tracks++];
     tr->tid = tid;
-    copy_text(tr->base, sizeof(tr->base), name);
+    memcpy(tr->base, base, sizeof(base));
     if (copies)
-        snprintf(tr->name, sizeof(tr->name), "%.50s #%d", name, copies + 1);
+        snprintf(tr->name, sizeof(tr->name), "%.80s #%d", base, copies + 1);
     else
-        copy_text(tr->name, sizeof(tr->name), name);
+        copy_text(tr->name, sizeof(tr->name), base);
     return tid;
 }
 
@@ -174,6 +204,10 @@ void fsdp2_trace_mem_static(trace_mem_t mem, int64_t delta)
 /* A slice record with op's description, not yet published. */
 static int slice_reserve(const trace_op_t *op, int track)
 {
+    if (track < 0) { /* out of tracks */
+        atomic_fetch_add_explicit(&fsdp2_trace_.dropped, 1, memory_order_relaxed);
+        return -1;
+    }
     int i = rec_reserve();
     if (i < 0)
         return -1;
@@ -193,15 +227,16 @@ static int slice_reserve(const trace_op_t *op, int track)
     return i;
 }
 
-static void *marker_arg(int i, unsigned gen)
+static void *marker_arg(trace_token_t token)
 {
-    return (void *)(uintptr_t)(((uint64_t)gen << 32) | (uint32_t)i);
+    return (void *)(uintptr_t)token;
 }
 
+/* A marker's record, while its trace is still recording (after the stop, a marker
+ * changes nothing: not the record, not the counters). */
 static trace_rec_t *marker_rec(void *arg)
 {
-    uint64_t v = (uint64_t)(uintptr_t)arg;
-    return rec_live((int)(uint32_t)v, (unsigned)(v >> 32));
+    return fsdp2_tracing() ? token_rec((trace_token_t)(uintptr_t)arg) : NULL;
 }
 
 static fsdp2_status_t mark_begin(void *arg)
@@ -226,63 +261,68 @@ static fsdp2_status_t mark_end(void *arg)
     return FSDP2_SUCCESS;
 }
 
-static int stream_slice(fsdp2_stream_t *stream, int track, const trace_op_t *op, int last)
+static trace_token_t stream_slice(fsdp2_stream_t *stream, int track, const trace_op_t *op,
+                                  int last)
 {
     unsigned gen = current_gen();
     int i = slice_reserve(op, track);
     if (i < 0)
-        return -1;
+        return TRACE_NO_TOKEN;
     rec_publish(i, TREC_SLICE);
     if (last)
         atomic_store_explicit(&stream->trace_last, i, memory_order_relaxed);
     /* A marker that cannot be enqueued leaves the slice unfinished (left out). */
-    fsdp2_stream_launch_host(stream, mark_begin, marker_arg(i, gen));
-    return i;
+    fsdp2_stream_launch_host(stream, mark_begin, marker_arg(token_of(i, gen)));
+    return token_of(i, gen);
 }
 
-int fsdp2_trace_stream_begin(fsdp2_stream_t *stream, const trace_op_t *op)
+trace_token_t fsdp2_trace_stream_begin(fsdp2_stream_t *stream, const trace_op_t *op)
 {
     if (!fsdp2_tracing() || !stream)
-        return -1;
+        return TRACE_NO_TOKEN;
     return stream_slice(stream, stream_track(stream, current_gen()), op, 1);
 }
 
-int fsdp2_trace_stream_hold(fsdp2_stream_t *stream, const char *track, const trace_op_t *op)
+trace_token_t fsdp2_trace_stream_hold(fsdp2_stream_t *stream, const char *track,
+                                      const trace_op_t *op)
 {
     if (!fsdp2_tracing() || !stream)
-        return -1;
+        return TRACE_NO_TOKEN;
     return stream_slice(stream, track_named(track, TRACE_TRACK_BUFFERS, 0), op, 0);
 }
 
-void fsdp2_trace_stream_end(fsdp2_stream_t *stream, int token)
+void fsdp2_trace_stream_end(fsdp2_stream_t *stream, trace_token_t token)
 {
     if (token < 0 || !stream)
         return;
-    trace_rec_t *r = rec_live(token, current_gen());
-    if (r)
-        fsdp2_stream_launch_host(stream, mark_end, marker_arg(token, r->gen));
+    if (token_rec(token))
+        fsdp2_stream_launch_host(stream, mark_end, marker_arg(token));
 }
 
-int fsdp2_trace_host_begin(int virtual_track, const char *track_name, const trace_op_t *op)
+trace_token_t fsdp2_trace_host_begin(int virtual_track, const char *track_name,
+                                     const trace_op_t *op)
 {
     if (!fsdp2_tracing())
-        return -1;
+        return TRACE_NO_TOKEN;
     int track = track_name ? track_named(track_name, TRACE_TRACK_BUFFERS, 0) : virtual_track;
+    unsigned gen = current_gen();
     int i = slice_reserve(op, track);
     if (i < 0)
-        return -1;
+        return TRACE_NO_TOKEN;
     trace_rec_t *r = &fsdp2_trace_.recs[i];
     r->host_timed = 1;
     atomic_store_explicit(&r->t0, fsdp2_now_ns(), memory_order_release);
     rec_publish(i, TREC_SLICE);
     if (r->mem < TRACE_MEM_COUNT)
         mem_change((trace_mem_t)r->mem, (int64_t)r->bytes);
-    return i;
+    return token_of(i, gen);
 }
 
-void fsdp2_trace_host_end(int token)
+void fsdp2_trace_host_end(trace_token_t token)
 {
-    trace_rec_t *r = rec_live(token, current_gen());
+    if (token < 0)
+        return;
+    trace_rec_t *r = token_rec(token);
     if (!r || atomic_load_explicit(&r->t1, memory_order_relaxed))
         return;
     if (r->mem < TRACE_MEM_COUNT)
@@ -290,15 +330,16 @@ void fsdp2_trace_host_end(int token)
     atomic_store_explicit(&r->t1, fsdp2_now_ns(), memory_order_release);
 }
 
-int fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event)
+trace_token_t fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event)
 {
     if (!stream->is_current || fsdp2_event_query(event) == FSDP2_SUCCESS)
-        return -1; /* a side stream's wait blocks nobody; a complete one, nothing */
+        return TRACE_NO_TOKEN; /* a side stream's wait blocks nobody; a complete one, nothing */
     trace_op_t op = TRACE_OP_INIT(TRACE_WAIT);
     op.module = "";
-    int token = fsdp2_trace_host_begin(stream_track(stream, current_gen()), NULL, &op);
-    if (token >= 0)
-        fsdp2_trace_.recs[token].has_module = 0;
+    trace_token_t token = fsdp2_trace_host_begin(stream_track(stream, current_gen()), NULL, &op);
+    trace_rec_t *r = token_rec(token);
+    if (r)
+        r->has_module = 0;
     return token;
 }
 
@@ -308,7 +349,7 @@ void fsdp2_trace_event_recorded(fsdp2_event_t *event, fsdp2_stream_t *stream)
     int track = stream_track(stream, gen);
     int last = atomic_load_explicit(&stream->trace_last, memory_order_relaxed);
     int src = -1;
-    if (last >= 0 && (src = rec_reserve()) >= 0) {
+    if (last >= 0 && track >= 0 && (src = rec_reserve()) >= 0) {
         trace_rec_t *r = &fsdp2_trace_.recs[src];
         r->track = track;
         r->link = last;
@@ -332,14 +373,14 @@ void fsdp2_trace_event_waited(fsdp2_stream_t *stream, fsdp2_event_t *event)
     if (event->trace_gen != gen || event->trace_src < 0)
         return;
     int track = stream_track(stream, gen);
-    int i = rec_reserve();
+    int i = track < 0 ? -1 : rec_reserve();
     if (i < 0)
         return;
     trace_rec_t *r = &fsdp2_trace_.recs[i];
     r->track = track;
     r->link = event->trace_src;
     rec_publish(i, TREC_FLOW_DST);
-    fsdp2_stream_launch_host(stream, mark_flow, marker_arg(i, gen));
+    fsdp2_stream_launch_host(stream, mark_flow, marker_arg(token_of(i, gen)));
 }
 
 void fsdp2_trace_label_set(const char *module, int dtype)
@@ -353,7 +394,7 @@ static void step_locked(int64_t step)
 {
     trace_state_t *t = &fsdp2_trace_;
     int64_t now = fsdp2_now_ns();
-    trace_rec_t *open = rec_live(t->step_token, current_gen());
+    trace_rec_t *open = token_rec(t->step_token);
     if (open)
         atomic_store_explicit(&open->t1, now, memory_order_release);
     atomic_store_explicit(&t->step, step, memory_order_relaxed);
@@ -362,6 +403,7 @@ static void step_locked(int64_t step)
     trace_op_t op = TRACE_OP_INIT(TRACE_STEP);
     op.name = name;
     op.module = "";
+    unsigned gen = current_gen();
     int i = slice_reserve(&op, TRACE_TRACK_STEPS);
     if (i >= 0) {
         fsdp2_trace_.recs[i].host_timed = 1;
@@ -369,7 +411,7 @@ static void step_locked(int64_t step)
         atomic_store_explicit(&fsdp2_trace_.recs[i].t0, now, memory_order_release);
         rec_publish(i, TREC_SLICE);
     }
-    t->step_token = i;
+    t->step_token = token_of(i, gen);
 }
 
 fsdp2_status_t fsdp2_trace_step(int64_t step)
@@ -457,7 +499,7 @@ fsdp2_status_t fsdp2_trace_recorder_start(size_t capacity)
     t->compute_claimed = 0;
     t->user_steps = 0;
     t->auto_step = 0;
-    t->step_token = -1;
+    t->step_token = TRACE_NO_TOKEN;
     atomic_store(&t->step, -1);
     memset(t->mem_now, 0, sizeof(t->mem_now));
     t->start_ns = fsdp2_now_ns();
@@ -480,7 +522,8 @@ void fsdp2_trace_recorder_stop(void)
         n = t->capacity;
     for (size_t i = 0; i < n; i++) {
         trace_rec_t *r = &t->recs[i];
-        if (atomic_load_explicit(&r->kind, memory_order_acquire) == TREC_SLICE && r->host_timed &&
+        if (atomic_load_explicit(&r->kind, memory_order_acquire) == TREC_SLICE &&
+            atomic_load_explicit(&r->gen, memory_order_relaxed) == current_gen() && r->host_timed &&
             atomic_load(&r->t0) && !atomic_load(&r->t1))
             atomic_store(&r->t1, t->stop_ns);
     }

@@ -74,23 +74,30 @@ typedef struct trace_op {
 
 #define TRACE_OP_INIT(c) {(c), NULL, NULL, 0, -1, NULL, -1, TRACE_MEM_COUNT}
 
+/* Names a record of one trace: (generation << 32) | index; TRACE_NO_TOKEN for none.
+ * Ending a token of an earlier trace does nothing. */
+typedef int64_t trace_token_t;
+#define TRACE_NO_TOKEN ((trace_token_t)-1)
+
 /* A slice on stream's track around the work enqueued between begin and end. begin
- * returns a token for end (-1 when not recording or out of records; end ignores it). */
-int fsdp2_trace_stream_begin(fsdp2_stream_t *stream, const trace_op_t *op);
-void fsdp2_trace_stream_end(fsdp2_stream_t *stream, int token);
+ * returns a token for end (none when not recording or out of records; end ignores it). */
+trace_token_t fsdp2_trace_stream_begin(fsdp2_stream_t *stream, const trace_op_t *op);
+void fsdp2_trace_stream_end(fsdp2_stream_t *stream, trace_token_t token);
 
 /* The same on a named buffer track (a memory hold timed in stream order): the bytes
  * count in op->mem from when the stream reaches begin until it reaches end. */
-int fsdp2_trace_stream_hold(fsdp2_stream_t *stream, const char *track, const trace_op_t *op);
+trace_token_t fsdp2_trace_stream_hold(fsdp2_stream_t *stream, const char *track,
+                                      const trace_op_t *op);
 
 /* A slice timed on the calling thread, on a virtual track or a named buffer track
  * (track_name != NULL). A TRACE_MEMORY op counts its bytes from begin to end. */
-int fsdp2_trace_host_begin(int virtual_track, const char *track_name, const trace_op_t *op);
-void fsdp2_trace_host_end(int token);
+trace_token_t fsdp2_trace_host_begin(int virtual_track, const char *track_name,
+                                     const trace_op_t *op);
+void fsdp2_trace_host_end(trace_token_t token);
 
 /* A wait of the current stream (the calling thread blocks) that has not completed yet:
  * a `wait` slice on its track around the blocking; -1 when not traced. */
-int fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event);
+trace_token_t fsdp2_trace_wait_begin(fsdp2_stream_t *stream, fsdp2_event_t *event);
 
 /* Flow arrows: called by fsdp2_event_record and fsdp2_stream_wait_event. */
 void fsdp2_trace_event_recorded(fsdp2_event_t *event, fsdp2_stream_t *stream);

@@ -25,7 +25,7 @@ typedef enum trace_rec_kind {
 
 typedef struct trace_rec {
     atomic_int kind; /* stored last: TREC_NONE while being filled */
-    unsigned gen;
+    atomic_uint gen;
     int cat, track, link, mem;
     int host_timed; /* timed on the calling thread (closed at stop if still open) */
     int has_module;
@@ -46,8 +46,8 @@ typedef struct trace_rec {
 
 typedef struct trace_track {
     int tid;
-    char base[48]; /* the name asked for */
-    char name[64]; /* as shown: base, or "base #2" for a second stream of that name */
+    char base[96];  /* the name asked for (truncated) */
+    char name[104]; /* as shown: base, or "base #2" for a second stream of that name */
 } trace_track_t;
 
 typedef struct trace_state {
@@ -62,7 +62,7 @@ typedef struct trace_state {
     atomic_llong step; /* the step operations are issued in (-1 before the first) */
     int user_steps;    /* fsdp2_trace_step was called: no automatic steps */
     int64_t auto_step;
-    int step_token;
+    trace_token_t step_token;
     int64_t mem_now[TRACE_MEM_COUNT]; /* held by slices of this trace */
     int64_t start_ns, stop_ns;
 } trace_state_t;

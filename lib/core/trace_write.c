@@ -180,10 +180,13 @@ static fsdp2_status_t write_events(FILE *f, int rank, int world_size)
     item_t *items = malloc((n ? n : 1) * sizeof(*items));
     if (!items)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "trace: %zu records to sort", n);
-    size_t m = 0, unfinished = 0;
+    size_t m = 0, unfinished = 0, written = 0;
+    unsigned gen = atomic_load(&t->gen);
     for (size_t i = 0; i < n; i++) {
         const trace_rec_t *r = &t->recs[i];
         int kind = atomic_load_explicit(&r->kind, memory_order_acquire);
+        if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
+            continue; /* reserved but not yet reset, or from an earlier trace */
         int64_t t0 = atomic_load(&r->t0), t1 = atomic_load(&r->t1);
         if (kind == TREC_SLICE && (!t0 || !t1 || t1 < t0)) {
             unfinished++;
@@ -193,13 +196,22 @@ static fsdp2_status_t write_events(FILE *f, int rank, int world_size)
             items[m++] = (item_t){t0, i};
     }
     qsort(items, m, sizeof(*items), item_order);
+    for (size_t k = 0; k < m; k++) { /* what will be written: a flow is two events */
+        const trace_rec_t *r = &t->recs[items[k].index];
+        int64_t s_ts;
+        int s_track;
+        if (atomic_load(&r->kind) != TREC_FLOW_DST)
+            written++;
+        else if (flow_ends(t->recs, n, r, &s_ts, &s_track))
+            written += 2;
+    }
     size_t dropped = atomic_load(&t->dropped);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"libfsdp2 %s\","
                "\"format\":1,\"clock\":\"monotonic\",\"ranks\":[{\"rank\":%d,\"world_size\":%d,",
             FSDP2_VERSION_STRING, rank, world_size);
     put_host(f);
-    fprintf(f, ",\"events\":%zu,\"dropped\":%zu,\"unfinished\":%zu}]},\n\"traceEvents\":[\n", m,
-            dropped, unfinished);
+    fprintf(f, ",\"events\":%zu,\"dropped\":%zu,\"unfinished\":%zu}]},\n\"traceEvents\":[\n",
+            written, dropped, unfinished);
     put_metadata(f, rank);
     const char *sep = "";
     for (size_t k = 0; k < m; k++) {
@@ -252,11 +264,13 @@ fsdp2_status_t fsdp2_trace_write_part(const char *path, int rank, int world_size
     if (!f)
         return fsdp2_error(FSDP2_ERR_IO, "trace: cannot create '%s': %s", tmp, strerror(errno));
     fsdp2_status_t status = write_events(f, rank, world_size);
-    int failed = ferror(f);
-    if (fclose(f) != 0)
+    int failed = ferror(f), err = errno;
+    if (fclose(f) != 0) {
         failed = 1;
+        err = errno;
+    }
     if (status == FSDP2_SUCCESS && failed)
-        status = fsdp2_error(FSDP2_ERR_IO, "trace: writing '%s' failed: %s", tmp, strerror(errno));
+        status = fsdp2_error(FSDP2_ERR_IO, "trace: writing '%s' failed: %s", tmp, strerror(err));
     if (status == FSDP2_SUCCESS && rename(tmp, path) != 0)
         status = fsdp2_error(FSDP2_ERR_IO, "trace: cannot rename '%s' to '%s': %s", tmp, path,
                              strerror(errno));

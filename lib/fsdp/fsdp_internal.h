@@ -123,7 +123,7 @@ struct fsdp_group {
     fsdp2_iov_t *pieces[FSDP_MAX_RING + 1]; /* all-gather destinations per buffer */
     /* Trace tokens (-1: none): its forward or backward on compute, its hold of an
      * unsharded parameter buffer and of a gradient buffer. */
-    int trace_slice, trace_hold, trace_grad_hold;
+    int64_t trace_slice, trace_hold, trace_grad_hold;
     size_t *piece_offsets;                  /* ws + 1, the same for every buffer */
 };
 

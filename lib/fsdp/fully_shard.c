@@ -299,7 +299,7 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
     g->module = m;
-    g->trace_slice = g->trace_hold = g->trace_grad_hold = -1;
+    g->trace_slice = g->trace_hold = g->trace_grad_hold = TRACE_NO_TOKEN;
     g->mesh = mesh;
     g->device = o->device;
     g->reshard_after_forward = o->reshard_after_forward != 0;

@@ -29,11 +29,11 @@ static fsdp2_status_t state_error(const fsdp_group_t *g, const char *fmt, const 
 }
 
 /* Tracing: a slice of g's work on stream (its FQN as the module). */
-static int trace_begin(fsdp_group_t *g, fsdp2_stream_t *stream, trace_cat_t cat, uint64_t bytes,
+static trace_token_t trace_begin(fsdp_group_t *g, fsdp2_stream_t *stream, trace_cat_t cat, uint64_t bytes,
                        fsdp2_dtype_t dtype)
 {
     if (!fsdp2_tracing())
-        return -1;
+        return TRACE_NO_TOKEN;
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(g->module, fqn, sizeof(fqn));
     trace_op_t op = TRACE_OP_INIT(cat);
@@ -44,11 +44,11 @@ static int trace_begin(fsdp_group_t *g, fsdp2_stream_t *stream, trace_cat_t cat,
 }
 
 /* Tracing: g holds `bytes` of a planned buffer (a track per buffer) from now on. */
-static int trace_hold(fsdp_group_t *g, const char *kind, int index, uint64_t bytes,
+static trace_token_t trace_hold(fsdp_group_t *g, const char *kind, int index, uint64_t bytes,
                       trace_mem_t mem)
 {
     if (!fsdp2_tracing())
-        return -1;
+        return TRACE_NO_TOKEN;
     char fqn[FSDP2_FQN_MAX], track[FSDP2_FQN_MAX + 32];
     fsdp_module_fqn(g->module, fqn, sizeof(fqn));
     if (index >= 0)
@@ -63,23 +63,29 @@ static int trace_hold(fsdp_group_t *g, const char *kind, int index, uint64_t byt
     return fsdp2_trace_host_begin(0, track, &op);
 }
 
-static void trace_end_hold(int *token)
+static void trace_end_hold(trace_token_t *token)
 {
-    fsdp2_trace_host_end(*token);
-    *token = -1;
+    if (*token >= 0) {
+        fsdp2_trace_host_end(*token);
+        *token = TRACE_NO_TOKEN;
+    }
 }
 
-/* Collectives enqueued from here on are g's (until trace_label(NULL)). */
-static void trace_label(fsdp_group_t *g, char *fqn, size_t len, fsdp2_dtype_t dtype)
+/* Collectives enqueued from here on are g's, until trace_unlabel(set) with what this
+ * returned (1: a label was set). */
+static int trace_label(fsdp_group_t *g, char *fqn, size_t len, fsdp2_dtype_t dtype)
 {
-    if (!g) {
-        fsdp2_trace_label_set(NULL, -1);
-        return;
-    }
     if (!fsdp2_tracing())
-        return;
+        return 0;
     fsdp_module_fqn(g->module, fqn, len);
     fsdp2_trace_label_set(fqn, (int)dtype);
+    return 1;
+}
+
+static void trace_unlabel(int set)
+{
+    if (set)
+        fsdp2_trace_label_set(NULL, -1);
 }
 
 /* m's group, with the root planned; refuses modules that are not sharded. */
@@ -180,26 +186,28 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
         size_t cast_bytes = (size_t)g->shard_numel * g->pe;
         if (g->cast && g->ws == 1) {
             /* One rank, mixed precision: the cast shard is the whole parameters. */
-            int t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
-            FSDP2_CHECK(fsdp2_cast_async(buf->data, g->pdtype, g->shard->data, g->dtype,
-                                         (size_t)g->shard_numel, r->ag));
+            trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
+            fsdp2_status_t status = fsdp2_cast_async(buf->data, g->pdtype, g->shard->data,
+                                                     g->dtype, (size_t)g->shard_numel, r->ag);
             fsdp2_trace_stream_end(r->ag, t);
+            FSDP2_CHECK(status);
         } else {
             /* Copy-in: the cast to the compute dtype, on the all-gather stream ahead of
              * the all-gather that sends it (so the staging is reused in order). */
             const void *send = g->shard->data;
             if (g->cast) {
-                int t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
-                FSDP2_CHECK(fsdp2_cast_async(r->send, g->pdtype, g->shard->data, g->dtype,
-                                             (size_t)g->shard_numel, r->ag));
+                trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
+                fsdp2_status_t status = fsdp2_cast_async(r->send, g->pdtype, g->shard->data,
+                                                         g->dtype, (size_t)g->shard_numel, r->ag);
                 fsdp2_trace_stream_end(r->ag, t);
+                FSDP2_CHECK(status);
                 send = r->send;
             }
             char fqn[FSDP2_FQN_MAX];
-            trace_label(g, fqn, sizeof(fqn), g->pdtype);
+            int labelled = trace_label(g, fqn, sizeof(fqn), g->pdtype);
             fsdp2_status_t status = fsdp2_all_gather_pieces_async(
                 g->pg, send, (size_t)g->shard_numel * g->pe, g->pieces[b], g->piece_offsets, r->ag);
-            trace_label(NULL, NULL, 0, FSDP2_F32);
+            trace_unlabel(labelled);
             FSDP2_CHECK(status);
         }
         FSDP2_CHECK(fsdp2_event_record(g->gathered, r->ag));
@@ -306,7 +314,7 @@ fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
     if (g->training_state != FSDP2_STATE_FORWARD)
         return state_error(g, "%s on '%s' without its pre_forward", "post_forward");
     fsdp2_trace_stream_end(r->compute, g->trace_slice);
-    g->trace_slice = -1;
+    g->trace_slice = TRACE_NO_TOKEN;
     g->training_state = FSDP2_STATE_AFTER_FORWARD;
     g->forward_done = 1;
     if (g->reshard_after_forward)
@@ -418,10 +426,10 @@ static fsdp2_status_t chunk_cat(fsdp_root_t *r, fsdp_group_t *g, const char *src
 }
 
 /* Tracing: the reduce-scatter staging is g's from the copy-out to the accumulation. */
-static int trace_staging(fsdp_root_t *r, fsdp_group_t *g, uint64_t bytes)
+static trace_token_t trace_staging(fsdp_root_t *r, fsdp_group_t *g, uint64_t bytes)
 {
     if (!fsdp2_tracing())
-        return -1;
+        return TRACE_NO_TOKEN;
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(g->module, fqn, sizeof(fqn));
     trace_op_t op = TRACE_OP_INIT(TRACE_MEMORY);
@@ -437,10 +445,11 @@ static fsdp2_status_t accumulate(fsdp_root_t *r, fsdp_group_t *g, const void *sr
                                  fsdp2_dtype_t dtype, double scale)
 {
     size_t n = (size_t)g->grad_shard_numel;
-    int t = trace_begin(g, r->rs, TRACE_ACCUMULATE, n * g->elem, g->dtype);
-    FSDP2_CHECK(fsdp2_accumulate_async(g->grad_shard->data, g->dtype, src, dtype, n, scale, r->rs));
+    trace_token_t t = trace_begin(g, r->rs, TRACE_ACCUMULATE, n * g->elem, g->dtype);
+    fsdp2_status_t status =
+        fsdp2_accumulate_async(g->grad_shard->data, g->dtype, src, dtype, n, scale, r->rs);
     fsdp2_trace_stream_end(r->rs, t);
-    return FSDP2_SUCCESS;
+    return status;
 }
 
 static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
@@ -457,9 +466,9 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
          * set); the layouts match (no padding). HSDP averages it over the replicas first,
          * in place (the buffer is ours), in the compute dtype. */
         if (g->replicas > 1) {
-            trace_label(g, fqn, sizeof(fqn), g->pdtype);
+            int labelled = trace_label(g, fqn, sizeof(fqn), g->pdtype);
             status = fsdp2_all_reduce_async(g->replicate, (void *)src, n, g->pdtype, &avg, r->rs);
-            trace_label(NULL, NULL, 0, FSDP2_F32);
+            trace_unlabel(labelled);
             FSDP2_CHECK(status);
         }
         double scale = g->reduce.op == FSDP2_REDUCE_SUM ? 1.0 / g->reduce.pre_divide : 1.0;
@@ -474,26 +483,31 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
         g->reduce_scatters++;
         return FSDP2_SUCCESS;
     }
-    int staging = trace_staging(r, g, (size_t)(g->ws + 1) * n * g->re);
-    int t = trace_begin(g, r->rs, TRACE_COPY_OUT, (size_t)g->ws * n * g->re, g->rdtype);
+    /* The staging hold ends on every path, so a failure leaves no bytes counted. */
+    trace_token_t staging = trace_staging(r, g, (size_t)(g->ws + 1) * n * g->re);
+    trace_token_t t = trace_begin(g, r->rs, TRACE_COPY_OUT, (size_t)g->ws * n * g->re, g->rdtype);
     status = chunk_cat(r, g, src);
     fsdp2_trace_stream_end(r->rs, t);
-    FSDP2_CHECK(status);
-    if (g->grad_buffer == 2) {
-        g->accumulator_dirty = 0;
-        FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));
-    } else
-        FSDP2_CHECK(fsdp2_event_record(r->grad_free[g->grad_buffer], r->rs));
-    trace_label(g, fqn, sizeof(fqn), g->rdtype);
-    status = fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype, &g->reduce,
-                                        r->rs);
-    /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
-    if (status == FSDP2_SUCCESS && g->replicas > 1)
-        status = fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs);
-    trace_label(NULL, NULL, 0, FSDP2_F32);
-    FSDP2_CHECK(status);
-    FSDP2_CHECK(accumulate(r, g, r->rs_output, g->rdtype, 1.0));
+    if (status == FSDP2_SUCCESS) {
+        if (g->grad_buffer == 2)
+            g->accumulator_dirty = 0;
+        status = fsdp2_event_record(g->grad_buffer == 2 ? g->accumulator_free
+                                                        : r->grad_free[g->grad_buffer],
+                                    r->rs);
+    }
+    if (status == FSDP2_SUCCESS) {
+        int labelled = trace_label(g, fqn, sizeof(fqn), g->rdtype);
+        status = fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype,
+                                            &g->reduce, r->rs);
+        /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
+        if (status == FSDP2_SUCCESS && g->replicas > 1)
+            status = fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs);
+        trace_unlabel(labelled);
+    }
+    if (status == FSDP2_SUCCESS)
+        status = accumulate(r, g, r->rs_output, g->rdtype, 1.0);
     fsdp2_trace_stream_end(r->rs, staging);
+    FSDP2_CHECK(status);
     FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
     g->reduce_scatters++;
     return FSDP2_SUCCESS;
@@ -507,7 +521,7 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     if (g->training_state != FSDP2_STATE_BACKWARD)
         return state_error(g, "%s on '%s' without its pre_backward", "post_backward");
     fsdp2_trace_stream_end(r->compute, g->trace_slice);
-    g->trace_slice = -1;
+    g->trace_slice = TRACE_NO_TOKEN;
     g->training_state = FSDP2_STATE_AFTER_BACKWARD;
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (g->grad_full_numel) {

@@ -189,7 +189,7 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
     memset(&set, 0, sizeof(set));
     double norm = 0.0;
     fsdp2_status_t status = FSDP2_SUCCESS;
-    int traced = -1;
+    trace_token_t traced = TRACE_NO_TOKEN;
     if (fsdp2_tracing()) {
         trace_op_t op = TRACE_OP_INIT(TRACE_OPTIMIZER);
         op.name = "clip_grad_norm";

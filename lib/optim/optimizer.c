@@ -265,7 +265,7 @@ static optim_coeffs_t coeffs_of(const fsdp2_optimizer_t *opt)
 fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
 {
     FSDP2_ARG_CHECK(opt, "optimizer_step: optimizer is NULL");
-    int traced = -1;
+    trace_token_t traced = TRACE_NO_TOKEN;
     if (fsdp2_tracing()) {
         trace_op_t op = TRACE_OP_INIT(TRACE_OPTIMIZER);
         op.name = kind_name(opt->options.kind);
@@ -282,7 +282,8 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
             optim_update_f64(&c, &op->shard);
     }
     opt->steps++;
-    fsdp2_trace_host_end(traced);
+    if (traced >= 0)
+        fsdp2_trace_host_end(traced);
     return FSDP2_SUCCESS;
 }
 

@@ -126,7 +126,7 @@ START_TEST(a_trace_holds_steps_ranges_a_stream_slice_its_flow_and_counters)
     op.module = "layer.0";
     op.bytes = 1234;
     op.dtype = FSDP2_BF16;
-    int t = fsdp2_trace_stream_begin(side, &op);
+    trace_token_t t = fsdp2_trace_stream_begin(side, &op);
     ck_assert_int_ge(t, 0);
     ck_assert_int_eq(fsdp2_stream_launch_host(side, spin, NULL), FSDP2_SUCCESS);
     fsdp2_trace_stream_end(side, t);
@@ -134,7 +134,7 @@ START_TEST(a_trace_holds_steps_ranges_a_stream_slice_its_flow_and_counters)
     hold.name = "layer.0";
     hold.bytes = 1000;
     hold.mem = TRACE_MEM_UNSHARDED_PARAMS;
-    int h = fsdp2_trace_host_begin(0, "unsharded buffer 0", &hold);
+    trace_token_t h = fsdp2_trace_host_begin(0, "unsharded buffer 0", &hold);
     ck_assert_int_eq(fsdp2_event_record(ev, side), FSDP2_SUCCESS);
     ck_assert_int_eq(fsdp2_stream_wait_event(current, ev), FSDP2_SUCCESS);
     fsdp2_trace_host_end(h);
@@ -259,7 +259,7 @@ START_TEST(work_still_queued_at_stop_is_left_out_and_never_stamps_the_next_trace
     ck_assert_int_eq(fsdp2_trace_start(NULL, path_in("one.json")), FSDP2_SUCCESS);
     ck_assert_int_eq(fsdp2_stream_launch_host(side, wait_gate, NULL), FSDP2_SUCCESS);
     trace_op_t op = TRACE_OP_INIT(TRACE_REDUCE_SCATTER);
-    int t = fsdp2_trace_stream_begin(side, &op);
+    trace_token_t t = fsdp2_trace_stream_begin(side, &op);
     fsdp2_trace_stream_end(side, t);
     ck_assert_int_eq(fsdp2_trace_stop(NULL), FSDP2_SUCCESS);
     ck_assert_int_eq(fsdp2_trace_start(NULL, path_in("two.json")), FSDP2_SUCCESS);
@@ -274,6 +274,49 @@ START_TEST(work_still_queued_at_stop_is_left_out_and_never_stamps_the_next_trace
     cJSON_Delete(one);
     cJSON_Delete(two);
     fsdp2_stream_destroy(side);
+}
+END_TEST
+
+START_TEST(a_token_kept_across_a_stop_and_a_start_ends_nothing_in_the_new_trace)
+{
+    trace_op_t hold = TRACE_OP_INIT(TRACE_MEMORY);
+    hold.bytes = 100;
+    hold.mem = TRACE_MEM_UNSHARDED_GRADS;
+    ck_assert_int_eq(fsdp2_trace_start(NULL, path_in("old.json")), FSDP2_SUCCESS);
+    trace_token_t old = fsdp2_trace_host_begin(0, "gradient accumulator of a.module.whose."
+                                                  "name.is.longer.than.any.buffer.field", &hold);
+    ck_assert_int_ge(old, 0);
+    ck_assert_int_eq(fsdp2_trace_stop(NULL), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_trace_start(NULL, path_in("new.json")), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_trace_range_push("x"), FSDP2_SUCCESS); /* may reuse old's index */
+    fsdp2_trace_host_end(old);
+    usleep(2000);
+    ck_assert_int_eq(fsdp2_trace_range_pop(), FSDP2_SUCCESS);
+    /* A long buffer name finds its track again: two holds, one track. */
+    trace_token_t a = fsdp2_trace_host_begin(0, "gradient accumulator of a.module.whose."
+                                                "name.is.longer.than.any.buffer.field", &hold);
+    fsdp2_trace_host_end(a);
+    trace_token_t b = fsdp2_trace_host_begin(0, "gradient accumulator of a.module.whose."
+                                                "name.is.longer.than.any.buffer.field", &hold);
+    fsdp2_trace_host_end(b);
+    ck_assert_int_eq(fsdp2_trace_stop(NULL), FSDP2_SUCCESS);
+    cJSON *root = load(path_in("new.json"));
+    const cJSON *x = find(root, "X", "x");
+    ck_assert_ptr_nonnull(x);
+    ck_assert(field(x, "dur") >= 2000.0); /* not ended early by the old token */
+    int tids[2], n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents"))
+    {
+        if (!strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X") &&
+            !strcmp(cJSON_GetObjectItem(e, "cat")->valuestring, "memory") && n < 2)
+            tids[n++] = (int)field(e, "tid");
+        if (!strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "C"))
+            ck_assert_int_ge((int)field(cJSON_GetObjectItem(e, "args"), "unsharded_grads"), 0);
+    }
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(tids[0], tids[1]);
+    cJSON_Delete(root);
 }
 END_TEST
 
@@ -334,23 +377,34 @@ START_TEST(merge_refuses_bad_parts_and_moves_other_hosts_onto_the_wall_clock)
     write_text(in[1], part_text(0, "boot-a", 1000000, 20.0));
     ck_assert_int_eq(fsdp2_trace_merge(in, 2, path_in("m.json")), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank 0 is in both"));
-    /* Two hosts: each part moves by its own realtime - monotonic offset (1 ms, 5 ms). */
-    write_text(in[1], part_text(1, "boot-b", 5000000, 20.0));
+    /* Two hosts: each part moves by its own realtime - monotonic offset (1 ms, 5 ms),
+     * less the smallest (1 ms, recorded as the base): 10 stays, 20 becomes 4020. The
+     * base is a real wall-clock size, where a double resolves only 0.25 us: the shift
+     * must not go through it. */
+    long long big = 1700000000000000000LL;
+    write_text(in[0], part_text(0, "boot-a", big + 1000000, 10.001));
+    write_text(in[1], part_text(1, "boot-b", big + 5000000, 20.002));
     ck_assert_int_eq(fsdp2_trace_merge(in, 2, path_in("m.json")), FSDP2_SUCCESS);
     cJSON *root = load(path_in("m.json"));
-    ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "otherData"), "clock")->valuestring,
-                     "realtime");
+    const cJSON *other = cJSON_GetObjectItem(root, "otherData");
+    ck_assert_str_eq(cJSON_GetObjectItem(other, "clock")->valuestring, "realtime");
+    ck_assert_double_eq_tol(field(other, "realtime_base_us"), (big + 1000000) / 1000.0, 1.0);
     const cJSON *e;
     int seen = 0;
     cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "traceEvents"))
     {
-        double want = field(e, "pid") == 0 ? 1010.0 : 5020.0;
+        double want = field(e, "pid") == 0 ? 10.001 : 4020.002;
         ck_assert_double_eq_tol(field(e, "ts"), want, 1e-6);
         seen++;
     }
     ck_assert_int_eq(seen, 2);
     cJSON_Delete(root);
+    /* A file merged across hosts is not a part any more. */
+    const char *again[2] = {path_in("m.json"), p1};
+    ck_assert_int_eq(fsdp2_trace_merge(again, 2, path_in("m2.json")), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "already merged"));
     /* One host: timestamps stay. */
+    write_text(in[0], part_text(0, "boot-a", 1000000, 10.0));
     write_text(in[1], part_text(1, "boot-a", 5000000, 20.0));
     ck_assert_int_eq(fsdp2_trace_merge(in, 2, path_in("m.json")), FSDP2_SUCCESS);
     root = load(path_in("m.json"));
@@ -370,6 +424,7 @@ static Suite *suite(void)
     tcase_add_test(tc, misuse_and_unwritable_paths_are_clear_errors);
     tcase_add_test(tc, a_full_buffer_drops_records_and_says_how_many);
     tcase_add_test(tc, work_still_queued_at_stop_is_left_out_and_never_stamps_the_next_trace);
+    tcase_add_test(tc, a_token_kept_across_a_stop_and_a_start_ends_nothing_in_the_new_trace);
 #ifdef FSDP2_HAVE_UCX /* fsdp2_init makes a world group */
     tcase_add_test(tc, fsdp2_trace_starts_at_init_and_is_written_at_finalize);
 #endif
