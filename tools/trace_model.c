@@ -3,6 +3,7 @@
 #include "trace_parse.h"
 
 #include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -487,5 +488,14 @@ int trace_select_ranks(const trace_model_t *m, const trace_filter_t *filter,
     if (len > 0 && (size_t)len < error_len)
         snprintf(error + len, error_len - len, "%s)",
                  m->n_ranks > 16 ? ", ..." : m->n_ranks ? "" : " none");
+    return -1;
+}
+
+int trace_fail(char *error, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error, len, fmt, ap);
+    va_end(ap);
     return -1;
 }

@@ -150,4 +150,7 @@ int trace_summary_write(const trace_model_t *model, const trace_filter_t *filter
 int trace_svg_write(const trace_model_t *model, const trace_filter_t *filter,
                     const char *title, FILE *out, char *error, size_t error_len);
 
+/* Formats the message into error (len bytes) and returns -1, for `return trace_fail(...)`. */
+int trace_fail(char *error, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

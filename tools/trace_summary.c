@@ -411,16 +411,6 @@ static void report_free(report_t *rep)
     free(rep->ranks);
 }
 
-static int fail(char *error, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *error, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static int report_build(const trace_model_t *m, const trace_filter_t *filter, report_t *rep,
                         char *error, size_t error_len)
@@ -429,7 +419,7 @@ static int report_build(const trace_model_t *m, const trace_filter_t *filter, re
     rep->ranks = malloc((m->n_ranks + 1) * sizeof(*rep->ranks));
     rep->steps = calloc(m->n_steps + 1, sizeof(*rep->steps));
     if (rep->ranks == NULL || rep->steps == NULL)
-        return fail(error, error_len, "%s: out of memory", m->path);
+        return trace_fail(error, error_len, "%s: out of memory", m->path);
     int n = trace_select_ranks(m, filter, rep->ranks, error, error_len);
     if (n < 0)
         return -1;
@@ -443,10 +433,10 @@ static int report_build(const trace_model_t *m, const trace_filter_t *filter, re
         }
     }
     if (rep->n_steps == 0 && filter->has_step)
-        return fail(error, error_len, "%s: no step %lld in the trace%s", m->path,
+        return trace_fail(error, error_len, "%s: no step %lld in the trace%s", m->path,
                     (long long)filter->step, filter->has_rank ? " on that rank" : "");
     if (rep->n_steps == 0)
-        return fail(error, error_len, "%s: no step slices (cat \"step\") to summarise",
+        return trace_fail(error, error_len, "%s: no step slices (cat \"step\") to summarise",
                     m->path);
     size_t s = 0;
     for (size_t i = 0; i < rep->n_ranks; i++) {
@@ -458,7 +448,7 @@ static int report_build(const trace_model_t *m, const trace_filter_t *filter, re
                              &rep->steps[s]);
         rank_view_free(&v);
         if (rc)
-            return fail(error, error_len, "%s: out of memory", m->path);
+            return trace_fail(error, error_len, "%s: out of memory", m->path);
     }
     return 0;
 }
@@ -699,7 +689,7 @@ int trace_summary_write(const trace_model_t *m, const trace_filter_t *filter, in
     report_t rep;
     int rc = report_build(m, filter, &rep, error, error_len);
     if (rc == 0 && json && print_json(&rep, out) != 0)
-        rc = fail(error, error_len, "%s: out of memory", m->path);
+        rc = trace_fail(error, error_len, "%s: out of memory", m->path);
     else if (rc == 0 && !json)
         print_text(&rep, out);
     report_free(&rep);

@@ -72,16 +72,6 @@ typedef struct picture {
     double top, axis_y, height;
 } picture_t;
 
-static int fail(char *error, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *error, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error, len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* ---- text -------------------------------------------------------------------------- */
 
@@ -155,9 +145,9 @@ static int choose_step(picture_t *p, const trace_filter_t *filter, char *error, 
 {
     const char *path = p->m->path;
     if (p->n_ranks == 0 || p->m->n_steps == 0)
-        return fail(error, len, "%s: no step slices (cat \"step\") to draw", path);
+        return trace_fail(error, len, "%s: no step slices (cat \"step\") to draw", path);
     if (!filter->has_step && common_step(p, &p->step) != 0)
-        return fail(error, len, "%s: no step appears on every rank; choose one with --step",
+        return trace_fail(error, len, "%s: no step appears on every rank; choose one with --step",
                     path);
     if (filter->has_step)
         p->step = filter->step;
@@ -175,7 +165,7 @@ static int choose_step(picture_t *p, const trace_filter_t *filter, char *error, 
     }
     p->n_ranks = kept;
     if (kept == 0)
-        return fail(error, len, "%s: no step %lld in the trace%s", path, (long long)p->step,
+        return trace_fail(error, len, "%s: no step %lld in the trace%s", path, (long long)p->step,
                     filter->has_rank ? " on that rank" : "");
     if (p->we - p->ws < 1e-3)
         p->we = p->ws + 1e-3; /* a step of zero length still gets an axis */
@@ -528,7 +518,7 @@ int trace_svg_write(const trace_model_t *m, const trace_filter_t *filter, const 
     picture_t p = {.m = m, .out = out};
     p.ranks = malloc((m->n_ranks + 1) * sizeof(*p.ranks));
     if (p.ranks == NULL)
-        return fail(error, error_len, "%s: out of memory", m->path);
+        return trace_fail(error, error_len, "%s: out of memory", m->path);
     int n = trace_select_ranks(m, filter, p.ranks, error, error_len);
     int rc = n < 0 ? -1 : 0;
     p.n_ranks = n < 0 ? 0 : (size_t)n;
@@ -539,7 +529,7 @@ int trace_svg_write(const trace_model_t *m, const trace_filter_t *filter, const 
         p.axis_y = draw_legend(&p, 54, 0) + 16;
         p.top = p.axis_y + 6;
         if (plan_lanes(&p) != 0)
-            rc = fail(error, error_len, "%s: out of memory", m->path);
+            rc = trace_fail(error, error_len, "%s: out of memory", m->path);
     }
     if (rc == 0)
         draw(&p, title);
