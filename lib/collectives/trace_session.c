@@ -139,6 +139,12 @@ done:
     return status;
 }
 
+/* The store keys of this session's stop meeting start with this. */
+static void meeting_prefix(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "fsdp2/trace/%u", session.sessions);
+}
+
 /* Posts this rank's word for the stop's meeting: "ok" or why its part is missing. */
 static fsdp2_status_t tell(fsdp2_store_t *store, const char *prefix, int rank, const char *word)
 {
@@ -155,7 +161,7 @@ fsdp2_status_t fsdp2_trace_stop(fsdp2_context_t *ctx)
             fsdp2_store_t *store = NULL;
             fsdp2_process_info_t info;
             session.failed_ctx = NULL;
-            snprintf(prefix, sizeof(prefix), "fsdp2/trace/%u", session.sessions);
+            meeting_prefix(prefix, sizeof(prefix));
             if (fsdp2_context_store(ctx, &store) == FSDP2_SUCCESS &&
                 fsdp2_context_info(ctx, &info) == FSDP2_SUCCESS) {
                 char word[600];
@@ -177,7 +183,7 @@ fsdp2_status_t fsdp2_trace_stop(fsdp2_context_t *ctx)
         return status; /* no store to meet at: the parts stay for fsdp2_trace_merge */
     char word[512];
     snprintf(word, sizeof(word), "%s", status == FSDP2_SUCCESS ? "ok" : fsdp2_last_error());
-    snprintf(prefix, sizeof(prefix), "fsdp2/trace/%u", session.sessions);
+    meeting_prefix(prefix, sizeof(prefix));
     fsdp2_store_t *store = NULL;
     FSDP2_CHECK(fsdp2_context_store(session.ctx, &store));
     fsdp2_status_t told = tell(store, prefix, session.rank, word);
