@@ -10,6 +10,7 @@
 const char *const trace_memory_category_names[TRACE_MEMORY_CATEGORIES] = {
     "sharded_params", "sharded_grads", "unsharded_params",
     "unsharded_grads", "reduce_scatter", "optimizer_state",
+    "post_forward_params",
 };
 
 /* ---- strings owned by the model -------------------------------------------------- */

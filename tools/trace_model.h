@@ -18,7 +18,8 @@
 /* Timestamps are written with nanosecond decimals: ends closer than this touch. */
 #define TRACE_EPSILON_US 0.0005
 
-#define TRACE_MEMORY_CATEGORIES 6
+/* The last, post_forward_params, may be missing (traces written before it existed). */
+#define TRACE_MEMORY_CATEGORIES 7
 extern const char *const trace_memory_category_names[TRACE_MEMORY_CATEGORIES];
 
 typedef struct trace_slice {

@@ -370,6 +370,10 @@ static int load_counter(trace_loader_t *L, const cJSON *e, size_t index)
     for (int k = 0; k < TRACE_MEMORY_CATEGORIES; k++) {
         const char *key = trace_memory_category_names[k];
         int rc = get_number(args, key, &c.bytes[k]);
+        if (rc == 1 && k == TRACE_MEMORY_CATEGORIES - 1) {
+            c.bytes[k] = 0;
+            continue;
+        }
         if (rc == 1)
             return fail_event(L, e, index, "memory counter has no \"%s\"", key);
         if (rc < 0 || c.bytes[k] < 0)

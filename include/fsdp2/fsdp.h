@@ -79,7 +79,10 @@ typedef struct fsdp2_shard_options {
                                            `mp` is accepted too (mp then defaults) */
     fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
                                            NULL: the world mesh of fsdp2_init */
-    int reshard_after_forward;          /* 1: free unsharded parameters after forward */
+    int reshard_after_forward;          /* 1: free unsharded parameters after forward;
+                                           0: keep them whole until backward; N (a
+                                           divisor of the shard dim's size): keep a
+                                           1/N post-forward shard, see below */
     fsdp2_param_t *const *ignored_params; /* left unsharded and untouched */
     size_t num_ignored_params;
     fsdp2_device_t device;              /* where shards live: cpu */
@@ -89,6 +92,15 @@ typedef struct fsdp2_shard_options {
 
 #define FSDP2_SHARD_OPTIONS_INIT \
     {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2, FSDP2_MP_POLICY_INIT}
+
+/* reshard_after_forward = N (FSDP2's int, ZeRO++'s hpZ): after forward, instead of
+ * dropping the whole parameters, each rank keeps its chunk of an N-way split of them
+ * (chunk c % N of the ranks c of the shard dim's block of N consecutive ranks,
+ * fsdp2_mesh_block_group), so the backward's all-gather runs over those N ranks (one
+ * node's, when a node's ranks are consecutive) rather than the whole shard dim. It costs
+ * one post-forward shard per such group, held from its forward to its backward and
+ * planned (fsdp2_memory_plan_t.post_forward_params); the block's group is created when
+ * the root plans (collectively over the block). N equal to the shard size is 1. */
 
 /* Shards m's parameters not owned by a nested fully_shard into one group (a group may
  * have no parameters of its own). Every rank calls it on the same tree (it communicates
@@ -176,7 +188,9 @@ FSDP2_API fsdp2_status_t fsdp2_param_sharded_grad(const fsdp2_param_t *p, fsdp2_
 FSDP2_API fsdp2_status_t fsdp2_set_requires_gradient_sync(fsdp2_module_t *m, int sync);
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_backward(fsdp2_module_t *m, int reshard);
 /* Only m's own group (a no-op on the root, which always keeps its parameters through
- * forward): */
+ * forward); reshard takes what the option does (0, 1 or N). Between steps only; a new N
+ * after planning re-plans m's post-forward shard (and creates the block's group,
+ * collectively over the block). */
 FSDP2_API fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard);
 /* Read on the root only (set it there). */
 FSDP2_API fsdp2_status_t fsdp2_set_is_last_backward(fsdp2_module_t *m, int is_last);
@@ -244,9 +258,11 @@ typedef struct fsdp2_memory_plan {
     uint64_t unsharded_params;  /* the ring plus dedicated buffers */
     uint64_t unsharded_grads;   /* the gradient ring plus no-sync accumulators */
     uint64_t reduce_scatter;    /* staging: input (ws chunks) and output */
-    uint64_t total;
+    uint64_t total;             /* every category, post_forward_params included */
     int ring_buffers;
     int groups;
+    uint64_t post_forward_params; /* reshard_after_forward = N: a post-forward shard per
+                                     such group (its whole parameters / N, padded) */
 } fsdp2_memory_plan_t;
 
 /* Plans and allocates the root's buffers if not done yet (as the first hook does), and

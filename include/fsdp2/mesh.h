@@ -45,6 +45,15 @@ FSDP2_API fsdp2_status_t fsdp2_mesh_rank_at(const fsdp2_mesh_t *mesh, const int 
 FSDP2_API fsdp2_status_t fsdp2_mesh_group(const fsdp2_mesh_t *mesh, int dim,
                                           fsdp2_group_t **group);
 
+/* The group of the n consecutive ranks along the mesh's last dim that hold this rank
+ * (coordinates c - c % n .. c - c % n + n - 1, the other coordinate kept), in which this
+ * rank is c % n: what reshard_after_forward = n gathers over (on one host per block
+ * when the launcher puts a node's ranks next to each other). n must divide the dim's
+ * size; n equal to it gives the dim's own group. Created on the first call for n,
+ * collectively by the n members (through the store the mesh was made with, which must
+ * still be open), then owned by the mesh (at most 8 sizes). Not thread-safe. */
+FSDP2_API fsdp2_status_t fsdp2_mesh_block_group(fsdp2_mesh_t *mesh, int n, fsdp2_group_t **group);
+
 FSDP2_EXTERN_C_END
 
 #endif

@@ -45,7 +45,7 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     FSDP2_CHECK_GOTO(fsdp2_group_create(c->store, "world", c->info.rank, c->info.world_size, &go,
                                         &c->world),
                      status, cleanup);
-    FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, &c->mesh), status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, c->store, &go, &c->mesh), status, cleanup);
     fsdp2_default_mesh_set(c->mesh);
     FSDP2_CHECK_GOTO(fsdp2_trace_session_from_env(c), status, cleanup);
     *out = c;

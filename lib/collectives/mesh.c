@@ -10,13 +10,34 @@
 #include "core/error.h"
 #include "mesh/mesh_layout.h"
 
+#define MESH_MAX_BLOCK_GROUPS 8
+
 struct fsdp2_mesh {
     mesh_layout_t layout;
     int rank;
     int coords[FSDP2_MESH_MAX_DIMS];
     fsdp2_group_t *groups[FSDP2_MESH_MAX_DIMS];
     int borrowed; /* groups belong to someone else */
+    /* What creates further groups later (blocks of the last dim): the store the mesh was
+     * made with, its name and the groups' options. */
+    fsdp2_store_t *store;
+    char name[64];
+    fsdp2_group_options_t options;
+    struct {
+        int n;
+        fsdp2_group_t *group; /* owned, even when the dims' groups are borrowed */
+    } blocks[MESH_MAX_BLOCK_GROUPS];
+    int num_blocks;
 };
+
+static void keep_creator(fsdp2_mesh_t *m, fsdp2_store_t *store, const char *name,
+                         const fsdp2_group_options_t *options)
+{
+    fsdp2_group_options_t defaults = FSDP2_GROUP_OPTIONS_INIT;
+    m->store = store;
+    snprintf(m->name, sizeof(m->name), "%s", name);
+    m->options = options ? *options : defaults;
+}
 
 static _Atomic(fsdp2_mesh_t *) default_mesh;
 
@@ -30,9 +51,10 @@ void fsdp2_default_mesh_set(fsdp2_mesh_t *mesh)
     default_mesh = mesh;
 }
 
-fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_mesh_t **out)
+fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_store_t *store,
+                                     const fsdp2_group_options_t *options, fsdp2_mesh_t **out)
 {
-    FSDP2_ARG_CHECK(g && out, "mesh_wrap_group: group or out is NULL");
+    FSDP2_ARG_CHECK(g && store && out, "mesh_wrap_group: group, store or out is NULL");
     fsdp2_mesh_t *m = calloc(1, sizeof(*m));
     if (!m)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "world mesh");
@@ -46,6 +68,7 @@ fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_mesh_t **out)
     m->coords[0] = g->rank;
     m->groups[0] = g;
     m->borrowed = 1;
+    keep_creator(m, store, "world", options);
     *out = m;
     return FSDP2_SUCCESS;
 }
@@ -68,6 +91,7 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
         return status;
     }
     m->rank = rank;
+    keep_creator(m, store, name, options);
     mesh_layout_coords(&m->layout, rank, m->coords);
     for (int d = 0; d < ndim && status == FSDP2_SUCCESS; d++) {
         /* The group of ranks that share every other coordinate: named by the mesh, the
@@ -90,6 +114,8 @@ fsdp2_status_t fsdp2_mesh_destroy(fsdp2_mesh_t *m)
 {
     if (!m)
         return FSDP2_SUCCESS;
+    for (int i = 0; i < m->num_blocks; i++)
+        fsdp2_group_destroy(m->blocks[i].group);
     for (int d = 0; d < FSDP2_MESH_MAX_DIMS && !m->borrowed; d++)
         fsdp2_group_destroy(m->groups[d]);
     if (fsdp2_default_mesh() == m)
@@ -159,5 +185,43 @@ fsdp2_status_t fsdp2_mesh_group(const fsdp2_mesh_t *m, int dim, fsdp2_group_t **
     FSDP2_CHECK(check_dim(m, dim));
     FSDP2_ARG_CHECK(group, "group is NULL");
     *group = m->groups[dim];
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_mesh_block_group(fsdp2_mesh_t *m, int n, fsdp2_group_t **group)
+{
+    FSDP2_ARG_CHECK(m && group, "mesh_block_group: mesh or group is NULL");
+    *group = NULL;
+    int last = m->layout.ndim - 1, size = m->layout.shape[last];
+    FSDP2_ARG_CHECK(n >= 1 && n <= size && size % n == 0,
+                    "mesh_block_group: %d does not divide the size %d of dim '%s'", n, size,
+                    m->layout.names[last]);
+    if (n == size) {
+        *group = m->groups[last];
+        return FSDP2_SUCCESS;
+    }
+    for (int i = 0; i < m->num_blocks; i++) {
+        if (m->blocks[i].n == n) {
+            *group = m->blocks[i].group;
+            return FSDP2_SUCCESS;
+        }
+    }
+    if (m->num_blocks == MESH_MAX_BLOCK_GROUPS)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "mesh_block_group: the mesh already has %d block groups (of sizes "
+                           "other than %d); that is the most it keeps",
+                           MESH_MAX_BLOCK_GROUPS, n);
+    /* Named by the mesh, the dim, the other coordinate, n and the block: the same
+     * string on the block's members only. */
+    char name[FSDP2_GROUP_NAME_MAX];
+    int coord = m->coords[last], other = last == 1 ? m->coords[0] : 0;
+    snprintf(name, sizeof(name), "%.60s/%s/%d/block%d-%d", m->name, m->layout.names[last], other,
+             n, coord / n);
+    fsdp2_group_t *g;
+    FSDP2_CHECK(fsdp2_group_create(m->store, name, coord % n, n, &m->options, &g));
+    m->blocks[m->num_blocks].n = n;
+    m->blocks[m->num_blocks].group = g;
+    m->num_blocks++;
+    *group = g;
     return FSDP2_SUCCESS;
 }

@@ -5,8 +5,10 @@
 
 #include <fsdp2/mesh.h>
 
-/* A 1D mesh whose only group is g; destroying the mesh leaves g alone. */
-fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_mesh_t **out);
+/* A 1D mesh whose only group is g; destroying the mesh leaves g alone. Block groups
+ * (fsdp2_mesh_block_group) are created through store with options. */
+fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_store_t *store,
+                                     const fsdp2_group_options_t *options, fsdp2_mesh_t **out);
 
 /* The mesh of the live fsdp2_init context, or NULL. */
 fsdp2_mesh_t *fsdp2_default_mesh(void);

@@ -50,6 +50,7 @@ typedef enum trace_mem {
     TRACE_MEM_UNSHARDED_GRADS,
     TRACE_MEM_REDUCE_SCATTER,
     TRACE_MEM_OPTIMIZER_STATE,
+    TRACE_MEM_POST_FORWARD, /* reshard_after_forward = N: the post-forward shards */
     TRACE_MEM_COUNT
 } trace_mem_t;
 

@@ -17,7 +17,7 @@
 
 static const char *const mem_names[TRACE_MEM_COUNT] = {
     "sharded_params", "sharded_grads", "unsharded_params", "unsharded_grads", "reduce_scatter",
-    "optimizer_state",
+    "optimizer_state", "post_forward_params",
 };
 
 static void put_string(FILE *f, const char *s)

@@ -67,18 +67,27 @@ fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard)
     fsdp_group_t *g = m->group;
     if (g->root && g == g->root->group)
         return FSDP2_SUCCESS; /* the root always keeps its parameters through forward */
-    if (!reshard && g->root && !g->dedicated) {
-        if (g->unshard_state != FSDP2_SHARDED) {
-            char fqn[FSDP2_FQN_MAX];
-            fsdp_module_fqn(m, fqn, sizeof(fqn));
-            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
-                               "set_reshard_after_forward: module '%s' is unsharded now; reshard "
-                               "it first",
-                               fqn);
-        }
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(m, fqn, sizeof(fqn));
+    if (g->pf_valid || g->training_state == FSDP2_STATE_FORWARD ||
+        g->training_state == FSDP2_STATE_BACKWARD)
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "set_reshard_after_forward: module '%s' is between its forward and "
+                           "its backward; change it between steps",
+                           fqn);
+    if (!reshard && g->root && !g->dedicated && g->unshard_state != FSDP2_SHARDED)
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "set_reshard_after_forward: module '%s' is unsharded now; reshard it "
+                           "first",
+                           fqn);
+    int before = g->pf_ranks;
+    FSDP2_CHECK(fsdp_group_set_reshard_after_forward(g, reshard, "set_reshard_after_forward"));
+    if (g->pf_ranks != before)
+        fsdp_group_post_forward_free(g); /* planned for the old N */
+    if (!reshard && g->root && !g->dedicated)
         FSDP2_CHECK(fsdp_group_own_buffer(g));
-    }
-    g->reshard_after_forward = reshard != 0;
+    if (g->reshard_after_forward)
+        FSDP2_CHECK(fsdp_group_post_forward(g)); /* a no-op until the root plans */
     return FSDP2_SUCCESS;
 }
 
@@ -237,7 +246,7 @@ fsdp2_status_t fsdp2_module_state(const fsdp2_module_t *m, fsdp2_module_state_t 
     st->unshard_state = g->unshard_state;
     st->buffer = g->buffer == FSDP_MAX_RING ? -1 : g->buffer;
     st->requires_gradient_sync = g->requires_gradient_sync;
-    st->reshard_after_forward = g->reshard_after_forward;
+    st->reshard_after_forward = g->pf_ranks ? g->pf_ranks : g->reshard_after_forward;
     st->reshard_after_backward = g->reshard_after_backward;
     st->num_params = g->num_params;
     st->shard_numel = g->shard_numel;

@@ -34,6 +34,8 @@ struct fsdp2_param {
     int64_t grad_offset;    /* elements into the flat grad shard; -1 when frozen */
     int64_t full_offset;    /* elements into an unsharded parameter buffer */
     int64_t grad_full_offset; /* elements into an unsharded gradient buffer; -1 frozen */
+    int64_t pf_chunk_rows;  /* reshard_after_forward = N: ceil(rows / N) */
+    int64_t pf_shard_offset; /* elements into the group's post-forward shard */
     fsdp2_dtensor_t *sharded;
     fsdp2_dtensor_t *sharded_grad;
     fsdp2_tensor_t *unsharded_view[FSDP_MAX_RING + 1]; /* per buffer; [ring] = dedicated */
@@ -95,6 +97,19 @@ struct fsdp_group {
     /* Controls. */
     int reshard_after_forward;
     int reshard_after_backward;
+    /* reshard_after_forward = N (1 < N < ws): after forward, this rank keeps chunk
+     * (rank % N) of the N-way split of the whole parameters (the "post-forward shard"),
+     * and the backward all-gathers them over the N ranks of its block (pf_pg). */
+    int pf_ranks;             /* N, or 0 */
+    int pf_rank;              /* rank % N */
+    fsdp2_group_t *pf_pg;     /* the mesh's block group of N, set by the plan */
+    int64_t pf_shard_numel;   /* padded, per rank, in the compute dtype */
+    void *pf_shard;           /* planned: pf_shard_numel elements */
+    size_t pf_shard_bytes;    /* as planned (the plan gives them back) */
+    int pf_valid;             /* holds the parameters of this step's forward */
+    fsdp2_event_t *pf_free;   /* recorded after the all-gather that read it */
+    fsdp2_iov_t *pf_pieces[FSDP_MAX_RING + 1]; /* that all-gather's destinations per buffer */
+    size_t *pf_piece_offsets;                  /* N + 1 */
     int requires_gradient_sync;
     int is_last_backward;
     fsdp_group_t **forward_prefetch;
@@ -123,7 +138,7 @@ struct fsdp_group {
     fsdp2_iov_t *pieces[FSDP_MAX_RING + 1]; /* all-gather destinations per buffer */
     /* Trace tokens (-1: none): its forward or backward on compute, its hold of an
      * unsharded parameter buffer and of a gradient buffer. */
-    int64_t trace_slice, trace_hold, trace_grad_hold;
+    int64_t trace_slice, trace_hold, trace_grad_hold, trace_pf_hold;
     size_t *piece_offsets;                  /* ws + 1, the same for every buffer */
 };
 
@@ -168,6 +183,10 @@ fsdp2_status_t fsdp_module_walk(fsdp2_module_t *m, fsdp2_status_t (*fn)(fsdp2_mo
 
 /* fully_shard.c */
 void fsdp_group_free(fsdp_group_t *g);
+/* Sets g's reshard_after_forward from a user's value (0, 1, or N dividing the shard
+ * size): the post-forward layout for N; `what` names the caller in errors. Plans
+ * nothing. */
+fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what);
 /* A view of `rows` rows of p's shape at element `at` of a flat tensor (shares storage). */
 fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
                                int64_t rows, fsdp2_tensor_t **out);
@@ -180,6 +199,12 @@ fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);
 void fsdp_root_free(fsdp_root_t *r);
 /* Creates (once) g's own unsharded buffer, for groups that keep parameters whole. */
 fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g);
+/* Creates (once) g's post-forward shard, its block group and all-gather pieces, for a
+ * group that reshards to N ranks after forward. */
+fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g);
+/* Gives back g's post-forward shard and pieces (its N changed); the block group stays
+ * the mesh's. */
+void fsdp_group_post_forward_free(fsdp_group_t *g);
 /* Creates (once) g's no-sync gradient accumulator. */
 fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g);
 /* The unsharded buffer with index i of g (ring index, or FSDP_MAX_RING for its own). */

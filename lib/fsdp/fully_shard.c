@@ -37,8 +37,10 @@ void fsdp_group_free(fsdp_group_t *g)
     fsdp2_tensor_release(g->shard);
     fsdp2_tensor_release(g->grad_shard);
     fsdp2_event_destroy(g->gathered);
-    for (int i = 0; i <= FSDP_MAX_RING; i++)
+    for (int i = 0; i <= FSDP_MAX_RING; i++) {
         free(g->pieces[i]);
+    }
+    fsdp_group_post_forward_free(g); /* the pieces (the root gave the shard back) */
     free(g->piece_offsets);
     free(g->params);
     free(g->forward_prefetch);
@@ -237,6 +239,40 @@ static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const 
     return FSDP2_SUCCESS;
 }
 
+static fsdp2_status_t check_reshard_value(const fsdp_group_t *g, int value, const char *what)
+{
+    if (value < 0 || value > g->ws || (value > 1 && g->ws % value != 0)) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "%s '%s': reshard_after_forward %d is not 0 (keep whole), 1 (reshard "
+                           "over all %d ranks of the shard dim) or a divisor of %d",
+                           what, fqn[0] ? fqn : "(root)", value, g->ws, g->ws);
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what)
+{
+    FSDP2_CHECK(check_reshard_value(g, value, what));
+    int n = value > 1 && value < g->ws ? value : 0;
+    if (n != g->pf_ranks) {
+        /* The post-forward layout: each parameter in ceil(rows / N) row chunks, rank
+         * (rank % N) keeping its chunk, padded like the shards. */
+        g->pf_shard_numel = 0;
+        for (size_t i = 0; i < g->num_params && n; i++) {
+            fsdp2_param_t *p = g->params[i];
+            p->pf_chunk_rows = p->rows / n + (p->rows % n != 0);
+            p->pf_shard_offset = g->pf_shard_numel;
+            g->pf_shard_numel += p->pf_chunk_rows * p->row_numel;
+        }
+        g->pf_ranks = n;
+        g->pf_rank = n ? g->rank % n : 0;
+    }
+    g->reshard_after_forward = value != 0;
+    return FSDP2_SUCCESS;
+}
+
 /* Whether a group under m already belongs to a planned root. */
 static int planned_below(const fsdp2_module_t *m)
 {
@@ -299,10 +335,9 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
     g->module = m;
-    g->trace_slice = g->trace_hold = g->trace_grad_hold = TRACE_NO_TOKEN;
+    g->trace_slice = g->trace_hold = g->trace_grad_hold = g->trace_pf_hold = TRACE_NO_TOKEN;
     g->mesh = mesh;
     g->device = o->device;
-    g->reshard_after_forward = o->reshard_after_forward != 0;
     g->reshard_after_backward = 1;
     g->requires_gradient_sync = 1;
     g->is_last_backward = 1;
@@ -320,10 +355,14 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
         status = fsdp2_group_rank(g->pg, &g->rank);
     if (status == FSDP2_SUCCESS)
         status = fsdp2_group_size(g->pg, &g->ws);
+    if (status == FSDP2_SUCCESS) /* before build takes the declared values */
+        status = check_reshard_value(g, o->reshard_after_forward, "fully_shard");
     if (status == FSDP2_SUCCESS)
         status = gather_params(g, m, o);
     if (status == FSDP2_SUCCESS)
         status = build(g, &o->mp, fqn);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp_group_set_reshard_after_forward(g, o->reshard_after_forward, "fully_shard");
     if (status != FSDP2_SUCCESS) {
         for (size_t i = 0; i < g->num_params; i++) {
             fsdp2_param_t *p = g->params[i];

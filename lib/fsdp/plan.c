@@ -17,6 +17,7 @@
  * On one rank the flat shard is the whole parameters (no padding), so a group there
  * gathers nothing and needs no buffer, and its gradients are added straight into the
  * sharded gradients. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,31 +46,34 @@ static fsdp2_status_t alloc(fsdp_root_t *r, size_t bytes, void **ptr, uint64_t *
     return FSDP2_SUCCESS;
 }
 
-/* Where each rank's part of g's all-gather lands in a buffer at base: per parameter, the
- * rank's rows in place, then its padding rows into the tail. */
-static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
+/* Where each rank's part of an all-gather of g over n ranks lands in a buffer at base
+ * (n = ws from the shards, or N from the post-forward shards): per parameter, the rank's
+ * rows in place, then its padding rows into the tail (n | ws, so the N-way padding fits
+ * where the ws-way padding does). */
+static fsdp2_status_t make_pieces_for(fsdp_group_t *g, int n, int post_forward, void *base,
+                                      fsdp2_iov_t **out, size_t **offsets)
 {
-    size_t n = (size_t)g->ws * g->num_params * 2;
-    fsdp2_iov_t *pieces = calloc(n ? n : 1, sizeof(*pieces));
+    size_t count = (size_t)n * g->num_params * 2;
+    fsdp2_iov_t *pieces = calloc(count ? count : 1, sizeof(*pieces));
     if (!pieces)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "all-gather pieces");
-    if (!g->piece_offsets) {
-        g->piece_offsets = calloc((size_t)g->ws + 1, sizeof(size_t));
-        if (!g->piece_offsets) {
+    if (!*offsets) {
+        *offsets = calloc((size_t)n + 1, sizeof(size_t));
+        if (!*offsets) {
             free(pieces);
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "all-gather pieces");
         }
     }
     char *at = base;
     size_t k = 0, pad_cursor = (size_t)g->full_numel * g->pe;
-    for (int r = 0; r < g->ws; r++) {
-        g->piece_offsets[r] = k;
+    for (int r = 0; r < n; r++) {
+        (*offsets)[r] = k;
         for (size_t i = 0; i < g->num_params; i++) {
             const fsdp2_param_t *p = g->params[i];
-            int64_t off, len;
-            fsdp2_chunk_range(p->rows, g->ws, r, &off, &len);
+            int64_t off, len, chunk = post_forward ? p->pf_chunk_rows : p->chunk_rows;
+            fsdp2_chunk_range(p->rows, n, r, &off, &len);
             size_t row_bytes = (size_t)p->row_numel * g->pe;
-            size_t valid = (size_t)len * row_bytes, pad = (size_t)(p->chunk_rows - len) * row_bytes;
+            size_t valid = (size_t)len * row_bytes, pad = (size_t)(chunk - len) * row_bytes;
             if (valid)
                 pieces[k++] = (fsdp2_iov_t){at + ((size_t)p->full_offset * g->pe + (size_t)off * row_bytes), valid};
             if (pad) {
@@ -78,9 +82,18 @@ static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
             }
         }
     }
-    g->piece_offsets[g->ws] = k;
-    free(g->pieces[b]);
-    g->pieces[b] = pieces;
+    (*offsets)[n] = k;
+    free(*out);
+    *out = pieces;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
+{
+    FSDP2_CHECK(make_pieces_for(g, g->ws, 0, base, &g->pieces[b], &g->piece_offsets));
+    if (g->pf_shard)
+        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, base, &g->pf_pieces[b],
+                                    &g->pf_piece_offsets));
     return FSDP2_SUCCESS;
 }
 
@@ -122,6 +135,49 @@ fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
     FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
     g->dedicated = 1;
     return bind_buffer(g, FSDP_MAX_RING);
+}
+
+fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g)
+{
+    fsdp_root_t *r = g->root;
+    if (!r || !g->pf_ranks || g->pf_shard || g == r->group || !g->shard_numel)
+        return FSDP2_SUCCESS;
+    /* The pieces are made only once the group is bound to its buffers (bind_groups);
+     * afterwards (a control changed later) for every buffer it may gather into. */
+    FSDP2_CHECK(fsdp2_mesh_block_group(g->mesh, g->pf_ranks, &g->pf_pg));
+    size_t bytes = (size_t)g->pf_shard_numel * g->pe;
+    FSDP2_CHECK(alloc(r, bytes, &g->pf_shard, &r->plan.post_forward_params));
+    g->pf_shard_bytes = bytes;
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->pf_free));
+    for (int b = 0; b < r->ring_size && g->pieces[b]; b++)
+        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, r->buffers[b].data, &g->pf_pieces[b],
+                                    &g->pf_piece_offsets));
+    if (g->own.data && g->pieces[FSDP_MAX_RING])
+        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, g->own.data, &g->pf_pieces[FSDP_MAX_RING],
+                                    &g->pf_piece_offsets));
+    return FSDP2_SUCCESS;
+}
+
+void fsdp_group_post_forward_free(fsdp_group_t *g)
+{
+    fsdp_root_t *r = g->root;
+    if (r && g->pf_shard) {
+        uint64_t bytes = (uint64_t)g->pf_shard_bytes;
+        r->plan.post_forward_params -= bytes;
+        r->plan.total -= bytes;
+        fsdp2_device_free(r->device, g->pf_shard);
+    }
+    fsdp2_event_destroy(g->pf_free);
+    for (int b = 0; b <= FSDP_MAX_RING; b++) {
+        free(g->pf_pieces[b]);
+        g->pf_pieces[b] = NULL;
+    }
+    free(g->pf_piece_offsets);
+    g->pf_piece_offsets = NULL;
+    g->pf_shard = NULL;
+    g->pf_free = NULL;
+    g->pf_pg = NULL;
+    g->pf_valid = 0;
 }
 
 fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g)
@@ -234,6 +290,8 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
             g->encloses_groups = is_under(r->groups[j]->module, g->module);
         if (g->encloses_groups || !g->requires_gradient_sync)
             FSDP2_CHECK(fsdp_group_accumulator(g));
+        if (g->reshard_after_forward)
+            FSDP2_CHECK(fsdp_group_post_forward(g));
         if (g->dedicated) {
             g->dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */
             FSDP2_CHECK(fsdp_group_own_buffer(g));
@@ -278,12 +336,14 @@ static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
     r->plan.groups = (int)r->num_groups;
     FSDP2_LOG(INFO, FSDP,
               "memory plan: %d groups, %d unsharded buffers; bytes: sharded params %llu, grads "
-              "%llu, unsharded params %llu, unsharded grads %llu, reduce-scatter %llu, total %llu",
+              "%llu, unsharded params %llu, unsharded grads %llu, reduce-scatter %llu, "
+              "post-forward shards %llu, total %llu",
               r->plan.groups, r->plan.ring_buffers, (unsigned long long)r->plan.sharded_params,
               (unsigned long long)r->plan.sharded_grads,
               (unsigned long long)r->plan.unsharded_params,
               (unsigned long long)r->plan.unsharded_grads,
-              (unsigned long long)r->plan.reduce_scatter, (unsigned long long)r->plan.total);
+              (unsigned long long)r->plan.reduce_scatter,
+              (unsigned long long)r->plan.post_forward_params, (unsigned long long)r->plan.total);
     return FSDP2_SUCCESS;
 }
 
@@ -340,6 +400,7 @@ void fsdp_root_free(fsdp_root_t *r)
         fsdp2_event_destroy(g->own.free);
         fsdp2_device_free(r->device, g->accumulator);
         fsdp2_event_destroy(g->accumulator_free);
+        fsdp_group_post_forward_free(g);
         g->accumulator_free = NULL;
         memset(&g->own, 0, sizeof(g->own));
         g->accumulator = NULL;
@@ -369,11 +430,15 @@ void fsdp_root_free(fsdp_root_t *r)
 fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
 {
     FSDP2_ARG_CHECK(plan, "memory plan is NULL");
-    FSDP2_ARG_CHECK(plan->size == sizeof(*plan),
+    /* The size before post_forward_params is accepted: it gets the fields it knows. */
+    size_t before = offsetof(fsdp2_memory_plan_t, post_forward_params);
+    FSDP2_ARG_CHECK(plan->size == sizeof(*plan) || plan->size == before,
                     "memory plan: size %u is not sizeof(fsdp2_memory_plan_t) = %zu", plan->size,
                     sizeof(*plan));
     fsdp_root_t *r;
     FSDP2_CHECK(fsdp_root_get(m, &r));
-    *plan = r->plan;
+    unsigned size = plan->size;
+    memcpy(plan, &r->plan, size);
+    plan->size = size;
     return FSDP2_SUCCESS;
 }

@@ -158,6 +158,60 @@ static int pick_buffer(fsdp_root_t *r)
     return -1;
 }
 
+/* reshard_after_forward = N: after forward, g's rows of its block's N-way split go from
+ * its unsharded buffer into its post-forward shard (on compute, where the buffer's
+ * readers ran, before the buffer is released). */
+static fsdp2_status_t keep_post_forward(fsdp_root_t *r, fsdp_group_t *g)
+{
+    const char *full = fsdp_buffer(g, g->buffer)->data;
+    char *shard = g->pf_shard;
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, g->pf_free));
+    trace_token_t t = trace_begin(g, r->compute, TRACE_COPY_OUT, (uint64_t)g->pf_shard_numel * g->pe,
+                                  g->pdtype);
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    for (size_t i = 0; i < g->num_params && status == FSDP2_SUCCESS; i++) {
+        const fsdp2_param_t *p = g->params[i];
+        int64_t off, len;
+        fsdp2_chunk_range(p->rows, g->pf_ranks, g->pf_rank, &off, &len);
+        size_t row_bytes = (size_t)p->row_numel * g->pe;
+        if (len > 0)
+            status = fsdp2_memcpy_async(shard + (size_t)p->pf_shard_offset * g->pe,
+                                        full + (size_t)p->full_offset * g->pe + (size_t)off * row_bytes,
+                                        (size_t)len * row_bytes, r->compute);
+    }
+    fsdp2_trace_stream_end(r->compute, t);
+    FSDP2_CHECK(status);
+    g->pf_valid = 1;
+    g->trace_pf_hold = trace_hold(g, "post-forward shard", -1, (uint64_t)g->pf_shard_numel * g->pe,
+                                  TRACE_MEM_POST_FORWARD);
+    return FSDP2_SUCCESS;
+}
+
+/* The backward's all-gather of a group whose post-forward shard holds its parameters:
+ * over the N ranks of its block, into buffer b; the shard is free again once it ran. */
+static fsdp2_status_t gather_post_forward(fsdp_root_t *r, fsdp_group_t *g, int b)
+{
+    char fqn[FSDP2_FQN_MAX];
+    int labelled = trace_label(g, fqn, sizeof(fqn), g->pdtype);
+    fsdp2_status_t status = fsdp2_all_gather_pieces_async(
+        g->pf_pg, g->pf_shard, (size_t)g->pf_shard_numel * g->pe, g->pf_pieces[b],
+        g->pf_piece_offsets, r->ag);
+    trace_unlabel(labelled);
+    FSDP2_CHECK(status);
+    FSDP2_CHECK(fsdp2_event_record(g->pf_free, r->ag));
+    g->pf_valid = 0;
+    trace_end_hold(&g->trace_pf_hold);
+    return FSDP2_SUCCESS;
+}
+
+/* The post-forward shard holds nothing of use once a step ends (the optimizer moves the
+ * shards on). */
+static void drop_post_forward(fsdp_group_t *g)
+{
+    g->pf_valid = 0;
+    trace_end_hold(&g->trace_pf_hold);
+}
+
 /* Issues g's all-gather unless its parameters are whole or on their way. A prefetch
  * (demand 0) that finds no buffer is skipped; a demand is an error. */
 static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
@@ -184,7 +238,9 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
         size_t cast_bytes = (size_t)g->shard_numel * g->pe;
-        if (g->cast && g->ws == 1) {
+        if (g->pf_valid) {
+            FSDP2_CHECK(gather_post_forward(r, g, b));
+        } else if (g->cast && g->ws == 1) {
             /* One rank, mixed precision: the cast shard is the whole parameters. */
             trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
             fsdp2_status_t status = fsdp2_cast_async(buf->data, g->pdtype, g->shard->data,
@@ -264,6 +320,7 @@ static void begin_step(fsdp_root_t *r)
         fsdp_group_t *g = r->groups[i];
         if (g->training_state != FSDP2_STATE_IDLE && g->unshard_state != FSDP2_SHARDED)
             release(g);
+        drop_post_forward(g);
         g->training_state = FSDP2_STATE_IDLE;
         g->forward_done = 0;
     }
@@ -317,9 +374,13 @@ fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
     g->trace_slice = TRACE_NO_TOKEN;
     g->training_state = FSDP2_STATE_AFTER_FORWARD;
     g->forward_done = 1;
-    if (g->reshard_after_forward)
-        release(g);
-    return FSDP2_SUCCESS;
+    if (!g->reshard_after_forward)
+        return FSDP2_SUCCESS;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (g->pf_shard && g->buffer >= 0 && !g->alias)
+        status = keep_post_forward(r, g);
+    release(g);
+    return status;
 }
 
 /* The gradient buffer for g's backward, zeroed on compute unless it holds gradients
@@ -584,6 +645,7 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
         fsdp_group_t *x = r->groups[i];
         if (x->unshard_state != FSDP2_SHARDED && x->reshard_after_backward)
             release(x);
+        drop_post_forward(x);
         x->training_state = FSDP2_STATE_IDLE;
         x->forward_done = 0;
     }

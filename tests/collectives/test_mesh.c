@@ -1,7 +1,11 @@
 /* Device meshes with real processes: 1D over 1-4 ranks and 2D [2,2], [1,4], [4,1] over 4
  * ranks. Coordinates must be row-major (PyTorch's init_device_mesh), and an all-reduce of
  * the global ranks over each dim's group must equal the closed form of the ranks that
- * share the other coordinate. Invalid shapes and names are errors naming them. */
+ * share the other coordinate. Block groups (fsdp2_mesh_block_group: n consecutive ranks
+ * of the last dim) for every divisor n: this rank's rank in it, its size, and an
+ * all-reduce over it equal to the closed form of its members; n = the dim's size is the
+ * dim's own group, a second call gives the same group, a non-divisor is an error naming
+ * it. Invalid shapes and names are errors naming them. */
 #include <check.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +30,42 @@ static double expected_sum(const mesh_case_t *mc, const int *coords, int dim)
         sum += mc->ndim == 2 ? k[0] * mc->shape[1] + k[1] : k[0];
     }
     return sum;
+}
+
+static int check_blocks(rank_ctx_t *c, const mesh_case_t *mc, fsdp2_mesh_t *mesh,
+                        const int *coords)
+{
+    int fails = 0, last = mc->ndim - 1, size = mc->shape[last], coord = coords[last];
+    for (int n = 1; n <= size + 1; n++) {
+        fsdp2_group_t *g = NULL, *again = NULL, *dim = NULL;
+        if (n > size || size % n != 0) {
+            char needle[32];
+            snprintf(needle, sizeof(needle), "%d does not", n);
+            fails += RANK_CHECK(c, fsdp2_mesh_block_group(mesh, n, &g) == FSDP2_ERR_INVALID_ARGUMENT &&
+                                       strstr(fsdp2_last_error(), needle) != NULL && g == NULL,
+                                "block of %d over a dim of %d: %s", n, size, fsdp2_last_error());
+            continue;
+        }
+        fails += OK(c, fsdp2_mesh_block_group(mesh, n, &g));
+        fails += OK(c, fsdp2_mesh_block_group(mesh, n, &again));
+        fails += OK(c, fsdp2_mesh_group(mesh, last, &dim));
+        if (fails)
+            return fails;
+        int grank = -1, gsize = -1;
+        fsdp2_group_rank(g, &grank);
+        fsdp2_group_size(g, &gsize);
+        fails += RANK_CHECK(c, grank == coord % n && gsize == n && again == g &&
+                                   (n != size || g == dim),
+                            "block of %d: rank %d of %d (want %d of %d), cached %d, dim's %d", n,
+                            grank, gsize, coord % n, n, again == g, g == dim);
+        double v = c->rank, want = 0;
+        for (int k = coord - coord % n; k < coord - coord % n + n; k++)
+            want += mc->ndim == 2 ? coords[0] * mc->shape[1] + k : k;
+        fails += OK(c, fsdp2_all_reduce_async(g, &v, 1, FSDP2_F64, NULL, c->stream));
+        fails += OK(c, fsdp2_stream_synchronize(c->stream));
+        fails += RANK_CHECK(c, v == want, "block of %d: sum of ranks %g, want %g", n, v, want);
+    }
+    return fails;
 }
 
 static int body_mesh(rank_ctx_t *c)
@@ -64,6 +104,7 @@ static int body_mesh(rank_ctx_t *c)
         fails += RANK_CHECK(c, v == expected_sum(mc, coords, d), "dim %d sum %g, want %g", d, v,
                             expected_sum(mc, coords, d));
     }
+    fails += check_blocks(c, mc, mesh, coords);
     if (mc->ndim == 2) {
         int dim = -1;
         fails += OK(c, fsdp2_mesh_dim(mesh, "shard", &dim));

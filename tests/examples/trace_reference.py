@@ -16,7 +16,7 @@ import sys
 COMPUTE = {"forward", "backward", "optimizer", "user"}
 COMM = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"}
 MEM_KEYS = ["sharded_params", "sharded_grads", "unsharded_params", "unsharded_grads",
-            "reduce_scatter", "optimizer_state"]
+            "reduce_scatter", "optimizer_state", "post_forward_params"]
 TOL_MS = 1e-6
 
 
@@ -135,7 +135,7 @@ def main():
             mine_c = [c for c in counters if c["pid"] == rank]
             before = [c for c in mine_c if c["ts"] <= w0]
             inside = [c for c in mine_c if w0 < c["ts"] <= w1]
-            totals = [sum(c["args"][k] for k in MEM_KEYS) for c in before[-1:] + inside]
+            totals = [sum(c["args"].get(k, 0) for k in MEM_KEYS) for c in before[-1:] + inside]
             if not totals:
                 fail(f"rank {rank} step {step}: no memory counter in effect")
             if s["peak"]["bytes"] != max(totals):

@@ -5,7 +5,12 @@
  * forward and one backward per layer per step on compute, two all-gathers and one
  * reduce-scatter per layer per step carrying exactly that layer's padded shard bytes, the
  * memory counters' sharded bytes equal to the shards' sizes and the unsharded ones never
- * above the plan. The numbers still match the one-process reference (run_train). */
+ * above the plan. The numbers still match the one-process reference (run_train).
+ *
+ * With reshard_after_forward = 2 at 4 ranks, each layer's second (backward) all-gather
+ * runs over its block of 2 ranks (a group named ".../block2-<b>") and carries the
+ * post-forward shard's bytes (ceil(rows / 2) rows), and a post-forward hold of that size
+ * shows between forward and backward. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,11 +31,12 @@
 #define EPS_US 0.0005
 
 static char dir[256];
+static int block; /* reshard_after_forward of the traced run (1, or 2 at 4 ranks) */
 
 typedef struct slice {
     int pid, tid;
     double ts, end;
-    const char *name, *cat, *module, *category;
+    const char *name, *cat, *module, *category, *group;
     long long step, bytes;
 } slice_t;
 
@@ -138,6 +144,7 @@ static int check_merged(rank_ctx_t *c, const char *path, uint64_t planned_unshar
             s->cat = text(e, "cat");
             s->module = text(args, "module");
             s->category = text(args, "category");
+            s->group = text(args, "group");
             s->step = (long long)num(args, "step", -1);
             s->bytes = (long long)num(args, "bytes", 0);
             fails += RANK_CHECK(c, s->name && s->cat && isfinite(s->ts) && s->end >= s->ts,
@@ -214,7 +221,8 @@ static int check_merged(rank_ctx_t *c, const char *path, uint64_t planned_unshar
             }
             fails += RANK_CHECK(c, steps == 1, "rank %d: %d slices 'step %d'", rank, steps, step);
             for (int l = 0; l < LAYERS; l++) {
-                int fwd = 0, bwd = 0, ag = 0, rs = 0, hold = 0, bad_bytes = 0;
+                int fwd = 0, bwd = 0, ag = 0, rs = 0, hold = 0, bad_bytes = 0, pf_hold = 0;
+                int block_ag = 0;
                 for (int i = 0; i < ns; i++) {
                     const slice_t *s = &sl[i];
                     if (s->pid != rank || s->step != step || !s->module ||
@@ -223,8 +231,18 @@ static int check_merged(rank_ctx_t *c, const char *path, uint64_t planned_unshar
                     fwd += !strcmp(s->cat, "forward");
                     bwd += !strcmp(s->cat, "backward");
                     if (!strcmp(s->cat, "all_gather")) {
+                        /* With a block: the first (forward) over the shard dim, the
+                         * second (backward) over the block. */
+                        int over_block = s->group && strstr(s->group, "/block") != NULL;
                         ag++;
-                        bad_bytes += s->bytes != shard_bytes(l, ws);
+                        block_ag += over_block;
+                        bad_bytes += s->bytes != (over_block ? shard_bytes(l, block)
+                                                             : shard_bytes(l, ws));
+                    }
+                    if (!strcmp(s->cat, "memory") && s->category &&
+                        !strcmp(s->category, "post_forward_params")) {
+                        pf_hold++;
+                        bad_bytes += s->bytes != shard_bytes(l, block);
                     }
                     if (!strcmp(s->cat, "reduce_scatter")) {
                         rs++;
@@ -238,14 +256,17 @@ static int check_merged(rank_ctx_t *c, const char *path, uint64_t planned_unshar
                 }
                 int gathers = ws > 1 ? 2 : 0, reduces = ws > 1 ? 1 : 0;
                 /* Held: the gradient buffer, and with ws > 1 the parameters twice. */
-                int holds = ws > 1 ? 3 : 1;
+                int holds = ws > 1 ? 3 : 1, blocked = block > 1 && block < ws;
                 fails += RANK_CHECK(c, fwd == 1 && bwd == 1 && ag == gathers && rs == reduces &&
-                                           hold == holds && !bad_bytes,
+                                           hold == holds && !bad_bytes &&
+                                           block_ag == blocked && pf_hold == blocked,
                                     "rank %d step %d %s: %d forward, %d backward, %d all-gathers "
-                                    "(want %d), %d reduce-scatters (want %d), %d buffer holds "
+                                    "(want %d; %d over a block, want %d), %d reduce-scatters "
+                                    "(want %d), %d buffer holds (want %d), %d post-forward holds "
                                     "(want %d), %d slices with wrong bytes (shard %lld)",
-                                    rank, step, LAYER_NAME[l], fwd, bwd, ag, gathers, rs, reduces,
-                                    hold, holds, bad_bytes, shard_bytes(l, ws));
+                                    rank, step, LAYER_NAME[l], fwd, bwd, ag, gathers, block_ag,
+                                    blocked, rs, reduces, hold, holds, pf_hold, blocked, bad_bytes,
+                                    shard_bytes(l, ws));
             }
         }
     }
@@ -263,6 +284,7 @@ static int body_trace(rank_ctx_t *c)
     run_t *r = malloc(sizeof(*r));
     int fails = run_open(c, r);
     build_options_t bo = BUILD_DEFAULT;
+    bo.reshard_after_forward = block;
     if (!fails)
         fails += build_model(r, &bo);
     ref_model_t ref;
@@ -291,20 +313,36 @@ static int body_trace(rank_ctx_t *c)
         fails += OK(c, fsdp2_trace_merge(parts, (size_t)c->size, merged));
         if (!fails)
             fails += check_merged(c, merged, plan.unsharded_params);
+        if (!fails && block > 1)
+            fails += RANK_CHECK(c, plan.post_forward_params > 0,
+                                "reshard_after_forward %d: the plan has no post-forward bytes",
+                                block);
     }
     fails += run_close(r);
     free(r);
     return fails;
 }
 
-START_TEST(a_traced_step_shows_each_layers_work_with_its_bytes_on_every_rank)
+static void traced_run(int ws, int n, const char *what)
 {
-    snprintf(dir, sizeof(dir), "/tmp/fsdp2-trace-test-%ld-%d", (long)getpid(), _i);
+    snprintf(dir, sizeof(dir), "/tmp/fsdp2-trace-test-%ld-%d-%d", (long)getpid(), ws, n);
     ck_assert_int_eq(mkdir(dir, 0700), 0);
-    run_case(_i, body_trace, "traced steps");
+    block = n;
+    run_case(ws, body_trace, what);
     char cmd[320];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(a_traced_step_shows_each_layers_work_with_its_bytes_on_every_rank)
+{
+    traced_run(_i, 1, "traced steps");
+}
+END_TEST
+
+START_TEST(reshard_to_2_of_4_gathers_backward_over_the_block_with_the_smaller_shards)
+{
+    traced_run(4, 2, "traced steps with reshard_after_forward 2");
 }
 END_TEST
 
@@ -314,6 +352,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("trace");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, a_traced_step_shows_each_layers_work_with_its_bytes_on_every_rank, 1, 5);
+    tcase_add_test(tc, reshard_to_2_of_4_gathers_backward_over_the_block_with_the_smaller_shards);
     suite_add_tcase(s, tc);
     return s;
 }
