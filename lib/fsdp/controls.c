@@ -80,10 +80,7 @@ fsdp2_status_t fsdp2_set_reshard_after_forward(fsdp2_module_t *m, int reshard)
                            "set_reshard_after_forward: module '%s' is unsharded now; reshard it "
                            "first",
                            fqn);
-    int before = g->pf_ranks;
     FSDP2_CHECK(fsdp_group_set_reshard_after_forward(g, reshard, "set_reshard_after_forward"));
-    if (g->pf_ranks != before)
-        fsdp_group_post_forward_free(g); /* planned for the old N */
     if (!reshard && g->root && !g->dedicated)
         FSDP2_CHECK(fsdp_group_own_buffer(g));
     if (g->reshard_after_forward)

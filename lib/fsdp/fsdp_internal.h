@@ -105,7 +105,6 @@ struct fsdp_group {
     fsdp2_group_t *pf_pg;     /* the mesh's block group of N, set by the plan */
     int64_t pf_shard_numel;   /* padded, per rank, in the compute dtype */
     void *pf_shard;           /* planned: pf_shard_numel elements */
-    size_t pf_shard_bytes;    /* as planned (the plan gives them back) */
     int pf_valid;             /* holds the parameters of this step's forward */
     fsdp2_event_t *pf_free;   /* recorded after the all-gather that read it */
     fsdp2_iov_t *pf_pieces[FSDP_MAX_RING + 1]; /* that all-gather's destinations per buffer */
@@ -184,8 +183,8 @@ fsdp2_status_t fsdp_module_walk(fsdp2_module_t *m, fsdp2_status_t (*fn)(fsdp2_mo
 /* fully_shard.c */
 void fsdp_group_free(fsdp_group_t *g);
 /* Sets g's reshard_after_forward from a user's value (0, 1, or N dividing the shard
- * size): the post-forward layout for N; `what` names the caller in errors. Plans
- * nothing. */
+ * size): the post-forward layout for N (a post-forward shard planned for another N is
+ * given back first); `what` names the caller in errors. */
 fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what);
 /* A view of `rows` rows of p's shape at element `at` of a flat tensor (shares storage). */
 fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,

@@ -37,9 +37,8 @@ void fsdp_group_free(fsdp_group_t *g)
     fsdp2_tensor_release(g->shard);
     fsdp2_tensor_release(g->grad_shard);
     fsdp2_event_destroy(g->gathered);
-    for (int i = 0; i <= FSDP_MAX_RING; i++) {
+    for (int i = 0; i <= FSDP_MAX_RING; i++)
         free(g->pieces[i]);
-    }
     fsdp_group_post_forward_free(g); /* the pieces (the root gave the shard back) */
     free(g->piece_offsets);
     free(g->params);
@@ -257,6 +256,7 @@ fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, 
     FSDP2_CHECK(check_reshard_value(g, value, what));
     int n = value > 1 && value < g->ws ? value : 0;
     if (n != g->pf_ranks) {
+        fsdp_group_post_forward_free(g); /* planned for the old N */
         /* The post-forward layout: each parameter in ceil(rows / N) row chunks, rank
          * (rank % N) keeping its chunk, padded like the shards. */
         g->pf_shard_numel = 0;

@@ -147,7 +147,6 @@ fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g)
     FSDP2_CHECK(fsdp2_mesh_block_group(g->mesh, g->pf_ranks, &g->pf_pg));
     size_t bytes = (size_t)g->pf_shard_numel * g->pe;
     FSDP2_CHECK(alloc(r, bytes, &g->pf_shard, &r->plan.post_forward_params));
-    g->pf_shard_bytes = bytes;
     FSDP2_CHECK(fsdp2_event_create(r->device, &g->pf_free));
     for (int b = 0; b < r->ring_size && g->pieces[b]; b++)
         FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, r->buffers[b].data, &g->pf_pieces[b],
@@ -162,7 +161,7 @@ void fsdp_group_post_forward_free(fsdp_group_t *g)
 {
     fsdp_root_t *r = g->root;
     if (r && g->pf_shard) {
-        uint64_t bytes = (uint64_t)g->pf_shard_bytes;
+        uint64_t bytes = (uint64_t)g->pf_shard_numel * g->pe;
         r->plan.post_forward_params -= bytes;
         r->plan.total -= bytes;
         fsdp2_device_free(r->device, g->pf_shard);
