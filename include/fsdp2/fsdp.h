@@ -66,17 +66,39 @@ FSDP2_EXTERN_C_BEGIN
  * and the gradients it writes are in it too; reduce_dtype is what the reduce-scatter sums
  * in, after which the result is added into the sharded gradients in their own dtype.
  * FSDP2_DTYPE_COUNT keeps the default: param_dtype = the parameters' dtype, reduce_dtype
- * = param_dtype. Floating dtypes only. */
+ * = param_dtype. Floating dtypes only.
+ *
+ * At the module's boundary (the activations are the application's, so the library
+ * names the dtypes and casts into tensors the application gives it, see
+ * fsdp2_cast_forward_input): cast_forward_inputs (1, the default) makes the forward's
+ * floating inputs param_dtype when param_dtype is set; output_dtype (COUNT: none) is
+ * what its floating outputs are cast to, for a module whose neighbours compute in
+ * another dtype. */
 typedef struct fsdp2_mp_policy {
     fsdp2_dtype_t param_dtype;
     fsdp2_dtype_t reduce_dtype;
+    fsdp2_dtype_t output_dtype;
+    int cast_forward_inputs; /* 0 or 1 */
 } fsdp2_mp_policy_t;
 
-#define FSDP2_MP_POLICY_INIT {FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT}
+#define FSDP2_MP_POLICY_INIT {FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT, 1}
+
+/* CPU offload (FSDP2's CPUOffloadPolicy, ZeRO-Offload): offload_params 1 keeps the
+ * sharded parameters and gradients in host memory (page-locked when pin_memory) and the
+ * optimizer steps there. With a cpu device the shards are in host memory already: the
+ * policy is accepted and changes nothing (fully_shard says so once in the log). With a
+ * cuda device it is refused (FSDP2_ERR_UNSUPPORTED) in this version. */
+typedef struct fsdp2_offload_policy {
+    int offload_params; /* 0 or 1 */
+    int pin_memory;     /* 0 or 1 */
+} fsdp2_offload_policy_t;
+
+#define FSDP2_OFFLOAD_POLICY_INIT {0, 1}
 
 typedef struct fsdp2_shard_options {
-    unsigned size;                      /* sizeof(fsdp2_shard_options_t); the size before
-                                           `mp` is accepted too (mp then defaults) */
+    unsigned size;                      /* sizeof(fsdp2_shard_options_t); the sizes of
+                                           earlier versions are accepted too (the fields
+                                           they lack then default) */
     fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
                                            NULL: the world mesh of fsdp2_init */
     int reshard_after_forward;          /* 1: free unsharded parameters after forward;
@@ -88,10 +110,12 @@ typedef struct fsdp2_shard_options {
     fsdp2_device_t device;              /* where shards live: cpu */
     int unsharded_buffers;              /* the root's ring of unsharded buffers: >= 1 (2) */
     fsdp2_mp_policy_t mp;               /* mixed precision: none */
+    fsdp2_offload_policy_t offload;     /* CPU offload: none */
 } fsdp2_shard_options_t;
 
-#define FSDP2_SHARD_OPTIONS_INIT \
-    {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2, FSDP2_MP_POLICY_INIT}
+#define FSDP2_SHARD_OPTIONS_INIT                                                             \
+    {sizeof(fsdp2_shard_options_t), NULL, 1, NULL, 0, FSDP2_DEVICE_CPU_INIT, 2,              \
+     FSDP2_MP_POLICY_INIT, FSDP2_OFFLOAD_POLICY_INIT}
 
 /* reshard_after_forward = N (FSDP2's int, ZeRO++'s hpZ): after forward, instead of
  * dropping the whole parameters, each rank keeps its chunk of an N-way split of them
@@ -134,6 +158,26 @@ FSDP2_API fsdp2_status_t fsdp2_module_materialize(fsdp2_module_t *m, fsdp2_param
  * fsdp2_module_materialize. */
 FSDP2_API fsdp2_status_t fsdp2_param_set_random_init(fsdp2_param_t *p,
                                                      const fsdp2_random_init_t *init);
+
+/* Mixed precision at m's forward boundary (FSDP2 casts the forward's arguments and
+ * results; here the application asks). fsdp2_forward_input_dtype gives the dtype m's
+ * forward takes an input of `dtype` in: m's param_dtype when m is sharded with
+ * cast_forward_inputs and a param_dtype, the input is floating and of another dtype;
+ * else `dtype` itself. fsdp2_forward_output_dtype likewise gives the dtype of a forward
+ * output: m's output_dtype for a floating output, else `dtype`. A module fully_shard
+ * was not called on casts nothing. */
+FSDP2_API fsdp2_status_t fsdp2_forward_input_dtype(const fsdp2_module_t *m, fsdp2_dtype_t dtype,
+                                                   fsdp2_dtype_t *input);
+FSDP2_API fsdp2_status_t fsdp2_forward_output_dtype(const fsdp2_module_t *m, fsdp2_dtype_t dtype,
+                                                    fsdp2_dtype_t *output);
+/* Casts src into dst, whose dtype must be the one the query above gives for src's dtype
+ * and whose shape and device must be src's (a mismatch is an error naming both): an
+ * element-wise conversion (fsdp2/dtype.h: round to nearest even), or a copy when the
+ * dtypes agree, enqueued on the current stream of their device. */
+FSDP2_API fsdp2_status_t fsdp2_cast_forward_input(const fsdp2_module_t *m,
+                                                  const fsdp2_tensor_t *src, fsdp2_tensor_t *dst);
+FSDP2_API fsdp2_status_t fsdp2_cast_forward_output(const fsdp2_module_t *m,
+                                                   const fsdp2_tensor_t *src, fsdp2_tensor_t *dst);
 
 /* The hooks. Not collective by themselves, but each rank must drive the same modules in
  * the same order (the collectives inside are). */

@@ -42,6 +42,18 @@ FSDP2_API fsdp2_status_t fsdp2_context_world(const fsdp2_context_t *ctx, fsdp2_g
  * context lives. */
 FSDP2_API fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *ctx, fsdp2_mesh_t **mesh);
 
+/* The HSDP mesh of the natural layout, [replicate, shard] = [world / shard, shard]:
+ * shard over `shard` consecutive ranks, replicate across those blocks. shard 0 means the
+ * ranks of one node (the launcher's local world size), so the all-gathers and
+ * reduce-scatters stay inside a node and only the replicate all-reduce crosses nodes;
+ * that needs each node's ranks to be consecutive (rank % local world size == local
+ * rank, as fsdp2run, torchrun and mpirun's default by-slot mapping give), else it is
+ * FSDP2_ERR_INVALID_CONFIG naming the rank. A shard that does not divide the world size
+ * is FSDP2_ERR_INVALID_ARGUMENT. Collective over the world the first time for a shard
+ * size; the context owns the mesh (up to 4 shard sizes) until fsdp2_finalize. */
+FSDP2_API fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *ctx, int shard,
+                                                 fsdp2_mesh_t **mesh);
+
 FSDP2_EXTERN_C_END
 
 #endif

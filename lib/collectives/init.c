@@ -1,5 +1,6 @@
 /* fsdp2_init: environment -> store -> world group. Here rather than in lib/mesh because
  * it creates a group. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "collectives/mesh_default.h"
@@ -8,11 +9,15 @@
 #include <fsdp2/init.h>
 #include <fsdp2/log.h>
 
+#define CONTEXT_HSDP_MESHES 4
+
 struct fsdp2_context {
     fsdp2_process_info_t info;
     fsdp2_store_t *store;
     fsdp2_group_t *world;
     fsdp2_mesh_t *mesh; /* 1D over world */
+    fsdp2_group_options_t go;
+    fsdp2_mesh_t *hsdp[CONTEXT_HSDP_MESHES]; /* fsdp2_context_hsdp_mesh's, by creation */
 };
 
 fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t **out)
@@ -39,13 +44,13 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     so.rank = c->info.rank;
     so.timeout_ms = opts.timeout_ms;
     FSDP2_CHECK_GOTO(fsdp2_store_create(&so, &c->store), status, cleanup);
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.backend = opts.backend;
-    go.timeout_ms = opts.timeout_ms;
-    FSDP2_CHECK_GOTO(fsdp2_group_create(c->store, "world", c->info.rank, c->info.world_size, &go,
-                                        &c->world),
+    c->go = (fsdp2_group_options_t)FSDP2_GROUP_OPTIONS_INIT;
+    c->go.backend = opts.backend;
+    c->go.timeout_ms = opts.timeout_ms;
+    FSDP2_CHECK_GOTO(fsdp2_group_create(c->store, "world", c->info.rank, c->info.world_size,
+                                        &c->go, &c->world),
                      status, cleanup);
-    FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, c->store, &go, &c->mesh), status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_mesh_wrap_group(c->world, c->store, &c->go, &c->mesh), status, cleanup);
     fsdp2_default_mesh_set(c->mesh);
     FSDP2_CHECK_GOTO(fsdp2_trace_session_from_env(c), status, cleanup);
     *out = c;
@@ -61,6 +66,8 @@ fsdp2_status_t fsdp2_finalize(fsdp2_context_t *c)
         return FSDP2_SUCCESS;
     /* A trace started on this context is written while the store can still meet. */
     fsdp2_status_t traced = fsdp2_trace_session_end(c);
+    for (int i = 0; i < CONTEXT_HSDP_MESHES; i++)
+        fsdp2_mesh_destroy(c->hsdp[i]);
     fsdp2_mesh_destroy(c->mesh);
     fsdp2_group_destroy(c->world);
     fsdp2_status_t status = fsdp2_store_destroy(c->store);
@@ -93,5 +100,47 @@ fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *c, fsdp2_mesh_t **mesh)
 {
     FSDP2_ARG_CHECK(c && mesh, "ctx or mesh is NULL");
     *mesh = c->mesh;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *c, int shard, fsdp2_mesh_t **mesh)
+{
+    FSDP2_ARG_CHECK(c && mesh, "hsdp mesh: ctx or mesh is NULL");
+    *mesh = NULL;
+    const fsdp2_process_info_t *in = &c->info;
+    int natural = shard == 0;
+    if (natural) {
+        shard = in->local_world_size;
+        if (in->rank % shard != in->local_rank)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "hsdp mesh: rank %d is local rank %d of %d on its node, so the "
+                               "node's ranks are not consecutive (rank %% %d would be %d); map "
+                               "ranks by node, or pass the shard size",
+                               in->rank, in->local_rank, shard, shard, in->rank % shard);
+    }
+    FSDP2_ARG_CHECK(shard >= 1 && in->world_size % shard == 0,
+                    "hsdp mesh: shard size %d does not divide the world size %d", shard,
+                    in->world_size);
+    int shape[2] = {in->world_size / shard, shard};
+    int i = 0;
+    for (; i < CONTEXT_HSDP_MESHES && c->hsdp[i]; i++) {
+        int size;
+        FSDP2_CHECK(fsdp2_mesh_size(c->hsdp[i], 1, &size));
+        if (size == shard) {
+            *mesh = c->hsdp[i];
+            return FSDP2_SUCCESS;
+        }
+    }
+    if (i == CONTEXT_HSDP_MESHES)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "hsdp mesh: shard size %d would be the context's %d-th HSDP mesh; it "
+                           "keeps %d",
+                           shard, i + 1, CONTEXT_HSDP_MESHES);
+    char name[32];
+    snprintf(name, sizeof(name), "hsdp%d", shard);
+    const char *const names[2] = {"replicate", "shard"};
+    FSDP2_CHECK(fsdp2_mesh_create(c->store, name, in->rank, in->world_size, 2, shape, names,
+                                  &c->go, &c->hsdp[i]));
+    *mesh = c->hsdp[i];
     return FSDP2_SUCCESS;
 }

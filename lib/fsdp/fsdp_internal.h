@@ -83,6 +83,8 @@ struct fsdp_group {
     fsdp2_dtype_t pdtype, rdtype; /* mixed precision: compute (all-gather), reduce */
     size_t pe, re;
     int cast;                     /* pdtype != dtype: a copy-in cast before gathering */
+    fsdp2_dtype_t input_dtype;    /* forward inputs' dtype (cast_forward_inputs), or COUNT */
+    fsdp2_dtype_t output_dtype;   /* forward outputs' dtype (output_dtype), or COUNT */
     fsdp2_reduce_t reduce;        /* of the reduce-scatter: average, or a divide factor */
     fsdp2_param_t **params; /* the group's, in registration order */
     size_t num_params;
@@ -187,6 +189,10 @@ void fsdp_group_free(fsdp_group_t *g);
  * given back first); `what` names the caller in errors. */
 fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what);
 /* A view of `rows` rows of p's shape at element `at` of a flat tensor (shares storage). */
+/* precision.c: the group's dtypes from its mixed precision policy. */
+fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp,
+                                        const char *fqn);
+
 fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
                                int64_t rows, fsdp2_tensor_t **out);
 /* The outermost sharded module above or at m, or NULL. */

@@ -15,6 +15,7 @@
 
 #include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/log_internal.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 
@@ -77,6 +78,57 @@ static fsdp2_status_t gather_params(fsdp_group_t *g, fsdp2_module_t *m,
     return FSDP2_SUCCESS;
 }
 
+/* The options of earlier versions, for their sizes: before mixed precision, and with
+ * the two-dtype policy before output_dtype, cast_forward_inputs and offload. */
+typedef struct shard_options_v2 {
+    unsigned size;
+    fsdp2_mesh_t *mesh;
+    int reshard_after_forward;
+    fsdp2_param_t *const *ignored_params;
+    size_t num_ignored_params;
+    fsdp2_device_t device;
+    int unsharded_buffers;
+    fsdp2_dtype_t param_dtype, reduce_dtype;
+} shard_options_v2_t;
+
+/* The bytes of the current options an earlier version's size holds, or 0. */
+static size_t older_options_size(unsigned size)
+{
+    if (size == offsetof(shard_options_v2_t, param_dtype))
+        return offsetof(fsdp2_shard_options_t, mp);
+    if (size == sizeof(shard_options_v2_t))
+        return offsetof(fsdp2_shard_options_t, mp.output_dtype);
+    return 0;
+}
+
+/* Offload: host memory is where cpu shards live already (said once); the cuda path
+ * (pinned host shards, copies on the side streams, the optimizer on the host) is not
+ * built yet. */
+static fsdp2_status_t check_offload(const fsdp2_shard_options_t *o, const char *fqn)
+{
+    static int said;
+    const fsdp2_offload_policy_t *p = &o->offload;
+    FSDP2_ARG_CHECK(p->offload_params == 0 || p->offload_params == 1,
+                    "fully_shard '%s': offload_params %d is not 0 or 1", fqn, p->offload_params);
+    FSDP2_ARG_CHECK(p->pin_memory == 0 || p->pin_memory == 1,
+                    "fully_shard '%s': offload pin_memory %d is not 0 or 1", fqn, p->pin_memory);
+    if (!p->offload_params)
+        return FSDP2_SUCCESS;
+    if (o->device.type == FSDP2_DEVICE_CUDA)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "fully_shard '%s': CPU offload of cuda shards is not supported yet "
+                           "(offload_params 1 with device cuda:%d)",
+                           fqn, o->device.index);
+    if (!said) {
+        said = 1;
+        FSDP2_LOG(WARN, FSDP,
+                  "fully_shard '%s': offload_params on a cpu device: the shards, gradients and "
+                  "optimizer state are in host memory already; the policy changes nothing",
+                  fqn);
+    }
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t check_options(const fsdp2_shard_options_t *o, const char *fqn)
 {
     FSDP2_ARG_CHECK(o->size == sizeof(*o),
@@ -92,7 +144,7 @@ static fsdp2_status_t check_options(const fsdp2_shard_options_t *o, const char *
     FSDP2_ARG_CHECK(o->device.type == FSDP2_DEVICE_CPU || o->device.type == FSDP2_DEVICE_CUDA,
                     "fully_shard '%s': shards live on cpu or cuda, not device type %d", fqn,
                     (int)o->device.type);
-    return FSDP2_SUCCESS;
+    return check_offload(o, fqn);
 }
 
 /* Places every parameter in the flat buffers (offsets, chunk rows). */
@@ -133,31 +185,6 @@ static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
     }
     if (g->num_params)
         FSDP2_CHECK(fsdp2_dtype_size(g->dtype, &g->elem));
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t check_mp_dtype(fsdp2_dtype_t d, const char *what, const char *fqn)
-{
-    int is_float = 0;
-    if (d == FSDP2_DTYPE_COUNT)
-        return FSDP2_SUCCESS;
-    fsdp2_dtype_is_float(d, &is_float);
-    FSDP2_ARG_CHECK(is_float, "fully_shard '%s': mixed precision %s %d (%s) is not a floating dtype",
-                    fqn, what, (int)d, fsdp2_dtype_name(d));
-    return FSDP2_SUCCESS;
-}
-
-/* The group's compute and reduce dtypes from the policy (defaults: its own dtype). */
-static fsdp2_status_t set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const char *fqn)
-{
-    FSDP2_CHECK(check_mp_dtype(mp->param_dtype, "param_dtype", fqn));
-    FSDP2_CHECK(check_mp_dtype(mp->reduce_dtype, "reduce_dtype", fqn));
-    g->pdtype = mp->param_dtype == FSDP2_DTYPE_COUNT ? g->dtype : mp->param_dtype;
-    g->rdtype = mp->reduce_dtype == FSDP2_DTYPE_COUNT ? g->pdtype : mp->reduce_dtype;
-    g->cast = g->pdtype != g->dtype;
-    FSDP2_CHECK(fsdp2_dtype_size(g->pdtype, &g->pe));
-    FSDP2_CHECK(fsdp2_dtype_size(g->rdtype, &g->re));
-    g->reduce = (fsdp2_reduce_t)FSDP2_REDUCE_AVG_INIT;
     return FSDP2_SUCCESS;
 }
 
@@ -212,7 +239,7 @@ static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const 
         g->dtype = FSDP2_F32;
         g->elem = sizeof(float);
     }
-    FSDP2_CHECK(set_precision(g, mp, fqn));
+    FSDP2_CHECK(fsdp_group_set_precision(g, mp, fqn));
     FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->shard_numel, &g->shard));
     fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, (int64_t)g->shard->nbytes);
     if (g->grad_shard_numel) {
@@ -290,10 +317,11 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     FSDP2_ARG_CHECK(m, "fully_shard: module is NULL");
     fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
     const fsdp2_shard_options_t *o = options ? options : &defaults;
-    if (options && options->size == offsetof(fsdp2_shard_options_t, mp)) {
-        /* Built against the header before mixed precision: the fields it knows, and the
-         * defaults for the rest (what the size field is for). */
-        memcpy(&defaults, options, offsetof(fsdp2_shard_options_t, mp));
+    size_t known = options ? older_options_size(options->size) : 0;
+    if (known) {
+        /* Built against an earlier header: the fields it knows, and the defaults for the
+         * rest (what the size field is for). */
+        memcpy(&defaults, options, known);
         defaults.size = sizeof(defaults);
         o = &defaults;
     }

@@ -32,10 +32,8 @@ int main(void)
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
     fsdp2_process_info_t info;
-    fsdp2_store_t *store;
     fsdp2_group_t *world;
     CHECK(fsdp2_context_info(ctx, &info));
-    CHECK(fsdp2_context_store(ctx, &store));
     CHECK(fsdp2_context_world(ctx, &world));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     fsdp2_stream_t *s;
@@ -57,11 +55,23 @@ int main(void)
     for (size_t i = 0; i < COUNT; i += 997)
         EXPECT(recv[i] == ranks_sum * (float)(((size_t)r * COUNT + i) % 101),
                "rank %d: reduce_scatter element %zu: %g", r, i, recv[i]);
-    /* HSDP layout: replicate across nodes, shard within a node */
+    /* HSDP layout: replicate across nodes, shard within a node (the context's helper,
+     * checked against the launcher's node layout: ranks node * per node + local rank) */
     int shape[2] = {n / info.local_world_size, info.local_world_size};
-    const char *names[2] = {"replicate", "shard"};
-    fsdp2_mesh_t *mesh;
-    CHECK(fsdp2_mesh_create(store, "hsdp", r, n, 2, shape, names, NULL, &mesh));
+    fsdp2_mesh_t *mesh, *again;
+    CHECK(fsdp2_context_hsdp_mesh(ctx, 0, &mesh));
+    CHECK(fsdp2_context_hsdp_mesh(ctx, info.local_world_size, &again));
+    EXPECT(mesh == again, "rank %d: the same shard size gave another mesh", r);
+    for (int d = 0; d < 2; d++) {
+        int size, coord, dim;
+        CHECK(fsdp2_mesh_size(mesh, d, &size));
+        CHECK(fsdp2_mesh_coordinate(mesh, d, &coord));
+        CHECK(fsdp2_mesh_dim(mesh, d ? "shard" : "replicate", &dim));
+        int want = d ? info.local_rank : (info.node_rank >= 0 ? info.node_rank : r / shape[1]);
+        EXPECT(size == shape[d] && coord == want && dim == d,
+               "rank %d: hsdp mesh dim %d has size %d, coordinate %d (name -> dim %d), want "
+               "%d, %d", r, d, size, coord, dim, shape[d], want);
+    }
     for (int d = 0; d < 2; d++) {
         fsdp2_group_t *g;
         CHECK(fsdp2_mesh_group(mesh, d, &g));
@@ -75,7 +85,6 @@ int main(void)
     }
     CHECK(fsdp2_barrier_async(world, s));
     CHECK(fsdp2_stream_synchronize(s));
-    CHECK(fsdp2_mesh_destroy(mesh));
     CHECK(fsdp2_stream_destroy(s));
     CHECK(fsdp2_finalize(ctx));
     free(send);

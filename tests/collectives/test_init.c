@@ -2,6 +2,7 @@
  * group; bad launcher variables are errors naming them, and nothing is left behind.
  * (Multi-rank fsdp2_init runs in two_nodes.sh through coll_check.) */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,38 @@ START_TEST(bad_launcher_variables_are_errors_naming_them)
 }
 END_TEST
 
+START_TEST(the_hsdp_mesh_of_one_process_and_bad_shard_sizes)
+{
+    clear_launcher_env();
+    fsdp2_context_t *ctx;
+    ck_assert_msg(fsdp2_init(NULL, &ctx) == FSDP2_SUCCESS, "%s", fsdp2_last_error());
+    fsdp2_mesh_t *mesh = NULL, *again = NULL;
+    ck_assert_msg(fsdp2_context_hsdp_mesh(ctx, 0, &mesh) == FSDP2_SUCCESS, "%s",
+                  fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_context_hsdp_mesh(ctx, 1, &again), FSDP2_SUCCESS);
+    ck_assert_ptr_eq(mesh, again);
+    int ndim = 0, size0 = 0, size1 = 0, dim = -1;
+    ck_assert_int_eq(fsdp2_mesh_ndim(mesh, &ndim), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_mesh_size(mesh, 0, &size0), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_mesh_size(mesh, 1, &size1), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_mesh_dim(mesh, "shard", &dim), FSDP2_SUCCESS);
+    ck_assert_int_eq(ndim, 2);
+    ck_assert_int_eq(size0, 1);
+    ck_assert_int_eq(size1, 1);
+    ck_assert_int_eq(dim, 1);
+    const int bad[] = {3, -2};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char needle[64];
+        snprintf(needle, sizeof(needle), "shard size %d does not divide the world size 1", bad[i]);
+        ck_assert_int_eq(fsdp2_context_hsdp_mesh(ctx, bad[i], &again), FSDP2_ERR_INVALID_ARGUMENT);
+        ck_assert_ptr_null(again);
+        ck_assert_msg(strstr(fsdp2_last_error(), needle), "%s", fsdp2_last_error());
+    }
+    ck_assert_int_eq(fsdp2_context_hsdp_mesh(NULL, 0, &again), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_finalize(ctx), FSDP2_SUCCESS);
+}
+END_TEST
+
 static Suite *init_suite(void)
 {
     Suite *s = suite_create("init");
@@ -60,6 +93,7 @@ static Suite *init_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, a_bare_process_is_a_world_of_one_with_a_working_group);
     tcase_add_test(tc, bad_launcher_variables_are_errors_naming_them);
+    tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -442,7 +442,7 @@ static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
     work_t *refwork = malloc(sizeof(*refwork));
     fsdp2_dtype_t reduce = reduce_dtype == FSDP2_DTYPE_COUNT ? FSDP2_BF16 : reduce_dtype;
     fails += run_open(c, r);
-    fsdp2_mp_policy_t mp = {FSDP2_BF16, reduce_dtype};
+    fsdp2_mp_policy_t mp = {FSDP2_BF16, reduce_dtype, FSDP2_DTYPE_COUNT, 1};
     if (!fails)
         fails += build_mixed(r, mp);
     if (!fails)
@@ -555,10 +555,12 @@ static int body_invalid_policy(rank_ctx_t *c)
         fsdp2_mp_policy_t mp;
         const char *field, *dtype;
     } bad[] = {
-        {{FSDP2_I32, FSDP2_DTYPE_COUNT}, "param_dtype", "i32"},
-        {{FSDP2_BF16, FSDP2_I64}, "reduce_dtype", "i64"},
-        {{FSDP2_U8, FSDP2_F32}, "param_dtype", "u8"},
-        {{(fsdp2_dtype_t)42, FSDP2_DTYPE_COUNT}, "param_dtype", "42"},
+        {{FSDP2_I32, FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT, 1}, "param_dtype", "i32"},
+        {{FSDP2_BF16, FSDP2_I64, FSDP2_DTYPE_COUNT, 1}, "reduce_dtype", "i64"},
+        {{FSDP2_U8, FSDP2_F32, FSDP2_DTYPE_COUNT, 1}, "param_dtype", "u8"},
+        {{(fsdp2_dtype_t)42, FSDP2_DTYPE_COUNT, FSDP2_DTYPE_COUNT, 1}, "param_dtype", "42"},
+        {{FSDP2_BF16, FSDP2_F32, FSDP2_I64, 1}, "output_dtype", "i64"},
+        {{FSDP2_BF16, FSDP2_F32, FSDP2_F32, 2}, "cast_forward_inputs", "2"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         r->opts.mp = bad[i].mp;
@@ -572,7 +574,7 @@ static int body_invalid_policy(rank_ctx_t *c)
         fails += RANK_CHECK(c, st.sharded == 0, "policy %zu: fc1 sharded %d after the refusal",
                             i, st.sharded);
     }
-    fsdp2_mp_policy_t good = {FSDP2_BF16, FSDP2_F32};
+    fsdp2_mp_policy_t good = {FSDP2_BF16, FSDP2_F32, FSDP2_DTYPE_COUNT, 1};
     r->opts.mp = good;
     for (int l = 0; l < LAYERS && !fails; l++)
         fails += OK(c, fsdp2_fully_shard(r->fc[l], &r->opts));
