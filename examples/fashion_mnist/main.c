@@ -37,6 +37,7 @@
 typedef struct args {
     const char *model, *data, *optimizer, *json, *save, *resume, *param_dtype, *trace;
     int epochs, batch, test_batch, no_shard, limit, threads;
+    int hsdp, reshard_after_forward;
     long trace_from, trace_to; /* traced steps [from, to) of the run */
     double lr, gamma;
     long seed;
@@ -45,7 +46,7 @@ typedef struct args {
 
 typedef struct run {
     args_t a;
-    int rank, ws, local_batch;
+    int rank, ws, local_world, local_batch;
     fsdp2_context_t *ctx;
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
@@ -73,7 +74,8 @@ static void usage(const char *prog, const char *bad)
             "%s%s%s"
             "usage: %s [--model mlp|cnn] [--epochs N] [--batch GLOBAL] [--test-batch N]\n"
             "          [--optimizer adadelta|sgd|adamw] [--lr X] [--gamma X] [--seed N]\n"
-            "          [--no-shard] [--wrap-min-params N] [--data DIR] [--limit N] [--threads N]\n"
+            "          [--no-shard | --hsdp] [--reshard-after-forward N] [--wrap-min-params N]\n"
+            "          [--data DIR] [--limit N] [--threads N]\n"
             "          [--param-dtype f32|bf16] [--save DIR] [--resume DIR] [--json FILE]\n"
             "          [--trace FILE.json [--trace-steps FROM:TO]]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
@@ -105,11 +107,15 @@ static double real(const char *prog, const char *flag, const char *text)
 static void parse(int argc, char **argv, args_t *a)
 {
     *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, "f32",
-                  NULL, 2, 64, 1000, 0, 0, 0, 10, 15, 1.0, 0.7, 1, 0};
+                  NULL, 2, 64, 1000, 0, 0, 0, 0, 1, 10, 15, 1.0, 0.7, 1, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
             a->no_shard = 1;
+            continue;
+        }
+        if (!strcmp(f, "--hsdp")) {
+            a->hsdp = 1;
             continue;
         }
         if (!strcmp(f, "--help") || !strcmp(f, "-h"))
@@ -154,6 +160,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->limit = (int)number(argv[0], f, v, 1, 1 << 30);
         else if (!strcmp(f, "--seed"))
             a->seed = number(argv[0], f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--reshard-after-forward"))
+            a->reshard_after_forward = (int)number(argv[0], f, v, 0, 1 << 20);
         else if (!strcmp(f, "--wrap-min-params"))
             a->wrap_min_params = number(argv[0], f, v, 0, 1L << 40);
         else if (!strcmp(f, "--lr"))
@@ -165,6 +173,10 @@ static void parse(int argc, char **argv, args_t *a)
     }
     if (strcmp(a->model, "mlp") && strcmp(a->model, "cnn")) {
         fprintf(stderr, "error: --model %s is not mlp or cnn\n", a->model);
+        exit(2);
+    }
+    if (a->hsdp && a->no_shard) {
+        fprintf(stderr, "error: --hsdp and --no-shard exclude each other\n");
         exit(2);
     }
     if (strcmp(a->param_dtype, "f32") && strcmp(a->param_dtype, "bf16")) {
@@ -216,6 +228,7 @@ static void setup(run_t *r)
     CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
     r->rank = info.rank;
     r->ws = info.world_size;
+    r->local_world = info.local_world_size > 0 ? info.local_world_size : 1;
     /* The host's cores shared among its ranks: GEMMs may use their share. */
     if (!r->a.threads) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -237,6 +250,8 @@ static void setup(run_t *r)
                           (uint64_t)r->a.seed, &r->model));
     r->model->dropout_seed = (uint64_t)r->a.seed * 1000003u + (uint64_t)r->rank;
     fsdp2_mesh_t *mesh = r->mesh;
+    if (r->a.hsdp) /* shard within a node, replicate across nodes */
+        CHECK(fsdp2_context_hsdp_mesh(r->ctx, 0, &mesh));
     if (r->a.no_shard) {
         /* Replicated: every rank is a mesh of its own (nothing to gather), and the
          * gradients are all-reduced over the world after backward. */
@@ -249,7 +264,8 @@ static void setup(run_t *r)
         mesh = r->self_mesh;
     }
     CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params,
-                         strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16));
+                         strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
+                         r->a.reshard_after_forward));
     fsdp2_optimizer_options_t oo = optimizer_options(&r->a);
     CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
     CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
@@ -438,11 +454,20 @@ int main(int argc, char **argv)
     parse(argc, argv, &r.a);
     setup(&r);
     int64_t numel = fm_model_numel(r.model);
+    char layout[64] = "FSDP";
+    if (r.a.no_shard)
+        snprintf(layout, sizeof(layout), "replicated (--no-shard)");
+    else if (r.a.hsdp)
+        snprintf(layout, sizeof(layout), "HSDP [%d replicas, %d shards]", r.ws / r.local_world,
+                 r.local_world);
+    if (r.a.reshard_after_forward != 1 && !r.a.no_shard)
+        snprintf(layout + strlen(layout), sizeof(layout) - strlen(layout),
+                 ", reshard_after_forward %d", r.a.reshard_after_forward);
     if (!r.rank)
         printf("fashion_mnist: %s (%lld parameters), %s over %d rank%s, global batch %d (%d per "
                "rank), %s lr %g, StepLR gamma %g, %d epochs, %d GEMM thread%s per rank, %s "
                "compute\n",
-               r.a.model, (long long)numel, r.a.no_shard ? "replicated (--no-shard)" : "FSDP",
+               r.a.model, (long long)numel, layout,
                r.ws, r.ws > 1 ? "s" : "", r.a.batch, r.local_batch, r.a.optimizer, r.a.lr,
                r.a.gamma, r.a.epochs, r.a.threads, r.a.threads > 1 ? "s" : "", r.a.param_dtype);
     epoch_stats_t last = {0};

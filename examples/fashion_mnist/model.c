@@ -135,10 +135,11 @@ void fm_model_destroy(fm_model_t *m)
 }
 
 fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params,
-                              fsdp2_dtype_t param_dtype)
+                              fsdp2_dtype_t param_dtype, int reshard_after_forward)
 {
     fsdp2_shard_options_t o = FSDP2_SHARD_OPTIONS_INIT;
     o.mesh = mesh;
+    o.reshard_after_forward = reshard_after_forward;
     o.mp.param_dtype = param_dtype; /* f32: no cast */
     o.mp.reduce_dtype = FSDP2_F32;  /* sum the bf16 gradients in f32 */
     if (wrap_min_params > 0) {

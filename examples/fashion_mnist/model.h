@@ -44,11 +44,12 @@ typedef struct fm_model {
 fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_model_t **out);
 void fm_model_destroy(fm_model_t *m);
 
-/* fully_shard over mesh: each layer its own unit (wrap_min_params 0), or the layers the
- * size-based policy picks; the root last; then the seeded init. param_dtype FSDP2_BF16
- * gathers and computes in bf16 (mixed precision, gradients summed in f32). */
+/* fully_shard over mesh (1D, or 2D [replicate, shard]: HSDP): each layer its own unit
+ * (wrap_min_params 0), or the layers the size-based policy picks; the root last; then
+ * the seeded init. param_dtype FSDP2_BF16 gathers and computes in bf16 (mixed
+ * precision, gradients summed in f32); reshard_after_forward is the option's 0, 1 or N. */
 fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params,
-                              fsdp2_dtype_t param_dtype);
+                              fsdp2_dtype_t param_dtype, int reshard_after_forward);
 
 /* One forward and backward over x (batch samples, normalised) with labels: gradients
  * end up (averaged over the mesh) in the sharded gradients. Returns the mean loss in
