@@ -189,14 +189,14 @@ void fsdp_group_free(fsdp_group_t *g);
  * given back first); `what` names the caller in errors. */
 fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what);
 /* A view of `rows` rows of p's shape at element `at` of a flat tensor (shares storage). */
-/* precision.c: the group's dtypes from its mixed precision policy. */
-fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp,
-                                        const char *fqn);
-
 fsdp2_status_t fsdp_param_view(const fsdp2_param_t *p, fsdp2_tensor_t *flat, int64_t at,
                                int64_t rows, fsdp2_tensor_t **out);
 /* The outermost sharded module above or at m, or NULL. */
 fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m);
+
+/* precision.c: the group's dtypes from its mixed precision policy. */
+fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp,
+                                        const char *fqn);
 
 /* plan.c */
 /* Plans and allocates the root's buffers on first use; *out is the root. */

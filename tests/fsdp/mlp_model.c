@@ -192,6 +192,35 @@ uint64_t cpu_allocated(run_t *r, uint64_t *peak)
     return st.allocated_bytes;
 }
 
+int plan_memory(run_t *r, fsdp2_memory_plan_t *plan)
+{
+    memset(plan, 0, sizeof(*plan));
+    plan->size = sizeof(*plan);
+    int fails = OK(r->c, fsdp2_memory_plan(r->root, plan));
+    if (fails)
+        return fails;
+    r->planned_allocated = cpu_allocated(r, NULL);
+    uint64_t non_shard = plan->total - plan->sharded_params - plan->sharded_grads;
+    return RANK_CHECK(r->c, r->planned_allocated - r->allocated_after_shard == non_shard,
+                      "planning allocated %llu bytes, the plan's non-shard bytes are %llu",
+                      (unsigned long long)(r->planned_allocated - r->allocated_after_shard),
+                      (unsigned long long)non_shard);
+}
+
+int probe_memory(run_t *r, probe_point_t at)
+{
+    if (at == PROBE_STEP_START)
+        return OK(r->c, fsdp2_memory_stats_reset_peak(CPU));
+    if (at != PROBE_FINISHED)
+        return 0;
+    uint64_t peak = 0, now = cpu_allocated(r, &peak);
+    return RANK_CHECK(r->c, peak == r->planned_allocated && now == r->planned_allocated,
+                      "step %d: cpu peak %llu and live %llu bytes in the step, want both %llu "
+                      "(as planned)",
+                      r->step, (unsigned long long)peak, (unsigned long long)now,
+                      (unsigned long long)r->planned_allocated);
+}
+
 fsdp2_module_state_t state_of(run_t *r, const fsdp2_module_t *m)
 {
     fsdp2_module_state_t st;

@@ -148,6 +148,14 @@ struct run {
 
 uint64_t cpu_allocated(run_t *r, uint64_t *peak);
 fsdp2_module_state_t state_of(run_t *r, const fsdp2_module_t *m);
+/* Plans the root's buffers (fsdp2_memory_plan) into *plan, checks that planning
+ * allocated exactly the plan's non-shard bytes, and keeps the allocation in
+ * r->planned_allocated for probe_memory. */
+int plan_memory(run_t *r, fsdp2_memory_plan_t *plan);
+/* For probes: the allocator's peak is reset when a step starts, and at backward_finish
+ * the peak and live bytes must both be r->planned_allocated (nothing allocated in the
+ * step beyond the plan; the comparisons after it allocate tensors of their own). */
+int probe_memory(run_t *r, probe_point_t at);
 const char *unshard_state_name(fsdp2_unshard_state_t s);
 const char *training_state_name(fsdp2_training_state_t s);
 

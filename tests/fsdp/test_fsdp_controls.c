@@ -52,7 +52,7 @@ static int body_prefetch(rank_ctx_t *c)
 }
 
 /* Nothing is allocated inside a step: the peak stays at what the plan allocated. */
-static int probe_memory(run_t *r, probe_point_t at, int layer)
+static int probe_through_optimizer(run_t *r, probe_point_t at, int layer)
 {
     (void)layer;
     if (at == PROBE_STEP_END)
@@ -135,7 +135,7 @@ static int body_memory(rank_ctx_t *c)
         goto out;
     r->planned_allocated = after;
     fails += OK(c, fsdp2_memory_stats_reset_peak(CPU));
-    r->probe = probe_memory;
+    r->probe = probe_through_optimizer;
     fails += run_train(r, &ref, 0, STEPS, 0);
 out:
     fails += run_close(r);

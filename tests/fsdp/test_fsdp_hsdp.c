@@ -238,8 +238,12 @@ static int check_replicas_equal(run_t *r, int grad)
 static int probe_replicas(run_t *r, probe_point_t at, int layer)
 {
     (void)layer;
+    if (at == PROBE_FINISHED && r->planned_allocated)
+        return probe_memory(r, at) + check_replicas_equal(r, 1);
     if (at == PROBE_FINISHED)
         return check_replicas_equal(r, 1);
+    if (at == PROBE_STEP_START)
+        return probe_memory(r, at);
     if (at == PROBE_STEP_END)
         return check_replicas_equal(r, 0);
     return 0;
@@ -260,6 +264,11 @@ static int body_train(rank_ctx_t *c)
     ref_init(&ref);
     if (!fails)
         fails += compare_params(r, &ref);
+    /* The plan holds every byte of the steps (the replicate all-reduce included). */
+    fsdp2_memory_plan_t plan;
+    if (!fails)
+        fails += plan_memory(r, &plan);
+    r->probe = probe_replicas;
     if (!fails)
         fails += run_train(r, &ref, 0, STEPS, 1);
     if (!fails) {

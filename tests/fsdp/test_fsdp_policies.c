@@ -459,7 +459,14 @@ static int lines_with(const char *path, const char *needle)
     return n;
 }
 
-/* Trains STEPS steps (the SGD reference) with offload_params as given; the plan out. */
+static int probe_offload(run_t *r, probe_point_t at, int layer)
+{
+    (void)layer;
+    return probe_memory(r, at);
+}
+
+/* Trains STEPS steps (the SGD reference) with offload_params as given, the allocator's
+ * peak equal to the plan in each; the plan out. */
 static int train_offload(rank_ctx_t *c, int offload, fsdp2_memory_plan_t *plan, int *said)
 {
     run_t *r = malloc(sizeof(*r));
@@ -490,17 +497,8 @@ static int train_offload(rank_ctx_t *c, int offload, fsdp2_memory_plan_t *plan, 
     *said = lines_with(log, "offload_params");
     unlink(log);
     fails += run_bind_hooks(r);
-    memset(plan, 0, sizeof(*plan));
-    plan->size = sizeof(*plan);
-    fails += fails ? 0 : OK(c, fsdp2_memory_plan(r->root, plan));
-    uint64_t planned = cpu_allocated(r, NULL);
-    r->planned_allocated = planned;
-    uint64_t non_shard = plan->total - plan->sharded_params - plan->sharded_grads;
-    fails += RANK_CHECK(c, planned - r->allocated_after_shard == non_shard,
-                        "offload %d: planning allocated %llu bytes, the plan's non-shard bytes are "
-                        "%llu",
-                        offload, (unsigned long long)(planned - r->allocated_after_shard),
-                        (unsigned long long)non_shard);
+    fails += fails ? 0 : plan_memory(r, plan);
+    r->probe = probe_offload;
     ref_model_t ref;
     ref_init(&ref);
     fails += fails ? 0 : run_train(r, &ref, 0, STEPS, 1);

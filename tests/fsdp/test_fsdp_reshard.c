@@ -75,16 +75,8 @@ static int probe_reshard(run_t *r, probe_point_t at, int layer)
 {
     if ((at == PROBE_PRE_FORWARD || at == PROBE_PRE_BACKWARD) && layer >= 0)
         return same_as_forward(r, layer, at == PROBE_PRE_FORWARD);
-    if (at == PROBE_STEP_START)
-        return OK(r->c, fsdp2_memory_stats_reset_peak(CPU));
-    if (at == PROBE_FINISHED) {
-        uint64_t peak = 0, now = cpu_allocated(r, &peak);
-        return RANK_CHECK(r->c, peak == r->planned_allocated && now == r->planned_allocated,
-                          "step %d: cpu peak %llu and live %llu bytes in the step, want both "
-                          "%llu (as planned)",
-                          r->step, (unsigned long long)peak, (unsigned long long)now,
-                          (unsigned long long)r->planned_allocated);
-    }
+    if (at == PROBE_STEP_START || at == PROBE_FINISHED)
+        return probe_memory(r, at);
     if (at != PROBE_POST_FORWARD || layer < 0 || r->opts.reshard_after_forward != N_BLOCK)
         return 0;
     fsdp2_module_state_t st = state_of(r, r->fc[layer]);
@@ -131,17 +123,7 @@ static int train_with(rank_ctx_t *c, int n, int two_d, fsdp2_memory_plan_t *plan
     if (!fails)
         fails += build_model(r, &bo);
     if (!fails)
-        fails += plan_of(r, plan);
-    uint64_t planned = cpu_allocated(r, NULL);
-    r->planned_allocated = planned;
-    if (!fails) {
-        uint64_t non_shard = plan->total - plan->sharded_params - plan->sharded_grads;
-        fails += RANK_CHECK(c, planned - r->allocated_after_shard == non_shard,
-                            "N %d: planning allocated %llu bytes, the plan's non-shard bytes are "
-                            "%llu",
-                            n, (unsigned long long)(planned - r->allocated_after_shard),
-                            (unsigned long long)non_shard);
-    }
+        fails += plan_memory(r, plan);
     ref_model_t ref;
     ref_init(&ref);
     r->probe = probe_reshard;
