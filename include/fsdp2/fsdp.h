@@ -19,8 +19,8 @@
  * fsdp2_module_zero_grad. fsdp2_backward_finish on the root waits for the outstanding
  * reduce-scatters: then the sharded gradients are ready for the optimizer.
  *
- * Streams. Communication runs on side streams the root owns: all-gathers on one,
- * reduce-scatters on another. The application computes on its current stream (on cpu:
+ * Streams. Communication runs on side streams the root owns: all-gathers on one (after
+ * their mixed precision casts on a copy-in stream), reduce-scatters on another. The application computes on its current stream (on cpu:
  * the calling thread itself). Every hand-off is an event: pre_forward makes the current
  * stream wait for the module's all-gather; a released unsharded buffer is reused only
  * after an event recorded where its last reader ran; nothing synchronizes the CPU on the
@@ -62,7 +62,7 @@ FSDP2_EXTERN_C_BEGIN
 
 /* Mixed precision (FSDP2's MixedPrecisionPolicy). The shards (and the optimizer) keep
  * the parameters' declared dtype; param_dtype is what the all-gather moves and the
- * application computes with (the cast happens on the way in, on the all-gather stream),
+ * application computes with (the cast happens on the way in, on the copy-in stream),
  * and the gradients it writes are in it too; reduce_dtype is what the reduce-scatter sums
  * in, after which the result is added into the sharded gradients in their own dtype.
  * FSDP2_DTYPE_COUNT keeps the default: param_dtype = the parameters' dtype, reduce_dtype

@@ -220,9 +220,10 @@ fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *m)
     if (!rootm || !rootm->group->root)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = rootm->group->root;
+    fsdp2_status_t c = fsdp2_stream_synchronize(r->ci);
     fsdp2_status_t a = fsdp2_stream_synchronize(r->ag);
     fsdp2_status_t b = fsdp2_stream_synchronize(r->rs);
-    return a != FSDP2_SUCCESS ? a : b;
+    return c != FSDP2_SUCCESS ? c : a != FSDP2_SUCCESS ? a : b;
 }
 
 fsdp2_status_t fsdp2_module_state(const fsdp2_module_t *m, fsdp2_module_state_t *st)

@@ -149,6 +149,7 @@ struct fsdp_root {
     size_t num_groups;
     fsdp2_device_t device;
     fsdp2_stream_t *compute;  /* the current stream of the hooks' thread */
+    fsdp2_stream_t *ci;       /* all-gather copy-in: the casts into the send buffers */
     fsdp2_stream_t *ag;       /* all-gathers */
     fsdp2_stream_t *rs;       /* reduce-scatters */
     fsdp2_event_t *compute_mark; /* re-recorded whenever a side stream must wait */
@@ -162,7 +163,12 @@ struct fsdp_root {
     fsdp2_event_t *grad_free[2];
     fsdp_group_t *grad_owner[2]; /* the group whose backward holds each gradient buffer */
     int next_grad_buffer;
-    void *send;      /* copy-in: the largest cast shard, the all-gather's send buffer */
+    /* Copy-in (mixed precision): two send buffers of the largest cast shard, so the cast
+     * of the next all-gather (on ci) runs while the previous all-gather sends. */
+    void *send[2];
+    fsdp2_event_t *send_free[2]; /* recorded on ag after the all-gather that sent it */
+    fsdp2_event_t *copied[2];    /* recorded on ci after the cast into it */
+    int next_send;
     void *rs_input;  /* ws x the largest padded gradient shard */
     void *rs_output; /* the largest padded gradient shard */
     size_t rs_input_bytes;

@@ -223,10 +223,12 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
 static fsdp2_status_t make_streams(fsdp_root_t *r)
 {
     FSDP2_CHECK(fsdp2_stream_current(r->device, &r->compute));
+    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather-copy-in", &r->ci));
     FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather", &r->ag));
     FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-reduce-scatter", &r->rs));
     fsdp2_event_t **events[] = {&r->compute_mark, &r->rs_done, &r->ag_done, &r->grad_ready,
-                                &r->grad_free[0], &r->grad_free[1]};
+                                &r->grad_free[0], &r->grad_free[1], &r->send_free[0],
+                                &r->send_free[1], &r->copied[0], &r->copied[1]};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
         FSDP2_CHECK(fsdp2_event_create(r->device, events[i]));
     return FSDP2_SUCCESS;
@@ -259,8 +261,8 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     }
     for (int k = 0; k < 2 && grad_bytes; k++)
         FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
-    if (send_bytes) /* mixed precision: the cast shard the all-gather sends */
-        FSDP2_CHECK(alloc(r, send_bytes, &r->send, &r->plan.unsharded_params));
+    for (int k = 0; k < 2 && send_bytes; k++) /* mixed precision: the cast shards sent */
+        FSDP2_CHECK(alloc(r, send_bytes, &r->send[k], &r->plan.unsharded_params));
     int ws = r->group->ws;
     if (rs_bytes) {
         r->rs_input_bytes = (size_t)ws * rs_bytes;
@@ -377,6 +379,7 @@ void fsdp_root_free(fsdp_root_t *r)
 {
     if (!r)
         return;
+    fsdp2_stream_destroy(r->ci);
     fsdp2_stream_destroy(r->ag);
     fsdp2_stream_destroy(r->rs);
     for (size_t i = 0; i < r->num_groups; i++) {
@@ -413,7 +416,11 @@ void fsdp_root_free(fsdp_root_t *r)
         fsdp2_device_free(r->device, r->grad_buffers[k]);
         fsdp2_event_destroy(r->grad_free[k]);
     }
-    fsdp2_device_free(r->device, r->send);
+    for (int k = 0; k < 2; k++) {
+        fsdp2_device_free(r->device, r->send[k]);
+        fsdp2_event_destroy(r->send_free[k]);
+        fsdp2_event_destroy(r->copied[k]);
+    }
     fsdp2_device_free(r->device, r->rs_input);
     fsdp2_device_free(r->device, r->rs_output);
     fsdp2_event_destroy(r->compute_mark);

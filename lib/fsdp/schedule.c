@@ -212,6 +212,22 @@ static void drop_post_forward(fsdp_group_t *g)
     trace_end_hold(&g->trace_pf_hold);
 }
 
+/* g's shard cast to the compute dtype into send buffer k, on the copy-in stream: after
+ * the compute stream's writes to the shard (the optimizer) and after the all-gather
+ * that last sent from k; copied[k] marks it done. */
+static fsdp2_status_t copy_in(fsdp_root_t *r, fsdp_group_t *g, int k)
+{
+    FSDP2_CHECK(side_waits_compute(r, r->ci));
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->ci, r->send_free[k]));
+    trace_token_t t = trace_begin(g, r->ci, TRACE_COPY_IN, (size_t)g->shard_numel * g->pe,
+                                  g->pdtype);
+    fsdp2_status_t status = fsdp2_cast_async(r->send[k], g->pdtype, g->shard->data, g->dtype,
+                                             (size_t)g->shard_numel, r->ci);
+    fsdp2_trace_stream_end(r->ci, t);
+    FSDP2_CHECK(status);
+    return fsdp2_event_record(r->copied[k], r->ci);
+}
+
 /* Issues g's all-gather unless its parameters are whole or on their way. A prefetch
  * (demand 0) that finds no buffer is skipped; a demand is an error. */
 static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
@@ -237,27 +253,27 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
     if (!g->alias) {
         FSDP2_CHECK(side_waits_compute(r, r->ag));
         FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, buf->free));
-        size_t cast_bytes = (size_t)g->shard_numel * g->pe;
         if (g->pf_valid) {
             FSDP2_CHECK(gather_post_forward(r, g, b));
         } else if (g->cast && g->ws == 1) {
             /* One rank, mixed precision: the cast shard is the whole parameters. */
-            trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
+            trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, (size_t)g->shard_numel * g->pe,
+                                          g->pdtype);
             fsdp2_status_t status = fsdp2_cast_async(buf->data, g->pdtype, g->shard->data,
                                                      g->dtype, (size_t)g->shard_numel, r->ag);
             fsdp2_trace_stream_end(r->ag, t);
             FSDP2_CHECK(status);
         } else {
-            /* Copy-in: the cast to the compute dtype, on the all-gather stream ahead of
-             * the all-gather that sends it (so the staging is reused in order). */
+            /* Copy-in: the cast to the compute dtype on its own stream, into the send
+             * buffer the all-gather before last has finished sending. */
             const void *send = g->shard->data;
+            int k = -1;
             if (g->cast) {
-                trace_token_t t = trace_begin(g, r->ag, TRACE_COPY_IN, cast_bytes, g->pdtype);
-                fsdp2_status_t status = fsdp2_cast_async(r->send, g->pdtype, g->shard->data,
-                                                         g->dtype, (size_t)g->shard_numel, r->ag);
-                fsdp2_trace_stream_end(r->ag, t);
-                FSDP2_CHECK(status);
-                send = r->send;
+                k = r->next_send;
+                r->next_send ^= 1;
+                FSDP2_CHECK(copy_in(r, g, k));
+                FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, r->copied[k]));
+                send = r->send[k];
             }
             char fqn[FSDP2_FQN_MAX];
             int labelled = trace_label(g, fqn, sizeof(fqn), g->pdtype);
@@ -265,6 +281,8 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
                 g->pg, send, (size_t)g->shard_numel * g->pe, g->pieces[b], g->piece_offsets, r->ag);
             trace_unlabel(labelled);
             FSDP2_CHECK(status);
+            if (k >= 0)
+                FSDP2_CHECK(fsdp2_event_record(r->send_free[k], r->ag));
         }
         FSDP2_CHECK(fsdp2_event_record(g->gathered, r->ag));
     }

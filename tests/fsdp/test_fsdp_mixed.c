@@ -1,5 +1,6 @@
 /* Mixed precision in fully_shard (fsdp2_mp_policy_t) and the reduce-scatter divide
- * factor, with real processes (1 to 4 ranks on a 1D mesh).
+ * factor, with real processes (1 to 4 ranks on a 1D mesh). A traced step shows the
+ * copy-in casts on their own stream, each done before the all-gather that sends it.
  *
  * Under param_dtype = bf16 the test is the application: it reads the whole parameters as
  * bf16 (fsdp2_param_unsharded), computes in double on their f32 values, and adds its
@@ -19,6 +20,10 @@
 
 #include <fsdp2/dtype.h>
 #include <fsdp2/fsdp.h>
+
+#include <cjson/cJSON.h>
+#include <fsdp2/trace.h>
+#include <unistd.h>
 
 #include "../core/check_main.h"
 #include "mlp_model.h"
@@ -278,8 +283,9 @@ static fsdp2_memory_plan_t expected_plan(int ws, size_t pe, size_t re)
     }
     int cast = pe != 4;
     p.sharded_params = p.sharded_grads = 4 * shards;
-    if (ws > 1) /* a ring of two (ws x padded shard), plus the cast shard the all-gather sends */
-        p.unsharded_params = 2 * ws * max_shard * pe + (cast ? max_shard * pe : 0);
+    if (ws > 1) /* a ring of two (ws x padded shard), plus the two cast shards the
+                   all-gathers send (one being cast while the other is sent) */
+        p.unsharded_params = 2 * ws * max_shard * pe + (cast ? 2 * max_shard * pe : 0);
     else /* one rank: the shard is the parameters; cast, each group its own bf16 copy */
         p.unsharded_params = cast ? sum_full * pe : 0;
     p.unsharded_grads = 2 * max_full * pe;
@@ -334,8 +340,8 @@ static int f32_plan(rank_ctx_t *c, fsdp2_memory_plan_t *plan)
 }
 
 /* The bf16 plan: the closed form, and against the f32 model's plan the shards the same,
- * the unsharded parameters and gradients half (the ring holds bf16) plus the cast shard
- * the all-gather sends, the staging half only when the reduction is in bf16. Planning
+ * the unsharded parameters and gradients half (the ring holds bf16) plus the two cast
+ * shards the all-gathers send, the staging half only when the reduction is in bf16. Planning
  * allocates the plan's non-shard bytes; *planned is then what stays allocated. */
 static int check_bf16_plan(run_t *r, const fsdp2_memory_plan_t *f32, fsdp2_dtype_t reduce,
                            uint64_t *planned)
@@ -349,7 +355,7 @@ static int check_bf16_plan(run_t *r, const fsdp2_memory_plan_t *f32, fsdp2_dtype
         return fails;
     fsdp2_memory_plan_t want = expected_plan(c->size, 2, reduce == FSDP2_BF16 ? 2 : 4);
     fails += check_plan(r, "bf16", &plan, &want);
-    uint64_t send = 2 * max_shard_numel(c->size);
+    uint64_t send = 2 * 2 * max_shard_numel(c->size);
     uint64_t want_rs = reduce == FSDP2_BF16 ? f32->reduce_scatter / 2 : f32->reduce_scatter;
     if (c->size > 1)
         fails += RANK_CHECK(c, plan.sharded_params == f32->sharded_params &&
@@ -357,7 +363,7 @@ static int check_bf16_plan(run_t *r, const fsdp2_memory_plan_t *f32, fsdp2_dtype
                                    plan.unsharded_grads == f32->unsharded_grads / 2 &&
                                    plan.reduce_scatter == want_rs,
                             "bf16 vs f32 plan: sharded params %llu vs %llu, unsharded params "
-                            "%llu vs %llu (want half + the %llu-byte cast shard), grads %llu "
+                            "%llu vs %llu (want half + the %llu bytes of two cast shards), grads %llu "
                             "vs %llu (want half), staging %llu vs %llu (want %llu)",
                             (unsigned long long)plan.sharded_params,
                             (unsigned long long)f32->sharded_params,
@@ -429,6 +435,88 @@ static int compare_updates(run_t *r, const ref_model_t *f32ref)
     return fails;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Copy-in on its own stream, as the trace of a step shows it                         */
+
+typedef struct timed {
+    double ts, end;
+    int tid;
+} timed_t;
+
+static const char *trace_text(const cJSON *o, const char *key)
+{
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static double trace_num(const cJSON *o, const char *key)
+{
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* In this rank's trace of one step (ws > 1): each layer's copy-ins (the casts into the
+ * send buffers) ran on the track "fsdp-all-gather-copy-in", its all-gathers on
+ * "fsdp-all-gather", one copy-in per all-gather, each ending before its all-gather
+ * began (events in a file are in time order per track). */
+static int check_copy_in_trace(rank_ctx_t *c, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    int fails = RANK_CHECK(c, f != NULL, "cannot open the trace %s", path);
+    if (!f)
+        return fails;
+    static char buf[4 << 20];
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    const cJSON *events = root ? cJSON_GetObjectItemCaseSensitive(root, "traceEvents") : NULL;
+    const cJSON *e;
+    char names[64][48] = {{0}};
+    cJSON_ArrayForEach(e, events)
+    {
+        int tid = (int)trace_num(e, "tid");
+        const char *n = trace_text(cJSON_GetObjectItemCaseSensitive(e, "args"), "name");
+        if (!strcmp(trace_text(e, "ph") ? trace_text(e, "ph") : "", "M") && n && tid >= 0 &&
+            tid < 64 && !strcmp(trace_text(e, "name"), "thread_name"))
+            snprintf(names[tid], sizeof(names[tid]), "%s", n);
+    }
+    for (int l = 0; l < LAYERS; l++) {
+        timed_t copies[8], gathers[8];
+        int nc = 0, ng = 0;
+        cJSON_ArrayForEach(e, events)
+        {
+            const char *cat = trace_text(e, "cat"), *ph = trace_text(e, "ph");
+            const char *module = trace_text(cJSON_GetObjectItemCaseSensitive(e, "args"), "module");
+            if (!cat || !ph || strcmp(ph, "X") || !module || strcmp(module, LAYER_NAME[l]))
+                continue;
+            timed_t t = {trace_num(e, "ts"), trace_num(e, "ts") + trace_num(e, "dur"),
+                         (int)trace_num(e, "tid")};
+            if (t.tid < 0 || t.tid >= 64)
+                continue;
+            if (!strcmp(cat, "copy_in") && nc < 8)
+                copies[nc++] = t;
+            if (!strcmp(cat, "all_gather") && ng < 8)
+                gathers[ng++] = t;
+        }
+        fails += RANK_CHECK(c, ng == 2 && nc == ng,
+                            "%s: %d copy-ins and %d all-gathers in the traced step, want 2 each",
+                            LAYER_NAME[l], nc, ng);
+        for (int i = 0; i < nc && i < ng && !fails; i++) {
+            fails += RANK_CHECK(c, !strcmp(names[copies[i].tid], "fsdp-all-gather-copy-in") &&
+                                       !strcmp(names[gathers[i].tid], "fsdp-all-gather"),
+                                "%s: copy-in %d on track '%s', its all-gather on '%s'",
+                                LAYER_NAME[l], i, names[copies[i].tid], names[gathers[i].tid]);
+            fails += RANK_CHECK(c, copies[i].end <= gathers[i].ts,
+                                "%s: copy-in %d ends at %.3f us, after its all-gather began "
+                                "(%.3f us)",
+                                LAYER_NAME[l], i, copies[i].end, gathers[i].ts);
+        }
+    }
+    cJSON_Delete(root);
+    return fails;
+}
+
 /* Steps under {bf16, reduce}, each compared bitwise with the emulating reference; with
  * memory, the plan against the closed form and the f32 plan, and no allocation inside
  * a step. */
@@ -460,8 +548,24 @@ static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
         }
         if (memory)
             fails += OK(c, fsdp2_memory_stats_reset_peak(CPU));
+        /* Step 1 traced (with memory, at ws > 1): copy-in on its own stream. */
+        /* Without a context or launcher variables each rank traces as a world of one,
+         * so each gets a path of its own. */
+        char trace[96];
+        int traced = memory && s == 1 && c->size > 1;
+        snprintf(trace, sizeof(trace), "/tmp/fsdp2-mixed-trace-%d-%d-%d.json", (int)getppid(),
+                 (int)reduce, c->rank);
+        if (traced && !fails)
+            fails += OK(c, fsdp2_trace_start(NULL, trace));
         if (!fails)
             fails += bf16_step(r, emu, seen);
+        if (traced) {
+            fails += OK(c, fsdp2_module_synchronize(r->root));
+            fails += OK(c, fsdp2_trace_stop(NULL));
+            if (!fails)
+                fails += check_copy_in_trace(c, trace);
+            unlink(trace);
+        }
         if (fails)
             break;
         if (memory) {
