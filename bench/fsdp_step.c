@@ -17,12 +17,17 @@
  *
  *   fsdp2run --nproc-per-node N build/bench/bench_fsdp_step [--layers 24] [--dim 1024]
  *       [--batch 16] [--steps 6] [--warmup 2] [--rounds 3] [--json FILE] [--trace FILE]
+ *       [--reshard-after-forward N] [--hsdp]
  *
- * --trace adds a third mode, fsdp with its timed steps traced (fsdp2/trace.h), written
- * to FILE: the row next to plain fsdp is what tracing costs while on. (Off it is one
+ * --trace adds a mode, fsdp with its timed steps traced (fsdp2/trace.h), written to
+ * FILE: the row next to plain fsdp is what tracing costs while on. (Off it is one
  * relaxed load per traced operation: the plain fsdp row is that.)
+ * --reshard-after-forward N adds fsdp with post-forward shards over blocks of N ranks
+ * (the backward's all-gathers inside a block); --hsdp adds HSDP on the [nodes, ranks
+ * per node] mesh (run one fsdp2run --nnodes per node). Each prints its step time and
+ * planned buffers against plain fsdp.
  *
- * The modes run in rounds of alternating order and each reports its median round: this
+ * The modes run in rounds of rotating order and each reports its median round: this
  * machine's speed drifts by tens of percent between runs, which would otherwise decide
  * the ratio. */
 #include <cblas.h>
@@ -48,9 +53,18 @@
 
 typedef struct config {
     int layers, dim, batch, steps, warmup, rounds;
+    int reshard_after_forward; /* > 1: a mode "fsdp raf=N" beside plain fsdp */
+    int hsdp;                  /* a mode "hsdp" on fsdp2_context_hsdp_mesh(ctx, 0) */
     const char *json, *trace;
     fsdp2_context_t *ctx;
 } config_t;
+
+/* One way to run the step; the table in main lists those this run compares. */
+typedef struct mode {
+    const char *name;
+    int ddp, traced, reshard_after_forward;
+    fsdp2_mesh_t *mesh;
+} step_mode_t;
 
 typedef struct result {
     double step_ms, compute_ms, exposed_ms;
@@ -200,9 +214,11 @@ static void run_ddp(model_t *m, fsdp2_group_t *world, result_t *res)
     free(g);
 }
 
-/* traced: the timed steps are traced into cfg->trace (written after them). */
-static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res, int traced)
+/* The mode's mesh and reshard_after_forward; traced: the timed steps are traced into
+ * cfg->trace (written after them). */
+static void run_fsdp(model_t *m, const step_mode_t *mode, result_t *res)
 {
+    int traced = mode->traced;
     const config_t *c = m->cfg;
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT, meta = FSDP2_DEVICE_META_INIT;
     int64_t shape[2] = {c->dim, c->dim};
@@ -225,7 +241,8 @@ static void run_fsdp(model_t *m, fsdp2_mesh_t *mesh, result_t *res, int traced)
         CHECK(fsdp2_param_set_random_init(w[l], &init));
     }
     fsdp2_shard_options_t o = FSDP2_SHARD_OPTIONS_INIT;
-    o.mesh = mesh;
+    o.mesh = mode->mesh;
+    o.reshard_after_forward = mode->reshard_after_forward;
     for (int l = 0; l < c->layers; l++)
         CHECK(fsdp2_fully_shard(layer[l], &o));
     CHECK(fsdp2_fully_shard(root, &o));
@@ -340,13 +357,18 @@ static void parse(int argc, char **argv, config_t *c)
         if (field && v && atoi(v) > 0) {
             *field = atoi(v);
             i++;
+        } else if (!strcmp(a, "--reshard-after-forward") && v && atoi(v) > 0) {
+            c->reshard_after_forward = atoi(argv[++i]);
+        } else if (!strcmp(a, "--hsdp")) {
+            c->hsdp = 1;
         } else if (!strcmp(a, "--json") && v) {
             c->json = argv[++i];
         } else if (!strcmp(a, "--trace") && v) {
             c->trace = argv[++i];
         } else {
             fprintf(stderr, "usage: %s [--layers N] [--dim N] [--batch N] [--steps N] "
-                            "[--warmup N] [--rounds N] [--json FILE] [--trace FILE] (bad "
+                            "[--warmup N] [--rounds N] [--reshard-after-forward N] [--hsdp] [--json FILE] "
+                            "[--trace FILE] (bad "
                             "argument '%s')\n",
                     argv[0], a);
             exit(2);
@@ -363,7 +385,7 @@ static void print_row(const char *mode, int ws, const result_t *r)
 
 int main(int argc, char **argv)
 {
-    config_t cfg = {24, 1024, 16, 6, 2, 3, NULL, NULL, NULL};
+    config_t cfg = {24, 1024, 16, 6, 2, 3, 1, 0, NULL, NULL, NULL};
     parse(argc, argv, &cfg);
     if (cfg.rounds > MAX_ROUNDS)
         cfg.rounds = MAX_ROUNDS;
@@ -388,25 +410,38 @@ int main(int argc, char **argv)
     m.dh = malloc(act * sizeof(float));
     m.dh2 = malloc(act * sizeof(float));
 
-    /* Rounds in alternating order (ddp fsdp, fsdp ddp, ...); each mode reports its
-     * median round, so slow drifts of the machine hit both modes alike. */
-    result_t ddp_runs[MAX_ROUNDS], fsdp_runs[MAX_ROUNDS], traced_runs[MAX_ROUNDS];
-    int modes = cfg.trace ? 3 : 2;
+    /* The modes: ddp and fsdp always; fsdp traced, fsdp with reshard_after_forward N and
+     * HSDP when asked. */
+    step_mode_t modes[5] = {{"ddp", 1, 0, 1, NULL}, {"fsdp", 0, 0, 1, mesh}};
+    int nmodes = 2;
+    char raf_name[32];
+    if (cfg.trace)
+        modes[nmodes++] = (step_mode_t){"fsdp traced", 0, 1, 1, mesh};
+    if (cfg.reshard_after_forward > 1) {
+        snprintf(raf_name, sizeof(raf_name), "fsdp raf=%d", cfg.reshard_after_forward);
+        modes[nmodes++] = (step_mode_t){raf_name, 0, 0, cfg.reshard_after_forward, mesh};
+    }
+    if (cfg.hsdp) {
+        fsdp2_mesh_t *hsdp;
+        CHECK(fsdp2_context_hsdp_mesh(ctx, 0, &hsdp));
+        modes[nmodes++] = (step_mode_t){"hsdp", 0, 0, 1, hsdp};
+    }
+    /* Rounds in rotating order (ddp fsdp ..., fsdp ... ddp, ...); each mode reports its
+     * median round, so slow drifts of the machine hit every mode alike. */
+    result_t runs[5][MAX_ROUNDS], res[5];
     for (int round = 0; round < cfg.rounds; round++) {
-        for (int k = 0; k < modes; k++) {
-            int mode = (k + round) % modes; /* 0 ddp, 1 fsdp, 2 fsdp traced */
-            result_t *res = mode == 0 ? &ddp_runs[round]
-                            : mode == 1 ? &fsdp_runs[round]
-                                        : &traced_runs[round];
-            if (mode == 0)
-                run_ddp(&m, world, res);
+        for (int k = 0; k < nmodes; k++) {
+            int i = (k + round) % nmodes;
+            if (modes[i].ddp)
+                run_ddp(&m, world, &runs[i][round]);
             else
-                run_fsdp(&m, mesh, res, mode == 2);
-            reduce_max(world, s, res);
+                run_fsdp(&m, &modes[i], &runs[i][round]);
+            reduce_max(world, s, &runs[i][round]);
         }
     }
-    result_t ddp = median(ddp_runs, cfg.rounds), fsdp = median(fsdp_runs, cfg.rounds);
-    result_t traced = cfg.trace ? median(traced_runs, cfg.rounds) : fsdp;
+    for (int i = 0; i < nmodes; i++)
+        res[i] = median(runs[i], cfg.rounds);
+    const result_t *ddp = &res[0], *fsdp = &res[1];
     uint64_t ideal = 2ull * (uint64_t)cfg.layers * (uint64_t)cfg.dim * (uint64_t)cfg.dim * 4 /
                      (uint64_t)info.world_size;
     if (info.rank == 0) {
@@ -415,38 +450,34 @@ int main(int argc, char **argv)
                cfg.layers, cfg.dim, cfg.dim, cfg.batch, info.world_size, cfg.steps, cfg.rounds);
         printf("| mode | ws | step ms | compute ms | exposed comm ms | peak MiB | params+grads MiB "
                "| planned buffers MiB | loss |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        print_row("ddp", info.world_size, &ddp);
-        print_row("fsdp", info.world_size, &fsdp);
-        if (cfg.trace)
-            print_row("fsdp traced", info.world_size, &traced);
+        for (int i = 0; i < nmodes; i++)
+            print_row(modes[i].name, info.world_size, &res[i]);
         printf("fsdp/ddp step time %.3f; fsdp params+grads / (total/ws) = %.4f\n",
-               fsdp.step_ms / ddp.step_ms, (double)fsdp.param_grad_bytes / (double)ideal);
-        if (cfg.trace)
-            printf("traced/untraced fsdp step time %.3f; trace of the last round's timed steps "
-                   "in %s\n",
-                   traced.step_ms / fsdp.step_ms, cfg.trace);
-        if (cfg.json) {
-            FILE *f = fopen(cfg.json, "w");
-            if (f) {
+               fsdp->step_ms / ddp->step_ms, (double)fsdp->param_grad_bytes / (double)ideal);
+        for (int i = 2; i < nmodes; i++)
+            printf("%s/fsdp step time %.3f, planned buffers %+.1f MiB%s%s\n", modes[i].name,
+                   res[i].step_ms / fsdp->step_ms,
+                   ((double)res[i].plan_buffers - (double)fsdp->plan_buffers) / 1048576.0,
+                   modes[i].traced ? "; trace of the last round's timed steps in " : "",
+                   modes[i].traced ? cfg.trace : "");
+        FILE *f = cfg.json ? fopen(cfg.json, "w") : NULL;
+        if (f) {
+            fprintf(f, "{\"layers\": %d, \"dim\": %d, \"batch\": %d, \"ws\": %d, \"modes\": [",
+                    cfg.layers, cfg.dim, cfg.batch, info.world_size);
+            for (int i = 0; i < nmodes; i++)
                 fprintf(f,
-                        "{\"layers\": %d, \"dim\": %d, \"batch\": %d, \"ws\": %d, "
-                        "\"ddp\": {\"step_ms\": %.4f, \"compute_ms\": %.4f, \"exposed_ms\": %.4f, "
-                        "\"peak_bytes\": %llu, \"loss\": %.9g}, "
-                        "\"fsdp\": {\"step_ms\": %.4f, \"compute_ms\": %.4f, \"exposed_ms\": %.4f, "
-                        "\"peak_bytes\": %llu, \"param_grad_bytes\": %llu, "
-                        "\"planned_buffer_bytes\": %llu, \"loss\": %.9g}, "
-                        "\"step_ratio\": %.4f, \"param_grad_over_ideal\": %.5f, "
-                        "\"traced_step_ms\": %.4f}\n",
-                        cfg.layers, cfg.dim, cfg.batch, info.world_size, ddp.step_ms,
-                        ddp.compute_ms, ddp.exposed_ms, (unsigned long long)ddp.peak_bytes,
-                        ddp.loss, fsdp.step_ms, fsdp.compute_ms, fsdp.exposed_ms,
-                        (unsigned long long)fsdp.peak_bytes,
-                        (unsigned long long)fsdp.param_grad_bytes,
-                        (unsigned long long)fsdp.plan_buffers, fsdp.loss,
-                        fsdp.step_ms / ddp.step_ms, (double)fsdp.param_grad_bytes / (double)ideal,
-                        cfg.trace ? traced.step_ms : 0.0);
-                fclose(f);
-            }
+                        "%s{\"mode\": \"%s\", \"step_ms\": %.4f, \"compute_ms\": %.4f, "
+                        "\"exposed_ms\": %.4f, \"peak_bytes\": %llu, \"param_grad_bytes\": "
+                        "%llu, \"planned_buffer_bytes\": %llu, \"loss\": %.9g, "
+                        "\"step_over_fsdp\": %.4f}",
+                        i ? ", " : "", modes[i].name, res[i].step_ms, res[i].compute_ms,
+                        res[i].exposed_ms, (unsigned long long)res[i].peak_bytes,
+                        (unsigned long long)res[i].param_grad_bytes,
+                        (unsigned long long)res[i].plan_buffers, res[i].loss,
+                        res[i].step_ms / fsdp->step_ms);
+            fprintf(f, "], \"step_ratio\": %.4f, \"param_grad_over_ideal\": %.5f}\n",
+                    fsdp->step_ms / ddp->step_ms, (double)fsdp->param_grad_bytes / (double)ideal);
+            fclose(f);
         }
     }
     for (int l = 0; l <= cfg.layers; l++)
