@@ -20,7 +20,8 @@
  * reduce-scatters: then the sharded gradients are ready for the optimizer.
  *
  * Streams. Communication runs on side streams the root owns: all-gathers on one (after
- * their mixed precision casts on a copy-in stream), reduce-scatters on another. The application computes on its current stream (on cpu:
+ * their mixed precision casts on a copy-in stream, at ws > 1), reduce-scatters on
+ * another. The application computes on its current stream (on cpu:
  * the calling thread itself). Every hand-off is an event: pre_forward makes the current
  * stream wait for the module's all-gather; a released unsharded buffer is reused only
  * after an event recorded where its last reader ran; nothing synchronizes the CPU on the
@@ -35,8 +36,9 @@
  * Memory. The first hook (or fsdp2_memory_plan) on the root plans and allocates, once:
  * the sharded parameters and gradients (allocated by fully_shard), a ring of unsharded
  * parameter buffers (two by default; the root and modules with reshard_after_forward
- * off get their own; on one rank there is none: the shard is the whole parameter), a ring of two unsharded gradient buffers, and reduce-scatter
- * staging. Nothing is allocated inside a step. fsdp2_set_requires_gradient_sync(m, 0)
+ * off get their own; on one rank there is none: the shard is the whole parameter), a
+ * ring of two unsharded gradient buffers, and reduce-scatter staging (with mixed
+ * precision also the send buffers the shards are cast into). Nothing is allocated inside a step. fsdp2_set_requires_gradient_sync(m, 0)
  * adds (once) a persistent unsharded gradient buffer for m's groups, where gradients
  * accumulate without communication.
  *
@@ -62,7 +64,8 @@ FSDP2_EXTERN_C_BEGIN
 
 /* Mixed precision (FSDP2's MixedPrecisionPolicy). The shards (and the optimizer) keep
  * the parameters' declared dtype; param_dtype is what the all-gather moves and the
- * application computes with (the cast happens on the way in, on the copy-in stream),
+ * application computes with (the cast happens on the way in, on the copy-in stream;
+ * on one rank, where it is the whole parameters, on the all-gather stream),
  * and the gradients it writes are in it too; reduce_dtype is what the reduce-scatter sums
  * in, after which the result is added into the sharded gradients in their own dtype.
  * FSDP2_DTYPE_COUNT keeps the default: param_dtype = the parameters' dtype, reduce_dtype
@@ -86,7 +89,8 @@ typedef struct fsdp2_mp_policy {
 /* CPU offload (FSDP2's CPUOffloadPolicy, ZeRO-Offload): offload_params 1 keeps the
  * sharded parameters and gradients in host memory (page-locked when pin_memory) and the
  * optimizer steps there. With a cpu device the shards are in host memory already: the
- * policy is accepted and changes nothing (fully_shard says so once in the log). With a
+ * policy is accepted and changes nothing (fully_shard says so once per process, as a
+ * warning in the log). With a
  * cuda device it is refused (FSDP2_ERR_UNSUPPORTED) in this version. */
 typedef struct fsdp2_offload_policy {
     int offload_params; /* 0 or 1 */

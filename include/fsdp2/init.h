@@ -47,10 +47,13 @@ FSDP2_API fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *ctx, fsdp2_me
  * ranks of one node (the launcher's local world size), so the all-gathers and
  * reduce-scatters stay inside a node and only the replicate all-reduce crosses nodes;
  * that needs each node's ranks to be consecutive (rank % local world size == local
- * rank, as fsdp2run, torchrun and mpirun's default by-slot mapping give), else it is
- * FSDP2_ERR_INVALID_CONFIG naming the rank. A shard that does not divide the world size
- * is FSDP2_ERR_INVALID_ARGUMENT. Collective over the world the first time for a shard
- * size; the context owns the mesh (up to 4 shard sizes) until fsdp2_finalize. */
+ * rank, as fsdp2run, torchrun and mpirun's default by-slot mapping give) and every node
+ * the same size. A shard that does not divide the world size is
+ * FSDP2_ERR_INVALID_ARGUMENT (each rank checks alone; pass the same value everywhere).
+ * Collective over the world the first time for a shard size (an all-gather of every
+ * rank's proposal, then the mesh's groups): a layout that breaks the rules is
+ * FSDP2_ERR_INVALID_CONFIG on every rank, naming the rank that broke them. The context
+ * owns the mesh (up to 4 shard sizes) until fsdp2_finalize. */
 FSDP2_API fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *ctx, int shard,
                                                  fsdp2_mesh_t **mesh);
 

@@ -103,27 +103,55 @@ fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *c, fsdp2_mesh_t **mesh)
     return FSDP2_SUCCESS;
 }
 
+/* Every rank's proposal for the HSDP mesh (its shard size, and whether its node's
+ * ranks are consecutive), so that all ranks refuse a bad layout together instead of
+ * some waiting for a mesh the others will not create. */
+static fsdp2_status_t agree_hsdp(fsdp2_context_t *c, int shard, int consecutive)
+{
+    int ws = c->info.world_size;
+    double mine[2] = {shard, consecutive}, *all = calloc((size_t)ws * 2, sizeof(double));
+    if (!all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "hsdp mesh");
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *stream;
+    fsdp2_status_t status = fsdp2_stream_current(cpu, &stream);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_all_gather_async(c->world, mine, all, 2, FSDP2_F64, stream);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_stream_synchronize(stream);
+    for (int r = 0; r < ws && status == FSDP2_SUCCESS; r++) {
+        if (!all[2 * r + 1])
+            status = fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                                 "hsdp mesh: rank %d's node ranks are not consecutive (its "
+                                 "rank %% local world size is not its local rank); map ranks by "
+                                 "node, or pass the shard size",
+                                 r);
+        else if ((int)all[2 * r] != shard)
+            status = fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                                 "hsdp mesh: rank %d asks for shard size %d, rank %d for %d "
+                                 "(nodes with different numbers of ranks need an explicit shard "
+                                 "size)",
+                                 c->info.rank, shard, r, (int)all[2 * r]);
+    }
+    free(all);
+    return status;
+}
+
 fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *c, int shard, fsdp2_mesh_t **mesh)
 {
     FSDP2_ARG_CHECK(c && mesh, "hsdp mesh: ctx or mesh is NULL");
     *mesh = NULL;
     const fsdp2_process_info_t *in = &c->info;
-    int natural = shard == 0;
-    if (natural) {
+    int consecutive = 1;
+    if (shard == 0) { /* the node's ranks */
         shard = in->local_world_size;
-        if (in->rank % shard != in->local_rank)
-            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
-                               "hsdp mesh: rank %d is local rank %d of %d on its node, so the "
-                               "node's ranks are not consecutive (rank %% %d would be %d); map "
-                               "ranks by node, or pass the shard size",
-                               in->rank, in->local_rank, shard, shard, in->rank % shard);
+        consecutive = in->rank % shard == in->local_rank;
     }
     FSDP2_ARG_CHECK(shard >= 1 && in->world_size % shard == 0,
                     "hsdp mesh: shard size %d does not divide the world size %d", shard,
                     in->world_size);
-    int shape[2] = {in->world_size / shard, shard};
     int i = 0;
-    for (; i < CONTEXT_HSDP_MESHES && c->hsdp[i]; i++) {
+    for (; i < CONTEXT_HSDP_MESHES && c->hsdp[i] && consecutive; i++) {
         int size;
         FSDP2_CHECK(fsdp2_mesh_size(c->hsdp[i], 1, &size));
         if (size == shard) {
@@ -136,6 +164,8 @@ fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *c, int shard, fsdp2_mesh
                            "hsdp mesh: shard size %d would be the context's %d-th HSDP mesh; it "
                            "keeps %d",
                            shard, i + 1, CONTEXT_HSDP_MESHES);
+    FSDP2_CHECK(agree_hsdp(c, shard, consecutive));
+    int shape[2] = {in->world_size / shard, shard};
     char name[32];
     snprintf(name, sizeof(name), "hsdp%d", shard);
     const char *const names[2] = {"replicate", "shard"};

@@ -220,7 +220,7 @@ fsdp2_status_t fsdp2_module_synchronize(fsdp2_module_t *m)
     if (!rootm || !rootm->group->root)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = rootm->group->root;
-    fsdp2_status_t c = fsdp2_stream_synchronize(r->ci);
+    fsdp2_status_t c = r->ag_copy_in ? fsdp2_stream_synchronize(r->ag_copy_in) : FSDP2_SUCCESS;
     fsdp2_status_t a = fsdp2_stream_synchronize(r->ag);
     fsdp2_status_t b = fsdp2_stream_synchronize(r->rs);
     return c != FSDP2_SUCCESS ? c : a != FSDP2_SUCCESS ? a : b;

@@ -149,7 +149,7 @@ struct fsdp_root {
     size_t num_groups;
     fsdp2_device_t device;
     fsdp2_stream_t *compute;  /* the current stream of the hooks' thread */
-    fsdp2_stream_t *ci;       /* all-gather copy-in: the casts into the send buffers */
+    fsdp2_stream_t *ag_copy_in; /* the casts into the send buffers (mixed precision) */
     fsdp2_stream_t *ag;       /* all-gathers */
     fsdp2_stream_t *rs;       /* reduce-scatters */
     fsdp2_event_t *compute_mark; /* re-recorded whenever a side stream must wait */
@@ -163,9 +163,11 @@ struct fsdp_root {
     fsdp2_event_t *grad_free[2];
     fsdp_group_t *grad_owner[2]; /* the group whose backward holds each gradient buffer */
     int next_grad_buffer;
-    /* Copy-in (mixed precision): two send buffers of the largest cast shard, so the cast
-     * of the next all-gather (on ci) runs while the previous all-gather sends. */
+    /* Copy-in (mixed precision): `sends` (two with a ring of two or more, else one) send
+     * buffers of the largest cast shard, so the cast of the next all-gather (on
+     * ag_copy_in) runs while the previous all-gather sends. */
     void *send[2];
+    int sends;
     fsdp2_event_t *send_free[2]; /* recorded on ag after the all-gather that sent it */
     fsdp2_event_t *copied[2];    /* recorded on ci after the cast into it */
     int next_send;

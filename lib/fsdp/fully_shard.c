@@ -6,6 +6,7 @@
  * Rows past a parameter's local rows are padding, zero from the start and never read
  * as values. The sharded gradients have the same layout over the parameters that
  * require gradients. */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,8 +79,19 @@ static fsdp2_status_t gather_params(fsdp_group_t *g, fsdp2_module_t *m,
     return FSDP2_SUCCESS;
 }
 
-/* The options of earlier versions, for their sizes: before mixed precision, and with
- * the two-dtype policy before output_dtype, cast_forward_inputs and offload. */
+/* The options of earlier versions, as their headers declared them (for their sizes,
+ * tail padding included): before mixed precision (v1), and with the two-dtype policy
+ * before output_dtype, cast_forward_inputs and offload (v2). */
+typedef struct shard_options_v1 {
+    unsigned size;
+    fsdp2_mesh_t *mesh;
+    int reshard_after_forward;
+    fsdp2_param_t *const *ignored_params;
+    size_t num_ignored_params;
+    fsdp2_device_t device;
+    int unsharded_buffers;
+} shard_options_v1_t;
+
 typedef struct shard_options_v2 {
     unsigned size;
     fsdp2_mesh_t *mesh;
@@ -88,25 +100,31 @@ typedef struct shard_options_v2 {
     size_t num_ignored_params;
     fsdp2_device_t device;
     int unsharded_buffers;
-    fsdp2_dtype_t param_dtype, reduce_dtype;
+    struct {
+        fsdp2_dtype_t param_dtype, reduce_dtype;
+    } mp;
 } shard_options_v2_t;
+
+_Static_assert(offsetof(shard_options_v2_t, mp) == offsetof(fsdp2_shard_options_t, mp),
+               "the fields before mp keep their places");
 
 /* The bytes of the current options an earlier version's size holds, or 0. */
 static size_t older_options_size(unsigned size)
 {
-    if (size == offsetof(shard_options_v2_t, param_dtype))
+    if (size == sizeof(shard_options_v1_t))
         return offsetof(fsdp2_shard_options_t, mp);
     if (size == sizeof(shard_options_v2_t))
         return offsetof(fsdp2_shard_options_t, mp.output_dtype);
     return 0;
 }
 
-/* Offload: host memory is where cpu shards live already (said once); the cuda path
+/* Offload: host memory is where cpu shards live already (said once per process, as a
+ * warning since the policy asked for something that does not happen); the cuda path
  * (pinned host shards, copies on the side streams, the optimizer on the host) is not
  * built yet. */
 static fsdp2_status_t check_offload(const fsdp2_shard_options_t *o, const char *fqn)
 {
-    static int said;
+    static atomic_int said;
     const fsdp2_offload_policy_t *p = &o->offload;
     FSDP2_ARG_CHECK(p->offload_params == 0 || p->offload_params == 1,
                     "fully_shard '%s': offload_params %d is not 0 or 1", fqn, p->offload_params);
@@ -119,8 +137,7 @@ static fsdp2_status_t check_offload(const fsdp2_shard_options_t *o, const char *
                            "fully_shard '%s': CPU offload of cuda shards is not supported yet "
                            "(offload_params 1 with device cuda:%d)",
                            fqn, o->device.index);
-    if (!said) {
-        said = 1;
+    if (!atomic_exchange(&said, 1)) {
         FSDP2_LOG(WARN, FSDP,
                   "fully_shard '%s': offload_params on a cpu device: the shards, gradients and "
                   "optimizer state are in host memory already; the policy changes nothing",

@@ -223,7 +223,6 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
 static fsdp2_status_t make_streams(fsdp_root_t *r)
 {
     FSDP2_CHECK(fsdp2_stream_current(r->device, &r->compute));
-    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather-copy-in", &r->ci));
     FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather", &r->ag));
     FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-reduce-scatter", &r->rs));
     fsdp2_event_t **events[] = {&r->compute_mark, &r->rs_done, &r->ag_done, &r->grad_ready,
@@ -261,8 +260,13 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     }
     for (int k = 0; k < 2 && grad_bytes; k++)
         FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
-    for (int k = 0; k < 2 && send_bytes; k++) /* mixed precision: the cast shards sent */
+    /* Mixed precision: the cast shards sent, two when a prefetch can overlap a cast with
+     * the all-gather before it; the copy-in stream only then. */
+    r->sends = send_bytes ? (r->ring_size >= 2 ? 2 : 1) : 0;
+    for (int k = 0; k < r->sends; k++)
         FSDP2_CHECK(alloc(r, send_bytes, &r->send[k], &r->plan.unsharded_params));
+    if (send_bytes)
+        FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather-copy-in", &r->ag_copy_in));
     int ws = r->group->ws;
     if (rs_bytes) {
         r->rs_input_bytes = (size_t)ws * rs_bytes;
@@ -379,7 +383,7 @@ void fsdp_root_free(fsdp_root_t *r)
 {
     if (!r)
         return;
-    fsdp2_stream_destroy(r->ci);
+    fsdp2_stream_destroy(r->ag_copy_in);
     fsdp2_stream_destroy(r->ag);
     fsdp2_stream_destroy(r->rs);
     for (size_t i = 0; i < r->num_groups; i++) {

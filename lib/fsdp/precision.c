@@ -18,8 +18,9 @@ static fsdp2_status_t check_mp_dtype(fsdp2_dtype_t d, const char *what, const ch
     if (d == FSDP2_DTYPE_COUNT)
         return FSDP2_SUCCESS;
     fsdp2_dtype_is_float(d, &is_float);
-    FSDP2_ARG_CHECK(is_float, "fully_shard '%s': mixed precision %s %d (%s) is not a floating dtype",
-                    fqn, what, (int)d, fsdp2_dtype_name(d));
+    FSDP2_ARG_CHECK(is_float,
+                    "fully_shard '%s': mixed precision %s %d (%s) is not a floating dtype", fqn,
+                    what, (int)d, fsdp2_dtype_name(d));
     return FSDP2_SUCCESS;
 }
 

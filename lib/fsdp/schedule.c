@@ -1,8 +1,13 @@
 /* The step: hooks, all-gathers with prefetch, reduce-scatters, and the events that order
- * them (see fsdp2/fsdp.h). Three streams: the application's current stream ("compute"),
- * the all-gather stream and the reduce-scatter stream.
+ * them (see fsdp2/fsdp.h). Four streams: the application's current stream ("compute"),
+ * the copy-in stream (mixed precision's casts into the send buffers; only with a cast
+ * and ws > 1), the all-gather stream and the reduce-scatter stream.
  *
  * Ordering, each by one event:
+ * - a copy-in reads the shard the optimizer wrote on compute: it waits compute_mark;
+ * - it overwrites a send buffer an earlier all-gather read: it waits that buffer's
+ *   send_free, recorded on the all-gather stream after that all-gather;
+ * - the all-gather sends what the copy-in wrote: it waits the buffer's copied;
  * - an all-gather reads shards the optimizer wrote on compute: it waits compute_mark,
  *   recorded when it is issued;
  * - it writes an unsharded buffer whose last reader ran on compute: it waits the
@@ -217,15 +222,15 @@ static void drop_post_forward(fsdp_group_t *g)
  * that last sent from k; copied[k] marks it done. */
 static fsdp2_status_t copy_in(fsdp_root_t *r, fsdp_group_t *g, int k)
 {
-    FSDP2_CHECK(side_waits_compute(r, r->ci));
-    FSDP2_CHECK(fsdp2_stream_wait_event(r->ci, r->send_free[k]));
-    trace_token_t t = trace_begin(g, r->ci, TRACE_COPY_IN, (size_t)g->shard_numel * g->pe,
+    FSDP2_CHECK(side_waits_compute(r, r->ag_copy_in));
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->ag_copy_in, r->send_free[k]));
+    trace_token_t t = trace_begin(g, r->ag_copy_in, TRACE_COPY_IN, (size_t)g->shard_numel * g->pe,
                                   g->pdtype);
     fsdp2_status_t status = fsdp2_cast_async(r->send[k], g->pdtype, g->shard->data, g->dtype,
-                                             (size_t)g->shard_numel, r->ci);
-    fsdp2_trace_stream_end(r->ci, t);
+                                             (size_t)g->shard_numel, r->ag_copy_in);
+    fsdp2_trace_stream_end(r->ag_copy_in, t);
     FSDP2_CHECK(status);
-    return fsdp2_event_record(r->copied[k], r->ci);
+    return fsdp2_event_record(r->copied[k], r->ag_copy_in);
 }
 
 /* Issues g's all-gather unless its parameters are whole or on their way. A prefetch
@@ -270,7 +275,7 @@ static fsdp2_status_t issue_unshard(fsdp_root_t *r, fsdp_group_t *g, int demand)
             int k = -1;
             if (g->cast) {
                 k = r->next_send;
-                r->next_send ^= 1;
+                r->next_send = (k + 1) % r->sends;
                 FSDP2_CHECK(copy_in(r, g, k));
                 FSDP2_CHECK(fsdp2_stream_wait_event(r->ag, r->copied[k]));
                 send = r->send[k];

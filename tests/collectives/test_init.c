@@ -1,7 +1,14 @@
 /* fsdp2_init: a process with no launcher variables is a world of 1 with a working world
- * group; bad launcher variables are errors naming them, and nothing is left behind.
+ * group; bad launcher variables are errors naming them, and nothing is left behind. The
+ * context's HSDP mesh: one process, bad shard sizes, and two processes whose launcher
+ * variables break the node rules (every rank refuses, none waits).
  * (Multi-rank fsdp2_init runs in two_nodes.sh through coll_check.) */
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +93,96 @@ START_TEST(the_hsdp_mesh_of_one_process_and_bad_shard_sizes)
 }
 END_TEST
 
+/* Two processes with launcher variables of our choosing: each inits, asks for the
+ * natural HSDP mesh and must get `want` (with a message naming `needle`); then an
+ * explicit shard size of 2 and of 1 must work. local_rank[r], local_world[r] per rank. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static int hsdp_rank(int rank, int port, const int *local_rank, const int *local_world,
+                     fsdp2_status_t want, const char *needle)
+{
+    clear_launcher_env();
+    char v[32];
+    setenv("WORLD_SIZE", "2", 1);
+    snprintf(v, sizeof(v), "%d", rank);
+    setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", local_rank[rank]);
+    setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", local_world[rank]);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(v, sizeof(v), "%d", port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("FSDP2_TIMEOUT", "20", 1);
+    fsdp2_context_t *ctx;
+    if (fsdp2_init(NULL, &ctx) != FSDP2_SUCCESS) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, fsdp2_last_error());
+        return 1;
+    }
+    fsdp2_mesh_t *mesh = NULL;
+    int bad = 0;
+    fsdp2_status_t s = fsdp2_context_hsdp_mesh(ctx, 0, &mesh);
+    if (s != want || (needle && !strstr(fsdp2_last_error(), needle))) {
+        fprintf(stderr, "rank %d: natural hsdp mesh gave %s (%s), want %s naming '%s'\n", rank,
+                fsdp2_status_name(s), fsdp2_last_error(), fsdp2_status_name(want),
+                needle ? needle : "");
+        bad = 1;
+    }
+    for (int shard = 2; shard >= 1 && !bad; shard--) {
+        if (fsdp2_context_hsdp_mesh(ctx, shard, &mesh) != FSDP2_SUCCESS) {
+            fprintf(stderr, "rank %d: shard %d: %s\n", rank, shard, fsdp2_last_error());
+            bad = 1;
+        }
+    }
+    return fsdp2_finalize(ctx) != FSDP2_SUCCESS || bad;
+}
+
+static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_status_t want,
+                          const char *needle)
+{
+    int port = free_port();
+    ck_assert_int_gt(port, 0);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0)
+            _exit(hsdp_rank(r, port, local_rank, local_world, want, needle));
+    }
+    for (int r = 0; r < 2; r++) {
+        int status = 0;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed (%d)", r,
+                      status);
+    }
+}
+
+START_TEST(every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules)
+{
+    /* One node of 2 whose local ranks are swapped (a cyclic mapping): not consecutive. */
+    const int swapped[2] = {1, 0}, two[2] = {2, 2};
+    run_hsdp_pair(swapped, two, FSDP2_ERR_INVALID_CONFIG, "node ranks are not consecutive");
+    /* Nodes of 1 and 2 ranks: the ranks ask for different shard sizes. */
+    const int locals[2] = {0, 1}, worlds[2] = {1, 2};
+    run_hsdp_pair(locals, worlds, FSDP2_ERR_INVALID_CONFIG, "asks for shard size");
+    /* A node of 2 mapped by node: the natural mesh is [1, 2]. */
+    const int by_node[2] = {0, 1};
+    run_hsdp_pair(by_node, two, FSDP2_SUCCESS, NULL);
+}
+END_TEST
+
 static Suite *init_suite(void)
 {
     Suite *s = suite_create("init");
@@ -94,6 +191,7 @@ static Suite *init_suite(void)
     tcase_add_test(tc, a_bare_process_is_a_world_of_one_with_a_working_group);
     tcase_add_test(tc, bad_launcher_variables_are_errors_naming_them);
     tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
+    tcase_add_test(tc, every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -443,6 +443,12 @@ typedef struct timed {
     int tid;
 } timed_t;
 
+static int by_start(const void *a, const void *b)
+{
+    double x = ((const timed_t *)a)->ts, y = ((const timed_t *)b)->ts;
+    return (x > y) - (x < y);
+}
+
 static const char *trace_text(const cJSON *o, const char *key)
 {
     const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
@@ -458,7 +464,8 @@ static double trace_num(const cJSON *o, const char *key)
 /* In this rank's trace of one step (ws > 1): each layer's copy-ins (the casts into the
  * send buffers) ran on the track "fsdp-all-gather-copy-in", its all-gathers on
  * "fsdp-all-gather", one copy-in per all-gather, each ending before its all-gather
- * began (events in a file are in time order per track). */
+ * began (events in a file are in time order per track); and a cast into a send buffer
+ * began only after the all-gather that last sent from it ended. */
 static int check_copy_in_trace(rank_ctx_t *c, const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -477,8 +484,9 @@ static int check_copy_in_trace(rank_ctx_t *c, const char *path)
     {
         int tid = (int)trace_num(e, "tid");
         const char *n = trace_text(cJSON_GetObjectItemCaseSensitive(e, "args"), "name");
-        if (!strcmp(trace_text(e, "ph") ? trace_text(e, "ph") : "", "M") && n && tid >= 0 &&
-            tid < 64 && !strcmp(trace_text(e, "name"), "thread_name"))
+        const char *ph = trace_text(e, "ph"), *what = trace_text(e, "name");
+        if (ph && !strcmp(ph, "M") && what && !strcmp(what, "thread_name") && n && tid >= 0 &&
+            tid < 64)
             snprintf(names[tid], sizeof(names[tid]), "%s", n);
     }
     for (int l = 0; l < LAYERS; l++) {
@@ -513,6 +521,29 @@ static int check_copy_in_trace(rank_ctx_t *c, const char *path)
                                 LAYER_NAME[l], i, copies[i].end, gathers[i].ts);
         }
     }
+    /* The send buffers alternate: the cast into one waits for the all-gather that sent
+     * from it last, two all-gathers back (both streams run in issue order, so the i-th
+     * copy-in of the step feeds its i-th all-gather). */
+    timed_t copies[16], gathers[16];
+    int nc = 0, ng = 0;
+    cJSON_ArrayForEach(e, events)
+    {
+        const char *cat = trace_text(e, "cat"), *ph = trace_text(e, "ph");
+        if (!cat || !ph || strcmp(ph, "X"))
+            continue;
+        timed_t t = {trace_num(e, "ts"), trace_num(e, "ts") + trace_num(e, "dur"), 0};
+        if (!strcmp(cat, "copy_in") && nc < 16)
+            copies[nc++] = t;
+        if (!strcmp(cat, "all_gather") && ng < 16)
+            gathers[ng++] = t;
+    }
+    qsort(copies, (size_t)nc, sizeof(timed_t), by_start);
+    qsort(gathers, (size_t)ng, sizeof(timed_t), by_start);
+    for (int i = 2; i < nc && i - 2 < ng && !fails; i++)
+        fails += RANK_CHECK(c, copies[i].ts >= gathers[i - 2].end,
+                            "copy-in %d of the step starts at %.3f us, before the all-gather "
+                            "that last sent from its buffer ended (%.3f us)",
+                            i, copies[i].ts, gathers[i - 2].end);
     cJSON_Delete(root);
     return fails;
 }

@@ -338,8 +338,9 @@ static int body_queries(rank_ctx_t *c)
     for (int64_t k = 0; k < (fails ? 0 : 24); k++) {
         float v = ((const float *)src->data)[k];
         uint16_t got = ((const uint16_t *)dst->data)[k];
-        fails += RANK_CHECK(c, got == to_bf16(v), "element %lld: %.9g cast to bf16 0x%04x, want 0x%04x",
-                            (long long)k, v, got, to_bf16(v));
+        fails += RANK_CHECK(c, got == to_bf16(v),
+                            "element %lld: %.9g cast to bf16 0x%04x, want 0x%04x", (long long)k,
+                            v, got, to_bf16(v));
         fails += RANK_CHECK(c, ((const float *)copy->data)[k] == v,
                             "element %lld: the unsharded module's copy is %.9g, want %.9g",
                             (long long)k, ((const float *)copy->data)[k], v);
@@ -392,7 +393,18 @@ out:
 /* Options built against earlier headers                                               */
 
 /* The options as the headers before mixed precision (v1) and before output_dtype,
- * cast_forward_inputs and offload (v2) declared them, written out here. */
+ * cast_forward_inputs and offload (v2) declared them, written out here: a binary built
+ * against them passes their sizeof (v1's has tail padding after unsharded_buffers). */
+typedef struct options_v1 {
+    unsigned size;
+    fsdp2_mesh_t *mesh;
+    int reshard_after_forward;
+    fsdp2_param_t *const *ignored_params;
+    size_t num_ignored_params;
+    fsdp2_device_t device;
+    int unsharded_buffers;
+} options_v1_t;
+
 typedef struct options_v2 {
     unsigned size;
     fsdp2_mesh_t *mesh;
@@ -415,7 +427,7 @@ static int body_old_options(rank_ctx_t *c)
     fails += fails ? 0 : lone_module(r, "odd", NULL, &odd);
     if (!fails) {
         options_v2_t o = {sizeof(options_v2_t), r->mesh, 1, NULL, 0, CPU, 2, FSDP2_BF16, FSDP2_F32};
-        o.size = (unsigned)offsetof(options_v2_t, param_dtype);
+        o.size = sizeof(options_v1_t);
         fails += OK(c, fsdp2_fully_shard(v1, (const fsdp2_shard_options_t *)&o));
         o.size = sizeof(o);
         fails += OK(c, fsdp2_fully_shard(v2, (const fsdp2_shard_options_t *)&o));
@@ -517,7 +529,8 @@ static int body_offload(rank_ctx_t *c)
                         "the log names offload_params %d times without offload and %d times with "
                         "it over 4 fully_shard calls, want 0 and 1",
                         said_without, said_with);
-    fails += RANK_CHECK(c, with.total == without.total && with.sharded_params == without.sharded_params,
+    fails += RANK_CHECK(c, with.total == without.total &&
+                               with.sharded_params == without.sharded_params,
                         "offload on cpu changed the plan: %llu bytes, %llu without",
                         (unsigned long long)with.total, (unsigned long long)without.total);
     /* Bad values, and cuda shards, refused by name before anything is sharded. */
