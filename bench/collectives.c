@@ -8,7 +8,8 @@
  * Open MPI's twin (bench/mpi_collectives.c) and prints the ratios.
  *
  * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
- *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE] */
+ *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE]
+ *   [--ops all_gather,reduce_scatter,all_reduce] (a comma list: only those) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,7 @@ static double time_op(bench_t *b, int op, size_t bytes)
 int main(int argc, char **argv)
 {
     size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
-    const char *json_path = NULL, *dtype_name = "f32", *stream_kind = "side";
+    const char *json_path = NULL, *dtype_name = "f32", *stream_kind = "side", *ops = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--min") == 0)
             min_bytes = strtoull(argv[i + 1], NULL, 10);
@@ -102,6 +103,8 @@ int main(int argc, char **argv)
             dtype_name = argv[i + 1];
         else if (strcmp(argv[i], "--stream") == 0)
             stream_kind = argv[i + 1];
+        else if (strcmp(argv[i], "--ops") == 0)
+            ops = argv[i + 1];
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;
@@ -159,6 +162,8 @@ int main(int argc, char **argv)
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {
+        if (ops && !strstr(ops, op_names[op]))
+            continue;
         for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
             size_t unit = b.esize * (size_t)b.n;
             size_t s = bytes / unit * unit;
