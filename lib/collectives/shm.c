@@ -35,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "collectives/shm_internal.h"
@@ -45,7 +44,6 @@
 
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
-#define SHM_DIRECT_MIN (1u << 20)    /* gathers of this many bytes a rank: gather_direct */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -288,142 +286,13 @@ static void sink_write(sink_t *s, size_t off, const char *src, size_t m)
     }
 }
 
-/* Moves the sink's cursor m bytes on (pieces only). */
-static void sink_skip(sink_t *s, size_t m)
-{
-    while (m) {
-        size_t room = s->piece->bytes - s->at;
-        if (!room) {
-            s->piece++;
-            s->at = 0;
-            continue;
-        }
-        size_t k = min_size(room, m);
-        s->at += k;
-        m -= k;
-    }
-}
-
-/* Removes from pending[] a peer that has posted step t and returns it, blocking only
- * when none has: with more ranks than cores they arrive in any order. */
-static fsdp2_status_t next_posted(run_t *x, uint64_t t, int *pending, int *np, int *peer)
-{
-    int ready = -1;
-    for (int i = 0; i < *np && ready < 0; i++)
-        if (atomic_load_explicit(head_of(x, pending[i]), memory_order_acquire) > t)
-            ready = i;
-    if (ready < 0) {
-        FSDP2_CHECK(wait_for(x, head_of(x, pending[0]), t + 1, pending[0]));
-        ready = 0;
-    }
-    *peer = pending[ready];
-    pending[ready] = pending[--*np];
-    return FSDP2_SUCCESS;
-}
-
-/* The peers with bytes at offset off of a gather. */
-static int peers_from(const run_t *x, const size_t *len, size_t off, int *pending)
-{
-    int np = 0;
-    for (int k = 1; k < x->n; k++)
-        if (off < len[(x->me + k) % x->n])
-            pending[np++] = (x->me + k) % x->n;
-    return np;
-}
-
-/* Reads rank r's m bytes straight from its process into the sink (one copy: the kernel
- * copies from the peer's pages into ours). */
-static fsdp2_status_t read_direct(run_t *x, int r, const cma_source_t *src, sink_t *s, size_t m)
-{
-    struct iovec local[64];
-    for (size_t done = 0; done < m;) {
-        int k = 0;
-        size_t want = 0;
-        if (s->buf) {
-            local[k++] = (struct iovec){s->buf + done, m - done};
-            want = m - done;
-        }
-        const fsdp2_iov_t *piece = s->piece;
-        for (size_t at = s->at; !s->buf && k < 64 && want < m - done;) {
-            size_t room = piece->bytes - at;
-            if (!room) {
-                piece++;
-                at = 0;
-                continue;
-            }
-            size_t take = min_size(room, m - done - want);
-            local[k++] = (struct iovec){(char *)piece->data + at, take};
-            want += take;
-            at += take;
-        }
-        struct iovec remote = {(void *)(uintptr_t)(src->addr + done), want};
-        ssize_t got = process_vm_readv((pid_t)src->pid, local, (unsigned long)k, &remote, 1, 0);
-        if (got <= 0) {
-            /* A peer that failed (its collective, or its process) may have let go of its
-             * buffer: that is its failure, not ours. */
-            int e = errno;
-            x->liveness_ms = 0;
-            FSDP2_CHECK(check_health(x, r));
-            errno = e;
-        }
-        if (got <= 0)
-            return run_fail(x, errno == ESRCH ? FSDP2_ERR_PEER_FAILED : FSDP2_ERR_SYSTEM,
-                            "%s: reading rank %d's %zu bytes at 0x%llx in pid %lld failed: %s",
-                            x->what, r, want, (unsigned long long)(src->addr + done),
-                            (long long)src->pid, got < 0 ? strerror(errno) : "no bytes");
-        if (!s->buf)
-            sink_skip(s, (size_t)got);
-        done += (size_t)got;
-    }
-    return FSDP2_SUCCESS;
-}
-
-/* A gather in one step: each rank posts where its bytes are, reads every peer's
- * straight from the peer's process, and keeps its own bytes in place until every peer
- * has read them. */
-static fsdp2_status_t gather_direct(run_t *x, const char *mine, const size_t *len, sink_t *sinks)
-{
-    uint64_t t = x->next++;
-    if (len[x->me]) {
-        char *slot;
-        FSDP2_CHECK(slot_for_write(x, t, &slot));
-        cma_source_t src = {(int64_t)getpid(), (uint64_t)(uintptr_t)mine};
-        memcpy(slot, &src, sizeof(src));
-        post(x, t);
-    }
-    int pending[FSDP2_SHM_MAX_RANKS], np = peers_from(x, len, 0, pending);
-    while (np > 0) {
-        int r;
-        FSDP2_CHECK(next_posted(x, t, pending, &np, &r));
-        cma_source_t src;
-        memcpy(&src, slot_of(x, r, t), sizeof(src));
-        FSDP2_CHECK(read_direct(x, r, &src, &sinks[r], len[r]));
-    }
-    /* A peer whose collective failed while we read may have reused its buffer: what we
-     * read is only good if none did (it marks the segment before it returns). */
-    int broken = atomic_load(&x->sg->hdr->broken);
-    if (broken && broken != x->me + 1)
-        return fsdp2_group_fail(x->sg->g, FSDP2_ERR_PEER_FAILED,
-                                "%s: rank %d's collective failed", x->what, broken - 1);
-    finish_step(x, t);
-    for (int k = 1; k < x->n && len[x->me]; k++) {
-        int p = (x->me + k) % x->n;
-        FSDP2_CHECK(wait_for(x, done_of(x, p, x->me), t + 1, p));
-    }
-    return FSDP2_SUCCESS;
-}
-
 /* Rank r's len[r] bytes reach sinks[r] on every other rank; this rank's bytes come from
- * mine (its own sink is not written). From SHM_DIRECT_MIN bytes a rank, when the
- * members may read each other's memory, straight from the peers (gather_direct);
- * otherwise through the slots, a slot's worth per step. */
+ * mine (its own sink is not written). */
 static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks)
 {
     size_t most = 0;
     for (int r = 0; r < x->n; r++)
         most = len[r] > most ? len[r] : most;
-    if (x->sg->cma && most >= SHM_DIRECT_MIN)
-        return gather_direct(x, mine, len, sinks);
     for (size_t off = 0; off < most; off += SHM_SLOT) {
         uint64_t t = x->next++;
         if (off < len[x->me]) {
@@ -432,10 +301,23 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
             memcpy(slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
             post(x, t);
         }
-        int pending[FSDP2_SHM_MAX_RANKS], np = peers_from(x, len, off, pending);
+        /* Copy out whichever peers have posted, blocking only when none has: with more
+         * ranks than cores they arrive in any order. */
+        int pending[FSDP2_SHM_MAX_RANKS], np = 0;
+        for (int k = 1; k < x->n; k++)
+            if (off < len[(x->me + k) % x->n])
+                pending[np++] = (x->me + k) % x->n;
         while (np > 0) {
-            int r;
-            FSDP2_CHECK(next_posted(x, t, pending, &np, &r));
+            int ready = -1;
+            for (int i = 0; i < np && ready < 0; i++)
+                if (atomic_load_explicit(head_of(x, pending[i]), memory_order_acquire) > t)
+                    ready = i;
+            if (ready < 0) {
+                FSDP2_CHECK(wait_for(x, head_of(x, pending[0]), t + 1, pending[0]));
+                ready = 0;
+            }
+            int r = pending[ready];
+            pending[ready] = pending[--np];
             sink_write(&sinks[r], off, slot_of(x, r, t), min_size(SHM_SLOT, len[r] - off));
         }
         finish_step(x, t);

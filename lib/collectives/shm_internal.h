@@ -60,14 +60,6 @@ struct shm_group {
     int64_t spin_ns;
     int contended_max;
     int nudge; /* move_off_peer_core may act */
-    int cma;   /* every member can read every other's memory (process_vm_readv) */
 };
-
-/* What a rank posts instead of its bytes when a gather reads them directly: where they
- * are in its process (shm.c gather_direct). */
-typedef struct cma_source {
-    int64_t pid;
-    uint64_t addr;
-} cma_source_t;
 
 #endif

@@ -11,12 +11,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
-#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -112,54 +110,6 @@ static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int min
     return FSDP2_SUCCESS;
 }
 
-/* What a peer reads to learn that it may read this process's memory. */
-static const uint64_t cma_probe = SHM_MAGIC;
-
-/* Whether a member can read each other member's memory (cross-memory attach needs the
- * same user and ptrace permission; Yama or a seccomp profile may forbid it): each
- * publishes its pid and the address of cma_probe, reads every peer's, and publishes
- * whether all reads returned it; the group uses it only if every member said yes (and
- * FSDP2_SHM_CMA is on for all). */
-static fsdp2_status_t agree_cma(fsdp2_group_t *g, fsdp2_store_t *store, int *cma)
-{
-    char key[FSDP2_GROUP_NAME_MAX + 32], value[64];
-    int mine = fsdp2_env_int(FSDP2_ENV_SHM_CMA) == 0;
-    snprintf(key, sizeof(key), "%s/shm/cma/%d", g->name, g->rank);
-    snprintf(value, sizeof(value), "%lld %llx", (long long)getpid(),
-             (unsigned long long)(uintptr_t)&cma_probe);
-    FSDP2_CHECK(fsdp2_store_set(store, key, value, strlen(value) + 1));
-    for (int r = 0; r < g->size && mine; r++) {
-        size_t len = 0;
-        long long pid = 0;
-        unsigned long long addr = 0;
-        uint64_t word = 0;
-        snprintf(key, sizeof(key), "%s/shm/cma/%d", g->name, r);
-        FSDP2_CHECK(fsdp2_store_get(store, key, value, sizeof(value) - 1, &len));
-        value[len < sizeof(value) ? len : sizeof(value) - 1] = '\0';
-        struct iovec local = {&word, sizeof(word)}, remote = {0, sizeof(word)};
-        if (r == g->rank || sscanf(value, "%lld %llx", &pid, &addr) != 2)
-            continue;
-        remote.iov_base = (void *)(uintptr_t)addr;
-        if (process_vm_readv((pid_t)pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof(word) ||
-            word != SHM_MAGIC) {
-            FSDP2_LOG(DEBUG, COLL, "group '%s': cannot read rank %d's memory (pid %lld): %s; "
-                      "large gathers go through the slots", g->name, r, pid, strerror(errno));
-            mine = 0;
-        }
-    }
-    snprintf(key, sizeof(key), "%s/shm/cma_ok/%d", g->name, g->rank);
-    FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
-    *cma = 1;
-    for (int r = 0; r < g->size; r++) {
-        char ok[2] = "";
-        size_t len = 0;
-        snprintf(key, sizeof(key), "%s/shm/cma_ok/%d", g->name, r);
-        FSDP2_CHECK(fsdp2_store_get(store, key, ok, 1, &len));
-        *cma &= ok[0] == '1';
-    }
-    return FSDP2_SUCCESS;
-}
-
 fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer_gone_fn gone,
                                 void *gone_arg, shm_group_t **out)
 {
@@ -212,17 +162,12 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         fsdp2_shm_destroy(sg);
         return status;
     }
-    status = agree_cma(g, store, &sg->cma);
-    if (status != FSDP2_SUCCESS) {
-        fsdp2_shm_destroy(sg);
-        return status;
-    }
     char *base = (char *)sg->hdr;
     sg->lines = (rank_line_t *)(base + PAGE);
     sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
     sg->ring = base + PAGE + ctl;
-    FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes, direct reads %s",
-              g->name, name, bytes, sg->cma ? "on" : "off");
+    FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
+              bytes);
     *out = sg;
     return FSDP2_SUCCESS;
 }

@@ -24,10 +24,6 @@
     XX(SHM, "FSDP2_SHM", ENUM, "on", "on|off",                                              \
        "collectives of a group whose members all run on this host go through a shared-"     \
        "memory segment of the group (off: UCX messages, as across hosts)")                 \
-    XX(SHM_CMA, "FSDP2_SHM_CMA", ENUM, "on", "on|off",                                      \
-       "large all-gathers and broadcasts on shared memory read the peers' buffers "         \
-       "directly (Linux cross-memory attach: one copy instead of two); off: through the "   \
-       "segment's slots")                                                                  \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
        "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
 

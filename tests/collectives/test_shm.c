@@ -2,12 +2,10 @@
  * 4 ranks: sizes on both sides of a slot (256 KiB) and long enough to wrap each rank's
  * ring of slots several times, every collective checked element-wise against values
  * the test computes; identical bits to the UCX transport (FSDP2_SHM=off) for sums that
- * round; gathers from 1 MiB a rank read straight from the peers' memory (cross-memory
- * attach) with the same results as through the slots; and failures: a rank killed inside a large collective, and an abort, each
+ * round; and failures: a rank killed inside a large collective, and an abort, each
  * an error on every survivor well before the timeout, with nothing left in /dev/shm. */
 #include <check.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +21,6 @@
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define SLOT (256 << 10)
-#define FSDP2_SHM_TEST_RANKS 4
 
 static size_t esize(fsdp2_dtype_t t)
 {
@@ -81,13 +78,13 @@ static const size_case_t cases[] = {
 /* All-reduces from 16 MiB reduce straight into the slots (all_reduce_fused). */
 static const size_case_t large_all_reduces[] = {{FSDP2_F32, (4u << 20) + 5}, {FSDP2_BF16, 8u << 20}};
 
-static int check_all_gather(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, size_t n)
+static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
     char *send = malloc(n * esize(t)), *recv = malloc(n * esize(t) * c->size);
     fill(send, t, c->rank, n, 0);
     memset(recv, 0xab, n * esize(t) * c->size);
-    fails += OK(c, fsdp2_all_gather_async(g, send, recv, n, t, c->stream));
+    fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
     fails += sync_ok(c);
     for (int r = 0; r < c->size && !fails; r++)
         for (size_t i = 0; i < n && !fails; i++)
@@ -100,13 +97,13 @@ static int check_all_gather(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, si
     return fails;
 }
 
-static int check_reduce_scatter(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, size_t n)
+static int check_reduce_scatter(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
     size_t total = n * (size_t)c->size;
     char *send = malloc(total * esize(t)), *recv = malloc(n * esize(t));
     fill(send, t, c->rank, total, 0);
-    fails += OK(c, fsdp2_reduce_scatter_async(g, send, recv, n, t, NULL, c->stream));
+    fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, NULL, c->stream));
     fails += sync_ok(c);
     size_t base = (size_t)c->rank * n;
     for (size_t i = 0; i < n && !fails; i++)
@@ -119,12 +116,12 @@ static int check_reduce_scatter(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t
     return fails;
 }
 
-static int check_all_reduce(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, size_t n)
+static int check_all_reduce(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
     char *buf = malloc(n * esize(t));
     fill(buf, t, c->rank, n, 0);
-    fails += OK(c, fsdp2_all_reduce_async(g, buf, n, t, NULL, c->stream));
+    fails += OK(c, fsdp2_all_reduce_async(c->world, buf, n, t, NULL, c->stream));
     fails += sync_ok(c);
     for (size_t i = 0; i < n && !fails; i++)
         fails += RANK_CHECK(c, get(buf, t, i) == sum_over_ranks(c->size, i),
@@ -134,12 +131,12 @@ static int check_all_reduce(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, si
     return fails;
 }
 
-static int check_broadcast(rank_ctx_t *c, fsdp2_group_t *g, fsdp2_dtype_t t, size_t n)
+static int check_broadcast(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0, root = c->size - 1;
     char *buf = malloc(n * esize(t));
     fill(buf, t, c->rank, n, 0);
-    fails += OK(c, fsdp2_broadcast_async(g, buf, n, t, root, c->stream));
+    fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
     fails += sync_ok(c);
     for (size_t i = 0; i < n && !fails; i++)
         fails += RANK_CHECK(c, get(buf, t, i) == pattern(root, i),
@@ -186,18 +183,18 @@ static int body_across_slots(rank_ctx_t *c)
 {
     int fails = 0;
     for (size_t k = 0; k < COUNT(cases) && !fails; k++) {
-        fails += check_all_gather(c, c->world, cases[k].dtype, cases[k].count);
-        fails += check_reduce_scatter(c, c->world, cases[k].dtype, cases[k].count);
-        fails += check_all_reduce(c, c->world, cases[k].dtype, cases[k].count);
-        fails += check_broadcast(c, c->world, cases[k].dtype, cases[k].count);
+        fails += check_all_gather(c, cases[k].dtype, cases[k].count);
+        fails += check_reduce_scatter(c, cases[k].dtype, cases[k].count);
+        fails += check_all_reduce(c, cases[k].dtype, cases[k].count);
+        fails += check_broadcast(c, cases[k].dtype, cases[k].count);
     }
     for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
-        fails += check_all_reduce(c, c->world, large_all_reduces[k].dtype, large_all_reduces[k].count);
+        fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
     fails += check_all_gather_pieces(c);
     /* zero-sized collectives between large ones take no steps and keep ranks in step */
-    fails += check_all_gather(c, c->world, FSDP2_F32, 0);
-    fails += check_all_reduce(c, c->world, FSDP2_F16, 0);
-    fails += check_all_reduce(c, c->world, FSDP2_F16, 3);
+    fails += check_all_gather(c, FSDP2_F32, 0);
+    fails += check_all_reduce(c, FSDP2_F16, 0);
+    fails += check_all_reduce(c, FSDP2_F16, 3);
     return fails;
 }
 
@@ -206,123 +203,6 @@ START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
     for (int size = 2; size <= 4; size++) {
         ranks_result_t res;
         int failed = run_ranks(size, body_across_slots, NULL, 30000, 240, &res);
-        ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
-                      res.timed_out);
-    }
-}
-END_TEST
-
-/* ---- direct reads (cross-memory attach) ---- */
-
-/* Rank r's bytes over 150 pieces of uneven sizes (some empty), laid out in reverse, so
- * a direct read fills more pieces than one system call takes. */
-static int check_many_pieces(rank_ctx_t *c, fsdp2_group_t *g)
-{
-    enum { PIECES = 150 };
-    int fails = 0;
-    const size_t bytes = (1u << 20) + 777;
-    unsigned char *send = malloc(bytes), *dest = malloc((size_t)c->size * bytes);
-    fsdp2_iov_t *pieces = calloc((size_t)c->size * PIECES, sizeof(*pieces));
-    size_t offsets[FSDP2_SHM_TEST_RANKS + 1] = {0}, cut[PIECES + 1];
-    for (size_t i = 0; i < bytes; i++)
-        send[i] = (unsigned char)(i * 13 + (size_t)c->rank * 5);
-    cut[0] = 0;
-    for (int k = 1; k < PIECES; k++) /* increasing cuts, with repeats: empty pieces */
-        cut[k] = bytes / 2 * (size_t)(k * k) / (size_t)(PIECES * PIECES) + (size_t)(k / 3) * 3001;
-    cut[PIECES] = bytes;
-    for (int r = 0; r < c->size; r++) {
-        unsigned char *base = dest + (size_t)r * bytes;
-        for (int k = 0; k < PIECES; k++) /* piece k lands at the mirrored place */
-            pieces[r * PIECES + k] = (fsdp2_iov_t){base + bytes - cut[k + 1], cut[k + 1] - cut[k]};
-        offsets[r + 1] = offsets[r] + PIECES;
-    }
-    fails += OK(c, fsdp2_all_gather_pieces_async(g, send, bytes, pieces, offsets, c->stream));
-    fails += sync_ok(c);
-    for (int r = 0; r < c->size && !fails; r++)
-        for (int k = 0; k < PIECES && !fails; k++) {
-            const unsigned char *d = pieces[r * PIECES + k].data;
-            for (size_t i = 0; i < pieces[r * PIECES + k].bytes && !fails; i++) {
-                size_t at = cut[k] + i;
-                fails += RANK_CHECK(c, d[i] == (unsigned char)(at * 13 + (size_t)r * 5),
-                                    "150 pieces: rank %d byte %zu (piece %d)", r, at, k);
-            }
-        }
-    free(pieces);
-    free(send);
-    free(dest);
-    return fails;
-}
-
-/* A group created with FSDP2_SHM_CMA as given; *said: whether its creation logged that
- * direct reads are on (stderr captured, at debug level). */
-static int group_with_cma(rank_ctx_t *c, const char *name, const char *cma, fsdp2_group_t **g,
-                          int *said)
-{
-    char log[96];
-    snprintf(log, sizeof(log), "/tmp/fsdp2-shm-cma-%d-%s.log", (int)getpid(), name);
-    setenv("FSDP2_SHM_CMA", cma, 1);
-    int fails = OK(c, fsdp2_env_reload());
-    fails += OK(c, fsdp2_log_set_level(FSDP2_LOG_DEBUG));
-    fflush(stderr);
-    int saved = dup(2), fd = open(log, O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    if (saved >= 0 && fd >= 0)
-        dup2(fd, 2);
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = 30000;
-    fails += OK(c, fsdp2_group_create(c->store, name, c->rank, c->size, &go, g));
-    fflush(stderr);
-    if (saved >= 0) {
-        dup2(saved, 2);
-        close(saved);
-    }
-    if (fd >= 0)
-        close(fd);
-    fails += OK(c, fsdp2_log_set_level(FSDP2_LOG_WARN));
-    *said = 0;
-    FILE *f = fopen(log, "r");
-    char line[512];
-    while (f && fgets(line, sizeof(line), f))
-        *said |= strstr(line, "direct reads on") != NULL;
-    if (f)
-        fclose(f);
-    unlink(log);
-    return fails;
-}
-
-/* Gathers of at least 1 MiB a rank (buffers, 150 pieces, a broadcast, the gather half of
- * a mid-size all-reduce) on a group that reads the peers' memory directly, and on one
- * with FSDP2_SHM_CMA=off: the same values, checked element-wise. */
-static int body_direct(rank_ctx_t *c)
-{
-    fsdp2_group_t *direct = NULL, *slots = NULL;
-    int said_direct = 0, said_slots = 0;
-    int fails = group_with_cma(c, "direct", "on", &direct, &said_direct);
-    fails += group_with_cma(c, "slots", "off", &slots, &said_slots);
-    fails += RANK_CHECK(c, said_direct && !said_slots,
-                        "direct reads on: %d with FSDP2_SHM_CMA=on, %d with off (want 1, 0)",
-                        said_direct, said_slots);
-    fsdp2_group_t *groups[2] = {direct, slots};
-    size_t ranges = (size_t)c->size * ((1u << 18) + 1) + 7; /* all-reduce: > 1 MiB a range */
-    for (int k = 0; k < 2 && !fails; k++) {
-        fails += check_all_gather(c, groups[k], FSDP2_F32, (1u << 18) + 3);
-        fails += check_all_gather(c, groups[k], FSDP2_BF16, (1u << 20) + 1);
-        fails += check_broadcast(c, groups[k], FSDP2_F32, (1u << 18) + 5);
-        fails += check_all_reduce(c, groups[k], FSDP2_F32, ranges);
-        fails += check_many_pieces(c, groups[k]);
-        fails += check_all_gather(c, groups[k], FSDP2_F32, 1000); /* small ones between */
-    }
-    fsdp2_group_destroy(slots);
-    fsdp2_group_destroy(direct);
-    unsetenv("FSDP2_SHM_CMA");
-    fails += OK(c, fsdp2_env_reload());
-    return fails;
-}
-
-START_TEST(large_gathers_read_the_peers_memory_directly_and_match_the_slots)
-{
-    for (int size = 2; size <= 4; size++) {
-        ranks_result_t res;
-        int failed = run_ranks(size, body_direct, NULL, 30000, 240, &res);
         ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
                       res.timed_out);
     }
@@ -511,7 +391,6 @@ static Suite *shm_suite(void)
     tcase_set_timeout(ok, 600);
     tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
-    tcase_add_test(ok, large_gathers_read_the_peers_memory_directly_and_match_the_slots);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);
