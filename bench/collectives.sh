@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Collective bandwidth of libfsdp2 (ucx) against Open MPI, in the same run.
 #
-#   bench/collectives.sh [--np "2 4"] [--max BYTES] [--out DIR]
+#   bench/collectives.sh [--np "2 4"] [--max BYTES] [--repeat R] [--out DIR]
 #
 # Builds build/ (as ./scripts/demo does), installs Open MPI if missing (the peer only),
 # then for each rank count runs bench_collectives under fsdp2run and mpi_collectives
@@ -9,17 +9,22 @@
 # by default) and glibc malloc told not to give pages back between calls (without that
 # its large reduce-scatter is several times slower, which would flatter us). Prints
 # busbw side by side with the ratio ours / MPI and writes DIR/collectives.json.
+# --repeat R runs the pair R times, alternating ours and MPI, and reports each cell's
+# median over the R runs (with its range): this machine's speed moves by 2-5x between
+# runs of the same program, so single runs decide little below 1 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np_list="2 4"
 max=$((256 << 20))
+repeat=1
 out=bench-results
 while [ $# -gt 0 ]; do
     case $1 in
     --np) np_list=$2; shift 2 ;;
     --max) max=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--np \"2 4\"] [--max BYTES] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--np \"2 4\"] [--max BYTES] [--repeat R] [--out DIR]" >&2; exit 2 ;;
     esac
 done
 source scripts/deps.sh
@@ -33,35 +38,46 @@ mpi_flags=(--allow-run-as-root --oversubscribe --bind-to none
     --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any
     -x MALLOC_MMAP_THRESHOLD_=2147483647 -x MALLOC_TRIM_THRESHOLD_=4294967295
     -x MALLOC_TOP_PAD_=536870912)
-for np in $np_list; do
-    echo "== $np ranks: libfsdp2"
-    build/tools/fsdp2run --nproc-per-node "$np" build/bench/bench_collectives --max "$max" \
-        --json "$out/ours_np$np.json"
-    echo "== $np ranks: Open MPI (${mpi_flags[*]})"
-    mpirun "${mpi_flags[@]}" -np "$np" build/bench/mpi_collectives --max "$max" \
-        --json "$out/mpi_np$np.json"
+for rep in $(seq 1 "$repeat"); do
+    for np in $np_list; do
+        echo "== $np ranks, run $rep of $repeat: libfsdp2"
+        build/tools/fsdp2run --nproc-per-node "$np" build/bench/bench_collectives --max "$max" \
+            --json "$out/ours_np${np}_$rep.json"
+        echo "== $np ranks, run $rep of $repeat: Open MPI (${mpi_flags[*]})"
+        mpirun "${mpi_flags[@]}" -np "$np" build/bench/mpi_collectives --max "$max" \
+            --json "$out/mpi_np${np}_$rep.json"
+    done
 done
 
-python3 - "$out" $np_list <<'PY'
-import json, sys
-out, nps = sys.argv[1], sys.argv[2:]
+python3 - "$out" "$repeat" $np_list <<'PY'
+import json, statistics, sys
+out, repeat, nps = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 summary = []
 for np in nps:
-    ours = json.load(open(f"{out}/ours_np{np}.json"))
-    mpi = json.load(open(f"{out}/mpi_np{np}.json"))
-    limit = ours.get("memcpy_gbps", 0)
-    print(f"\n{np} ranks (memcpy limit {limit:.2f} GB/s): busbw GB/s")
-    print(f"{'op':<15} {'bytes':>11} {'libfsdp2':>9} {'Open MPI':>9} {'ratio':>6}")
-    mpi_by = {(r["op"], r["bytes"]): r for r in mpi["results"]}
-    for r in ours["results"]:
-        m = mpi_by.get((r["op"], r["bytes"]))
-        if not m:
+    runs = {}
+    limits = []
+    for impl in ("ours", "mpi"):
+        for rep in range(1, repeat + 1):
+            data = json.load(open(f"{out}/{impl}_np{np}_{rep}.json"))
+            if impl == "ours":
+                limits.append(data.get("memcpy_gbps", 0))
+            for r in data["results"]:
+                runs.setdefault((impl, r["op"], r["bytes"]), []).append(r["busbw"])
+    limit = statistics.median(limits)
+    print(f"\n{np} ranks (memcpy limit {limit:.2f} GB/s): busbw GB/s, median of {repeat} "
+          f"run(s) [range]")
+    print(f"{'op':<15} {'bytes':>11} {'libfsdp2':>21} {'Open MPI':>21} {'ratio':>6}")
+    for (impl, op, size), ours in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        mpi = runs.get(("mpi", op, size))
+        if impl != "ours" or not mpi:
             continue
-        ratio = r["busbw"] / m["busbw"] if m["busbw"] > 0 else float("inf")
-        print(f"{r['op']:<15} {r['bytes']:>11} {r['busbw']:>9.3f} {m['busbw']:>9.3f} {ratio:>6.2f}")
-        summary.append({"ranks": int(np), "op": r["op"], "bytes": r["bytes"],
-                        "libfsdp2_busbw": r["busbw"], "openmpi_busbw": m["busbw"],
-                        "ratio": ratio, "memcpy_gbps": limit})
+        a, b = statistics.median(ours), statistics.median(mpi)
+        ratio = a / b if b > 0 else float("inf")
+        print(f"{op:<15} {size:>11} {a:>8.3f} [{min(ours):.2f}-{max(ours):.2f}] "
+              f"{b:>8.3f} [{min(mpi):.2f}-{max(mpi):.2f}] {ratio:>6.2f}")
+        summary.append({"ranks": int(np), "op": op, "bytes": size, "runs": repeat,
+                        "libfsdp2_busbw": a, "openmpi_busbw": b, "libfsdp2_runs": ours,
+                        "openmpi_runs": mpi, "ratio": ratio, "memcpy_gbps": limit})
 json.dump({"results": summary}, open(f"{out}/collectives.json", "w"), indent=1)
 print(f"\nwrote {out}/collectives.json")
 PY
