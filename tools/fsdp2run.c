@@ -1,9 +1,14 @@
 /* fsdp2run: starts the local ranks of a libfsdp2 job, torchrun-style.
  *
  *   fsdp2run --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port P]
- *            [--bind none|core|numa] [--] PROGRAM [ARGS...]
+ *            [--bind auto|none|core|numa] [--] PROGRAM [ARGS...]
  *   fsdp2run --topology
  *   fsdp2run [--bind none|core|numa] PROGRAM [ARGS...]      (under mpirun, srun or PMI)
+ *
+ * --bind auto (the default) is core when the local ranks outnumber the usable CPUs and
+ * none otherwise: oversubscribed ranks that the scheduler moves between cores wait for
+ * each other far longer (bench/collectives at 4 ranks on 2 CPUs: 1.2-8.6x the bus
+ * bandwidth bound, docs/performance.md), while ranks with a CPU each do as well free. 
  *
  * Each local rank gets RANK (node_rank * N + local rank), WORLD_SIZE (M * N),
  * LOCAL_RANK, LOCAL_WORLD_SIZE (N), GROUP_RANK (K), GROUP_WORLD_SIZE (M), MASTER_ADDR,
@@ -48,13 +53,14 @@ typedef struct options {
     int master_port; /* 0: not given */
     int node_rank_given;
     fsdp2_bind_mode_t bind;
+    int bind_auto; /* --bind auto: decided once the rank count is known */
     int topology;
     char **program; /* PROGRAM ARGS... NULL-terminated */
 } options_t;
 
 static const char usage_text[] =
     "usage: fsdp2run --nproc-per-node N [--nnodes M --node-rank K --master-addr A\n"
-    "                --master-port P] [--bind none|core|numa] [--] PROGRAM [ARGS...]\n"
+    "                --master-port P] [--bind auto|none|core|numa] [--] PROGRAM [ARGS...]\n"
     "       fsdp2run --topology\n"
     "       fsdp2run [--bind none|core|numa] PROGRAM [ARGS...]   (under mpirun/srun/PMI)\n"
     "\n"
@@ -72,7 +78,8 @@ static const char usage_text[] =
     "  --master-addr A      where rank 0 serves the rendezvous (default 127.0.0.1 for one\n"
     "                       node; required when M > 1)\n"
     "  --master-port P      its port (default: a free one for one node; required when M > 1)\n"
-    "  --bind MODE          none (default), core (a block of cores per rank) or numa\n"
+    "  --bind MODE          auto (default: core when the ranks outnumber the usable CPUs,\n"
+    "                       else none), none, core (a block of cores per rank) or numa\n"
     "  --topology           print the machine's cores, NUMA nodes and GPUs, and exit\n"
     "  -h, --help           this text\n";
 
@@ -107,7 +114,7 @@ static int parse_int(const char *flag, const char *text, int lo, int hi, int *ou
  * PROGRAM. Accepts "--flag value" and "--flag=value", and torchrun's underscores. */
 static int parse_options(int argc, char **argv, options_t *o)
 {
-    *o = (options_t){.nnodes = 1, .bind = FSDP2_BIND_NONE};
+    *o = (options_t){.nnodes = 1, .bind = FSDP2_BIND_NONE, .bind_auto = 1};
     int i = 1;
     for (; i < argc; i++) {
         const char *arg = argv[i];
@@ -161,8 +168,13 @@ static int parse_options(int argc, char **argv, options_t *o)
                 return usage_error("--master-addr '%s' is not valid: expected a host name or "
                                    "address", value);
             o->master_addr = value;
+        } else if (strcmp(value, "auto") == 0) {
+            o->bind_auto = 1;
         } else if (fsdp2_bind_mode_parse(value, &o->bind) != FSDP2_SUCCESS) {
-            return usage_error("--bind '%s' is not valid: expected none, core or numa", value);
+            return usage_error("--bind '%s' is not valid: expected auto, none, core or numa",
+                               value);
+        } else {
+            o->bind_auto = 0;
         }
         if (rc != 0)
             return FSDP2RUN_EXIT_USAGE;
@@ -460,9 +472,14 @@ int main(int argc, char **argv)
         return print_topology();
     if (!o.nproc_per_node) {
         if (under_other_launcher())
-            return exec_in_place(&o);
+            return exec_in_place(&o); /* auto: the launcher that started us binds */
         return usage_error("--nproc-per-node is required (unless started by mpirun, srun or "
                            "a PMI launcher)");
+    }
+    if (o.bind_auto) {
+        cpu_set_t set;
+        int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+        o.bind = o.nproc_per_node > cpus ? FSDP2_BIND_CORE : FSDP2_BIND_NONE;
     }
     return launch(&o);
 }

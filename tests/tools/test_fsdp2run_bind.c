@@ -1,4 +1,4 @@
-/* fsdp2run --bind (each rank's CPUs, checked with sched_getaffinity against the core
+/* fsdp2run --bind (auto, the default, and each mode: each rank's CPUs, checked with sched_getaffinity against the core
  * layout read from sysfs, not through hwloc), --topology, and the path under mpirun where
  * fsdp2run binds and then becomes the program. */
 #include <check.h>
@@ -146,6 +146,40 @@ START_TEST(bind_core_pins_each_rank_to_its_own_cores)
 }
 END_TEST
 
+/* Without --bind (auto): ranks that fit the usable CPUs are left free (every usable
+ * CPU); twice as many ranks as CPUs are bound, each to one core. */
+START_TEST(bind_auto_binds_only_when_ranks_outnumber_the_cpus)
+{
+    cpu_info_t info;
+    usable_cpus(&info);
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int i = 0; i < info.n; i++)
+        CPU_SET(info.cpu[i], &all);
+    int n = _i == 0 ? (info.n < 2 ? info.n : 2) : 2 * info.n;
+    if (n > MAX_RANKS)
+        return;
+    char nproc[16];
+    snprintf(nproc, sizeof(nproc), "%d", n);
+    const char *args[] = {"--nproc-per-node", nproc, path_of("PRINT_ENV"), "--affinity", NULL};
+    ck_assert_int_eq(run(args), 0);
+    char *text = slurp(out_path);
+    cpu_set_t sets[MAX_RANKS];
+    parse_affinity(text, n, sets);
+    for (int r = 0; r < n; r++) {
+        long cores[CPU_SETSIZE];
+        if (n <= info.n) {
+            ck_assert_msg(CPU_EQUAL(&sets[r], &all), "%d ranks on %d CPUs: rank %d was bound",
+                          n, info.n, r);
+            continue;
+        }
+        ck_assert_msg(whole_cores(&info, &sets[r], cores, CPU_SETSIZE) == 1,
+                      "%d ranks on %d CPUs: rank %d is not bound to one core", n, info.n, r);
+    }
+    free(text);
+}
+END_TEST
+
 START_TEST(bind_numa_on_one_node_gives_every_cpu)
 {
     DIR *d = opendir("/sys/devices/system/node");
@@ -252,6 +286,7 @@ static Suite *fsdp2run_bind_suite(void)
     tcase_set_timeout(tc, 60);
 #ifdef FSDP2_HAVE_HWLOC
     tcase_add_loop_test(tc, bind_core_pins_each_rank_to_its_own_cores, 0, 2);
+    tcase_add_loop_test(tc, bind_auto_binds_only_when_ranks_outnumber_the_cpus, 0, 2);
     tcase_add_test(tc, bind_numa_on_one_node_gives_every_cpu);
     tcase_add_test(tc, topology_prints_cores_and_exits_0);
     tcase_add_test(tc, under_mpirun_bind_core_uses_the_local_rank);
