@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/cpu_kernels.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
@@ -33,6 +34,7 @@
  * at once, leaving synchronous work to helping callers, measured slower: the wake-up on
  * enqueue preempts the caller on this 2-core machine.) */
 #define SPIN_YIELDS 64
+#define CLAIM_NS 20000
 
 typedef enum task_kind {
     TASK_HOST,
@@ -92,6 +94,7 @@ struct cpu_stream {
     size_t capacity, head, count;
     int stopping;
     int running; /* a task is being run (by the worker or a helping waiter) */
+    int64_t queued_ns; /* when the queue last went from empty to not empty */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -277,6 +280,16 @@ static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status)
              message[0] ? message : fsdp2_status_name(status));
 }
 
+/* A worker still spinning leaves fresh work to the application for CLAIM_NS: a thread
+ * that enqueues and then waits (a blocking collective, a synchronize) runs the task
+ * itself (can_help) without handing it to another thread and back, which costs more
+ * than the delay. Past the spins, or once the task has waited that long, it is ours. */
+static int claim_later(const cpu_stream_t *s, int spin)
+{
+    return s->count > 0 && !s->running && spin < SPIN_YIELDS &&
+           fsdp2_now_ns() - s->queued_ns < CLAIM_NS;
+}
+
 static void *stream_worker(void *arg)
 {
     cpu_stream_t *s = arg;
@@ -284,7 +297,7 @@ static void *stream_worker(void *arg)
     pthread_mutex_lock(&s->lock);
     for (;;) {
         /* Wait for a task nobody is running; leave once stopping and all has run. */
-        for (int spin = 0; s->count == 0 || s->running; spin++) {
+        for (int spin = 0; s->count == 0 || s->running || claim_later(s, spin); spin++) {
             if (s->stopping && s->count == 0 && !s->running)
                 break;
             if (spin < SPIN_YIELDS) { /* work often follows at once: avoid a sleep/wake */
@@ -332,7 +345,8 @@ static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     while (s->count == s->capacity)
         pthread_cond_wait(&s->not_full, &s->lock);
     s->ring[(s->head + s->count) % s->capacity] = *t;
-    s->count++;
+    if (s->count++ == 0)
+        s->queued_ns = fsdp2_now_ns();
     s->submitted++;
     pthread_cond_signal(&s->not_empty);
     pthread_mutex_unlock(&s->lock);
