@@ -1,0 +1,88 @@
+/* The ucx backend's state, shared by its protocol (ucx.c: requests, waits, the
+ * algorithms, enqueue) and its set-up (ucx_setup.c: the process's UCP context, the
+ * exchange of identities and addresses, endpoints, create and destroy). */
+#ifndef FSDP2_COLLECTIVES_UCX_INTERNAL_H
+#define FSDP2_COLLECTIVES_UCX_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <ucp/api/ucp.h>
+
+#include "collectives/group_internal.h"
+#include "collectives/shm.h"
+
+#define UCX_SLOTS 64          /* collectives enqueued and not yet finished, per group */
+#define UCX_SCRATCH_SETS 4    /* reductions running at once, per group */
+#define UCX_SEGMENT (1u << 20) /* bytes per peer per reduction round */
+#define UCX_SPIN 200          /* idle progress calls (each followed by a yield) before blocking */
+
+enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2 };
+
+typedef struct ucx_group ucx_group_t;
+
+typedef struct ucx_slot {
+    coll_op_t op;
+    ucx_group_t *ug;
+    int busy;
+    struct req_list *list; /* used by the thread running the op */
+} ucx_slot_t;
+
+struct ucx_group {
+    fsdp2_group_t *g;
+    ucp_worker_h worker;
+    int efd;
+    ucp_ep_h *eps; /* [size]; eps[rank] unused */
+    atomic_int failed_peer; /* -1, or the first peer UCX reported as failed */
+    atomic_long liveness_checked_ms; /* shared by the collectives running at once */
+    int has_context; /* holds a reference on the process's UCP context */
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    ucx_slot_t slots[UCX_SLOTS];
+    void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * UCX_SEGMENT bytes each */
+    int scratch_busy[UCX_SCRATCH_SETS];
+    int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */
+    struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */
+    shm_group_t *shm; /* every member on this host: collectives go through shared memory */
+};
+
+typedef struct ucx_peer_error {
+    ucx_group_t *ug;
+    int peer;
+    atomic_int failed; /* UCX reported this endpoint failed, or the process is gone */
+    int local;         /* on this host: error mode NONE, liveness by pid */
+    pid_t pid;
+} ucx_peer_error_t;
+
+/* The requests of one round of a collective, with the peer each involves: a send's
+ * destination as r, a receive's source as RECV_FROM(r) (negative), so that a failed peer
+ * fails exactly the rounds that wait on it, and a failure knows which are receives. */
+#define RECV_FROM(r) (-2 - (r))
+#define PEER_OF(code) ((code) >= 0 ? (code) : -2 - (code))
+typedef struct req_list {
+    void **req;
+    int *peer;
+    int n;
+} req_list_t;
+
+static inline uint64_t make_tag(uint64_t seq, int phase, int src, size_t segment)
+{
+    return ((seq & 0xffffffffull) << 32) | ((uint64_t)(phase & 0xf) << 28) |
+           ((uint64_t)(src & 0xfff) << 16) | (segment & 0xffff);
+}
+
+/* ucx.c */
+void ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf, size_t bytes,
+                  uint64_t tag);
+void ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
+                  uint64_t tag);
+/* Waits for every request of rl (what names the wait in errors). */
+fsdp2_status_t ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what);
+void ucx_close_endpoint(ucx_group_t *ug, int r);
+/* Looks now whether peer (on this host) is still alive; marks it failed if not. */
+void ucx_check_one(ucx_group_t *ug, int peer);
+fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream);
+
+#endif
