@@ -14,8 +14,10 @@
  * position on a stream's counter of completed work. A thread that blocks without a
  * timeout until a stream reaches a position (synchronize, event synchronize, a wait on
  * the current stream) runs that stream's queued tasks itself while its worker is idle:
- * one runner at a time, in order. So a task may run on the waiting application thread;
- * host functions must not rely on which thread runs them. The calling thread itself is the
+ * one runner at a time, in order. A worker that is still spinning for new work leaves a
+ * task to such a waiter for its first 20 us in the queue (a task nobody waits for starts
+ * that much later at most). So a task may run on the waiting application thread; host
+ * functions must not rely on which thread runs them. The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
  * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.
