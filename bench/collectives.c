@@ -103,8 +103,23 @@ int main(int argc, char **argv)
             dtype_name = argv[i + 1];
         else if (strcmp(argv[i], "--stream") == 0)
             stream_kind = argv[i + 1];
-        else if (strcmp(argv[i], "--ops") == 0)
+        else if (strcmp(argv[i], "--ops") == 0) {
             ops = argv[i + 1];
+            /* every name in the list must be an operation (a typo must not time nothing) */
+            char copy[256];
+            snprintf(copy, sizeof(copy), "%s", ops);
+            for (char *save = NULL, *w = strtok_r(copy, ",", &save); w;
+                 w = strtok_r(NULL, ",", &save)) {
+                int known = 0;
+                for (int op = 0; op < OP_COUNT; op++)
+                    known |= strcmp(w, op_names[op]) == 0;
+                if (!known) {
+                    fprintf(stderr, "--ops: '%s' is not all_gather, reduce_scatter or "
+                                    "all_reduce\n", w);
+                    return 2;
+                }
+            }
+        }
         else {
             fprintf(stderr, "unknown flag %s\n", argv[i]);
             return 2;

@@ -22,7 +22,8 @@ while [ $# -gt 0 ]; do
     case $1 in
     --np) np_list=$2; shift 2 ;;
     --max) max=$2; shift 2 ;;
-    --repeat) repeat=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2
+        if ! [[ $repeat =~ ^[1-9][0-9]*$ ]]; then echo "--repeat $repeat: want a count >= 1" >&2; exit 2; fi ;;
     --out) out=$2; shift 2 ;;
     *) echo "usage: $0 [--np \"2 4\"] [--max BYTES] [--repeat R] [--out DIR]" >&2; exit 2 ;;
     esac

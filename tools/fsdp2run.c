@@ -3,12 +3,13 @@
  *   fsdp2run --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port P]
  *            [--bind auto|none|core|numa] [--] PROGRAM [ARGS...]
  *   fsdp2run --topology
- *   fsdp2run [--bind none|core|numa] PROGRAM [ARGS...]      (under mpirun, srun or PMI)
+ *   fsdp2run [--bind auto|none|core|numa] PROGRAM [ARGS...] (under mpirun, srun or PMI)
  *
  * --bind auto (the default) is core when the local ranks outnumber the usable CPUs and
- * none otherwise: oversubscribed ranks that the scheduler moves between cores wait for
- * each other far longer (bench/collectives at 4 ranks on 2 CPUs: 1.2-8.6x the bus
- * bandwidth bound, docs/performance.md), while ranks with a CPU each do as well free. 
+ * none otherwise (or when hwloc is missing or cannot bind this machine): oversubscribed
+ * ranks that the scheduler moves between cores wait for each other far longer (at 4
+ * ranks on 2 CPUs, binding raised bench/collectives' median busbw 1.2-8.6x,
+ * docs/performance.md), while ranks with a CPU each do as well free.
  *
  * Each local rank gets RANK (node_rank * N + local rank), WORLD_SIZE (M * N),
  * LOCAL_RANK, LOCAL_WORLD_SIZE (N), GROUP_RANK (K), GROUP_WORLD_SIZE (M), MASTER_ADDR,
@@ -62,7 +63,7 @@ static const char usage_text[] =
     "usage: fsdp2run --nproc-per-node N [--nnodes M --node-rank K --master-addr A\n"
     "                --master-port P] [--bind auto|none|core|numa] [--] PROGRAM [ARGS...]\n"
     "       fsdp2run --topology\n"
-    "       fsdp2run [--bind none|core|numa] PROGRAM [ARGS...]   (under mpirun/srun/PMI)\n"
+    "       fsdp2run [--bind auto|none|core|numa] PROGRAM [ARGS...]   (under mpirun/srun/PMI)\n"
     "\n"
     "Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
     "GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (and OMP_NUM_THREADS =\n"
@@ -316,8 +317,10 @@ static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int e
     if (!getenv("OMP_NUM_THREADS"))
         set_env_int("OMP_NUM_THREADS", omp_threads);
 
+    /* Under --bind auto binding is a preference: a machine hwloc cannot bind on (a
+     * synthetic or XML topology) runs the rank unbound. */
     if (topo && fsdp2_topology_bind_self(topo, r->local_rank, o->nproc_per_node, o->bind) !=
-                    FSDP2_SUCCESS) {
+                    FSDP2_SUCCESS && !o->bind_auto) {
         fprintf(stderr, "fsdp2run: --bind %s failed: %s\n", fsdp2_bind_mode_name(o->bind),
                 fsdp2_last_error());
         _exit(FSDP2RUN_EXIT_ERROR);
@@ -477,9 +480,14 @@ int main(int argc, char **argv)
                            "a PMI launcher)");
     }
     if (o.bind_auto) {
+        /* core when oversubscribed and hwloc can tell the cores; none otherwise (a build
+         * without hwloc, or an affinity we cannot read) */
         cpu_set_t set;
-        int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-        o.bind = o.nproc_per_node > cpus ? FSDP2_BIND_CORE : FSDP2_BIND_NONE;
+        int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+        fsdp2_topology_t *probe = NULL;
+        if (cpus > 0 && o.nproc_per_node > cpus && fsdp2_topology_load(&probe) == FSDP2_SUCCESS)
+            o.bind = FSDP2_BIND_CORE;
+        fsdp2_topology_destroy(probe);
     }
     return launch(&o);
 }

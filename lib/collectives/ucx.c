@@ -44,7 +44,7 @@ static void *post_send(ucx_group_t *ug, int peer, const void *buf, size_t bytes,
  * (flushing, bounded by a short wait): force-closing them makes the peer's UCX 1.13 trip
  * an assertion when its TCP lane sees the reset. Endpoints UCX reported failed must be
  * force-closed, and are. */
-void ucx_close_endpoint(ucx_group_t *ug, int r)
+void fsdp2_ucx_close_endpoint(ucx_group_t *ug, int r)
 {
     if (!ug->eps[r])
         return;
@@ -75,21 +75,22 @@ static void *post_recv(ucx_group_t *ug, void *buf, size_t bytes, uint64_t tag)
 
 static void *post_recv_iov(ucx_group_t *ug, const fsdp2_iov_t *iov, size_t n, uint64_t tag)
 {
-    _Static_assert(sizeof(fsdp2_iov_t) == sizeof(ucp_dt_iov_t), "fsdp2_iov_t must match ucp_dt_iov_t");
+    _Static_assert(sizeof(fsdp2_iov_t) == sizeof(ucp_dt_iov_t),
+                   "fsdp2_iov_t must match ucp_dt_iov_t");
     ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE,
                                  .datatype = ucp_dt_make_iov()};
     return ucp_tag_recv_nbx(ug->worker, (void *)iov, n, tag, ~0ull, &param);
 }
 
-void ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf, size_t bytes,
-                     uint64_t tag)
+void fsdp2_ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf,
+                        size_t bytes, uint64_t tag)
 {
     rl->peer[rl->n] = peer;
     rl->req[rl->n++] = post_send(ug, peer, buf, bytes, tag);
 }
 
-void ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
-                     uint64_t tag)
+void fsdp2_ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
+                        uint64_t tag)
 {
     rl->peer[rl->n] = RECV_FROM(from);
     rl->req[rl->n++] = post_recv(ug, buf, bytes, tag);
@@ -138,11 +139,11 @@ static void check_liveness(ucx_group_t *ug, const int *peers, int n, void **reqs
         return; /* checked recently, or another thread is checking now */
     for (int i = 0; i < n; i++)
         if (reqs[i])
-            ucx_check_one(ug, PEER_OF(peers[i]));
+            fsdp2_ucx_check_one(ug, PEER_OF(peers[i]));
 }
 
 /* Marks a same-host peer failed if its process is gone (or a zombie). */
-void ucx_check_one(ucx_group_t *ug, int peer)
+void fsdp2_ucx_check_one(ucx_group_t *ug, int peer)
 {
     ucx_peer_error_t *pe = &ug->peer_errors[peer];
     if (!pe->local || atomic_load(&pe->failed))
@@ -214,7 +215,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
             atomic_store(&ug->liveness_checked_ms, 0);
             check_liveness(ug, peers, n, reqs);
             if (failed_peer >= 0 && ug->peer_errors[failed_peer].local)
-                ucx_check_one(ug, failed_peer);
+                fsdp2_ucx_check_one(ug, failed_peer);
             cancel_all(ug, reqs, peers, n);
             int peer = atomic_load(&ug->failed_peer);
             if (peer >= 0)
@@ -261,7 +262,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
     }
 }
 
-fsdp2_status_t ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what)
+fsdp2_status_t fsdp2_ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what)
 {
     fsdp2_status_t status = wait_all(ug, rl->req, rl->peer, rl->n, what);
     rl->n = 0;
@@ -278,16 +279,17 @@ static fsdp2_status_t run_all_gather(ucx_group_t *ug, const coll_op_t *op, req_l
     rl->n = 0;
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
-        ucx_add_recv(ug, rl, r, recv + (size_t)r * bytes, bytes, make_tag(op->seq, PHASE_DATA, r, 0));
+        fsdp2_ucx_add_recv(ug, rl, r, recv + (size_t)r * bytes, bytes,
+                           make_tag(op->seq, PHASE_DATA, r, 0));
     }
     for (int k = 1; k < g->size; k++) {
         int p = (g->rank + k) % g->size;
-        ucx_add_send(ug, rl, p, op->send, bytes, make_tag(op->seq, PHASE_DATA, g->rank, 0));
+        fsdp2_ucx_add_send(ug, rl, p, op->send, bytes, make_tag(op->seq, PHASE_DATA, g->rank, 0));
     }
     char *mine = recv + (size_t)g->rank * bytes;
     if (bytes && mine != (const char *)op->send)
         memcpy(mine, op->send, bytes);
-    return ucx_wait_list(ug, rl, "all_gather");
+    return fsdp2_ucx_wait_list(ug, rl, "all_gather");
 }
 
 static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
@@ -302,8 +304,8 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
     }
     for (int k = 1; k < g->size; k++) {
         int p = (g->rank + k) % g->size;
-        ucx_add_send(ug, rl, p, op->send, op->count,
-                              make_tag(op->seq, PHASE_DATA, g->rank, 0));
+        fsdp2_ucx_add_send(ug, rl, p, op->send, op->count,
+                           make_tag(op->seq, PHASE_DATA, g->rank, 0));
     }
     const char *src = op->send;
     for (size_t k = op->offsets[g->rank]; k < op->offsets[g->rank + 1]; k++) {
@@ -311,10 +313,10 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
             memmove(op->pieces[k].data, src, op->pieces[k].bytes);
         src += op->pieces[k].bytes;
     }
-    return ucx_wait_list(ug, rl, "all_gather_pieces");
+    return fsdp2_ucx_wait_list(ug, rl, "all_gather_pieces");
 }
 
-/* A free scratch set for a running reduction. ucx_enqueue lets at most UCX_SCRATCH_SETS
+/* A free scratch set for a running reduction. fsdp2_ucx_enqueue lets at most UCX_SCRATCH_SETS
  * reductions of the group be in flight, and since every rank enqueues in the same order
  * they are the same reductions everywhere, so a set is free for each of them. (Handing
  * out sets without that bound deadlocked: rank 0 holding every set for seqs 0-3 while
@@ -383,8 +385,8 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         for (int k = 1; k < g->size && m; k++) {
             int r = (g->rank + g->size - k) % g->size;
             int slot = (r - g->rank + g->size) % g->size - 1;
-            ucx_add_recv(ug, rl, r, scratch + (size_t)slot * UCX_SEGMENT, m * es,
-                                  make_tag(op->seq, PHASE_DATA, r, s));
+            fsdp2_ucx_add_recv(ug, rl, r, scratch + (size_t)slot * UCX_SEGMENT, m * es,
+                               make_tag(op->seq, PHASE_DATA, r, s));
         }
         for (int k = 1; k < g->size; k++) {
             int p = (g->rank + k) % g->size;
@@ -392,10 +394,10 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
             if (off >= len)
                 continue;
             size_t pm = len - off < seg ? len - off : seg;
-            ucx_add_send(ug, rl, p, op->send + (lo[p] + off) * es, pm * es,
-                                  make_tag(op->seq, PHASE_DATA, g->rank, s));
+            fsdp2_ucx_add_send(ug, rl, p, op->send + (lo[p] + off) * es, pm * es,
+                               make_tag(op->seq, PHASE_DATA, g->rank, s));
         }
-        status = ucx_wait_list(ug, rl, what);
+        status = fsdp2_ucx_wait_list(ug, rl, what);
         if (status != FSDP2_SUCCESS || !m)
             continue;
         for (int r = 0; r < g->size; r++) {
@@ -435,16 +437,16 @@ static fsdp2_status_t run_all_reduce(ucx_group_t *ug, const coll_op_t *op, req_l
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         if (hi[r] > lo[r])
-            ucx_add_recv(ug, rl, r, buf + lo[r] * es, (hi[r] - lo[r]) * es,
-                                  make_tag(op->seq, PHASE_GATHER, r, 0));
+            fsdp2_ucx_add_recv(ug, rl, r, buf + lo[r] * es, (hi[r] - lo[r]) * es,
+                               make_tag(op->seq, PHASE_GATHER, r, 0));
     }
     size_t mine = hi[g->rank] - lo[g->rank];
     for (int k = 1; k < g->size && mine; k++) {
         int p = (g->rank + k) % g->size;
-        ucx_add_send(ug, rl, p, buf + lo[g->rank] * es, mine * es,
-                              make_tag(op->seq, PHASE_GATHER, g->rank, 0));
+        fsdp2_ucx_add_send(ug, rl, p, buf + lo[g->rank] * es, mine * es,
+                           make_tag(op->seq, PHASE_GATHER, g->rank, 0));
     }
-    return ucx_wait_list(ug, rl, "all_reduce");
+    return fsdp2_ucx_wait_list(ug, rl, "all_reduce");
 }
 
 static fsdp2_status_t run_broadcast(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
@@ -455,12 +457,14 @@ static fsdp2_status_t run_broadcast(ucx_group_t *ug, const coll_op_t *op, req_li
     if (g->rank == op->root) {
         for (int k = 1; k < g->size; k++) {
             int p = (g->rank + k) % g->size;
-            ucx_add_send(ug, rl, p, op->recv, bytes, make_tag(op->seq, PHASE_DATA, op->root, 0));
+            fsdp2_ucx_add_send(ug, rl, p, op->recv, bytes,
+                               make_tag(op->seq, PHASE_DATA, op->root, 0));
         }
     } else {
-        ucx_add_recv(ug, rl, op->root, op->recv, bytes, make_tag(op->seq, PHASE_DATA, op->root, 0));
+        fsdp2_ucx_add_recv(ug, rl, op->root, op->recv, bytes,
+                           make_tag(op->seq, PHASE_DATA, op->root, 0));
     }
-    return ucx_wait_list(ug, rl, "broadcast");
+    return fsdp2_ucx_wait_list(ug, rl, "broadcast");
 }
 
 static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
@@ -469,13 +473,13 @@ static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list
     rl->n = 0;
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
-        ucx_add_recv(ug, rl, r, NULL, 0, make_tag(op->seq, PHASE_BARRIER, r, 0));
+        fsdp2_ucx_add_recv(ug, rl, r, NULL, 0, make_tag(op->seq, PHASE_BARRIER, r, 0));
     }
     for (int k = 1; k < g->size; k++) {
         int p = (g->rank + k) % g->size;
-        ucx_add_send(ug, rl, p, NULL, 0, make_tag(op->seq, PHASE_BARRIER, g->rank, 0));
+        fsdp2_ucx_add_send(ug, rl, p, NULL, 0, make_tag(op->seq, PHASE_BARRIER, g->rank, 0));
     }
-    return ucx_wait_list(ug, rl, "barrier");
+    return fsdp2_ucx_wait_list(ug, rl, "barrier");
 }
 
 static int is_reduction(const coll_op_t *op)
@@ -517,7 +521,8 @@ static fsdp2_status_t ucx_run(void *arg)
     return status;
 }
 
-fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream)
+fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
+                                 fsdp2_stream_t *stream)
 {
     ucx_group_t *ug = g->backend;
     ucx_slot_t *slot = &ug->slots[op->seq % UCX_SLOTS];

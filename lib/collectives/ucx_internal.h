@@ -74,15 +74,16 @@ static inline uint64_t make_tag(uint64_t seq, int phase, int src, size_t segment
 }
 
 /* ucx.c */
-void ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf, size_t bytes,
-                  uint64_t tag);
-void ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
-                  uint64_t tag);
+void fsdp2_ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf,
+                        size_t bytes, uint64_t tag);
+void fsdp2_ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
+                        uint64_t tag);
 /* Waits for every request of rl (what names the wait in errors). */
-fsdp2_status_t ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what);
-void ucx_close_endpoint(ucx_group_t *ug, int r);
+fsdp2_status_t fsdp2_ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what);
+void fsdp2_ucx_close_endpoint(ucx_group_t *ug, int r);
 /* Looks now whether peer (on this host) is still alive; marks it failed if not. */
-void ucx_check_one(ucx_group_t *ug, int peer);
-fsdp2_status_t ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream);
+void fsdp2_ucx_check_one(ucx_group_t *ug, int peer);
+fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
+                                 fsdp2_stream_t *stream);
 
 #endif

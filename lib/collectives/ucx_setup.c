@@ -92,7 +92,7 @@ static void ucx_group_free(ucx_group_t *ug)
 {
     fsdp2_shm_destroy(ug->shm);
     for (int r = 0; ug->eps && ug->worker && r < ug->g->size; r++)
-        ucx_close_endpoint(ug, r);
+        fsdp2_ucx_close_endpoint(ug, r);
     free(ug->eps);
     if (ug->worker)
         ucp_worker_destroy(ug->worker);
@@ -137,13 +137,13 @@ static fsdp2_status_t wire_up(ucx_group_t *ug)
     uint64_t seq = UINT64_MAX; /* a tag no collective uses */
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
-        ucx_add_recv(ug, rl, r, NULL, 0, make_tag(seq, PHASE_BARRIER, r, 0));
+        fsdp2_ucx_add_recv(ug, rl, r, NULL, 0, make_tag(seq, PHASE_BARRIER, r, 0));
     }
     for (int k = 1; k < g->size; k++) {
         int p = (g->rank + k) % g->size;
-        ucx_add_send(ug, rl, p, NULL, 0, make_tag(seq, PHASE_BARRIER, g->rank, 0));
+        fsdp2_ucx_add_send(ug, rl, p, NULL, 0, make_tag(seq, PHASE_BARRIER, g->rank, 0));
     }
-    return ucx_wait_list(ug, rl, "connecting");
+    return fsdp2_ucx_wait_list(ug, rl, "connecting");
 }
 
 /* Publishes where this rank runs and reads where its peers run (before any UCX object
@@ -241,7 +241,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
 static int shm_peer_gone(void *arg, int peer)
 {
     ucx_group_t *ug = arg;
-    ucx_check_one(ug, peer);
+    fsdp2_ucx_check_one(ug, peer);
     return atomic_load(&ug->peer_errors[peer].failed);
 }
 
@@ -328,6 +328,6 @@ const fsdp2_group_ops_t fsdp2_ucx_group_ops = {
     .name = "ucx",
     .create = ucx_create,
     .destroy = ucx_destroy,
-    .enqueue = ucx_enqueue,
+    .enqueue = fsdp2_ucx_enqueue,
     .abort = ucx_abort,
 };

@@ -95,6 +95,7 @@ struct cpu_stream {
     int stopping;
     int running; /* a task is being run (by the worker or a helping waiter) */
     int64_t queued_ns; /* when the queue last went from empty to not empty */
+    int blocked;       /* threads waiting on s that cannot run its tasks (claim_later) */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -209,6 +210,10 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
         deadline_after(timeout_ms, &deadline);
     fsdp2_status_t status = FSDP2_SUCCESS;
     pthread_mutex_lock(&s->lock);
+    /* A waiter that will not help (a timed wait, another stream's worker) must not wait
+     * out claim_later's delay: the worker takes the work at once while it is here. */
+    int helper = timeout_ms < 0 && !tls_is_worker;
+    s->blocked += !helper;
     for (int spin = 0; spin < SPIN_YIELDS && s->completed < target; spin++) {
         if (can_help(s, timeout_ms)) {
             help_locked(s);
@@ -236,6 +241,7 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
             break;
         }
     }
+    s->blocked -= !helper;
     pthread_mutex_unlock(&s->lock);
     return status;
 }
@@ -283,10 +289,12 @@ static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status)
 /* A worker still spinning leaves fresh work to the application for CLAIM_NS: a thread
  * that enqueues and then waits (a blocking collective, a synchronize) runs the task
  * itself (can_help) without handing it to another thread and back, which costs more
- * than the delay. Past the spins, or once the task has waited that long, it is ours. */
+ * than the delay. Past the spins, CLAIM_NS after the queue last became non-empty, while
+ * a waiter that cannot help is blocked on s, or when stopping, the work is the worker's.
+ * (A task nobody waits for, or one polled with query, starts up to CLAIM_NS late.) */
 static int claim_later(const cpu_stream_t *s, int spin)
 {
-    return s->count > 0 && !s->running && spin < SPIN_YIELDS &&
+    return s->count > 0 && !s->running && !s->stopping && !s->blocked && spin < SPIN_YIELDS &&
            fsdp2_now_ns() - s->queued_ns < CLAIM_NS;
 }
 
