@@ -395,7 +395,10 @@ static int launch(const options_t *o)
         return FSDP2RUN_EXIT_ERROR;
     }
     fsdp2_topology_t *topo = NULL;
-    if (o->bind != FSDP2_BIND_NONE && fsdp2_topology_load(&topo) != FSDP2_SUCCESS) {
+    /* (under --bind auto a machine hwloc cannot read, or a build without it, runs the
+     * ranks unbound: topo stays NULL) */
+    if (o->bind != FSDP2_BIND_NONE && fsdp2_topology_load(&topo) != FSDP2_SUCCESS &&
+        !o->bind_auto) {
         fprintf(stderr, "fsdp2run: --bind %s: %s\n", fsdp2_bind_mode_name(o->bind),
                 fsdp2_last_error());
         return FSDP2RUN_EXIT_ERROR;
@@ -480,14 +483,12 @@ int main(int argc, char **argv)
                            "a PMI launcher)");
     }
     if (o.bind_auto) {
-        /* core when oversubscribed and hwloc can tell the cores; none otherwise (a build
-         * without hwloc, or an affinity we cannot read) */
+        /* core when oversubscribed; none otherwise, or when the affinity cannot be read
+         * (launch falls back to none where hwloc cannot load the machine) */
         cpu_set_t set;
         int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-        fsdp2_topology_t *probe = NULL;
-        if (cpus > 0 && o.nproc_per_node > cpus && fsdp2_topology_load(&probe) == FSDP2_SUCCESS)
+        if (cpus > 0 && o.nproc_per_node > cpus)
             o.bind = FSDP2_BIND_CORE;
-        fsdp2_topology_destroy(probe);
     }
     return launch(&o);
 }

@@ -218,11 +218,12 @@ static void drop_post_forward(fsdp_group_t *g)
 }
 
 /* g's shard cast to the compute dtype into send buffer k, on the copy-in stream: after
- * the compute stream's writes to the shard (the optimizer) and after the all-gather
- * that last sent from k; copied[k] marks it done. */
+ * the compute stream's writes to the shard (the optimizer: compute_mark, which
+ * issue_unshard has just recorded for the all-gather) and after the all-gather that
+ * last sent from k; copied[k] marks it done. */
 static fsdp2_status_t copy_in(fsdp_root_t *r, fsdp_group_t *g, int k)
 {
-    FSDP2_CHECK(side_waits_compute(r, r->ag_copy_in));
+    FSDP2_CHECK(fsdp2_stream_wait_event(r->ag_copy_in, r->compute_mark));
     FSDP2_CHECK(fsdp2_stream_wait_event(r->ag_copy_in, r->send_free[k]));
     trace_token_t t = trace_begin(g, r->ag_copy_in, TRACE_COPY_IN, (size_t)g->shard_numel * g->pe,
                                   g->pdtype);
