@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Collective bandwidth of libfsdp2 (ucx) against Open MPI, in the same run.
 #
-#   bench/collectives.sh [--np "2 4"] [--max BYTES] [--repeat R] [--out DIR]
+#   bench/collectives.sh [--np "2 4"] [--max BYTES] [--repeat R] [--pairs K] [--out DIR]
 #
 # Builds build/ (as ./scripts/demo does), installs Open MPI if missing (the peer only),
 # then for each rank count runs bench_collectives under fsdp2run and mpi_collectives
@@ -12,11 +12,19 @@
 # --repeat R runs the pair R times, alternating ours and MPI, and reports each cell's
 # median over the R runs (with its range): this machine's speed moves by 2-5x between
 # runs of the same program, so single runs decide little below 1 MiB.
+# Then, for each rank count, bench/interleaved.c runs both implementations in the same
+# processes under mpirun, alternating blocks of calls K times per cell (--pairs, default
+# 15), once with our collectives on a side stream (synchronized after each call, as
+# when FSDP must wait for one) and once inline on the calling thread (blocking, as
+# MPI's calls are); its ratio is the median over pairs, which the host's slow phases
+# hit on both sides. With more ranks than CPUs both are bound as fsdp2run --bind auto
+# binds ours (fsdp2run --bind core inside mpirun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np_list="2 4"
 max=$((256 << 20))
 repeat=1
+pairs=15
 out=bench-results
 while [ $# -gt 0 ]; do
     case $1 in
@@ -24,8 +32,13 @@ while [ $# -gt 0 ]; do
     --max) max=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2
         if ! [[ $repeat =~ ^[1-9][0-9]*$ ]]; then echo "--repeat $repeat: want a count >= 1" >&2; exit 2; fi ;;
+    --pairs) pairs=$2; shift 2
+        if ! [[ $pairs =~ ^[1-9][0-9]?$ ]] || [ "$pairs" -gt 64 ]; then
+            echo "--pairs $pairs: want 1..64" >&2; exit 2
+        fi ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--np \"2 4\"] [--max BYTES] [--repeat R] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--np \"2 4\"] [--max BYTES] [--repeat R] [--pairs K] [--out DIR]" >&2
+       exit 2 ;;
     esac
 done
 source scripts/deps.sh
@@ -34,6 +47,8 @@ fsdp2_install_deps openmpi-bin libopenmpi-dev
 fsdp2_build build
 mkdir -p "$out"
 mpicc -O2 -o build/bench/mpi_collectives bench/mpi_collectives.c
+mpicc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -Ibuild/include -o build/bench/interleaved \
+    bench/interleaved.c -Lbuild/lib -lfsdp2 -Wl,-rpath,"$PWD/build/lib"
 
 mpi_flags=(--allow-run-as-root --oversubscribe --bind-to none
     --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any
@@ -47,6 +62,19 @@ for rep in $(seq 1 "$repeat"); do
         echo "== $np ranks, run $rep of $repeat: Open MPI (${mpi_flags[*]})"
         mpirun "${mpi_flags[@]}" -np "$np" build/bench/mpi_collectives --max "$max" \
             --json "$out/mpi_np${np}_$rep.json"
+    done
+done
+
+cpus=$(nproc)
+for np in $np_list; do
+    wrap=()
+    [ "$np" -gt "$cpus" ] && wrap=(build/tools/fsdp2run --bind core)
+    for stream in side current; do
+        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        echo "== $np ranks, interleaved, our stream: $stream"
+        mpirun "${mpi_flags[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" -np "$np" \
+            "${wrap[@]}" build/bench/interleaved --max "$max" --pairs "$pairs" --stream "$stream" \
+            --json "$out/interleaved_np${np}_$stream.json"
     done
 done
 
@@ -79,6 +107,23 @@ for np in nps:
         summary.append({"ranks": int(np), "op": op, "bytes": size, "runs": repeat,
                         "libfsdp2_busbw": a, "openmpi_busbw": b, "libfsdp2_runs": ours,
                         "openmpi_runs": mpi, "ratio": ratio, "memcpy_gbps": limit})
-json.dump({"results": summary}, open(f"{out}/collectives.json", "w"), indent=1)
+interleaved = []
+for np in nps:
+    for stream in ("side", "current"):
+        data = json.load(open(f"{out}/interleaved_np{np}_{stream}.json"))
+        for r in data["results"]:
+            interleaved.append(dict(r, ranks=int(np), stream=stream, pairs=data["pairs"]))
+print("\nInterleaved (same processes, alternating blocks): ratio ours/MPI, median over pairs")
+print(f"{'op':<15} {'bytes':>11} " + " ".join(f"{f'{np} side':>8} {f'{np} inline':>9}" for np in nps))
+cells = {(r["op"], r["bytes"], r["ranks"], r["stream"]): r["ratio"] for r in interleaved}
+for op, size in sorted({(r["op"], r["bytes"]) for r in interleaved}):
+    row = []
+    for np in nps:
+        for stream, width in (("side", 8), ("current", 9)):
+            v = cells.get((op, size, int(np), stream))
+            row.append(f"{v:>{width}.2f}" if v is not None else " " * width)
+    print(f"{op:<15} {size:>11} " + " ".join(row))
+json.dump({"results": summary, "interleaved": interleaved},
+          open(f"{out}/collectives.json", "w"), indent=1)
 print(f"\nwrote {out}/collectives.json")
 PY

@@ -1,0 +1,256 @@
+/* libfsdp2 and Open MPI in the same processes, timed in alternating blocks.
+ *
+ * This machine's speed moves by 2-5x for seconds at a time (the VM's CPUs are placed
+ * and paused by its host), so two programs run one after the other can land in
+ * different phases, and a cell's ratio says more about the phase than about the code.
+ * Here every rank runs both implementations: for each operation and size, blocks of
+ * calls alternate between libfsdp2 and Open MPI (the order flips every pair), each
+ * block starting from an MPI_Barrier, and the ratio of a cell is the median over its
+ * pairs of (MPI time / our time) per call: both halves of a pair ran within
+ * milliseconds of each other, on the same CPUs, with the same buffers.
+ *
+ * Sizes, formulas and calls are those of bench/collectives.c and mpi_collectives.c:
+ * S = the all-gather output, the reduce-scatter input, the all-reduce buffer (in
+ * place); a block's time is the slowest rank's mean per call; algbw = S / t, busbw =
+ * algbw * (n - 1) / n (all-reduce: 2 (n - 1) / n). Ours runs on a side stream and
+ * synchronizes after every call, as FSDP waits for a collective (--stream current:
+ * inline on the caller).
+ *
+ * Built and run by bench/collectives.sh (mpicc against build/'s libfsdp2):
+ *   mpirun -np N -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=P build/bench/interleaved
+ *     [--min BYTES] [--max BYTES] [--pairs K] [--stream side|current] [--json FILE] */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp2/fsdp2.h>
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        fsdp2_status_t s_ = (call);                                                        \
+        if (s_ != FSDP2_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, fsdp2_strerror(s_),     \
+                    fsdp2_last_error());                                                   \
+            MPI_Abort(MPI_COMM_WORLD, 1);                                                  \
+        }                                                                                  \
+    } while (0)
+
+enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
+enum { OURS, MPI, IMPLS };
+enum { PAIRS_MAX = 64 };
+static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
+
+typedef struct bench {
+    fsdp2_group_t *group;
+    fsdp2_stream_t *stream;
+    int rank, n;
+    char *a, *b; /* max bytes each, shared by both implementations */
+} bench_t;
+
+static void run_ours(bench_t *b, int op, size_t bytes)
+{
+    size_t elems = bytes / sizeof(float), per_rank = elems / (size_t)b->n;
+    if (op == OP_AG)
+        CHECK(fsdp2_all_gather_async(b->group, b->a, b->b, per_rank, FSDP2_F32, b->stream));
+    else if (op == OP_RS)
+        CHECK(fsdp2_reduce_scatter_async(b->group, b->a, b->b, per_rank, FSDP2_F32, NULL,
+                                         b->stream));
+    else
+        CHECK(fsdp2_all_reduce_async(b->group, b->a, elems, FSDP2_F32, NULL, b->stream));
+    CHECK(fsdp2_stream_synchronize(b->stream));
+}
+
+static void run_mpi(bench_t *b, int op, size_t bytes)
+{
+    int per_rank = (int)(bytes / sizeof(float) / (size_t)b->n);
+    if (op == OP_AG)
+        MPI_Allgather(b->a, per_rank, MPI_FLOAT, b->b, per_rank, MPI_FLOAT, MPI_COMM_WORLD);
+    else if (op == OP_RS)
+        MPI_Reduce_scatter_block(b->a, b->b, per_rank, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else
+        MPI_Allreduce(MPI_IN_PLACE, b->a, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+}
+
+static void run(bench_t *b, int impl, int op, size_t bytes)
+{
+    if (impl == OURS)
+        run_ours(b, op, bytes);
+    else
+        run_mpi(b, op, bytes);
+}
+
+/* One block: the slowest rank's mean seconds per call over iters calls. */
+static double time_block(bench_t *b, int impl, int op, size_t bytes, int iters)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < iters; i++)
+        run(b, impl, op, bytes);
+    double t = (MPI_Wtime() - t0) / iters, worst;
+    MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* The q-quantile (0..1) of v[0..k), nearest rank (v keeps its order). */
+static double quantile(const double *v, int k, double q)
+{
+    double sorted[PAIRS_MAX];
+    memcpy(sorted, v, (size_t)k * sizeof(*v));
+    qsort(sorted, (size_t)k, sizeof(*sorted), cmp_double);
+    return sorted[(int)(q * (k - 1) + 0.5)];
+}
+
+static double memcpy_gbps(void)
+{
+    size_t mb = (size_t)256 << 20;
+    char *x = malloc(mb), *y = malloc(mb);
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return 0;
+    }
+    memset(x, 1, mb);
+    memset(y, 2, mb);
+    double best = 0;
+    for (int i = 0; i < 5; i++) {
+        double t0 = MPI_Wtime();
+        memcpy(y, x, mb);
+        double g = (double)mb / (MPI_Wtime() - t0) / 1e9;
+        best = g > best ? g : best;
+    }
+    free(x);
+    free(y);
+    return best;
+}
+
+static int usage(const char *why)
+{
+    fprintf(stderr, "interleaved: %s\nusage: interleaved [--min BYTES] [--max BYTES] "
+                    "[--pairs 1..%d] [--stream side|current] [--json FILE]\n",
+            why, PAIRS_MAX);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
+    int pairs = 9;
+    const char *json_path = NULL, *stream_kind = "side";
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc)
+            return usage("a flag without its value");
+        if (strcmp(argv[i], "--min") == 0)
+            min_bytes = strtoull(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--max") == 0)
+            max_bytes = strtoull(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--pairs") == 0)
+            pairs = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--stream") == 0)
+            stream_kind = argv[i + 1];
+        else if (strcmp(argv[i], "--json") == 0)
+            json_path = argv[i + 1];
+        else
+            return usage(argv[i]);
+    }
+    if (pairs < 1 || pairs > PAIRS_MAX)
+        return usage("--pairs out of range");
+    if (strcmp(stream_kind, "side") != 0 && strcmp(stream_kind, "current") != 0)
+        return usage("--stream is side or current");
+    if (min_bytes < 1 || max_bytes < min_bytes)
+        return usage("--min must be >= 1 and <= --max");
+
+    bench_t b;
+    memset(&b, 0, sizeof(b));
+    MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &b.n);
+    double limit = b.rank == 0 ? memcpy_gbps() : 0;
+    fsdp2_context_t *ctx;
+    CHECK(fsdp2_init(NULL, &ctx));
+    CHECK(fsdp2_context_world(ctx, &b.group));
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    if (strcmp(stream_kind, "current") == 0)
+        CHECK(fsdp2_stream_current(cpu, &b.stream));
+    else
+        CHECK(fsdp2_stream_create(cpu, "bench", &b.stream));
+    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.a));
+    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.b));
+    memset(b.a, 0, max_bytes); /* fault the pages in before timing */
+    memset(b.b, 0, max_bytes);
+
+    FILE *json = NULL;
+    if (b.rank == 0) {
+        printf("# libfsdp2 (stream %s) and Open MPI in the same %d processes, f32, %d "
+               "alternating pairs of blocks per cell; memcpy %.2f GB/s\n",
+               stream_kind, b.n, pairs, limit);
+        printf("%-15s %11s %10s %10s %7s %13s\n", "op", "bytes", "ours_busbw", "mpi_busbw",
+               "ratio", "ratio_p25-p75");
+        if (json_path && !(json = fopen(json_path, "w"))) {
+            perror(json_path);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (json)
+            fprintf(json, "{\"bench\": \"interleaved\", \"ranks\": %d, \"dtype\": \"f32\", "
+                          "\"stream\": \"%s\", \"pairs\": %d, \"memcpy_gbps\": %.3f, "
+                          "\"results\": [",
+                    b.n, stream_kind, pairs, limit);
+    }
+    int first = 1;
+    for (int op = 0; op < OP_COUNT; op++) {
+        for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+            size_t unit = sizeof(float) * (size_t)b.n, s = bytes / unit * unit;
+            int iters = s <= (1 << 16) ? 50 : s <= (1 << 20) ? 20 : s <= (1 << 24) ? 4 : 1;
+            for (int impl = 0; impl < IMPLS; impl++) /* warm-up: connections, pages, caches */
+                for (int i = 0; i < (s < (1 << 20) ? 20 : 2); i++)
+                    run(&b, impl, op, s);
+            double t[IMPLS][PAIRS_MAX], ratio[PAIRS_MAX];
+            for (int k = 0; k < pairs; k++) {
+                int lead = k % 2; /* who goes first flips every pair */
+                t[lead][k] = time_block(&b, lead, op, s, iters);
+                t[!lead][k] = time_block(&b, !lead, op, s, iters);
+                ratio[k] = t[MPI][k] / t[OURS][k];
+            }
+            double factor = (op == OP_AR ? 2.0 : 1.0) * (b.n - 1) / b.n;
+            double ours = (double)s / quantile(t[OURS], pairs, 0.5) / 1e9 * factor;
+            double mpi = (double)s / quantile(t[MPI], pairs, 0.5) / 1e9 * factor;
+            double lo = quantile(ratio, pairs, 0.25), hi = quantile(ratio, pairs, 0.75);
+            double mid = quantile(ratio, pairs, 0.5);
+            if (b.rank != 0)
+                continue;
+            printf("%-15s %11zu %10.3f %10.3f %7.2f %6.2f-%-6.2f\n", op_names[op], s, ours, mpi,
+                   mid, lo, hi);
+            fflush(stdout);
+            if (json) {
+                fprintf(json, "%s\n  {\"op\": \"%s\", \"bytes\": %zu, \"iters_per_block\": %d, "
+                              "\"libfsdp2_busbw\": %.4f, \"openmpi_busbw\": %.4f, "
+                              "\"ratio\": %.4f, \"ratio_p25\": %.4f, \"ratio_p75\": %.4f, "
+                              "\"pair_ratios\": [",
+                        first ? "" : ",", op_names[op], s, iters, ours, mpi, mid, lo, hi);
+                for (int k = 0; k < pairs; k++)
+                    fprintf(json, "%s%.4f", k ? ", " : "", ratio[k]);
+                fprintf(json, "]}");
+            }
+            first = 0;
+        }
+    }
+    if (json) {
+        fprintf(json, "\n]}\n");
+        fclose(json);
+    }
+    if (strcmp(stream_kind, "current") != 0)
+        CHECK(fsdp2_stream_destroy(b.stream));
+    CHECK(fsdp2_device_free(cpu, b.a));
+    CHECK(fsdp2_device_free(cpu, b.b));
+    CHECK(fsdp2_finalize(ctx));
+    MPI_Finalize();
+    return 0;
+}
