@@ -19,6 +19,8 @@
  * Built and run by bench/collectives.sh (mpicc against build/'s libfsdp2):
  *   mpirun -np N -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=P build/bench/interleaved
  *     [--min BYTES] [--max BYTES] [--pairs K] [--stream side|current] [--json FILE] */
+#include <errno.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,8 +40,8 @@
     } while (0)
 
 enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
-enum { OURS, MPI, IMPLS };
-enum { PAIRS_MAX = 64 };
+enum { IMPL_OURS, IMPL_MPI, IMPLS };
+enum { PAIRS_DEFAULT = 15, PAIRS_MAX = 64 };
 static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
 
 typedef struct bench {
@@ -76,7 +78,7 @@ static void run_mpi(bench_t *b, int op, size_t bytes)
 
 static void run(bench_t *b, int impl, int op, size_t bytes)
 {
-    if (impl == OURS)
+    if (impl == IMPL_OURS)
         run_ours(b, op, bytes);
     else
         run_mpi(b, op, bytes);
@@ -100,13 +102,16 @@ static int cmp_double(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-/* The q-quantile (0..1) of v[0..k), nearest rank (v keeps its order). */
+/* The q-quantile (0..1) of v[0..k), interpolated between the two nearest ranks (so the
+ * median of an even count is the mean of the middle two); v keeps its order. */
 static double quantile(const double *v, int k, double q)
 {
     double sorted[PAIRS_MAX];
     memcpy(sorted, v, (size_t)k * sizeof(*v));
     qsort(sorted, (size_t)k, sizeof(*sorted), cmp_double);
-    return sorted[(int)(q * (k - 1) + 0.5)];
+    double at = q * (k - 1);
+    int lo = (int)at, hi = lo + 1 < k ? lo + 1 : lo;
+    return sorted[lo] + (at - lo) * (sorted[hi] - sorted[lo]);
 }
 
 static double memcpy_gbps(void)
@@ -132,47 +137,63 @@ static double memcpy_gbps(void)
     return best;
 }
 
-static int usage(const char *why)
+/* Every rank parses the same arguments; rank 0 says what is wrong. */
+static int usage(int rank, const char *why, const char *value)
 {
-    fprintf(stderr, "interleaved: %s\nusage: interleaved [--min BYTES] [--max BYTES] "
-                    "[--pairs 1..%d] [--stream side|current] [--json FILE]\n",
-            why, PAIRS_MAX);
+    if (rank == 0)
+        fprintf(stderr, "interleaved: %s%s%s\nusage: interleaved [--min BYTES] [--max BYTES] "
+                        "[--pairs 1..%d, default %d] [--stream side|current] [--json FILE]\n",
+                why, value ? ": " : "", value ? value : "", PAIRS_MAX, PAIRS_DEFAULT);
+    MPI_Finalize();
     return 2;
+}
+
+/* A whole decimal number in [lo, hi], or -1. */
+static long long parse_count(const char *text, long long lo, long long hi)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi)
+        return -1;
+    return v;
 }
 
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
-    size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
-    int pairs = 9;
-    const char *json_path = NULL, *stream_kind = "side";
-    for (int i = 1; i < argc; i += 2) {
-        if (i + 1 >= argc)
-            return usage("a flag without its value");
-        if (strcmp(argv[i], "--min") == 0)
-            min_bytes = strtoull(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--max") == 0)
-            max_bytes = strtoull(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--pairs") == 0)
-            pairs = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--stream") == 0)
-            stream_kind = argv[i + 1];
-        else if (strcmp(argv[i], "--json") == 0)
-            json_path = argv[i + 1];
-        else
-            return usage(argv[i]);
-    }
-    if (pairs < 1 || pairs > PAIRS_MAX)
-        return usage("--pairs out of range");
-    if (strcmp(stream_kind, "side") != 0 && strcmp(stream_kind, "current") != 0)
-        return usage("--stream is side or current");
-    if (min_bytes < 1 || max_bytes < min_bytes)
-        return usage("--min must be >= 1 and <= --max");
-
     bench_t b;
     memset(&b, 0, sizeof(b));
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.n);
+    /* MPI counts are ints: the all-reduce passes every element of the buffer. */
+    const long long max_limit = (long long)INT_MAX * (long long)sizeof(float);
+    long long min_bytes = 4096, max_bytes = 256ll << 20, pairs = PAIRS_DEFAULT;
+    const char *json_path = NULL, *stream_kind = "side";
+    for (int i = 1; i < argc; i += 2) {
+        const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!value)
+            return usage(b.rank, "a flag without its value", flag);
+        if (strcmp(flag, "--min") == 0 || strcmp(flag, "--max") == 0) {
+            long long *dst = strcmp(flag, "--min") == 0 ? &min_bytes : &max_bytes;
+            if ((*dst = parse_count(value, 1, max_limit)) < 0)
+                return usage(b.rank, "bytes must be a whole number up to 8 GiB", value);
+        } else if (strcmp(flag, "--pairs") == 0) {
+            if ((pairs = parse_count(value, 1, PAIRS_MAX)) < 0)
+                return usage(b.rank, "--pairs out of range", value);
+        } else if (strcmp(flag, "--stream") == 0) {
+            if (strcmp(value, "side") != 0 && strcmp(value, "current") != 0)
+                return usage(b.rank, "--stream is side or current", value);
+            stream_kind = value;
+        } else if (strcmp(flag, "--json") == 0) {
+            json_path = value;
+        } else {
+            return usage(b.rank, "unknown flag", flag);
+        }
+    }
+    /* every size is rounded down to a multiple of (ranks x f32): smaller would be empty */
+    if (min_bytes < (long long)sizeof(float) * b.n || max_bytes < min_bytes)
+        return usage(b.rank, "want ranks x 4 <= --min <= --max", NULL);
     double limit = b.rank == 0 ? memcpy_gbps() : 0;
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
@@ -182,16 +203,16 @@ int main(int argc, char **argv)
         CHECK(fsdp2_stream_current(cpu, &b.stream));
     else
         CHECK(fsdp2_stream_create(cpu, "bench", &b.stream));
-    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.a));
-    CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.b));
-    memset(b.a, 0, max_bytes); /* fault the pages in before timing */
-    memset(b.b, 0, max_bytes);
+    CHECK(fsdp2_device_alloc(cpu, (size_t)max_bytes, (void **)&b.a));
+    CHECK(fsdp2_device_alloc(cpu, (size_t)max_bytes, (void **)&b.b));
+    memset(b.a, 0, (size_t)max_bytes); /* fault the pages in before timing */
+    memset(b.b, 0, (size_t)max_bytes);
 
     FILE *json = NULL;
     if (b.rank == 0) {
         printf("# libfsdp2 (stream %s) and Open MPI in the same %d processes, f32, %d "
                "alternating pairs of blocks per cell; memcpy %.2f GB/s\n",
-               stream_kind, b.n, pairs, limit);
+               stream_kind, b.n, (int)pairs, limit);
         printf("%-15s %11s %10s %10s %7s %13s\n", "op", "bytes", "ours_busbw", "mpi_busbw",
                "ratio", "ratio_p25-p75");
         if (json_path && !(json = fopen(json_path, "w"))) {
@@ -202,28 +223,29 @@ int main(int argc, char **argv)
             fprintf(json, "{\"bench\": \"interleaved\", \"ranks\": %d, \"dtype\": \"f32\", "
                           "\"stream\": \"%s\", \"pairs\": %d, \"memcpy_gbps\": %.3f, "
                           "\"results\": [",
-                    b.n, stream_kind, pairs, limit);
+                    b.n, stream_kind, (int)pairs, limit);
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {
-        for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+        for (size_t bytes = (size_t)min_bytes; bytes <= (size_t)max_bytes; bytes *= 4) {
             size_t unit = sizeof(float) * (size_t)b.n, s = bytes / unit * unit;
             int iters = s <= (1 << 16) ? 50 : s <= (1 << 20) ? 20 : s <= (1 << 24) ? 4 : 1;
             for (int impl = 0; impl < IMPLS; impl++) /* warm-up: connections, pages, caches */
                 for (int i = 0; i < (s < (1 << 20) ? 20 : 2); i++)
                     run(&b, impl, op, s);
             double t[IMPLS][PAIRS_MAX], ratio[PAIRS_MAX];
-            for (int k = 0; k < pairs; k++) {
+            int k_pairs = (int)pairs;
+            for (int k = 0; k < k_pairs; k++) {
                 int lead = k % 2; /* who goes first flips every pair */
                 t[lead][k] = time_block(&b, lead, op, s, iters);
                 t[!lead][k] = time_block(&b, !lead, op, s, iters);
-                ratio[k] = t[MPI][k] / t[OURS][k];
+                ratio[k] = t[IMPL_MPI][k] / t[IMPL_OURS][k];
             }
             double factor = (op == OP_AR ? 2.0 : 1.0) * (b.n - 1) / b.n;
-            double ours = (double)s / quantile(t[OURS], pairs, 0.5) / 1e9 * factor;
-            double mpi = (double)s / quantile(t[MPI], pairs, 0.5) / 1e9 * factor;
-            double lo = quantile(ratio, pairs, 0.25), hi = quantile(ratio, pairs, 0.75);
-            double mid = quantile(ratio, pairs, 0.5);
+            double ours = (double)s / quantile(t[IMPL_OURS], k_pairs, 0.5) / 1e9 * factor;
+            double mpi = (double)s / quantile(t[IMPL_MPI], k_pairs, 0.5) / 1e9 * factor;
+            double lo = quantile(ratio, k_pairs, 0.25), hi = quantile(ratio, k_pairs, 0.75);
+            double mid = quantile(ratio, k_pairs, 0.5);
             if (b.rank != 0)
                 continue;
             printf("%-15s %11zu %10.3f %10.3f %7.2f %6.2f-%-6.2f\n", op_names[op], s, ours, mpi,
@@ -235,7 +257,7 @@ int main(int argc, char **argv)
                               "\"ratio\": %.4f, \"ratio_p25\": %.4f, \"ratio_p75\": %.4f, "
                               "\"pair_ratios\": [",
                         first ? "" : ",", op_names[op], s, iters, ours, mpi, mid, lo, hi);
-                for (int k = 0; k < pairs; k++)
+                for (int k = 0; k < k_pairs; k++)
                     fprintf(json, "%s%.4f", k ? ", " : "", ratio[k]);
                 fprintf(json, "]}");
             }
@@ -244,7 +266,10 @@ int main(int argc, char **argv)
     }
     if (json) {
         fprintf(json, "\n]}\n");
-        fclose(json);
+        if (ferror(json) | fclose(json)) { /* a short file must not pass for a result */
+            perror(json_path);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
     }
     if (strcmp(stream_kind, "current") != 0)
         CHECK(fsdp2_stream_destroy(b.stream));
