@@ -31,11 +31,16 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
@@ -44,6 +49,9 @@
 
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
+#define SHM_STREAM_MIN (64u << 10)   /* collectives from this many bytes may stream stores */
+#define SHM_STREAM_EXPLORE 8         /* auto: one collective in this many tries the other way */
+#define SHM_STREAM_SWITCH 0.9        /* auto: switch when the other way costs this much or less */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -59,6 +67,89 @@ typedef struct run {
 } run_t;
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* ---- writing the slots ----
+ *
+ * A slot's bytes are written by one rank and read by the others. Written with plain
+ * stores they are still in the writer's cache, modified, when a reader asks for them,
+ * which is the fast case when the two cores share a cache: the reader gets them from
+ * there. When the host has put the ranks' CPUs far apart (a cache-line round trip of
+ * about 550 ns here instead of 130), every line crosses between the caches and the
+ * collective runs at a third of its speed or less; written with non-temporal stores
+ * the bytes go past the writer's caches to memory, which costs about 15% when the
+ * CPUs are close and gives 2-3.6x back when they are far (docs/performance.md). The
+ * host moves the CPUs every few seconds, so with FSDP2_SHM_STREAM_STORES=auto each
+ * rank times its collectives per kind and size class, tries the other way on one in
+ * SHM_STREAM_EXPLORE of them, and keeps the cheaper. Only the writer's stores change,
+ * so ranks need not agree (they count runs alike and so try at the same times). */
+
+/* Copies n bytes into a slot, with non-temporal stores when this collective streams. */
+static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
+{
+#if defined(__SSE2__)
+    if (x->sg->streaming && n >= 256) {
+        size_t head = (size_t)(-(uintptr_t)dst & 15);
+        memcpy(dst, src, head);
+        dst += head, src += head, n -= head;
+        for (; n >= 64; n -= 64, dst += 64, src += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        }
+        memcpy(dst, src, n);
+        _mm_sfence(); /* the stores are weakly ordered: visible before post() says so */
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+/* The size class of a collective that may stream (op bytes >= SHM_STREAM_MIN), or -1. */
+static int store_class(const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size;
+    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN)
+        return -1;
+    int c = 0;
+    for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
+        c++;
+    return c;
+}
+
+/* Whether op's slot writes stream, by the policy, and for auto the class's choice. */
+static int stores_choose(shm_group_t *sg, const coll_op_t *op)
+{
+    int c = store_class(op);
+    if (c < 0 || sg->stores_policy == 2)
+        return 0;
+    if (sg->stores_policy == 1)
+        return 1;
+    int streaming = sg->stores[op->kind][c].streaming;
+    return sg->stores[op->kind][c].runs % SHM_STREAM_EXPLORE == 1 ? !streaming : streaming;
+}
+
+/* Auto: folds this run's cost into its way's average, and keeps the cheaper way. */
+static void stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
+{
+    int c = store_class(op);
+    if (c < 0 || sg->stores_policy != 0)
+        return;
+    double cost = (double)ns / (double)(op->count * op->elem_size);
+    double *avg = sg->stores[op->kind][c].ns_per_byte;
+    int *mode = &sg->stores[op->kind][c].streaming;
+    /* the way in use averages its runs; a try of the other way stands for it alone,
+     * since it is seldom tried and an old figure of it says little about the host now */
+    avg[streamed] = avg[streamed] > 0 && streamed == *mode ? 0.75 * avg[streamed] + 0.25 * cost
+                                                           : cost;
+    if (avg[0] > 0 && avg[1] > 0 && avg[!*mode] <= SHM_STREAM_SWITCH * avg[*mode])
+        *mode = !*mode;
+    sg->stores[op->kind][c].runs++;
+}
 
 static void cpu_relax(void)
 {
@@ -298,7 +389,7 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
         if (off < len[x->me]) {
             char *slot;
             FSDP2_CHECK(slot_for_write(x, t, &slot));
-            memcpy(slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
+            slot_copy(x, slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
             post(x, t);
         }
         /* Copy out whichever peers have posted, blocking only when none has: with more
@@ -396,8 +487,8 @@ static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, c
             continue;
         if (!slot)
             FSDP2_CHECK(slot_for_write(x, t, &slot));
-        memcpy(slot + (size_t)(k - 1) * piece * es, base + (lo[p] + off) * es,
-               min_size(piece, len - off) * es);
+        slot_copy(x, slot + (size_t)(k - 1) * piece * es, base + (lo[p] + off) * es,
+                  min_size(piece, len - off) * es);
     }
     if (slot)
         post(x, t);
@@ -541,7 +632,8 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
         len[r] = (hi[r] - lo[r]) * es;
         sinks[r] = (sink_t){.buf = buf + lo[r] * es};
     }
-    if (op->count * es >= SHM_FUSED_MIN)
+    /* (the fused kernel writes its results into the slots with plain stores) */
+    if (op->count * es >= SHM_FUSED_MIN && !x->sg->streaming)
         return all_reduce_fused(x, op, lo, hi);
     /* Peers read our buffer only through our slots, so our range can take the result
      * while they still reduce theirs. */
@@ -611,6 +703,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
+    sg->streaming = stores_choose(sg, op); /* collectives of a group run one at a time */
+    int64_t start = fsdp2_now_ns();
     switch (op->kind) {
     case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
     case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
@@ -619,6 +713,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     case COLL_BROADCAST: status = run_broadcast(&x, op); break;
     case COLL_BARRIER: status = run_barrier(&x); break;
     }
+    if (status == FSDP2_SUCCESS)
+        stores_learn(sg, op, sg->streaming, fsdp2_now_ns() - start);
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;
     sg->turn++;

@@ -16,6 +16,7 @@
 #define SHM_SLOT (256u << 10) /* bytes per step and rank */
 #define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
 #define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
+#define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
 #define SHM_MAGIC 0x66736470326d6873ull
 #define LINE 64
 #define PAGE 4096
@@ -60,6 +61,16 @@ struct shm_group {
     int64_t spin_ns;
     int contended_max;
     int nudge; /* move_off_peer_core may act */
+    /* How this rank writes its slots (stream_stores in shm.c): FSDP2_SHM_STREAM_STORES,
+     * and for auto, per class of collective size, the mode in use and each mode's
+     * recent cost (ns per byte of the collective, a moving average; 0: not measured). */
+    int stores_policy; /* 0 auto, 1 on, 2 off */
+    struct {
+        int streaming;
+        uint64_t runs;
+        double ns_per_byte[2];
+    } stores[COLL_BARRIER][SHM_STORE_CLASSES]; /* by kind (a barrier moves no bytes) */
+    int streaming; /* the mode of the collective running now */
 };
 
 #endif

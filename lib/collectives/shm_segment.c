@@ -15,6 +15,7 @@
 
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -128,6 +129,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
     sg->contended_max = g->size <= cores ? 2 : INT_MAX;
     sg->nudge = g->size <= cores && cores > 1;
+    sg->stores_policy = (int)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);

@@ -24,6 +24,10 @@
     XX(SHM, "FSDP2_SHM", ENUM, "on", "on|off",                                              \
        "collectives of a group whose members all run on this host go through a shared-"     \
        "memory segment of the group (off: UCX messages, as across hosts)")                 \
+    XX(SHM_STREAM_STORES, "FSDP2_SHM_STREAM_STORES", ENUM, "auto", "auto|on|off",           \
+       "how a rank writes the bytes its peers read from the shared-memory slots: auto = "   \
+       "each size class tries both now and then and keeps the faster, on = non-temporal "   \
+       "stores (past the caches), off = memcpy")                                           \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
        "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
 

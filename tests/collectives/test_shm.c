@@ -2,7 +2,8 @@
  * 4 ranks: sizes on both sides of a slot (256 KiB) and long enough to wrap each rank's
  * ring of slots several times, every collective checked element-wise against values
  * the test computes; identical bits to the UCX transport (FSDP2_SHM=off) for sums that
- * round; and failures: a rank killed inside a large collective, and an abort, each
+ * round; the same values whether slots are written with non-temporal stores or not;
+ * and failures: a rank killed inside a large collective, and an abort, each
  * an error on every survivor well before the timeout, with nothing left in /dev/shm. */
 #include <check.h>
 #include <dirent.h>
@@ -209,6 +210,56 @@ START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
 }
 END_TEST
 
+/* ---- non-temporal slot stores ---- */
+
+/* Every way of writing the slots (FSDP2_SHM_STREAM_STORES on: non-temporal stores,
+ * off: memcpy) gives the same values: odd sizes and unaligned pieces, several slots,
+ * an all-reduce past 16 MiB (fused with memcpy, through reduce-scatter and gather when
+ * streaming), pieces whose boundaries fall inside slots, a broadcast. */
+static int body_stream_stores(rank_ctx_t *c)
+{
+    static const char *const modes[] = {"on", "off"};
+    int fails = 0;
+    fsdp2_group_t *world = c->world;
+    for (size_t m = 0; m < COUNT(modes) && !fails; m++) {
+        setenv("FSDP2_SHM_STREAM_STORES", modes[m], 1);
+        fails += OK(c, fsdp2_env_reload());
+        char name[32];
+        snprintf(name, sizeof(name), "stores-%s", modes[m]);
+        fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+        go.timeout_ms = 30000;
+        fsdp2_group_t *g = NULL;
+        fails += OK(c, fsdp2_group_create(c->store, name, c->rank, c->size, &go, &g));
+        if (fails)
+            break;
+        c->world = g;
+        fails += check_all_gather(c, FSDP2_F32, SLOT / 4 + 1);
+        fails += check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5);
+        fails += check_reduce_scatter(c, FSDP2_F32, 5 * SLOT / 4 + 3);
+        fails += check_reduce_scatter(c, FSDP2_F16, SLOT / 2 + 1);
+        fails += check_all_reduce(c, FSDP2_F32, (4u << 20) + 5);
+        fails += check_all_reduce(c, FSDP2_F64, SLOT / 8 + 3);
+        fails += check_all_gather_pieces(c);
+        fails += check_broadcast(c, FSDP2_F64, 2 * SLOT / 8 + 7);
+        c->world = world;
+        fsdp2_group_destroy(g);
+    }
+    unsetenv("FSDP2_SHM_STREAM_STORES");
+    fails += OK(c, fsdp2_env_reload());
+    return fails;
+}
+
+START_TEST(streaming_and_plain_slot_stores_give_the_same_values_on_2_and_3_ranks)
+{
+    for (int size = 2; size <= 3; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_stream_stores, NULL, 30000, 240, &res);
+        ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
+                      res.timed_out);
+    }
+}
+END_TEST
+
 /* ---- the same bits as UCX ---- */
 
 static double wavy(int rank, size_t i)
@@ -391,6 +442,7 @@ static Suite *shm_suite(void)
     tcase_set_timeout(ok, 600);
     tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
+    tcase_add_test(ok, streaming_and_plain_slot_stores_give_the_same_values_on_2_and_3_ranks);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);
