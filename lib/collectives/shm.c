@@ -16,8 +16,10 @@
  * pieces of its input the others own into its slot and sum its own piece from all slots
  * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
  * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
- * the results are gathered from), or, up to 16 KiB, has every rank post its whole
- * buffer and reduce everything itself (one step instead of two).
+ * the results are gathered from, or in place and then streamed into it), or, up to
+ * 16 KiB, has every rank post its whole buffer and reduce everything itself (one step
+ * instead of two). How a rank writes its slots (plain or non-temporal stores) is its
+ * own choice and never changes the steps (slot_copy).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
  * its collective's turn), so concurrent collectives on different streams never compete
@@ -50,8 +52,10 @@
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
 #define SHM_STREAM_MIN (64u << 10)   /* collectives from this many bytes may stream stores */
-#define SHM_STREAM_EXPLORE 8         /* auto: one collective in this many tries the other way */
+#define SHM_STREAM_EXPLORE 8         /* auto: one collective in this many tries the other way, */
+#define SHM_STREAM_EXPLORE_FAR 32    /* or in this many while it cost more than twice as much */
 #define SHM_STREAM_SWITCH 0.9        /* auto: switch when the other way costs this much or less */
+#define SHM_STREAM_COPY_MIN 256      /* copies shorter than this use memcpy even when streaming */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -63,6 +67,7 @@ typedef struct run {
     const char *what;
     int me, n;
     uint64_t next; /* the step number the collective uses next */
+    int streaming; /* this rank writes its slots with non-temporal stores (slot_copy) */
     int64_t deadline_ms, liveness_ms;
 } run_t;
 
@@ -83,11 +88,13 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
  * SHM_STREAM_EXPLORE of them, and keeps the cheaper. Only the writer's stores change,
  * so ranks need not agree (they count runs alike and so try at the same times). */
 
-/* Copies n bytes into a slot, with non-temporal stores when this collective streams. */
+/* Copies n bytes into a slot, with non-temporal stores when this collective streams
+ * (post() fences them before it publishes the step). Slot destinations are cache-line
+ * aligned (slots and pieces are), so the 16-byte head is there for safety only. */
 static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 {
 #if defined(__SSE2__)
-    if (x->sg->streaming && n >= 256) {
+    if (x->streaming && n >= SHM_STREAM_COPY_MIN) {
         size_t head = (size_t)(-(uintptr_t)dst & 15);
         memcpy(dst, src, head);
         dst += head, src += head, n -= head;
@@ -102,7 +109,6 @@ static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
             _mm_stream_si128((__m128i *)(dst + 48), d);
         }
         memcpy(dst, src, n);
-        _mm_sfence(); /* the stores are weakly ordered: visible before post() says so */
         return;
     }
 #endif
@@ -125,30 +131,43 @@ static int store_class(const coll_op_t *op)
 static int stores_choose(shm_group_t *sg, const coll_op_t *op)
 {
     int c = store_class(op);
-    if (c < 0 || sg->stores_policy == 2)
+    if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
         return 0;
-    if (sg->stores_policy == 1)
+    if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
     int streaming = sg->stores[op->kind][c].streaming;
-    return sg->stores[op->kind][c].runs % SHM_STREAM_EXPLORE == 1 ? !streaming : streaming;
+    const double *avg = sg->stores[op->kind][c].ns_per_byte;
+    uint64_t every = avg[!streaming] > 2 * avg[streaming] && avg[streaming] > 0
+                         ? SHM_STREAM_EXPLORE_FAR
+                         : SHM_STREAM_EXPLORE;
+    return sg->stores[op->kind][c].runs % every == 1 ? !streaming : streaming;
 }
 
-/* Auto: folds this run's cost into its way's average, and keeps the cheaper way. */
+/* Auto: folds this run's cost into its way's average, and keeps the cheaper way. The
+ * first run of a class is not counted (it pays for first use), and a try of the other
+ * way stands alone, since it is seldom tried and an old figure says little about where
+ * the CPUs are now. A run's time includes waiting for late peers, so a choice can be
+ * wrong for a while; it costs speed only (the steps are the same either way), and the
+ * other way is tried again SHM_STREAM_EXPLORE runs later. */
 static void stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
 {
     int c = store_class(op);
-    if (c < 0 || sg->stores_policy != 0)
+    if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
+        return;
+    if (sg->stores[op->kind][c].runs++ == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
     double *avg = sg->stores[op->kind][c].ns_per_byte;
     int *mode = &sg->stores[op->kind][c].streaming;
-    /* the way in use averages its runs; a try of the other way stands for it alone,
-     * since it is seldom tried and an old figure of it says little about the host now */
     avg[streamed] = avg[streamed] > 0 && streamed == *mode ? 0.75 * avg[streamed] + 0.25 * cost
                                                            : cost;
-    if (avg[0] > 0 && avg[1] > 0 && avg[!*mode] <= SHM_STREAM_SWITCH * avg[*mode])
+    if (avg[0] > 0 && avg[1] > 0 && avg[!*mode] <= SHM_STREAM_SWITCH * avg[*mode]) {
         *mode = !*mode;
-    sg->stores[op->kind][c].runs++;
+        FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
+                  sg->g->name, op->kind == COLL_ALL_REDUCE ? "all_reduce" : "collective",
+                  op->count * op->elem_size, *mode ? "streams its slot stores" : "uses memcpy",
+                  avg[*mode], avg[!*mode]);
+    }
 }
 
 static void cpu_relax(void)
@@ -327,6 +346,10 @@ static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
 
 static void post(run_t *x, uint64_t t)
 {
+#if defined(__SSE2__)
+    if (x->streaming)
+        _mm_sfence(); /* non-temporal stores are weakly ordered: the slot before its head */
+#endif
     atomic_store(head_of(x, x->me), t + 1);
     wake_sleepers(&x->sg->lines[x->me]);
 }
@@ -594,13 +617,21 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
                 FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
                 src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
             }
-            char *result;
+            char *result, *own = buf + (lo[me] + off) * es;
             FSDP2_CHECK(slot_for_write(x, t_result, &result));
-            fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
-                                    op->reduce.post_divide);
-            post(x, t_result);
-            finish_step(x, t); /* done with the peers' pieces */
-            memcpy(buf + (lo[me] + off) * es, result, m * es);
+            if (x->streaming) { /* the kernel's stores are plain: reduce in place, stream */
+                fsdp2_reduce_rank_order(own, op->dtype, src, n, m, op->reduce.pre_divide,
+                                        op->reduce.post_divide);
+                slot_copy(x, result, own, m * es);
+                post(x, t_result);
+                finish_step(x, t);
+            } else {
+                fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
+                                        op->reduce.post_divide);
+                post(x, t_result);
+                finish_step(x, t); /* done with the peers' pieces */
+                memcpy(own, result, m * es);
+            }
         } else {
             finish_step(x, t);
         }
@@ -632,8 +663,7 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
         len[r] = (hi[r] - lo[r]) * es;
         sinks[r] = (sink_t){.buf = buf + lo[r] * es};
     }
-    /* (the fused kernel writes its results into the slots with plain stores) */
-    if (op->count * es >= SHM_FUSED_MIN && !x->sg->streaming)
+    if (op->count * es >= SHM_FUSED_MIN) /* every rank runs the same steps: never per rank */
         return all_reduce_fused(x, op, lo, hi);
     /* Peers read our buffer only through our slots, so our range can take the result
      * while they still reduce theirs. */
@@ -703,7 +733,7 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
-    sg->streaming = stores_choose(sg, op); /* collectives of a group run one at a time */
+    x.streaming = stores_choose(sg, op);
     int64_t start = fsdp2_now_ns();
     switch (op->kind) {
     case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
@@ -714,7 +744,7 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     case COLL_BARRIER: status = run_barrier(&x); break;
     }
     if (status == FSDP2_SUCCESS)
-        stores_learn(sg, op, sg->streaming, fsdp2_now_ns() - start);
+        stores_learn(sg, op, x.streaming, fsdp2_now_ns() - start);
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;
     sg->turn++;

@@ -23,6 +23,9 @@
 
 typedef _Atomic uint64_t counter_t;
 
+/* FSDP2_SHM_STREAM_STORES, in the order of its accepted values. */
+typedef enum shm_stores { SHM_STORES_AUTO, SHM_STORES_STREAM, SHM_STORES_PLAIN } shm_stores_t;
+
 typedef struct shm_header {
     uint64_t magic;
     int64_t size;
@@ -61,16 +64,16 @@ struct shm_group {
     int64_t spin_ns;
     int contended_max;
     int nudge; /* move_off_peer_core may act */
-    /* How this rank writes its slots (stream_stores in shm.c): FSDP2_SHM_STREAM_STORES,
-     * and for auto, per class of collective size, the mode in use and each mode's
-     * recent cost (ns per byte of the collective, a moving average; 0: not measured). */
-    int stores_policy; /* 0 auto, 1 on, 2 off */
+    /* How this rank writes its slots (slot_copy, stores_choose in shm.c):
+     * FSDP2_SHM_STREAM_STORES, and for auto, per kind and class of collective size, the
+     * way in use and each way's recent cost (ns per byte of the collective; 0: not
+     * measured). Touched only by the collective that runs (one at a time, wait_turn). */
+    shm_stores_t stores_policy;
     struct {
         int streaming;
         uint64_t runs;
         double ns_per_byte[2];
     } stores[COLL_BARRIER][SHM_STORE_CLASSES]; /* by kind (a barrier moves no bytes) */
-    int streaming; /* the mode of the collective running now */
 };
 
 #endif

@@ -129,7 +129,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
     sg->contended_max = g->size <= cores ? 2 : INT_MAX;
     sg->nudge = g->size <= cores && cores > 1;
-    sg->stores_policy = (int)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
+    sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
