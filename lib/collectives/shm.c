@@ -51,7 +51,7 @@
 
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
-#define SHM_STREAM_MIN (64u << 10)   /* collectives from this many bytes may stream stores */
+#define SHM_STREAM_MIN (16u << 10)   /* collectives from this many bytes may stream stores */
 #define SHM_STREAM_EXPLORE 8         /* auto: one collective in this many tries the other way, */
 #define SHM_STREAM_EXPLORE_FAR 32    /* or in this many while it cost more than twice as much */
 #define SHM_STREAM_SWITCH 0.9        /* auto: switch when the other way costs this much or less */
