@@ -81,12 +81,13 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
  * there. When the host has put the ranks' CPUs far apart (a cache-line round trip of
  * about 550 ns here instead of 130), every line crosses between the caches and the
  * collective runs at a third of its speed or less; written with non-temporal stores
- * the bytes go past the writer's caches to memory, which costs about 15% when the
- * CPUs are close and gives 2-3.6x back when they are far (docs/performance.md). The
- * host moves the CPUs every few seconds, so with FSDP2_SHM_STREAM_STORES=auto each
- * rank times its collectives per kind and size class, tries the other way on one in
- * SHM_STREAM_EXPLORE of them, and keeps the cheaper. Only the writer's stores change,
- * so ranks need not agree (they count runs alike and so try at the same times). */
+ * the bytes go past the writer's caches to memory, which cost the all-gather 12-20%
+ * when the CPUs were close and was 2-3.6x faster when they were far
+ * (docs/performance.md). The host moves the CPUs every few seconds, so with
+ * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
+ * class, tries the other way on one in SHM_STREAM_EXPLORE of them (SHM_STREAM_EXPLORE_FAR
+ * while that way costs more than twice as much), and keeps the cheaper. Only the
+ * writer's stores change, never the steps, so ranks may choose differently. */
 
 /* Copies n bytes into a slot, with non-temporal stores when this collective streams
  * (post() fences them before it publishes the step). Slot destinations are cache-line
@@ -111,6 +112,8 @@ static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
         memcpy(dst, src, n);
         return;
     }
+#else
+    (void)x;
 #endif
     memcpy(dst, src, n);
 }
@@ -119,7 +122,8 @@ static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 static int store_class(const coll_op_t *op)
 {
     size_t bytes = op->count * op->elem_size;
-    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN)
+    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
+        (op->kind == COLL_ALL_REDUCE && bytes <= SHM_ONE_STEP_MAX)) /* one step: memcpy */
         return -1;
     int c = 0;
     for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
@@ -131,6 +135,9 @@ static int store_class(const coll_op_t *op)
 static int stores_choose(shm_group_t *sg, const coll_op_t *op)
 {
     int c = store_class(op);
+#if !defined(__SSE2__)
+    c = -1; /* no non-temporal stores to use */
+#endif
     if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
         return 0;
     if (sg->stores_policy == SHM_STORES_STREAM)
@@ -140,7 +147,8 @@ static int stores_choose(shm_group_t *sg, const coll_op_t *op)
     uint64_t every = avg[!streaming] > 2 * avg[streaming] && avg[streaming] > 0
                          ? SHM_STREAM_EXPLORE_FAR
                          : SHM_STREAM_EXPLORE;
-    return sg->stores[op->kind][c].runs % every == 1 ? !streaming : streaming;
+    /* (the first try comes after the way in use has a few runs counted) */
+    return sg->stores[op->kind][c].runs % every == every - 1 ? !streaming : streaming;
 }
 
 /* Auto: folds this run's cost into its way's average, and keeps the cheaper way. The
@@ -148,7 +156,7 @@ static int stores_choose(shm_group_t *sg, const coll_op_t *op)
  * way stands alone, since it is seldom tried and an old figure says little about where
  * the CPUs are now. A run's time includes waiting for late peers, so a choice can be
  * wrong for a while; it costs speed only (the steps are the same either way), and the
- * other way is tried again SHM_STREAM_EXPLORE runs later. */
+ * other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
 static void stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
 {
     int c = store_class(op);
@@ -622,9 +630,9 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
             if (x->streaming) { /* the kernel's stores are plain: reduce in place, stream */
                 fsdp2_reduce_rank_order(own, op->dtype, src, n, m, op->reduce.pre_divide,
                                         op->reduce.post_divide);
+                finish_step(x, t); /* done with the peers' pieces */
                 slot_copy(x, result, own, m * es);
                 post(x, t_result);
-                finish_step(x, t);
             } else {
                 fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
                                         op->reduce.post_divide);

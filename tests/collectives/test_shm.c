@@ -235,8 +235,10 @@ static int body_stream_stores(rank_ctx_t *c)
         go.timeout_ms = 30000;
         fsdp2_group_t *g = NULL;
         fails += OK(c, fsdp2_group_create(c->store, name, c->rank, c->size, &go, &g));
-        if (fails)
+        if (fails) {
+            fsdp2_group_destroy(g); /* NULL when the create failed */
             break;
+        }
         c->world = g;
         fails += check_all_gather(c, FSDP2_F32, SLOT / 4 + 1);
         fails += check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5);
