@@ -125,6 +125,15 @@ for op, size in sorted({(r["op"], r["bytes"]) for r in interleaved}):
             v = cells.get((op, size, int(np), stream))
             row.append(f"{v:>{width}.2f}" if v is not None else " " * width)
     print(f"{op:<15} {size:>11} " + " ".join(row))
+# The target: ratio >= 1.0 at every size from 64 KiB up.
+for name, rows in (("separate runs", summary), ("interleaved", interleaved)):
+    cells = [r for r in rows if r["bytes"] >= 65536]
+    below = sorted((r["ranks"], r["op"], r["bytes"], r.get("stream", ""), r["ratio"])
+                   for r in cells if r["ratio"] < 1.0)
+    print(f"\n{name}: {len(cells) - len(below)} of {len(cells)} cells from 64 KiB at or "
+          f"above Open MPI" + ("" if not below else "; below: " + ", ".join(
+              f"{n}r {op} {b >> 10} KiB{' ' + st if st else ''} {x:.2f}"
+              for n, op, b, st, x in below)))
 json.dump({"results": summary, "interleaved": interleaved},
           open(f"{out}/collectives.json", "w"), indent=1)
 print(f"\nwrote {out}/collectives.json")
