@@ -17,6 +17,8 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "memcpy_limit.h"
+
 #define CHECK(call)                                                                        \
     do {                                                                                   \
         fsdp2_status_t s_ = (call);                                                        \
@@ -127,22 +129,8 @@ int main(int argc, char **argv)
     }
     fsdp2_process_info_t info;
     CHECK(fsdp2_process_info_from_env(&info));
-    /* The limit to compare with: one thread's memcpy of 256 MiB (bytes copied / s). */
-    double memcpy_gbps = 0;
-    if (info.rank == 0) {
-        size_t mb = (size_t)256 << 20;
-        char *x = malloc(mb), *y = malloc(mb);
-        memset(x, 1, mb);
-        memset(y, 2, mb);
-        for (int i = 0; i < 5; i++) {
-            double t0 = now();
-            memcpy(y, x, mb);
-            double g = (double)mb / (now() - t0) / 1e9;
-            memcpy_gbps = g > memcpy_gbps ? g : memcpy_gbps;
-        }
-        free(x);
-        free(y);
-    }
+    /* The limit to compare with: one thread's memcpy (bytes copied / s). */
+    double memcpy_gbps = info.rank == 0 ? bench_memcpy_gbps() : 0;
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
     bench_t b = {.rank = info.rank, .n = info.world_size};

@@ -47,7 +47,7 @@ fsdp2_install_deps openmpi-bin libopenmpi-dev
 fsdp2_build build
 mkdir -p "$out"
 mpicc -O2 -o build/bench/mpi_collectives bench/mpi_collectives.c
-mpicc -O2 -std=c11 -Wall -Wextra -Iinclude -Ibuild/include -o build/bench/interleaved \
+mpicc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Ibuild/include -o build/bench/interleaved \
     bench/interleaved.c -Lbuild/lib -lfsdp2 -Wl,-rpath,"$PWD/build/lib"
 
 mpi_flags=(--allow-run-as-root --oversubscribe --bind-to none

@@ -29,6 +29,8 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "memcpy_limit.h"
+
 #define CHECK(call)                                                                        \
     do {                                                                                   \
         fsdp2_status_t s_ = (call);                                                        \
@@ -114,29 +116,6 @@ static double quantile(const double *v, int k, double q)
     return sorted[lo] + (at - lo) * (sorted[hi] - sorted[lo]);
 }
 
-static double memcpy_gbps(void)
-{
-    size_t mb = (size_t)256 << 20;
-    char *x = malloc(mb), *y = malloc(mb);
-    if (!x || !y) {
-        free(x);
-        free(y);
-        return 0;
-    }
-    memset(x, 1, mb);
-    memset(y, 2, mb);
-    double best = 0;
-    for (int i = 0; i < 5; i++) {
-        double t0 = MPI_Wtime();
-        memcpy(y, x, mb);
-        double g = (double)mb / (MPI_Wtime() - t0) / 1e9;
-        best = g > best ? g : best;
-    }
-    free(x);
-    free(y);
-    return best;
-}
-
 /* Every rank parses the same arguments; rank 0 says what is wrong. */
 static int usage(int rank, const char *why, const char *value)
 {
@@ -194,7 +173,7 @@ int main(int argc, char **argv)
     /* every size is rounded down to a multiple of (ranks x f32): smaller would be empty */
     if (min_bytes < (long long)sizeof(float) * b.n || max_bytes < min_bytes)
         return usage(b.rank, "want ranks x 4 <= --min <= --max", NULL);
-    double limit = b.rank == 0 ? memcpy_gbps() : 0;
+    double limit = b.rank == 0 ? bench_memcpy_gbps() : 0;
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
     CHECK(fsdp2_context_world(ctx, &b.group));

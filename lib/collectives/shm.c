@@ -151,6 +151,19 @@ static int stores_choose(shm_group_t *sg, const coll_op_t *op)
     return sg->stores[op->kind][c].runs % every == every - 1 ? !streaming : streaming;
 }
 
+static const char *kind_name(coll_kind_t kind)
+{
+    switch (kind) {
+    case COLL_ALL_GATHER: return "all_gather";
+    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_ALL_REDUCE: return "all_reduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "collective";
+}
+
 /* Auto: folds this run's cost into its way's average, and keeps the cheaper way. The
  * first run of a class is not counted (it pays for first use), and a try of the other
  * way stands alone, since it is seldom tried and an old figure says little about where
@@ -172,8 +185,7 @@ static void stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int
     if (avg[0] > 0 && avg[1] > 0 && avg[!*mode] <= SHM_STREAM_SWITCH * avg[*mode]) {
         *mode = !*mode;
         FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
-                  sg->g->name, op->kind == COLL_ALL_REDUCE ? "all_reduce" : "collective",
-                  op->count * op->elem_size, *mode ? "streams its slot stores" : "uses memcpy",
+                  sg->g->name, kind_name(op->kind), op->count * op->elem_size, *mode ? "streams its slot stores" : "uses memcpy",
                   avg[*mode], avg[!*mode]);
     }
 }
@@ -710,19 +722,6 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t de
     }
     pthread_mutex_unlock(&sg->lock);
     return status;
-}
-
-static const char *kind_name(coll_kind_t kind)
-{
-    switch (kind) {
-    case COLL_ALL_GATHER: return "all_gather";
-    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
-    case COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case COLL_ALL_REDUCE: return "all_reduce";
-    case COLL_BROADCAST: return "broadcast";
-    case COLL_BARRIER: return "barrier";
-    }
-    return "collective";
 }
 
 fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
