@@ -23,7 +23,7 @@
 
 typedef _Atomic uint64_t counter_t;
 
-/* FSDP2_SHM_STREAM_STORES, in the order of its accepted values. */
+/* FSDP2_SHM_STREAM_STORES and _OUTPUT, in the order of their accepted values. */
 typedef enum shm_stores { SHM_STORES_AUTO, SHM_STORES_STREAM, SHM_STORES_PLAIN } shm_stores_t;
 
 typedef struct shm_header {
@@ -69,6 +69,7 @@ struct shm_group {
      * way in use and each way's recent cost (ns per byte of the collective; 0: not
      * measured). Touched only by the collective that runs (one at a time, wait_turn). */
     shm_stores_t stores_policy;
+    shm_stores_t output_policy; /* FSDP2_SHM_STREAM_OUTPUT (out_streams in shm.c) */
     struct {
         int streaming;
         uint64_t runs;

@@ -130,6 +130,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->contended_max = g->size <= cores ? 2 : INT_MAX;
     sg->nudge = g->size <= cores && cores > 1;
     sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
+    sg->output_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);

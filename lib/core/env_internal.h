@@ -28,6 +28,10 @@
        "how a rank writes the bytes its peers read from the shared-memory slots: auto = "   \
        "each size class tries both now and then and keeps the faster, on = non-temporal "   \
        "stores (past the caches), off = memcpy")                                           \
+    XX(SHM_STREAM_OUTPUT, "FSDP2_SHM_STREAM_OUTPUT", ENUM, "auto", "auto|on|off",           \
+       "how a rank writes a shared-memory collective's output: auto = non-temporal stores " \
+       "for outputs too large to stay cached (gathers from 16 MiB, all-reduce from 64 "     \
+       "MiB), on = always, off = memcpy")                                                  \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
        "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
 

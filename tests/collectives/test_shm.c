@@ -210,9 +210,11 @@ START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
 }
 END_TEST
 
-/* ---- non-temporal slot stores ---- */
+/* ---- non-temporal slot and output stores ---- */
 
-/* Every way of writing the slots gives the same values: FSDP2_SHM_STREAM_STORES on
+/* Every way of writing the slots and the outputs gives the same values (the output's
+ * non-temporal stores must be fenced before the collective completes):
+ * FSDP2_SHM_STREAM_STORES and FSDP2_SHM_STREAM_OUTPUT both on
  * (non-temporal stores), off (memcpy), mixed (rank 0 on, the others off: each rank's
  * choice is its own and must never change the steps), and auto, which times its runs
  * and tries the other way one run in 8 (here with a rank arriving late, which skews
@@ -228,6 +230,7 @@ static int body_stream_stores(rank_ctx_t *c)
         if (strcmp(mode, "mixed") == 0)
             mode = c->rank == 0 ? "on" : "off";
         setenv("FSDP2_SHM_STREAM_STORES", mode, 1);
+        setenv("FSDP2_SHM_STREAM_OUTPUT", mode, 1); /* auto: only from 16 MiB */
         fails += OK(c, fsdp2_env_reload());
         char name[32];
         snprintf(name, sizeof(name), "stores-%s", modes[m]);
@@ -260,11 +263,12 @@ static int body_stream_stores(rank_ctx_t *c)
         fsdp2_group_destroy(g);
     }
     unsetenv("FSDP2_SHM_STREAM_STORES");
+    unsetenv("FSDP2_SHM_STREAM_OUTPUT");
     fails += OK(c, fsdp2_env_reload());
     return fails;
 }
 
-START_TEST(streaming_and_plain_slot_stores_give_the_same_values_on_2_and_3_ranks)
+START_TEST(streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks)
 {
     for (int size = 2; size <= 3; size++) {
         ranks_result_t res;
@@ -457,7 +461,7 @@ static Suite *shm_suite(void)
     tcase_set_timeout(ok, 600);
     tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
-    tcase_add_test(ok, streaming_and_plain_slot_stores_give_the_same_values_on_2_and_3_ranks);
+    tcase_add_test(ok, streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);
