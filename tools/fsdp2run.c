@@ -9,7 +9,7 @@
  * none otherwise (or when hwloc is missing or cannot bind this machine): oversubscribed
  * ranks that the scheduler moves between cores wait for each other far longer (at 4
  * ranks on 2 CPUs, binding raised bench/collectives' median busbw 1.2-8.6x,
- * docs/performance.md), while ranks with a CPU each do as well free.
+ * docs/performance-collectives.md), while ranks with a CPU each do as well free.
  *
  * Each local rank gets RANK (node_rank * N + local rank), WORLD_SIZE (M * N),
  * LOCAL_RANK, LOCAL_WORLD_SIZE (N), GROUP_RANK (K), GROUP_WORLD_SIZE (M), MASTER_ADDR,

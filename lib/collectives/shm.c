@@ -86,7 +86,7 @@ static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
  * collective runs at a third of its speed or less; written with non-temporal stores
  * the bytes go past the writer's caches to memory, which cost the all-gather 12-20%
  * when the CPUs were close and was 2-3.6x faster when they were far
- * (docs/performance.md). The host moves the CPUs every few seconds, so with
+ * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
  * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
  * class, tries the other way on one in SHM_STREAM_EXPLORE of them (SHM_STREAM_EXPLORE_FAR
  * while that way costs more than twice as much), and keeps the cheaper. Only the
