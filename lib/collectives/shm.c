@@ -18,8 +18,9 @@
  * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
  * the results are gathered from, or in place and then streamed into it), or, up to
  * 16 KiB, has every rank post its whole buffer and reduce everything itself (one step
- * instead of two). How a rank writes its slots (plain or non-temporal stores) is its
- * own choice and never changes the steps (slot_copy).
+ * instead of two). How a rank writes its slots and its output (plain or non-temporal
+ * stores, shm_stores.c) is its own choice and never changes the steps (slot_copy,
+ * out_copy).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
  * its collective's turn), so concurrent collectives on different streams never compete
@@ -40,24 +41,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
-#define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
-#define SHM_STREAM_MIN (16u << 10)   /* collectives from this many bytes may stream stores */
-#define SHM_STREAM_EXPLORE 8         /* auto: one collective in this many tries the other way, */
-#define SHM_STREAM_EXPLORE_FAR 32    /* or in this many while it cost more than twice as much */
-#define SHM_STREAM_SWITCH 0.9        /* auto: switch when the other way costs this much or less */
-#define SHM_STREAM_COPY_MIN 256      /* copies shorter than this use memcpy even when streaming */
-#define SHM_OUT_STREAM_GATHER (16u << 20)  /* gathers stream outputs from this many bytes */
-#define SHM_OUT_STREAM_REDUCE (64u << 20)  /* all-reduces stream results from this many bytes */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -76,52 +66,14 @@ typedef struct run {
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
-/* ---- writing the slots ----
- *
- * A slot's bytes are written by one rank and read by the others. Written with plain
- * stores they are still in the writer's cache, modified, when a reader asks for them,
- * which is the fast case when the two cores share a cache: the reader gets them from
- * there. When the host has put the ranks' CPUs far apart (a cache-line round trip of
- * about 550 ns here instead of 130), every line crosses between the caches and the
- * collective runs at a third of its speed or less; written with non-temporal stores
- * the bytes go past the writer's caches to memory, which cost the all-gather 12-20%
- * when the CPUs were close and was 2-3.6x faster when they were far
- * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
- * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
- * class, tries the other way on one in SHM_STREAM_EXPLORE of them (SHM_STREAM_EXPLORE_FAR
- * while that way costs more than twice as much), and keeps the cheaper. Only the
- * writer's stores change, never the steps, so ranks may choose differently. */
-
-/* Copies n bytes with non-temporal stores, or with memcpy where SSE2 is missing or n is
- * short; the caller fences (sfence) before anyone else may read dst. */
-static void stream_copy(char *dst, const char *src, size_t n)
-{
-#if defined(__SSE2__)
-    if (n >= SHM_STREAM_COPY_MIN) {
-        size_t head = (size_t)(-(uintptr_t)dst & 15);
-        memcpy(dst, src, head);
-        dst += head, src += head, n -= head;
-        for (; n >= 64; n -= 64, dst += 64, src += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)src);
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-            _mm_stream_si128((__m128i *)dst, a);
-            _mm_stream_si128((__m128i *)(dst + 16), b);
-            _mm_stream_si128((__m128i *)(dst + 32), c);
-            _mm_stream_si128((__m128i *)(dst + 48), d);
-        }
-    }
-#endif
-    memcpy(dst, src, n);
-}
+/* ---- writing the slots and the output (choices in shm_stores.c) ---- */
 
 /* Copies n bytes into a slot, with non-temporal stores when this collective streams
  * (post() fences them before it publishes the step). */
 static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 {
     if (x->streaming)
-        stream_copy(dst, src, n);
+        fsdp2_shm_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
 }
@@ -131,83 +83,9 @@ static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 static void out_copy(const run_t *x, char *dst, const char *src, size_t n)
 {
     if (x->out_streaming)
-        stream_copy(dst, src, n);
+        fsdp2_shm_stream_copy(dst, src, n);
     else
         memcpy(dst, src, n);
-}
-
-/* The size class of a collective that may stream (op bytes >= SHM_STREAM_MIN), or -1. */
-static int store_class(const coll_op_t *op)
-{
-    size_t bytes = op->count * op->elem_size;
-    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
-        (op->kind == COLL_ALL_REDUCE && bytes <= SHM_ONE_STEP_MAX)) /* one step: memcpy */
-        return -1;
-    int c = 0;
-    for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
-        c++;
-    return c;
-}
-
-/* Whether op's slot writes stream, by the policy, and for auto the class's choice. */
-static int stores_choose(shm_group_t *sg, const coll_op_t *op)
-{
-    int c = store_class(op);
-#if !defined(__SSE2__)
-    c = -1; /* no non-temporal stores to use */
-#endif
-    if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
-        return 0;
-    if (sg->stores_policy == SHM_STORES_STREAM)
-        return 1;
-    int streaming = sg->stores[op->kind][c].streaming;
-    const double *avg = sg->stores[op->kind][c].ns_per_byte;
-    uint64_t every = avg[!streaming] > 2 * avg[streaming] && avg[streaming] > 0
-                         ? SHM_STREAM_EXPLORE_FAR
-                         : SHM_STREAM_EXPLORE;
-    /* The first try comes early (run 2, after one counted run of the way in use): a
-     * large collective in the wrong way costs 2-3x here. */
-    uint64_t runs = sg->stores[op->kind][c].runs;
-    return runs == 2 || runs % every == every - 1 ? !streaming : streaming;
-}
-
-static const char *kind_name(coll_kind_t kind)
-{
-    switch (kind) {
-    case COLL_ALL_GATHER: return "all_gather";
-    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
-    case COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case COLL_ALL_REDUCE: return "all_reduce";
-    case COLL_BROADCAST: return "broadcast";
-    case COLL_BARRIER: return "barrier";
-    }
-    return "collective";
-}
-
-/* Auto: folds this run's cost into its way's average, and keeps the cheaper way. The
- * first run of a class is not counted (it pays for first use), and a try of the other
- * way stands alone, since it is seldom tried and an old figure says little about where
- * the CPUs are now. A run's time includes waiting for late peers, so a choice can be
- * wrong for a while; it costs speed only (the steps are the same either way), and the
- * other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
-static void stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
-{
-    int c = store_class(op);
-    if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
-        return;
-    if (sg->stores[op->kind][c].runs++ == 0)
-        return;
-    double cost = (double)ns / (double)(op->count * op->elem_size);
-    double *avg = sg->stores[op->kind][c].ns_per_byte;
-    int *mode = &sg->stores[op->kind][c].streaming;
-    avg[streamed] = avg[streamed] > 0 && streamed == *mode ? 0.75 * avg[streamed] + 0.25 * cost
-                                                           : cost;
-    if (avg[0] > 0 && avg[1] > 0 && avg[!*mode] <= SHM_STREAM_SWITCH * avg[*mode]) {
-        *mode = !*mode;
-        FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
-                  sg->g->name, kind_name(op->kind), op->count * op->elem_size, *mode ? "streams its slot stores" : "uses memcpy",
-                  avg[*mode], avg[!*mode]);
-    }
 }
 
 static void cpu_relax(void)
@@ -386,10 +264,8 @@ static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
 
 static void post(run_t *x, uint64_t t)
 {
-#if defined(__SSE2__)
     if (x->streaming)
-        _mm_sfence(); /* non-temporal stores are weakly ordered: the slot before its head */
-#endif
+        fsdp2_shm_fence_streams(); /* the slot before its head */
     atomic_store(head_of(x, x->me), t + 1);
     wake_sleepers(&x->sg->lines[x->me]);
 }
@@ -714,33 +590,6 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
 
 /* ---- turns ---- */
 
-/* Whether this rank writes op's output with non-temporal stores (out_copy), by
- * FSDP2_SHM_STREAM_OUTPUT. A gather writes output lines it never read, and a plain store
- * first reads each from memory (read for ownership): past the cache that is a third of
- * the traffic, and streaming the output made 16-256 MiB all-gathers 1.5-2.5x faster
- * here; 4 MiB outputs, which stay cached between calls, were faster plain. An
- * all-reduce writes over lines it read moments before, cached up to about the L3's
- * size, so auto streams it only from SHM_OUT_STREAM_REDUCE. Reduce-scatter outputs are
- * written by the reduction kernel (plain stores). */
-static int out_streams(const shm_group_t *sg, const coll_op_t *op)
-{
-#if defined(__SSE2__)
-    size_t bytes = op->count * op->elem_size;
-    if (sg->output_policy != SHM_STORES_AUTO)
-        return sg->output_policy == SHM_STORES_STREAM;
-    switch (op->kind) {
-    case COLL_ALL_GATHER:
-    case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
-    case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
-    case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
-    default: return 0;
-    }
-#else
-    (void)sg, (void)op;
-    return 0; /* no non-temporal stores to use */
-#endif
-}
-
 /* Waits until the group's collectives before op's have finished here. */
 static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t deadline_ms,
                                 const char *what)
@@ -775,7 +624,7 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t de
 fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
 {
     fsdp2_group_t *g = sg->g;
-    const char *what = kind_name(op->kind);
+    const char *what = fsdp2_shm_kind_name(op->kind);
     int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
     fsdp2_status_t status = wait_turn(sg, op, deadline, what);
     if (status == FSDP2_SUCCESS)
@@ -788,8 +637,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
-    x.streaming = stores_choose(sg, op);
-    x.out_streaming = out_streams(sg, op);
+    x.streaming = fsdp2_shm_stores_choose(sg, op);
+    x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int64_t start = fsdp2_now_ns();
     switch (op->kind) {
     case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
@@ -799,12 +648,10 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     case COLL_BROADCAST: status = run_broadcast(&x, op); break;
     case COLL_BARRIER: status = run_barrier(&x); break;
     }
-#if defined(__SSE2__)
     if (x.out_streaming)
-        _mm_sfence(); /* the output's non-temporal stores, before anyone reads it */
-#endif
+        fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
     if (status == FSDP2_SUCCESS)
-        stores_learn(sg, op, x.streaming, fsdp2_now_ns() - start);
+        fsdp2_shm_stores_learn(sg, op, x.streaming, fsdp2_now_ns() - start);
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;
     sg->turn++;

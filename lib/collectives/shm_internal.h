@@ -23,6 +23,17 @@
 
 typedef _Atomic uint64_t counter_t;
 
+#define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
+
+/* Auto slot stores, one kind and size class: the way in use, the runs seen, and each
+ * way's recent cost (ns per byte of the collective; 0: not measured) and counted runs. */
+typedef struct shm_store_class {
+    int streaming;
+    uint64_t runs;
+    double ns_per_byte[2];
+    uint32_t counted[2];
+} shm_store_class_t;
+
 /* FSDP2_SHM_STREAM_STORES and _OUTPUT, in the order of their accepted values. */
 typedef enum shm_stores { SHM_STORES_AUTO, SHM_STORES_STREAM, SHM_STORES_PLAIN } shm_stores_t;
 
@@ -64,17 +75,28 @@ struct shm_group {
     int64_t spin_ns;
     int contended_max;
     int nudge; /* move_off_peer_core may act */
-    /* How this rank writes its slots (slot_copy, stores_choose in shm.c):
-     * FSDP2_SHM_STREAM_STORES, and for auto, per kind and class of collective size, the
-     * way in use and each way's recent cost (ns per byte of the collective; 0: not
-     * measured). Touched only by the collective that runs (one at a time, wait_turn). */
+    /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
+     * and _OUTPUT, and for auto slot stores, per kind and class of collective size, the
+     * way in use and each way's recent cost. Touched only by the collective that runs
+     * (one at a time, wait_turn). */
     shm_stores_t stores_policy;
-    shm_stores_t output_policy; /* FSDP2_SHM_STREAM_OUTPUT (out_streams in shm.c) */
-    struct {
-        int streaming;
-        uint64_t runs;
-        double ns_per_byte[2];
-    } stores[COLL_BARRIER][SHM_STORE_CLASSES]; /* by kind (a barrier moves no bytes) */
+    shm_stores_t output_policy;
+    shm_store_class_t stores[COLL_BARRIER][SHM_STORE_CLASSES]; /* by kind (a barrier moves
+                                                                  no bytes) */
 };
+
+/* ---- shm_stores.c: how bytes are written ---- */
+
+/* Copies n bytes with non-temporal stores (memcpy where SSE2 is missing or n is short);
+ * fsdp2_shm_fence_streams before anyone else may read dst. */
+void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n);
+void fsdp2_shm_fence_streams(void);
+/* Whether op's slot writes stream: the policy, and for auto the class's choice. */
+int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op);
+/* Auto: folds a run's cost (ns) into its way's figure and keeps the cheaper way. */
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns);
+/* Whether this rank writes op's output with non-temporal stores. */
+int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op);
+const char *fsdp2_shm_kind_name(coll_kind_t kind);
 
 #endif

@@ -1,0 +1,170 @@
+/* How the shared-memory transport writes bytes: into its slots, and into a
+ * collective's output. Plain stores (memcpy) or non-temporal ones, which go past the
+ * writer's caches to memory; the choices only, the protocol is in shm.c.
+ *
+ * Slots. A slot's bytes are written by one rank and read by the others. Written with
+ * plain stores they are still in the writer's cache, modified, when a reader asks for
+ * them, which is the fast case when the two cores share a cache: the reader gets them
+ * from there. When the host has put the ranks' CPUs far apart (a cache-line round trip
+ * of about 550 ns here instead of 130), every line crosses between the caches and the
+ * collective runs at a third of its speed or less; written with non-temporal stores the
+ * bytes go past the writer's caches to memory, which cost the all-gather 12-20% when
+ * the CPUs were close and was 2-3.6x faster when they were far
+ * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
+ * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
+ * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then on one in
+ * SHM_STREAM_EXPLORE (SHM_STREAM_EXPLORE_FAR while that way costs more than twice as
+ * much), and keeps the cheaper. Only the writer's stores change, never the steps, so
+ * ranks may choose differently.
+ *
+ * Outputs. A gather writes output lines it never read, and a plain store first reads
+ * each from memory (read for ownership): past the cache that is a third of the traffic.
+ * FSDP2_SHM_STREAM_OUTPUT=auto streams the outputs too large to stay cached. */
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "collectives/shm_internal.h"
+#include "core/log_internal.h"
+
+#define SHM_STREAM_MIN (16u << 10)  /* collectives from this many bytes may stream stores */
+#define SHM_STREAM_FIRST_TRY 2      /* auto: the run that first tries the other way */
+#define SHM_STREAM_EXPLORE 8        /* auto: then one collective in this many does, */
+#define SHM_STREAM_EXPLORE_FAR 32   /* or in this many while it cost more than twice as much */
+#define SHM_STREAM_FAR_SAMPLES 2    /* (once each way has this many counted runs) */
+#define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
+#define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
+#define SHM_OUT_STREAM_GATHER (16u << 20) /* auto: gathers stream outputs from this many bytes */
+#define SHM_OUT_STREAM_REDUCE (64u << 20) /* auto: all-reduces stream results from this many */
+
+void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n)
+{
+#if defined(__SSE2__)
+    if (n >= SHM_STREAM_COPY_MIN) {
+        size_t head = (size_t)(-(uintptr_t)dst & 15);
+        memcpy(dst, src, head);
+        dst += head, src += head, n -= head;
+        for (; n >= 64; n -= 64, dst += 64, src += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+            _mm_stream_si128((__m128i *)dst, a);
+            _mm_stream_si128((__m128i *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(dst + 48), d);
+        }
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+void fsdp2_shm_fence_streams(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence(); /* non-temporal stores are weakly ordered */
+#endif
+}
+
+const char *fsdp2_shm_kind_name(coll_kind_t kind)
+{
+    switch (kind) {
+    case COLL_ALL_GATHER: return "all_gather";
+    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_ALL_REDUCE: return "all_reduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "collective";
+}
+
+/* op's size class for auto (x4 each from SHM_STREAM_MIN), or -1: always memcpy. */
+static int store_class(const coll_op_t *op)
+{
+    size_t bytes = op->count * op->elem_size;
+    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
+        (op->kind == COLL_ALL_REDUCE && bytes <= SHM_ONE_STEP_MAX)) /* one step: memcpy */
+        return -1;
+    int c = 0;
+    for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
+        c++;
+    return c;
+}
+
+int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
+{
+    int c = store_class(op);
+#if !defined(__SSE2__)
+    c = -1; /* no non-temporal stores to use */
+#endif
+    if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
+        return 0;
+    if (sg->stores_policy == SHM_STORES_STREAM)
+        return 1;
+    const shm_store_class_t *k = &sg->stores[op->kind][c];
+    int streaming = k->streaming;
+    /* The far interval needs more than one run of each way: a single late peer in
+     * either figure would otherwise hold a class in the wrong way for 32 runs. */
+    int far = k->counted[0] >= SHM_STREAM_FAR_SAMPLES && k->counted[1] >= SHM_STREAM_FAR_SAMPLES &&
+              k->ns_per_byte[!streaming] > 2 * k->ns_per_byte[streaming];
+    uint64_t every = far ? SHM_STREAM_EXPLORE_FAR : SHM_STREAM_EXPLORE;
+    /* The first try comes early (after one counted run of the way in use): a large
+     * collective in the wrong way costs 2-3x here. */
+    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->runs % every == every - 1;
+    return explore ? !streaming : streaming;
+}
+
+/* The first run of a class is not counted (it pays for first use), and a try of the
+ * other way stands alone, since it is seldom tried and an old figure says little about
+ * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
+ * be wrong for a while; it costs speed only (the steps are the same either way), and
+ * the other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
+{
+    int c = store_class(op);
+    if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
+        return;
+    shm_store_class_t *k = &sg->stores[op->kind][c];
+    if (k->runs++ == 0)
+        return;
+    double cost = (double)ns / (double)(op->count * op->elem_size);
+    double *avg = k->ns_per_byte;
+    avg[streamed] = avg[streamed] > 0 && streamed == k->streaming
+                        ? 0.75 * avg[streamed] + 0.25 * cost
+                        : cost;
+    k->counted[streamed]++;
+    if (avg[0] > 0 && avg[1] > 0 && avg[!k->streaming] <= SHM_STREAM_SWITCH * avg[k->streaming]) {
+        k->streaming = !k->streaming;
+        FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
+                  sg->g->name, fsdp2_shm_kind_name(op->kind), op->count * op->elem_size,
+                  k->streaming ? "streams its slot stores" : "uses memcpy",
+                  avg[k->streaming], avg[!k->streaming]);
+    }
+}
+
+/* A gather writes output lines it never read: streaming the output made 16-256 MiB
+ * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between
+ * calls, were faster plain. An all-reduce writes over lines it read moments before,
+ * cached up to about the L3's size, so auto streams it only from SHM_OUT_STREAM_REDUCE.
+ * Reduce-scatter results are written by the reduction kernel (plain stores). */
+int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
+{
+#if defined(__SSE2__)
+    size_t bytes = op->count * op->elem_size;
+    if (sg->output_policy != SHM_STORES_AUTO)
+        return sg->output_policy == SHM_STORES_STREAM;
+    switch (op->kind) {
+    case COLL_ALL_GATHER:
+    case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
+    case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
+    case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
+    default: return 0;
+    }
+#else
+    (void)sg, (void)op;
+    return 0; /* no non-temporal stores to use */
+#endif
+}
