@@ -41,7 +41,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/error.h"
