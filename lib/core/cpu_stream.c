@@ -35,6 +35,13 @@
  * enqueue preempts the caller on this 2-core machine.) */
 #define SPIN_YIELDS 64
 #define CLAIM_NS 20000
+/* Deferred wake-ups (see defer_wake): after this many tasks in a row run by waiters, */
+#define LAZY_AFTER 8
+/* a sleeping worker naps this long at a time instead of being woken by each enqueue, */
+#define NAP_NS 1000000
+/* for at most this long after the queue last became non-empty; then it sleeps. */
+#define LAZY_IDLE_NS 100000000
+#define DEFERRED_MAX 4 /* streams one thread may owe a wake-up */
 
 typedef enum task_kind {
     TASK_HOST,
@@ -96,6 +103,8 @@ struct cpu_stream {
     int running; /* a task is being run (by the worker or a helping waiter) */
     int64_t queued_ns; /* when the queue last went from empty to not empty */
     int blocked;       /* threads waiting on s that cannot run its tasks (claim_later) */
+    int helped_run;    /* tasks in a row run by waiters rather than the worker */
+    int napping;       /* the worker sleeps in naps: an enqueue may defer its wake-up */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -152,6 +161,72 @@ static _Thread_local cpu_stream_t *tls_helping;
 static fsdp2_status_t task_run(const cpu_task_t *t);
 static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status);
 
+/* ---- deferred wake-ups ----
+ *
+ * Waking a sleeping worker for each task costs a scheduler round trip, and when the
+ * enqueuing thread waits for the task at once (a blocking collective, a synchronize)
+ * it runs the task itself anyway (can_help): the wake-up only puts another thread on a
+ * core the ranks need (docs/performance-collectives.md, "The hand-off, again"). So once
+ * LAZY_AFTER tasks in a row have been run by their waiters, the worker naps (NAP_NS at a
+ * time) instead of sleeping, and an enqueue leaves the wake-up owed by its thread: the
+ * thread's next stream operation pays it, unless that operation is a wait that will run
+ * the task itself. FSDP records an event right after each collective it enqueues, so its
+ * prefetches start at once; a task whose thread makes no stream call starts when the
+ * worker's nap ends, at most NAP_NS late. */
+static _Thread_local cpu_stream_t *tls_owed[DEFERRED_MAX]; /* each holds a reference */
+static _Thread_local int tls_owed_n;
+static pthread_key_t owed_key; /* its destructor pays what an exiting thread owes */
+static pthread_once_t owed_once = PTHREAD_ONCE_INIT;
+
+/* Pays every wake-up this thread owes except keep's (a stream it is about to wait for
+ * and help: what is left queued after the wait is paid by the flush that follows it). */
+static void flush_owed(const cpu_stream_t *keep)
+{
+    int kept = 0;
+    for (int i = 0; i < tls_owed_n; i++) {
+        cpu_stream_t *s = tls_owed[i];
+        if (s == keep) {
+            tls_owed[kept++] = s;
+            continue;
+        }
+        pthread_mutex_lock(&s->lock);
+        if (s->count > 0)
+            pthread_cond_signal(&s->not_empty);
+        pthread_mutex_unlock(&s->lock);
+        stream_release(s);
+    }
+    tls_owed_n = kept;
+}
+
+static void owed_at_exit(void *unused)
+{
+    (void)unused;
+    flush_owed(NULL);
+}
+
+static void owed_key_init(void)
+{
+    pthread_key_create(&owed_key, owed_at_exit);
+}
+
+/* Whether an enqueue on s (lock held) may leave the worker's wake-up owed by this
+ * thread; records it if so. */
+static int owe_wake(cpu_stream_t *s)
+{
+    if (!s->napping || tls_is_worker)
+        return 0;
+    for (int i = 0; i < tls_owed_n; i++)
+        if (tls_owed[i] == s)
+            return 1;
+    if (tls_owed_n == DEFERRED_MAX)
+        return 0;
+    pthread_once(&owed_once, owed_key_init);
+    pthread_setspecific(owed_key, &owed_key); /* any non-NULL value runs the destructor */
+    atomic_fetch_add(&s->refs, 1);
+    tls_owed[tls_owed_n++] = s;
+    return 1;
+}
+
 /* Runs the head task on the calling thread. Caller holds s->lock, s->count > 0 and
  * nobody else runs a task of s; returns with the lock held. One runner at a time keeps
  * the stream's order. */
@@ -159,6 +234,10 @@ static void run_head_locked(cpu_stream_t *s)
 {
     cpu_task_t task = s->ring[s->head];
     s->running = 1;
+    if (tls_is_worker)
+        s->helped_run = 0;
+    else if (s->helped_run < LAZY_AFTER)
+        s->helped_run++;
     pthread_mutex_unlock(&s->lock);
     fsdp2_status_t status = task_run(&task);
     pthread_mutex_lock(&s->lock);
@@ -314,6 +393,20 @@ static void *stream_worker(void *arg)
                 pthread_mutex_lock(&s->lock);
                 continue;
             }
+            if (s->helped_run >= LAZY_AFTER && !s->stopping &&
+                fsdp2_now_ns() - s->queued_ns < LAZY_IDLE_NS) { /* flush_owed wakes it */
+                struct timespec nap;
+                clock_gettime(CLOCK_MONOTONIC, &nap);
+                nap.tv_nsec += NAP_NS;
+                if (nap.tv_nsec >= 1000000000L) {
+                    nap.tv_sec++;
+                    nap.tv_nsec -= 1000000000L;
+                }
+                s->napping = 1;
+                pthread_cond_timedwait(&s->not_empty, &s->lock, &nap);
+                s->napping = 0;
+                continue;
+            }
             pthread_cond_wait(&s->not_empty, &s->lock);
         }
         if (s->count == 0)
@@ -338,6 +431,7 @@ static fsdp2_status_t check_not_own_worker(cpu_stream_t *s, const char *what)
 
 static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
 {
+    flush_owed(s); /* an inline task may wait on what another stream owes */
     if (s->base.is_current) {
         fsdp2_status_t status = task_run(t);
         pthread_mutex_lock(&s->lock);
@@ -350,13 +444,16 @@ static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     }
     FSDP2_CHECK(check_not_own_worker(s, "enqueue"));
     pthread_mutex_lock(&s->lock);
-    while (s->count == s->capacity)
+    while (s->count == s->capacity) {
+        pthread_cond_signal(&s->not_empty); /* a full ring is never left to a nap */
         pthread_cond_wait(&s->not_full, &s->lock);
+    }
     s->ring[(s->head + s->count) % s->capacity] = *t;
     if (s->count++ == 0)
         s->queued_ns = fsdp2_now_ns();
     s->submitted++;
-    pthread_cond_signal(&s->not_empty);
+    if (!owe_wake(s))
+        pthread_cond_signal(&s->not_empty);
     pthread_mutex_unlock(&s->lock);
     return FSDP2_SUCCESS;
 }
@@ -383,7 +480,7 @@ static fsdp2_status_t stream_init(cpu_stream_t **out, const char *name, size_t c
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->not_empty, NULL);
+    pthread_cond_init(&s->not_empty, &attr); /* the worker's naps: monotonic */
     pthread_cond_init(&s->not_full, NULL);
     pthread_cond_init(&s->progress, &attr);
     pthread_condattr_destroy(&attr);
@@ -438,6 +535,7 @@ static fsdp2_status_t cpu_stream_destroy(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = as_stream(stream);
     FSDP2_CHECK(check_not_own_worker(s, "destroy"));
+    flush_owed(NULL);
     pthread_mutex_lock(&s->lock);
     s->stopping = 1;
     pthread_cond_signal(&s->not_empty);
@@ -483,16 +581,20 @@ static fsdp2_status_t cpu_stream_synchronize(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = as_stream(stream);
     FSDP2_CHECK(check_not_own_worker(s, "synchronize"));
+    flush_owed(s); /* s's own tasks: this thread runs them */
     pthread_mutex_lock(&s->lock);
     uint64_t target = s->submitted;
     pthread_mutex_unlock(&s->lock);
-    FSDP2_CHECK(wait_position(s, target, -1));
+    fsdp2_status_t status = wait_position(s, target, -1);
+    flush_owed(NULL);
+    FSDP2_CHECK(status);
     return stream_report(s, 1);
 }
 
 static fsdp2_status_t cpu_stream_query(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = as_stream(stream);
+    flush_owed(NULL); /* polling: the work must run meanwhile */
     pthread_mutex_lock(&s->lock);
     int done = s->completed == s->submitted;
     pthread_mutex_unlock(&s->lock);
@@ -524,10 +626,14 @@ static fsdp2_status_t cpu_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_
     cpu_stream_t *s = as_stream(stream), *on;
     uint64_t target;
     event_capture(as_event(event), &on, &target);
-    if (!on)
+    if (!on) {
+        flush_owed(NULL);
         return FSDP2_SUCCESS;
+    }
     if (s->base.is_current || position_reached(on, target)) {
+        flush_owed(on); /* on's tasks up to target: this thread runs them */
         fsdp2_status_t status = wait_position(on, target, -1);
+        flush_owed(NULL);
         stream_release(on);
         return status;
     }
@@ -568,6 +674,7 @@ static fsdp2_status_t cpu_event_record(fsdp2_event_t *event, fsdp2_stream_t *str
     cpu_event_t *e = as_event(event);
     cpu_stream_t *s = as_stream(stream), *on = NULL;
     uint64_t target = 0;
+    flush_owed(NULL); /* what was recorded may be waited for elsewhere (a prefetch) */
     if (!s->base.is_current) { /* the current stream's work is always done already */
         pthread_mutex_lock(&s->lock);
         target = s->submitted;
@@ -588,6 +695,7 @@ static fsdp2_status_t cpu_event_query(fsdp2_event_t *event)
 {
     cpu_stream_t *on;
     uint64_t target;
+    flush_owed(NULL); /* polling: the work must run meanwhile */
     event_capture(as_event(event), &on, &target);
     if (!on)
         return FSDP2_SUCCESS;
@@ -601,9 +709,11 @@ static fsdp2_status_t cpu_event_wait_timeout(fsdp2_event_t *event, long timeout_
     cpu_stream_t *on;
     uint64_t target;
     event_capture(as_event(event), &on, &target);
+    flush_owed(on && timeout_ms < 0 ? on : NULL); /* a timed wait does not help */
     if (!on)
         return FSDP2_SUCCESS;
     fsdp2_status_t status = wait_position(on, target, timeout_ms);
+    flush_owed(NULL);
     stream_release(on);
     return status;
 }

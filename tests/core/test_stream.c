@@ -1,5 +1,6 @@
 /* cpu streams and events: ordering, real concurrency, cross-stream waits that never run
- * early, re-recorded events, destroy with pending work, errors, and a stress run. No
+ * early, re-recorded events, destroy with pending work, errors, a stress run, and tasks
+ * whose worker's wake-up was left owed. No
  * test sleeps to "wait long enough": gates are opened explicitly and every blocking
  * wait in a test helper has a timeout that fails the test instead of hanging it. */
 #include <check.h>
@@ -602,6 +603,93 @@ START_TEST(a_synchronizing_caller_helps_without_breaking_order_or_exclusivity)
 }
 END_TEST
 
+/* ---- deferred wake-ups ---- */
+
+typedef struct ran_on {
+    atomic_int ran;
+    pthread_t thread;
+} ran_on_t;
+
+static fsdp2_status_t note_thread(void *arg)
+{
+    ran_on_t *r = arg;
+    r->thread = pthread_self();
+    atomic_store(&r->ran, 1);
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t nothing(void *arg)
+{
+    (void)arg;
+    return FSDP2_SUCCESS;
+}
+
+/* Tasks the caller waits for at once, enough of them that the worker stops being woken
+ * per enqueue (it naps and the caller owes the wake-up). */
+static void waited_for_at_once(fsdp2_stream_t *s)
+{
+    for (int i = 0; i < 64; i++) {
+        OK(fsdp2_stream_launch_host(s, nothing, NULL));
+        OK(fsdp2_stream_synchronize(s));
+    }
+}
+
+/* Polls (no stream call, which would pay an owed wake-up) until r ran, for up to 30 s. */
+static void await_ran_without_stream_calls(ran_on_t *r)
+{
+    struct timespec start, now, pause = {0, 100000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (!atomic_load(&r->ran)) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        ck_assert_msg(now.tv_sec - start.tv_sec < 30, "the task never ran");
+        nanosleep(&pause, NULL);
+    }
+}
+
+START_TEST(a_task_nobody_waits_for_runs_on_the_worker_after_waiters_ran_the_others)
+{
+    fsdp2_stream_t *s;
+    OK(fsdp2_stream_create(cpu, "owed", &s));
+    for (int round = 0; round < 5; round++) {
+        waited_for_at_once(s);
+        ran_on_t r = {.ran = 0};
+        OK(fsdp2_stream_launch_host(s, note_thread, &r));
+        await_ran_without_stream_calls(&r);
+        ck_assert_msg(!pthread_equal(r.thread, pthread_self()), "ran on the caller");
+    }
+    OK(fsdp2_stream_destroy(s));
+}
+END_TEST
+
+typedef struct owing_thread {
+    fsdp2_stream_t *s;
+    ran_on_t *r;
+} owing_thread_t;
+
+static void *enqueue_and_exit(void *arg)
+{
+    owing_thread_t *t = arg;
+    waited_for_at_once(t->s);
+    OK(fsdp2_stream_launch_host(t->s, note_thread, t->r));
+    return NULL; /* exits owing the worker's wake-up, if it was owed */
+}
+
+START_TEST(a_thread_that_exits_owing_a_wake_up_still_gets_its_task_run)
+{
+    fsdp2_stream_t *s;
+    OK(fsdp2_stream_create(cpu, "owed-exit", &s));
+    for (int round = 0; round < 5; round++) {
+        ran_on_t r = {.ran = 0};
+        owing_thread_t t = {s, &r};
+        pthread_t thread;
+        ck_assert_int_eq(pthread_create(&thread, NULL, enqueue_and_exit, &t), 0);
+        pthread_join(thread, NULL);
+        await_ran_without_stream_calls(&r);
+    }
+    OK(fsdp2_stream_destroy(s)); /* and no reference left behind (ASan's leak check) */
+}
+END_TEST
+
 static Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -622,6 +710,8 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, a_host_function_using_its_own_stream_is_refused_not_a_deadlock);
     tcase_add_test(tc, errors_are_kept_on_the_current_stream_and_reported_by_destroy);
     tcase_add_test(tc, a_synchronizing_caller_helps_without_breaking_order_or_exclusivity);
+    tcase_add_test(tc, a_task_nobody_waits_for_runs_on_the_worker_after_waiters_ran_the_others);
+    tcase_add_test(tc, a_thread_that_exits_owing_a_wake_up_still_gets_its_task_run);
     suite_add_tcase(s, tc);
     return s;
 }
