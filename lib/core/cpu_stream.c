@@ -35,13 +35,13 @@
  * enqueue preempts the caller on this 2-core machine.) */
 #define SPIN_YIELDS 64
 #define CLAIM_NS 20000
-/* Deferred wake-ups (see defer_wake): after this many tasks in a row run by waiters, */
+/* Owed wake-ups (owe_wake): after this many tasks in a row run by their waiters, */
 #define LAZY_AFTER 8
 /* a sleeping worker naps this long at a time instead of being woken by each enqueue, */
 #define NAP_NS 1000000
 /* for at most this long after the queue last became non-empty; then it sleeps. */
 #define LAZY_IDLE_NS 100000000
-#define DEFERRED_MAX 4 /* streams one thread may owe a wake-up */
+#define OWED_MAX 4 /* streams one thread may owe a wake-up */
 
 typedef enum task_kind {
     TASK_HOST,
@@ -161,22 +161,22 @@ static _Thread_local cpu_stream_t *tls_helping;
 static fsdp2_status_t task_run(const cpu_task_t *t);
 static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status);
 
-/* ---- deferred wake-ups ----
+/* ---- owed wake-ups ----
  *
- * Waking a sleeping worker for each task costs a scheduler round trip, and when the
- * enqueuing thread waits for the task at once (a blocking collective, a synchronize)
- * it runs the task itself anyway (can_help): the wake-up only puts another thread on a
- * core the ranks need (docs/performance-collectives.md, "The hand-off, again"). So once
- * LAZY_AFTER tasks in a row have been run by their waiters, the worker naps (NAP_NS at a
- * time) instead of sleeping, and an enqueue leaves the wake-up owed by its thread: the
- * thread's next stream operation pays it, unless that operation is a wait that will run
- * the task itself. FSDP records an event right after each collective it enqueues, so its
- * prefetches start at once; a task whose thread makes no stream call starts when the
- * worker's nap ends, at most NAP_NS late. */
-static _Thread_local cpu_stream_t *tls_owed[DEFERRED_MAX]; /* each holds a reference */
+ * Waking a sleeping worker for each task costs a scheduler round trip, and a thread that
+ * waits for its task at once (a blocking collective, a synchronize) runs it itself
+ * anyway (can_help): the wake-up only puts another thread on a core the ranks need
+ * (docs/performance-collectives.md, "The hand-off, again"). So once LAZY_AFTER tasks in
+ * a row were run by their waiters, the worker naps (NAP_NS at a time) instead, and an
+ * enqueue leaves its wake-up owed by its thread: the thread's next stream call pays it,
+ * unless that call is a wait that runs the task itself. FSDP records an event after
+ * each collective it enqueues, so its prefetches start at once; a task whose thread
+ * makes no stream call starts when the nap ends. */
+static _Thread_local cpu_stream_t *tls_owed[OWED_MAX]; /* each holds a reference */
 static _Thread_local int tls_owed_n;
 static pthread_key_t owed_key; /* its destructor pays what an exiting thread owes */
 static pthread_once_t owed_once = PTHREAD_ONCE_INIT;
+static int owed_key_made; /* without the key nothing is owed: exits would not pay */
 
 /* Pays every wake-up this thread owes except keep's (a stream it is about to wait for
  * and help: what is left queued after the wait is paid by the flush that follows it). */
@@ -206,7 +206,7 @@ static void owed_at_exit(void *unused)
 
 static void owed_key_init(void)
 {
-    pthread_key_create(&owed_key, owed_at_exit);
+    owed_key_made = pthread_key_create(&owed_key, owed_at_exit) == 0;
 }
 
 /* Whether an enqueue on s (lock held) may leave the worker's wake-up owed by this
@@ -218,11 +218,13 @@ static int owe_wake(cpu_stream_t *s)
     for (int i = 0; i < tls_owed_n; i++)
         if (tls_owed[i] == s)
             return 1;
-    if (tls_owed_n == DEFERRED_MAX)
+    if (tls_owed_n == OWED_MAX)
         return 0;
     pthread_once(&owed_once, owed_key_init);
-    pthread_setspecific(owed_key, &owed_key); /* any non-NULL value runs the destructor */
-    atomic_fetch_add(&s->refs, 1);
+    /* any non-NULL value runs the destructor at thread exit */
+    if (!owed_key_made || pthread_setspecific(owed_key, &owed_key) != 0)
+        return 0;
+    stream_retain(s);
     tls_owed[tls_owed_n++] = s;
     return 1;
 }
@@ -290,9 +292,12 @@ static fsdp2_status_t wait_position(cpu_stream_t *s, uint64_t target, long timeo
     fsdp2_status_t status = FSDP2_SUCCESS;
     pthread_mutex_lock(&s->lock);
     /* A waiter that will not help (a timed wait, another stream's worker) must not wait
-     * out claim_later's delay: the worker takes the work at once while it is here. */
+     * out claim_later's delay or a nap whose wake-up another thread owes: the worker
+     * takes the work at once while it is here. */
     int helper = timeout_ms < 0 && !tls_is_worker;
     s->blocked += !helper;
+    if (!helper && s->count > 0 && !s->running)
+        pthread_cond_signal(&s->not_empty);
     for (int spin = 0; spin < SPIN_YIELDS && s->completed < target; spin++) {
         if (can_help(s, timeout_ms)) {
             help_locked(s);
@@ -417,7 +422,6 @@ static void *stream_worker(void *arg)
     return NULL;
 }
 
-/* Runs t inline on the current stream, or queues it on a side stream. */
 /* A host function running on s's own worker must not enqueue on s or wait for s: with
  * a full ring, or waiting for itself, it would wait forever (CUDA forbids the same). */
 static fsdp2_status_t check_not_own_worker(cpu_stream_t *s, const char *what)
@@ -429,9 +433,10 @@ static fsdp2_status_t check_not_own_worker(cpu_stream_t *s, const char *what)
     return FSDP2_SUCCESS;
 }
 
+/* Runs t inline on the current stream, or queues it on a side stream. */
 static fsdp2_status_t stream_submit(cpu_stream_t *s, const cpu_task_t *t)
 {
-    flush_owed(s); /* an inline task may wait on what another stream owes */
+    flush_owed(s); /* the next stream call pays what this thread owes */
     if (s->base.is_current) {
         fsdp2_status_t status = task_run(t);
         pthread_mutex_lock(&s->lock);

@@ -683,7 +683,7 @@ START_TEST(a_thread_that_exits_owing_a_wake_up_still_gets_its_task_run)
         owing_thread_t t = {s, &r};
         pthread_t thread;
         ck_assert_int_eq(pthread_create(&thread, NULL, enqueue_and_exit, &t), 0);
-        pthread_join(thread, NULL);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
         await_ran_without_stream_calls(&r);
     }
     OK(fsdp2_stream_destroy(s)); /* and no reference left behind (ASan's leak check) */
