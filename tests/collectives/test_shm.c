@@ -200,14 +200,20 @@ static int body_across_slots(rank_ctx_t *c)
     return fails;
 }
 
-START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
+/* Runs body on every world size from lo to hi ranks; each must pass on every rank. */
+static void passes_on_ranks(int lo, int hi, rank_fn body)
 {
-    for (int size = 2; size <= 4; size++) {
+    for (int size = lo; size <= hi; size++) {
         ranks_result_t res;
-        int failed = run_ranks(size, body_across_slots, NULL, 30000, 240, &res);
+        int failed = run_ranks(size, body, NULL, 30000, 240, &res);
         ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
                       res.timed_out);
     }
+}
+
+START_TEST(collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks)
+{
+    passes_on_ranks(2, 4, body_across_slots);
 }
 END_TEST
 
@@ -276,12 +282,7 @@ static int body_stream_stores(rank_ctx_t *c)
 
 START_TEST(streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks)
 {
-    for (int size = 2; size <= 3; size++) {
-        ranks_result_t res;
-        int failed = run_ranks(size, body_stream_stores, NULL, 30000, 240, &res);
-        ck_assert_msg(failed == 0, "%d ranks: %d failed (timed out: %d)", size, failed,
-                      res.timed_out);
-    }
+    passes_on_ranks(2, 3, body_stream_stores);
 }
 END_TEST
 
@@ -339,11 +340,7 @@ static int body_same_bits(rank_ctx_t *c)
 
 START_TEST(shm_and_ucx_transports_give_identical_bits)
 {
-    for (int size = 2; size <= 4; size++) {
-        ranks_result_t res;
-        int failed = run_ranks(size, body_same_bits, NULL, 30000, 240, &res);
-        ck_assert_msg(failed == 0, "%d ranks: %d failed", size, failed);
-    }
+    passes_on_ranks(2, 4, body_same_bits);
 }
 END_TEST
 
