@@ -8,9 +8,13 @@
  *   Open MPI:            OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE (no node
  *                        index: OMPI_COMM_WORLD_NODE_RANK is a rank within the node)
  *   Slurm:               SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, and the
- *                        local size from SLURM_NTASKS_PER_NODE, else from the entry for
- *                        SLURM_NODEID in SLURM_TASKS_PER_NODE ("2(x3),1" = 2,2,2,1)
- *   PMI:                 PMI_RANK, PMI_SIZE (local values from PMI_LOCAL_RANK/SIZE)
+ *                        local size from the entry for SLURM_NODEID in
+ *                        SLURM_STEP_TASKS_PER_NODE (the job step), else in
+ *                        SLURM_TASKS_PER_NODE ("2(x3),1" = 2,2,2,1), else from
+ *                        SLURM_NTASKS_PER_NODE (only a maximum: the last resort)
+ *   PMI:                 PMI_RANK, PMI_SIZE (local values from PMI_LOCAL_RANK/SIZE, as
+ *                        Cray PALS sets them, or MPI_LOCALRANKID/MPI_LOCALNRANKS, as
+ *                        MPICH and Intel MPI's Hydra do; both set must agree)
  * With none of them set, the process is rank 0 of a world of 1. A launcher that sets
  * neither local variable (a hand-written RANK/WORLD_SIZE launch) puts every rank on this
  * host (local = global); setting only one of the two is an error. Numbers are plain

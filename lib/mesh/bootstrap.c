@@ -22,18 +22,23 @@ typedef struct launcher_vars {
     const char *local_rank;
     const char *local_world_size; /* NULL: computed (Slurm) */
     const char *node_rank;        /* NULL: the launcher does not say */
+    const char *local_rank_alt;   /* read when local_rank is unset; NULL: none */
+    const char *local_world_size_alt;
 } launcher_vars_t;
 
 /* Open MPI's OMPI_COMM_WORLD_NODE_RANK is the process's rank among those on its node
- * (it counts spawned processes too), not the node's index, so node_rank stays -1. */
+ * (it counts spawned processes too), not the node's index, so node_rank stays -1.
+ * Two PMI launchers name the local values differently: Cray PALS sets PMI_LOCAL_*,
+ * Hydra (MPICH, Intel MPI) sets MPI_LOCALRANKID and MPI_LOCALNRANKS. */
 static const launcher_vars_t launchers[] = {
     {FSDP2_LAUNCHER_TORCHRUN, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-     "GROUP_RANK"},
+     "GROUP_RANK", NULL, NULL},
     {FSDP2_LAUNCHER_OPENMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL},
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, NULL, NULL},
     {FSDP2_LAUNCHER_SLURM, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL,
-     "SLURM_NODEID"},
-    {FSDP2_LAUNCHER_PMI, "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", NULL},
+     "SLURM_NODEID", NULL, NULL},
+    {FSDP2_LAUNCHER_PMI, "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", NULL,
+     "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
 };
 
 const char *fsdp2_launcher_name(fsdp2_launcher_t launcher)
@@ -86,6 +91,27 @@ static fsdp2_status_t read_int(const char *var, long lo, long hi, int *out, int 
     return parse_int_text(var, text, lo, hi, out);
 }
 
+/* Reads var, or alt (may be NULL) when var is unset; when both are set they must agree.
+ * *used names the variable the value came from (var when neither is set). */
+static fsdp2_status_t read_int_or_alt(const char *var, const char *alt, long lo, long hi,
+                                      int *out, int *present, const char **used)
+{
+    int alt_value = 0, has_alt = 0;
+    *used = var;
+    FSDP2_CHECK(read_int(var, lo, hi, out, present));
+    FSDP2_CHECK(read_int(alt, lo, hi, &alt_value, &has_alt));
+    if (!has_alt)
+        return FSDP2_SUCCESS;
+    if (*present && *out != alt_value)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%d and %s=%d disagree", var, *out,
+                           alt, alt_value);
+    *out = alt_value;
+    if (!*present)
+        *used = alt;
+    *present = 1;
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t require_int(const char *var, const char *because, long lo, long hi,
                                   int *out)
 {
@@ -96,13 +122,16 @@ static fsdp2_status_t require_int(const char *var, const char *because, long lo,
     return FSDP2_SUCCESS;
 }
 
-/* Slurm's task count on node node_id from SLURM_TASKS_PER_NODE, whose compressed form
- * lists counts per node in node order, "2(x3),1" meaning 2,2,2,1. */
-static fsdp2_status_t slurm_tasks_on_node(const char *text, int node_id, int *count)
+/* Slurm's task count on node node_id from var (SLURM_STEP_TASKS_PER_NODE or
+ * SLURM_TASKS_PER_NODE), whose compressed form lists counts per node in node order,
+ * "2(x3),1" meaning 2,2,2,1. */
+static fsdp2_status_t slurm_tasks_on_node(const char *var, const char *text, int node_id,
+                                          int *count)
 {
-    const char *var = "SLURM_TASKS_PER_NODE";
     const char *p = text;
     long node = 0;
+    if (text[0] == '\0')
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is set but empty", var);
     while (*p) {
         char *end;
         if (*p < '0' || *p > '9')
@@ -139,26 +168,36 @@ malformed:
                        "%s='%s' is not a list like '2(x3),1' (at '%s')", var, text, p);
 }
 
-/* Slurm's tasks on this node; *var names the variable it came from. */
+/* Slurm's tasks on this node; *var names the variable it came from.
+ *
+ * The per-node lists are exact: SLURM_STEP_TASKS_PER_NODE for this job step (an srun
+ * inside an allocation may use fewer tasks than the allocation has), then
+ * SLURM_TASKS_PER_NODE for the allocation. SLURM_NTASKS_PER_NODE is only the requested
+ * maximum from --ntasks-per-node: under `srun -n3 --ntasks-per-node=2` node 1 runs one
+ * task, not two. So it is read only when neither list is set, and ignored otherwise. */
 static fsdp2_status_t read_slurm_local_size(int node_rank, int world_size, int *local_size,
                                             const char **var)
 {
+    static const char *const lists[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+        const char *text = getenv(lists[i]);
+        if (!text)
+            continue;
+        *var = lists[i];
+        if (node_rank < 0)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "SLURM_NODEID is not set (needed to read %s='%s')", lists[i],
+                               text);
+        return slurm_tasks_on_node(lists[i], text, node_rank, local_size);
+    }
     int present = 0;
     *var = "SLURM_NTASKS_PER_NODE";
     FSDP2_CHECK(read_int(*var, 1, world_size, local_size, &present));
-    if (present)
-        return FSDP2_SUCCESS;
-    *var = "SLURM_TASKS_PER_NODE";
-    const char *text = getenv(*var);
-    if (!text)
+    if (!present)
         return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
-                           "SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor "
-                           "SLURM_TASKS_PER_NODE is");
-    if (node_rank < 0)
-        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
-                           "SLURM_NODEID is not set (needed to read SLURM_TASKS_PER_NODE='%s')",
-                           text);
-    return slurm_tasks_on_node(text, node_rank, local_size);
+                           "SLURM_PROCID is set but none of SLURM_STEP_TASKS_PER_NODE, "
+                           "SLURM_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE is");
+    return FSDP2_SUCCESS;
 }
 
 /* Local rank and size. When a launcher sets neither (a hand-written RANK/WORLD_SIZE
@@ -166,21 +205,26 @@ static fsdp2_status_t read_slurm_local_size(int node_rank, int world_size, int *
  * without the other is an error. */
 static fsdp2_status_t read_local(const launcher_vars_t *l, fsdp2_process_info_t *info)
 {
-    const char *size_var = l->local_world_size;
+    const char *rank_var = l->local_rank, *size_var = l->local_world_size;
     int has_rank = 0, has_size = 0;
-    FSDP2_CHECK(read_int(l->local_rank, 0, INT_MAX, &info->local_rank, &has_rank));
+    FSDP2_CHECK(read_int_or_alt(l->local_rank, l->local_rank_alt, 0, INT_MAX,
+                                &info->local_rank, &has_rank, &rank_var));
     if (l->local_world_size) {
-        FSDP2_CHECK(read_int(l->local_world_size, 1, info->world_size,
-                             &info->local_world_size, &has_size));
+        FSDP2_CHECK(read_int_or_alt(l->local_world_size, l->local_world_size_alt, 1,
+                                    info->world_size, &info->local_world_size, &has_size,
+                                    &size_var));
     } else {
         FSDP2_CHECK(read_slurm_local_size(info->node_rank, info->world_size,
                                           &info->local_world_size, &size_var));
         has_size = 1;
     }
-    if (has_rank != has_size)
-        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is not set but %s is",
-                           has_rank ? size_var : l->local_rank,
-                           has_rank ? l->local_rank : size_var);
+    if (has_rank != has_size) {
+        const char *missing_alt = has_rank ? l->local_world_size_alt : l->local_rank_alt;
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is not set%s%s%s but %s is",
+                           has_rank ? size_var : rank_var, missing_alt ? " (nor " : "",
+                           missing_alt ? missing_alt : "", missing_alt ? ")" : "",
+                           has_rank ? rank_var : size_var);
+    }
     if (!has_rank) {
         info->local_rank = info->rank;
         info->local_world_size = info->world_size;
@@ -193,8 +237,8 @@ static fsdp2_status_t read_local(const launcher_vars_t *l, fsdp2_process_info_t 
                            "%s gives %d ranks on this node, more than the world size %d",
                            size_var, info->local_world_size, info->world_size);
     if (info->local_rank >= info->local_world_size)
-        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%d is not below %s=%d",
-                           l->local_rank, info->local_rank, size_var, info->local_world_size);
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%d is not below %s=%d", rank_var,
+                           info->local_rank, size_var, info->local_world_size);
     return FSDP2_SUCCESS;
 }
 

@@ -21,8 +21,8 @@ static const char *const all_vars[] = {
     "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK",
-    "PMI_LOCAL_SIZE",
+    "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "PMI_RANK",
+    "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
 };
 
 /* Clears every launcher variable, then sets "NAME=value" pairs (NULL-terminated). */
@@ -111,11 +111,58 @@ START_TEST(slurm_compressed_tasks_per_node_is_indexed_by_node_id)
 }
 END_TEST
 
+/* srun -n3 --ntasks-per-node=2: SLURM_NTASKS_PER_NODE=2 is only the maximum; node 1
+ * runs 1 task, as SLURM_TASKS_PER_NODE=2,1 says. */
+START_TEST(slurm_tasks_per_node_wins_over_the_ntasks_per_node_maximum)
+{
+    env_only("SLURM_PROCID=1", "SLURM_NTASKS=3", "SLURM_LOCALID=1", "SLURM_NTASKS_PER_NODE=2",
+             "SLURM_TASKS_PER_NODE=2,1", "SLURM_NODEID=0", "MASTER_ADDR=h",
+             "MASTER_PORT=2000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_SLURM, 1, 3, 1, 2, 0, "h", 2000);
+    env_only("SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_NTASKS_PER_NODE=2",
+             "SLURM_TASKS_PER_NODE=2,1", "SLURM_NODEID=1", "MASTER_ADDR=h",
+             "MASTER_PORT=2000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_SLURM, 2, 3, 0, 1, 1, "h", 2000);
+}
+END_TEST
+
+/* srun -n3 inside an allocation of 4 tasks on each of 2 nodes: the step's list wins. */
+START_TEST(slurm_step_tasks_per_node_wins_over_the_allocation_list)
+{
+    env_only("SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=0",
+             "SLURM_TASKS_PER_NODE=4(x2)", "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_NODEID=1",
+             "SLURM_NTASKS_PER_NODE=4", "MASTER_ADDR=h", "MASTER_PORT=2000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_SLURM, 2, 3, 0, 1, 1, "h", 2000);
+    env_only("SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0",
+             "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_NODEID=0", "MASTER_ADDR=h",
+             "MASTER_PORT=2000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_SLURM, 0, 3, 0, 2, 0, "h", 2000);
+}
+END_TEST
+
 START_TEST(pmi_variables_with_local_values)
 {
     env_only("PMI_RANK=2", "PMI_SIZE=3", "PMI_LOCAL_RANK=2", "PMI_LOCAL_SIZE=3",
              "MASTER_ADDR=localhost", "MASTER_PORT=4000", NULL);
     expect_info(read_ok(), FSDP2_LAUNCHER_PMI, 2, 3, 2, 3, -1, "localhost", 4000);
+}
+END_TEST
+
+/* Hydra (MPICH, Intel MPI) sets MPI_LOCALRANKID/MPI_LOCALNRANKS instead of PMI_LOCAL_*. */
+START_TEST(pmi_hydra_local_variables_give_local_rank_and_size)
+{
+    env_only("PMI_RANK=3", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2",
+             "MASTER_ADDR=localhost", "MASTER_PORT=4000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_PMI, 3, 4, 1, 2, -1, "localhost", 4000);
+    env_only("PMI_RANK=3", "PMI_SIZE=4", "PMI_LOCAL_RANK=1", "PMI_LOCAL_SIZE=2",
+             "MPI_LOCALRANKID=1", "MPI_LOCALNRANKS=2", "MASTER_ADDR=localhost",
+             "MASTER_PORT=4000", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_PMI, 3, 4, 1, 2, -1, "localhost", 4000);
+    /* Only the PMI source reads them. */
+    env_only("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=1",
+             "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=1",
+             "MPI_LOCALRANKID=5", "MPI_LOCALNRANKS=9", NULL);
+    expect_info(read_ok(), FSDP2_LAUNCHER_OPENMPI, 0, 1, 0, 1, -1, "", 0);
 }
 END_TEST
 
@@ -228,8 +275,43 @@ static const bad_env_t bad_envs[] = {
     {{"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_NTASKS_PER_NODE=2", "MASTER_ADDR=h",
       "MASTER_PORT=1"},
      {"SLURM_LOCALID is not set", NULL}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_NTASKS_PER_NODE=2",
+      "SLURM_TASKS_PER_NODE=2,x", "SLURM_NODEID=1", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_TASKS_PER_NODE='2,x'", NULL}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_NTASKS_PER_NODE=2",
+      "SLURM_TASKS_PER_NODE=", "SLURM_NODEID=0", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_TASKS_PER_NODE", "empty"}},
+    {{"SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=1", "SLURM_NTASKS_PER_NODE=2",
+      "SLURM_TASKS_PER_NODE=2,1", "SLURM_NODEID=1", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_LOCALID=1", "SLURM_TASKS_PER_NODE=1"}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_TASKS_PER_NODE=2,1",
+      "SLURM_STEP_TASKS_PER_NODE=2(x", "SLURM_NODEID=0", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_STEP_TASKS_PER_NODE='2(x'", NULL}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_TASKS_PER_NODE=2(x2)",
+      "SLURM_STEP_TASKS_PER_NODE=2,1", "SLURM_NODEID=2", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_STEP_TASKS_PER_NODE='2,1'", "SLURM_NODEID=2"}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_STEP_TASKS_PER_NODE=2,1",
+      "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_NODEID is not set", "SLURM_STEP_TASKS_PER_NODE='2,1'"}},
     {{"PMI_RANK=0", "PMI_SIZE=x"}, {"PMI_SIZE='x'", NULL}},
     {{"PMI_RANK=0", "PMI_SIZE=1", "PMI_LOCAL_RANK=0"}, {"PMI_LOCAL_SIZE is not set", NULL}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "PMI_LOCAL_RANK=1", "PMI_LOCAL_SIZE=2", "MPI_LOCALRANKID=0",
+      "MPI_LOCALNRANKS=2", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"PMI_LOCAL_RANK=1", "MPI_LOCALRANKID=0"}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "PMI_LOCAL_RANK=0", "PMI_LOCAL_SIZE=2", "MPI_LOCALRANKID=0",
+      "MPI_LOCALNRANKS=4", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"PMI_LOCAL_SIZE=2", "MPI_LOCALNRANKS=4"}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "MPI_LOCALRANKID=x", "MPI_LOCALNRANKS=2", "MASTER_ADDR=h",
+      "MASTER_PORT=1"},
+     {"MPI_LOCALRANKID='x'", NULL}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "MPI_LOCALRANKID=2", "MPI_LOCALNRANKS=2", "MASTER_ADDR=h",
+      "MASTER_PORT=1"},
+     {"MPI_LOCALRANKID=2", "MPI_LOCALNRANKS=2"}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=5", "MASTER_ADDR=h",
+      "MASTER_PORT=1"},
+     {"MPI_LOCALNRANKS=5", "1..4"}},
+    {{"PMI_RANK=0", "PMI_SIZE=4", "MPI_LOCALRANKID=1", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"PMI_LOCAL_SIZE is not set (nor MPI_LOCALNRANKS)", "MPI_LOCALRANKID is"}},
 };
 
 START_TEST(inconsistent_or_malformed_values_are_errors_naming_variable_and_value)
@@ -278,7 +360,10 @@ static Suite *bootstrap_suite(void)
     tcase_add_test(tc, openmpi_variables_give_rank_and_local_rank_without_node);
     tcase_add_test(tc, slurm_variables_with_ntasks_per_node);
     tcase_add_test(tc, slurm_compressed_tasks_per_node_is_indexed_by_node_id);
+    tcase_add_test(tc, slurm_tasks_per_node_wins_over_the_ntasks_per_node_maximum);
+    tcase_add_test(tc, slurm_step_tasks_per_node_wins_over_the_allocation_list);
     tcase_add_test(tc, pmi_variables_with_local_values);
+    tcase_add_test(tc, pmi_hydra_local_variables_give_local_rank_and_size);
     tcase_add_test(tc, without_local_variables_every_rank_is_on_this_host);
     tcase_add_test(tc, torchrun_variables_win_over_slurm_and_openmpi);
     tcase_add_test(tc, a_world_of_1_needs_no_master_address);
