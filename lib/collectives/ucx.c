@@ -299,8 +299,11 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         size_t first = op->offsets[r], count = op->offsets[r + 1] - first;
-        add_recv_iov(ug, rl, r, op->pieces + first, count,
-                                  make_tag(op->seq, PHASE_DATA, r, 0));
+        static char nothing; /* UCX asserts on an iov array of NULL, which no pieces may be */
+        if (count == 0)
+            fsdp2_ucx_add_recv(ug, rl, r, &nothing, 0, make_tag(op->seq, PHASE_DATA, r, 0));
+        else
+            add_recv_iov(ug, rl, r, op->pieces + first, count, make_tag(op->seq, PHASE_DATA, r, 0));
     }
     for (int k = 1; k < g->size; k++) {
         int p = (g->rank + k) % g->size;

@@ -1,11 +1,16 @@
-/* Collectives over UCX with real processes: 1, 2, 3 and 4 ranks, every operation and
- * dtype, sizes from 0 to several reduction segments and not divisible by the world size,
- * each result checked element-wise against values the test computes itself. Then
- * concurrency (two streams on one group), and failures: a dead peer, an abort, a hung
- * peer, each an error within the timeout and never a hang. */
+/* Collectives with real processes: 1, 2, 3 and 4 ranks, every operation and dtype,
+ * sizes from 0 to several reduction segments and not divisible by the world size, plus
+ * random sizes, each result checked element-wise against values the test computes
+ * itself. Then concurrency (two streams on one group), and failures: a dead peer, an
+ * abort, a hung peer, each an error within the timeout and never a hang.
+ *
+ * Ranks on one host use the shared-memory transport by default; meson runs this file a
+ * second time with FSDP2_SHM=off, so that every case also runs over UCX messages (the
+ * path across hosts). */
 #include <check.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +134,47 @@ static int body_all_gather_pieces(rank_ctx_t *c)
     return fails;
 }
 
+/* Zero-length pieces (NULL or not) between real ones, and a gather of no bytes at all
+ * with no pieces array. */
+static int body_all_gather_empty_pieces(rank_ctx_t *c)
+{
+    int fails = 0;
+    const size_t bytes = 777, stride = 1024;
+    unsigned char *send = malloc(bytes), *dest = malloc(c->size * stride);
+    for (size_t i = 0; i < bytes; i++)
+        send[i] = (unsigned char)(i * 13 + (size_t)c->rank * 5 + 1);
+    memset(dest, 0xee, c->size * stride);
+    fsdp2_iov_t pieces[16 * 5];
+    size_t offsets[17] = {0};
+    for (int r = 0; r < c->size; r++) {
+        unsigned char *base = dest + (size_t)r * stride;
+        pieces[5 * r] = (fsdp2_iov_t){NULL, 0};
+        pieces[5 * r + 1] = (fsdp2_iov_t){base, 300};
+        pieces[5 * r + 2] = (fsdp2_iov_t){base + 310, 0};
+        pieces[5 * r + 3] = (fsdp2_iov_t){base + 320, bytes - 300};
+        pieces[5 * r + 4] = (fsdp2_iov_t){NULL, 0};
+        offsets[r + 1] = offsets[r] + 5;
+    }
+    fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
+    fails += sync_ok(c);
+    for (int r = 0; r < c->size && !fails; r++) {
+        const unsigned char *base = dest + (size_t)r * stride;
+        for (size_t i = 0; i < bytes && !fails; i++) {
+            size_t at = i < 300 ? i : 320 + (i - 300);
+            fails += RANK_CHECK(c, base[at] == (unsigned char)(i * 13 + (size_t)r * 5 + 1),
+                                "rank %d byte %zu", r, i);
+        }
+        for (size_t at = 300; at < 320 && !fails; at++) /* the gap stays untouched */
+            fails += RANK_CHECK(c, base[at] == 0xee, "rank %d gap byte %zu written", r, at);
+    }
+    size_t none[17] = {0};
+    fails += OK(c, fsdp2_all_gather_pieces_async(c->world, NULL, 0, NULL, none, c->stream));
+    fails += sync_ok(c);
+    free(send);
+    free(dest);
+    return fails;
+}
+
 /* ---- reductions ---- */
 
 typedef struct reduce_case {
@@ -137,7 +183,8 @@ typedef struct reduce_case {
 } reduce_case_t;
 
 static const reduce_case_t reduce_cases[] = {
-    {FSDP2_REDUCE_SUM, 1, 1}, {FSDP2_REDUCE_AVG, 1, 1}, {FSDP2_REDUCE_SUM, 2, 4}};
+    {FSDP2_REDUCE_SUM, 1, 1}, {FSDP2_REDUCE_AVG, 1, 1}, {FSDP2_REDUCE_SUM, 2, 4},
+    {FSDP2_REDUCE_AVG, 2, 4}};
 
 /* The reference: contributions of ranks 0..size-1 in order, in f64, then rounded to t.
  * Inputs are small integers and the factors powers of two or the world size, so f64
@@ -223,20 +270,134 @@ static int body_all_reduce(rank_ctx_t *c)
     return fails;
 }
 
+/* 16-bit sums accumulate in f32, in rank order: rank 0 gives `big` (256 in bf16, 2048 in
+ * f16, where the spacing is 2) and every other rank 1. In f32 the sum is big + size - 1,
+ * rounded once; accumulated in the 16-bit type every big + 1 would round back to big. */
+static int body_sixteen_bit_sums(rank_ctx_t *c)
+{
+    int fails = 0;
+    const fsdp2_dtype_t dts[] = {FSDP2_BF16, FSDP2_F16};
+    enum { N = 1001 };
+    for (size_t d = 0; d < COUNT(dts); d++) {
+        fsdp2_dtype_t t = dts[d];
+        double big = t == FSDP2_BF16 ? 256 : 2048, mine = c->rank == 0 ? big : 1;
+        double want = big + (c->size - 1);
+        unsigned char tmp[8];
+        fsdp2_convert(tmp, t, &want, FSDP2_F64, 1);
+        fsdp2_convert(&want, FSDP2_F64, tmp, t, 1);
+        char *buf = malloc(N * 2), *send = malloc(N * 2 * c->size), *recv = malloc(N * 2);
+        for (size_t i = 0; i < N; i++)
+            fsdp2_convert(buf + 2 * i, t, &mine, FSDP2_F64, 1);
+        for (int r = 0; r < c->size; r++)
+            memcpy(send + (size_t)r * N * 2, buf, N * 2);
+        fails += OK(c, fsdp2_all_reduce_async(c->world, buf, N, t, NULL, c->stream));
+        fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, N, t, NULL, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < N && !fails; i++) {
+            fails += RANK_CHECK(c, get(buf, t, i) == want, "%s all_reduce element %zu: %g, want %g",
+                                fsdp2_dtype_name(t), i, get(buf, t, i), want);
+            fails += RANK_CHECK(c, get(recv, t, i) == want,
+                                "%s reduce_scatter element %zu: %g, want %g",
+                                fsdp2_dtype_name(t), i, get(recv, t, i), want);
+        }
+        free(buf);
+        free(send);
+        free(recv);
+    }
+    return fails;
+}
+
+/* Random counts (log-uniform up to 2^19 elements, so across the transports' 256 KiB and
+ * 1 MiB pieces), dtypes, reduction cases and roots; the seed comes from the parent, so
+ * every rank draws the same, and is printed so that a failure can be replayed with
+ * FSDP2_TEST_SEED. */
+static uint64_t next_random(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+static int body_random_sizes(rank_ctx_t *c)
+{
+    int fails = 0;
+    uint64_t state = *(const uint64_t *)c->arg | 1;
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
+    for (int draw = 0; draw < 12 && !fails; draw++) {
+        fsdp2_dtype_t t = dts[next_random(&state) % COUNT(dts)];
+        size_t n = (size_t)(next_random(&state) % ((uint64_t)1 << (next_random(&state) % 20)));
+        const reduce_case_t *rc = &reduce_cases[next_random(&state) % COUNT(reduce_cases)];
+        int root = (int)(next_random(&state) % (uint64_t)c->size);
+        size_t total = n * c->size;
+        char *send = malloc(total * esize(t) + 1), *recv = malloc(total * esize(t) + 1);
+        fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};
+        int exact = rc->op == FSDP2_REDUCE_SUM || (c->size & (c->size - 1)) == 0;
+        /* all_gather */
+        fill_pattern(send, t, c->rank, n, 0);
+        fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < total && !fails; i++)
+            fails += RANK_CHECK(c, get(recv, t, i) == pattern((int)(i / n), i % n),
+                                "draw %d all_gather %s n=%zu element %zu", draw,
+                                fsdp2_dtype_name(t), n, i);
+        /* reduce_scatter */
+        fill_pattern(send, t, c->rank, total, 0);
+        fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, &red, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < n && !fails; i++)
+            fails += RANK_CHECK(c, close_enough(get(recv, t, i),
+                                                reference(rc, c->size, i, (size_t)c->rank * n), t,
+                                                exact),
+                                "draw %d reduce_scatter %s n=%zu element %zu", draw,
+                                fsdp2_dtype_name(t), n, i);
+        /* all_reduce of the whole buffer */
+        fails += OK(c, fsdp2_all_reduce_async(c->world, send, total, t, &red, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < total && !fails; i++)
+            fails += RANK_CHECK(c, close_enough(get(send, t, i), reference(rc, c->size, i, 0), t,
+                                                exact),
+                                "draw %d all_reduce %s count %zu element %zu", draw,
+                                fsdp2_dtype_name(t), total, i);
+        /* broadcast */
+        if (c->rank == root)
+            fill_pattern(recv, t, root, total, 0);
+        fails += OK(c, fsdp2_broadcast_async(c->world, recv, total, t, root, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < total && !fails; i++)
+            fails += RANK_CHECK(c, get(recv, t, i) == pattern(root, i),
+                                "draw %d broadcast %s count %zu root %d element %zu", draw,
+                                fsdp2_dtype_name(t), total, root, i);
+        free(send);
+        free(recv);
+    }
+    return fails;
+}
+
 static int body_broadcast_and_barrier(rank_ctx_t *c)
 {
     int fails = 0;
-    for (int root = 0; root < c->size; root++) {
-        size_t n = 70001;
-        double *buf = malloc(n * sizeof(double));
-        for (size_t i = 0; i < n; i++)
-            buf[i] = c->rank == root ? pattern(root, i) : -1e300;
-        fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, FSDP2_F64, root, c->stream));
-        fails += sync_ok(c);
-        for (size_t i = 0; i < n && !fails; i++)
-            fails += RANK_CHECK(c, buf[i] == pattern(root, i), "root %d element %zu", root, i);
-        free(buf);
-    }
+    const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16, FSDP2_I32, FSDP2_I64};
+    for (size_t d = 0; d < COUNT(dts); d++)
+        for (size_t s = 0; s < COUNT(sizes); s++)
+            for (int root = 0; root < c->size; root++) {
+                fsdp2_dtype_t t = dts[d];
+                size_t n = sizes[s];
+                char *buf = malloc(n * esize(t) + 1);
+                if (c->rank == root)
+                    fill_pattern(buf, t, root, n, 0);
+                else
+                    memset(buf, 0xab, n * esize(t));
+                fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
+                fails += sync_ok(c);
+                for (size_t i = 0; i < n && !fails; i++)
+                    fails += RANK_CHECK(c, get(buf, t, i) == pattern(root, i),
+                                        "%s n=%zu root %d element %zu: %g, want %g",
+                                        fsdp2_dtype_name(t), n, root, i, get(buf, t, i),
+                                        pattern(root, i));
+                free(buf);
+            }
     /* After the barrier every rank must see every rank's arrival. */
     int64_t arrived = 0;
     fails += OK(c, fsdp2_store_add(c->store, "arrivals", 1, &arrived));
@@ -364,9 +525,35 @@ START_TEST(all_gather_every_dtype_and_size_on_1_to_4_ranks) { run_all_sizes(body
 END_TEST
 START_TEST(all_gather_into_scattered_pieces_on_1_to_4_ranks) { run_all_sizes(body_all_gather_pieces); }
 END_TEST
+START_TEST(all_gather_into_empty_pieces_and_of_no_bytes_on_1_to_4_ranks)
+{
+    run_all_sizes(body_all_gather_empty_pieces);
+}
+END_TEST
 START_TEST(reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks) { run_all_sizes(body_reduce_scatter); }
 END_TEST
 START_TEST(all_reduce_uneven_counts_on_1_to_4_ranks) { run_all_sizes(body_all_reduce); }
+END_TEST
+START_TEST(sixteen_bit_reductions_accumulate_in_f32_in_rank_order)
+{
+    run_all_sizes(body_sixteen_bit_sums);
+}
+END_TEST
+START_TEST(random_sizes_of_every_operation_on_1_to_4_ranks)
+{
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    const char *text = getenv("FSDP2_TEST_SEED");
+    if (text && *text)
+        seed = strtoull(text, NULL, 0);
+    printf("random sizes: FSDP2_TEST_SEED=%llu\n", (unsigned long long)seed);
+    fflush(stdout);
+    for (int size = 1; size <= 4; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_random_sizes, &seed, 20000, 120, &res);
+        ck_assert_msg(failed == 0, "world size %d, FSDP2_TEST_SEED=%llu: %d ranks failed", size,
+                      (unsigned long long)seed, failed);
+    }
+}
 END_TEST
 START_TEST(broadcast_from_every_root_and_barrier_on_1_to_4_ranks) { run_all_sizes(body_broadcast_and_barrier); }
 END_TEST
@@ -475,7 +662,10 @@ static Suite *collectives_suite(void)
     tcase_set_timeout(ok, 300);
     tcase_add_test(ok, all_gather_every_dtype_and_size_on_1_to_4_ranks);
     tcase_add_test(ok, all_gather_into_scattered_pieces_on_1_to_4_ranks);
+    tcase_add_test(ok, all_gather_into_empty_pieces_and_of_no_bytes_on_1_to_4_ranks);
     tcase_add_test(ok, reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks);
+    tcase_add_test(ok, sixteen_bit_reductions_accumulate_in_f32_in_rank_order);
+    tcase_add_test(ok, random_sizes_of_every_operation_on_1_to_4_ranks);
     tcase_add_test(ok, all_reduce_uneven_counts_on_1_to_4_ranks);
     tcase_add_test(ok, broadcast_from_every_root_and_barrier_on_1_to_4_ranks);
     tcase_add_test(ok, collectives_on_two_streams_of_one_group_match_by_sequence);
