@@ -19,7 +19,7 @@ FSDP2_EXTERN_C_BEGIN
 typedef struct fsdp2_mesh fsdp2_mesh_t;
 
 /* Collective over the world (world_size ranks; this one is `rank`). `name` prefixes the
- * groups' store keys and must differ between meshes. shape's product must equal
+ * groups' store keys and must differ between meshes (1..60 characters). shape's product must equal
  * world_size; names (distinct, 1..31 characters) may be NULL for "dim0", "dim1".
  * options (may be NULL) apply to every group. */
 FSDP2_API fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank,

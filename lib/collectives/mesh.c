@@ -12,6 +12,8 @@
 
 #define MESH_MAX_BLOCK_GROUPS 8
 
+#define MESH_NAME_CHARS 60 /* longest mesh name: group names add at most 68 */
+
 struct fsdp2_mesh {
     mesh_layout_t layout;
     int rank;
@@ -80,6 +82,9 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
     FSDP2_ARG_CHECK(out, "mesh is NULL");
     *out = NULL;
     FSDP2_ARG_CHECK(store && name && name[0], "mesh: store or name is NULL or empty");
+    /* the whole name goes into every group name: cut short, two meshes could share keys */
+    FSDP2_ARG_CHECK(strlen(name) <= MESH_NAME_CHARS, "mesh name '%.60s...' is %zu characters "
+                    "long, more than %d", name, strlen(name), MESH_NAME_CHARS);
     FSDP2_ARG_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
                     "mesh '%s': rank %d is not in 0..%d", name, rank, world_size - 1);
     fsdp2_mesh_t *m = calloc(1, sizeof(*m));
@@ -98,9 +103,13 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
          * dim and those coordinates, the same string on every member. */
         char group_name[FSDP2_GROUP_NAME_MAX];
         int other = ndim == 2 ? m->coords[1 - d] : 0;
-        snprintf(group_name, sizeof(group_name), "%.60s/%s/%d", name, m->layout.names[d], other);
-        status = fsdp2_group_create(store, group_name, m->coords[d], m->layout.shape[d], options,
-                                    &m->groups[d]);
+        int len = snprintf(group_name, sizeof(group_name), "%s/%s/%d", name, m->layout.names[d],
+                           other);
+        status = (size_t)len < sizeof(group_name)
+                     ? fsdp2_group_create(store, group_name, m->coords[d], m->layout.shape[d],
+                                          options, &m->groups[d])
+                     : fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "mesh '%s': the group name of dim "
+                                   "'%s' is %d characters long", name, m->layout.names[d], len);
     }
     if (status != FSDP2_SUCCESS) {
         fsdp2_mesh_destroy(m);
@@ -215,8 +224,11 @@ fsdp2_status_t fsdp2_mesh_block_group(fsdp2_mesh_t *m, int n, fsdp2_group_t **gr
      * string on the block's members only. */
     char name[FSDP2_GROUP_NAME_MAX];
     int coord = m->coords[last], other = last == 1 ? m->coords[0] : 0;
-    snprintf(name, sizeof(name), "%.60s/%s/%d/block%d-%d", m->name, m->layout.names[last], other,
-             n, coord / n);
+    int len = snprintf(name, sizeof(name), "%s/%s/%d/block%d-%d", m->name,
+                       m->layout.names[last], other, n, coord / n);
+    if ((size_t)len >= sizeof(name))
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "mesh_block_group: the group name of "
+                           "blocks of %d in mesh '%s' is %d characters long", n, m->name, len);
     fsdp2_group_t *g;
     FSDP2_CHECK(fsdp2_group_create(m->store, name, coord % n, n, &m->options, &g));
     m->blocks[m->num_blocks].n = n;

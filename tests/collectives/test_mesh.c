@@ -161,6 +161,13 @@ static int body_bad_meshes(rank_ctx_t *c)
                                              NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
                                strstr(fsdp2_last_error(), "'x'") != NULL,
                         "duplicate names");
+    /* 61 characters: cut to 60 in its group names, it could share keys with another */
+    const char *longer = "a-mesh-name-of-sixty-one-characters-which-is-one-too-many-xyz";
+    fails += RANK_CHECK(c, strlen(longer) == 61, "the long name is 61 characters");
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, longer, c->rank, c->size, 2, two_two, NULL,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "61 characters") != NULL,
+                        "a 61-character mesh name: %s", fsdp2_last_error());
     fails += RANK_CHECK(c, m == NULL, "no mesh on failure");
     return fails;
 }
