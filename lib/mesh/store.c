@@ -34,8 +34,6 @@
 /* How much longer than a GET or WAIT's own timeout a client waits for the server's
  * timeout answer before it gives up on a server that stopped answering at all. */
 #define STORE_REPLY_GRACE_MS 1000
-/* Longest pause between two connection attempts. */
-#define STORE_CONNECT_BACKOFF_MAX_MS 500
 /* How long a barrier that timed out spends asking which ranks are missing. */
 #define STORE_BARRIER_CHECK_MS 1000
 #define STORE_TIMEOUT_MAX_MS (1L << 30)

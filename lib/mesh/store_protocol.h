@@ -49,6 +49,13 @@
 #define STORE_BODY_MAX \
     (STORE_HEADER_BYTES + 3u * 4u + FSDP2_STORE_KEY_MAX + 2u * FSDP2_STORE_VALUE_MAX)
 
+/* The client's longest pause between two connection attempts, and how long a stopping
+ * server still waits for ranks that have not connected at all: two such pauses, so that
+ * a rank already retrying gets in, and a rank 0 failing because a peer never came is not
+ * held much longer (store_server.c, server_main). */
+#define STORE_CONNECT_BACKOFF_MAX_MS 500
+#define STORE_STOP_ABSENT_GRACE_MS (2 * STORE_CONNECT_BACKOFF_MAX_MS)
+
 typedef enum store_op {
     STORE_OP_HELLO = 1,
     STORE_OP_SET = 2,

@@ -604,17 +604,45 @@ static void server_reap(fsdp2_store_server_t *s)
     atomic_store(&s->stat_connections, (int)kept);
 }
 
-static int server_all_closed(const fsdp2_store_server_t *s)
+/* Whether a stopping server may go: the rule of fsdp2_store_server_stop. A rank that
+ * connected is waited for until it has closed, since it may still be reading its last
+ * replies. A rank that never connected has nothing to read: it is waited for only until
+ * absent_done, the end of a short grace (STORE_STOP_ABSENT_GRACE_MS) that lets a rank
+ * already retrying its connection get in. Waiting the whole timeout for it would make a
+ * rank 0 that fails because a peer never came report that a second timeout later. */
+static int server_may_stop(const fsdp2_store_server_t *s, int absent_done)
 {
     for (int r = 0; r < s->world_size; r++)
-        if (s->ranks[r] != RANK_CLOSED)
+        if (s->ranks[r] == RANK_CONNECTED || (s->ranks[r] == RANK_ABSENT && !absent_done))
             return 0;
     return 1;
 }
 
-static int server_poll_timeout(const fsdp2_store_server_t *s, int64_t now, int64_t stop_at)
+/* Warns about the ranks a stop left in state, if any. */
+static void server_warn_left(const fsdp2_store_server_t *s, rank_state_t state,
+                             const char *what, double after_s)
 {
-    int64_t next = stop_at;
+    int count = 0;
+    for (int r = 0; r < s->world_size; r++)
+        count += s->ranks[r] == state;
+    if (count == 0)
+        return;
+    uint8_t *left = malloc((size_t)s->world_size);
+    char list[256] = "?";
+    if (left) {
+        for (int r = 0; r < s->world_size; r++)
+            left[r] = s->ranks[r] == state;
+        store_format_ranks(left, s->world_size, list, sizeof(list));
+        free(left);
+    }
+    FSDP2_LOG(WARN, MESH, "store server: stopping after %.1f s although rank%s %s of %d %s",
+              after_s, count == 1 ? "" : "s", list, s->world_size, what);
+}
+
+/* poll()'s timeout: until the first parked deadline or wake_at (-1: none). */
+static int server_poll_timeout(const fsdp2_store_server_t *s, int64_t now, int64_t wake_at)
+{
+    int64_t next = wake_at;
     for (size_t i = 0; i < s->nconns; i++)
         if (s->conns[i]->parked && (next < 0 || s->conns[i]->park_deadline < next))
             next = s->conns[i]->park_deadline;
@@ -669,30 +697,31 @@ static void server_turn(fsdp2_store_server_t *s, int timeout)
     server_reap(s);
 }
 
+/* Serves until a stop is asked for, then until server_may_stop or the stop's timeout.
+ * The grace for absent ranks starts with the stop and is at most the timeout; a rank
+ * that connects within it is then waited for like the others. */
 static void *server_main(void *arg)
 {
     fsdp2_store_server_t *s = arg;
-    int64_t stop_at = -1, stop_started = 0;
+    int64_t stop_at = -1, absent_until = -1, stop_started = 0;
     for (;;) {
         int64_t now = fsdp2_now_ms();
         if (stop_at < 0 && atomic_load(&s->stop_requested)) {
+            long timeout = atomic_load(&s->stop_timeout_ms);
             stop_started = now;
-            stop_at = now + atomic_load(&s->stop_timeout_ms);
+            stop_at = now + timeout;
+            absent_until = now + (timeout < STORE_STOP_ABSENT_GRACE_MS
+                                      ? timeout : STORE_STOP_ABSENT_GRACE_MS);
         }
-        if (stop_at >= 0 && (server_all_closed(s) || now >= stop_at))
+        if (stop_at >= 0 && (server_may_stop(s, now >= absent_until) || now >= stop_at))
             break;
-        server_turn(s, server_poll_timeout(s, now, stop_at));
+        server_turn(s, server_poll_timeout(s, now, now < absent_until ? absent_until : stop_at));
     }
-    if (!server_all_closed(s)) {
-        uint8_t *open = calloc((size_t)s->world_size, 1);
-        char list[256] = "?";
-        for (int r = 0; open && r < s->world_size; r++)
-            open[r] = s->ranks[r] != RANK_CLOSED;
-        int count = open ? store_format_ranks(open, s->world_size, list, sizeof(list)) : 0;
-        FSDP2_LOG(WARN, MESH, "store server: stopping after %.1f s although rank%s %s of %d "
-                  "did not close the store", (double)(fsdp2_now_ms() - stop_started) / 1000,
-                  count == 1 ? "" : "s", list, s->world_size);
-        free(open);
+    /* A stop with no time to wait (a create that failed) has its caller's error. */
+    if (atomic_load(&s->stop_timeout_ms) > 0) {
+        double after_s = (double)(fsdp2_now_ms() - stop_started) / 1000;
+        server_warn_left(s, RANK_CONNECTED, "did not close the store", after_s);
+        server_warn_left(s, RANK_ABSENT, "never connected", after_s);
     }
     for (size_t i = 0; i < s->nconns; i++)
         conn_free(s, s->conns[i]);

@@ -16,8 +16,10 @@ fsdp2_status_t fsdp2_store_server_start(int port, int world_size,
 /* The port bound (the real one when 0 was asked). */
 int fsdp2_store_server_port(const fsdp2_store_server_t *server);
 
-/* Waits until every rank has closed its connection (CLOSE or disconnect), or timeout_ms
- * passed, then closes every socket, joins the thread and frees the server. */
+/* Waits until every rank that connected has closed (CLOSE or disconnect), or timeout_ms
+ * passed, then closes every socket, joins the thread and frees the server. A rank that
+ * has not connected when the stop begins is waited for at most STORE_STOP_ABSENT_GRACE_MS
+ * (1 s) to connect; timeout_ms 0 stops at once. */
 void fsdp2_store_server_stop(fsdp2_store_server_t *server, long timeout_ms);
 
 /* What the server holds right now, for tests (read from any thread). */

@@ -1,7 +1,8 @@
 /* The rendezvous store's server against connections of every kind, in one process:
  * malformed or oversized bytes from a raw socket (closing only that connection), refused
  * HELLOs, clients that start before the server or find none, IPv4, IPv6 and host
- * names, and the port and descriptors being released after destroy. */
+ * names, the port and descriptors being released after destroy or a failed create, and
+ * how long a stop waits for ranks that connected and for ranks that never did. */
 #include <check.h>
 
 #include "check_main.h"
@@ -103,6 +104,9 @@ static size_t raw_hello(uint8_t *out, uint32_t rank, uint32_t world, uint32_t ma
     return (size_t)(store_put_field(p, hello, sizeof(hello)) - out);
 }
 
+/* Room for any message bad_message writes: a HELLO, then at most STORE_BODY_MAX. */
+#define BAD_MESSAGE_CAP (64 + 4 + (size_t)STORE_BODY_MAX)
+
 /* A request frame with the given op and fields (lens[i] bytes of 'k' each); the frame's
  * length field can be overridden to lie. */
 static size_t raw_request(uint8_t *out, uint8_t op, uint32_t nfields, const uint32_t *lens,
@@ -135,6 +139,7 @@ typedef enum bad_kind {
     BAD_LONG_KEY,
     BAD_OVERSIZED_AFTER_HELLO,
     BAD_NONZERO_RESERVED,
+    BAD_LONG_VALUE, /* a frame within STORE_BODY_MAX, the value over FSDP2_STORE_VALUE_MAX */
     BAD_COUNT
 } bad_kind_t;
 
@@ -174,6 +179,12 @@ static size_t bad_message(bad_kind_t kind, uint8_t *buf)
         n += raw_request(buf + n, STORE_OP_CLOSE, 0, NULL, -1);
         buf[n - STORE_HEADER_BYTES + 2] = 7;
         return n;
+    case BAD_LONG_VALUE:
+        /* so that value_ok refuses it, not the frame length check */
+        _Static_assert(STORE_HEADER_BYTES + 4 + 3 + 4 + FSDP2_STORE_VALUE_MAX + 1 <=
+                           STORE_BODY_MAX, "an oversized SET value fits a frame");
+        lens[1] = FSDP2_STORE_VALUE_MAX + 1;
+        return n + raw_request(buf + n, STORE_OP_SET, 2, lens, -1);
     default:
         return 0;
     }
@@ -184,10 +195,12 @@ START_TEST(malformed_messages_close_only_their_connection)
     fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 3, 0, 10000);
     int port = store_port(server);
     fsdp2_store_t *good = open_store("127.0.0.1", port, 0, 3, 1, 10000);
-    uint8_t buf[4096];
+    uint8_t *buf = malloc(BAD_MESSAGE_CAP);
+    ck_assert_ptr_nonnull(buf);
     size_t n = bad_message((bad_kind_t)_i, buf);
     int fd = raw_connect(port);
     ck_assert_int_eq(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+    free(buf);
     /* The server closes the connection: after a HELLO reply at most, EOF or a reset. */
     struct pollfd p = {fd, POLLIN, 0};
     char reply[256];
@@ -198,6 +211,10 @@ START_TEST(malformed_messages_close_only_their_connection)
     } while (got > 0);
     ck_assert_msg(got == 0 || errno == ECONNRESET, "kind %d: recv: %s", _i, strerror(errno));
     close(fd);
+    /* Nothing of it was stored ("kkk" is the key of the bad SETs). */
+    int swapped = 0;
+    OK(fsdp2_store_compare_set(good, "kkk", NULL, 0, "x", 1, &swapped));
+    ck_assert_msg(swapped, "kind %d: key 'kkk' exists", _i);
     /* The others are still served, and rank 2 may connect properly now. */
     OK(fsdp2_store_set(good, "after", "ok", 2));
     fsdp2_store_t *rank2 = open_store("127.0.0.1", port, 0, 3, 2, 10000);
@@ -380,6 +397,119 @@ START_TEST(an_unresolvable_host_is_an_error_naming_it)
 }
 END_TEST
 
+/* Where a server rank's create fails after its server started: a host that does not
+ * resolve, and one nobody answers at (TEST-NET-1), so that connecting times out. */
+static const char *const unreachable_hosts[] = {"no-such-host.invalid", "192.0.2.1"};
+#define FAILED_CREATE_TIMEOUT_MS 500
+
+static fsdp2_status_t create_server_at(const char *host, int port, fsdp2_store_t **st)
+{
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.host = host;
+    o.port = port;
+    o.is_server = 1;
+    o.world_size = 2;
+    o.timeout_ms = FAILED_CREATE_TIMEOUT_MS;
+    *st = NULL;
+    return fsdp2_store_create(&o, st);
+}
+
+START_TEST(a_failed_create_on_the_server_rank_frees_its_port_and_descriptors)
+{
+    const char *host = unreachable_hosts[_i];
+    fsdp2_store_t *st = NULL;
+    /* A first failure, so that what the resolver keeps open is counted before. */
+    ck_assert_int_ne(create_server_at(host, 0, &st), FSDP2_SUCCESS);
+    int fds_before = count_fds();
+    int port = 0;
+    close(reserve_port(&port));
+    double t0 = now_s();
+    fsdp2_status_t s = create_server_at(host, port, &st);
+    double elapsed = now_s() - t0;
+    ck_assert_msg(s != FSDP2_SUCCESS, "create with host %s succeeded", host);
+    ck_assert_ptr_null(st);
+    /* The server is stopped at once, not after a second timeout. */
+    ck_assert_msg(elapsed < FAILED_CREATE_TIMEOUT_MS / 1000.0 + 1.0,
+                  "host %s: create failed after %.2f s: %s", host, elapsed, fsdp2_last_error());
+    ck_assert_int_eq(count_fds(), fds_before);
+    ck_assert_msg(bind_plain(port) == 0, "port %d still bound: %s", port, strerror(errno));
+    st = open_store("127.0.0.1", port, 1, 1, 0, 10000);
+    ck_assert_int_eq(store_port(st), port);
+    OK(fsdp2_store_destroy(st));
+}
+END_TEST
+
+/* Destroys the server rank's handle; returns how long that took. */
+static double destroy_timed(fsdp2_store_t *server)
+{
+    double t0 = now_s();
+    OK(fsdp2_store_destroy(server));
+    return now_s() - t0;
+}
+
+START_TEST(a_stopping_server_does_not_wait_out_its_timeout_for_ranks_that_never_connected)
+{
+    /* Rank 1 came and closed; rank 2 never came, as when it crashed before starting. */
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 3, 0, 3000);
+    fsdp2_store_t *rank1 = open_store("127.0.0.1", store_port(server), 0, 3, 1, 3000);
+    OK(fsdp2_store_set(rank1, "k", "v", 1));
+    OK(fsdp2_store_destroy(rank1));
+    double elapsed = destroy_timed(server);
+    ck_assert_msg(elapsed < 1.5, "destroy took %.2f s with a 3 s timeout", elapsed);
+}
+END_TEST
+
+START_TEST(a_stopping_server_waits_up_to_its_timeout_for_a_connected_rank_that_has_not_closed)
+{
+    /* Rank 1 is connected and idle (it could be reading its last reply); rank 2 never
+     * came. The absent rank's grace does not cut the wait for rank 1 short. */
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 3, 0, 2000);
+    fsdp2_store_t *rank1 = open_store("127.0.0.1", store_port(server), 0, 3, 1, 2000);
+    double elapsed = destroy_timed(server);
+    ck_assert_msg(elapsed > 1.9 && elapsed < 4, "destroy took %.2f s with a 2 s timeout",
+                  elapsed);
+    /* The server is gone: rank 1's CLOSE finds the connection closed. */
+    ck_assert_int_eq(fsdp2_store_destroy(rank1), FSDP2_ERR_PEER_FAILED);
+}
+END_TEST
+
+typedef struct timed_destroy {
+    fsdp2_store_t *store;
+    double done_s;
+} timed_destroy_t;
+
+static void *timed_destroy_main(void *arg)
+{
+    timed_destroy_t *td = arg;
+    OK(fsdp2_store_destroy(td->store));
+    td->done_s = now_s();
+    return NULL;
+}
+
+START_TEST(a_rank_connecting_as_rank_0_stops_still_reads_what_rank_0_published)
+{
+    /* Normal shutdown with rank 0 first: it publishes a value and leaves before rank 1
+     * has connected. Rank 1 connects within the grace, and is then served and waited
+     * for like any connected rank. */
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
+    int port = store_port(server);
+    OK(fsdp2_store_set(server, "published", "42", 2));
+    timed_destroy_t td = {server, 0};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, timed_destroy_main, &td), 0);
+    fsdp2_store_t *rank1 = open_store("127.0.0.1", port, 0, 2, 1, 10000);
+    char value[3] = {0};
+    OK(fsdp2_store_get(rank1, "published", value, 2, NULL));
+    ck_assert_str_eq(value, "42");
+    OK(fsdp2_store_set(rank1, "read", "", 0));
+    double closing_s = now_s();
+    OK(fsdp2_store_destroy(rank1));
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_msg(td.done_s >= closing_s, "the server stopped %.3f s before rank 1 closed",
+                  closing_s - td.done_s);
+}
+END_TEST
+
 static Suite *store_server_suite(void)
 {
     Suite *s = suite_create("store_server");
@@ -393,7 +523,18 @@ static Suite *store_server_suite(void)
     tcase_add_test(tc, a_client_with_no_server_times_out_naming_host_and_port);
     tcase_add_test(tc, clients_reach_the_server_by_ipv4_ipv6_and_host_name);
     tcase_add_test(tc, an_unresolvable_host_is_an_error_naming_it);
+    tcase_add_loop_test(tc, a_failed_create_on_the_server_rank_frees_its_port_and_descriptors, 0,
+                        2);
     suite_add_tcase(s, tc);
+
+    TCase *stop = tcase_create("stopping");
+    tcase_set_timeout(stop, 60);
+    tcase_add_test(stop,
+                   a_stopping_server_does_not_wait_out_its_timeout_for_ranks_that_never_connected);
+    tcase_add_test(
+        stop, a_stopping_server_waits_up_to_its_timeout_for_a_connected_rank_that_has_not_closed);
+    tcase_add_test(stop, a_rank_connecting_as_rank_0_stops_still_reads_what_rank_0_published);
+    suite_add_tcase(s, stop);
     return s;
 }
 
