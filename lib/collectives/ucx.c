@@ -355,32 +355,50 @@ static void scratch_release(ucx_group_t *ug, int set, int reusable)
 }
 
 /* Element range [*lo, *hi) of rank r when count elements are split as torch.chunk does. */
-static void chunk_range(size_t count, int size, int r, size_t *lo, size_t *hi)
+/* Rank r's part of a reduction: elements [*lo, *hi) of the send buffers. A reduce-scatter
+ * gives every rank `count`; an all-reduce splits its count as torch.chunk does. Computed
+ * per rank instead of kept in arrays: groups reach 4096 ranks, and collectives may run
+ * on the caller's stack. */
+typedef struct ranges {
+    size_t count;
+    int size, chunked;
+} ranges_t;
+
+static void range_of(const ranges_t *rg, int r, size_t *lo, size_t *hi)
 {
-    size_t chunk = (count + (size_t)size - 1) / (size_t)size;
+    if (!rg->chunked) {
+        *lo = (size_t)r * rg->count;
+        *hi = *lo + rg->count;
+        return;
+    }
+    size_t chunk = (rg->count + (size_t)rg->size - 1) / (size_t)rg->size;
     size_t a = chunk * (size_t)r, b = a + chunk;
-    *lo = a < count ? a : count;
-    *hi = b < count ? b : count;
+    *lo = a < rg->count ? a : rg->count;
+    *hi = b < rg->count ? b : rg->count;
 }
 
-/* The reduction half shared by reduce_scatter and all_reduce: rank r's result covers
- * elements [lo[r], hi[r]) of the send buffers; this rank's result goes to out. Rounds of
- * at most UCX_SEGMENT bytes per peer bound the scratch. */
+static size_t range_len(const ranges_t *rg, int r)
+{
+    size_t lo, hi;
+    range_of(rg, r, &lo, &hi);
+    return hi - lo;
+}
+
+/* The reduction half shared by reduce_scatter and all_reduce: this rank's result goes to
+ * out. Rounds of at most UCX_SEGMENT bytes per peer bound the scratch. */
 static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl,
-                                    const size_t *lo, const size_t *hi, char *out,
-                                    const char *what)
+                                    const ranges_t *rg, char *out, const char *what)
 {
     fsdp2_group_t *g = ug->g;
     size_t es = op->elem_size, seg = UCX_SEGMENT / es;
-    size_t mine = hi[g->rank] - lo[g->rank], most = 0;
-    for (int r = 0; r < g->size; r++)
-        if (hi[r] - lo[r] > most)
-            most = hi[r] - lo[r];
+    size_t mine = range_len(rg, g->rank), most = range_len(rg, 0); /* rank 0's is longest */
+    size_t my_lo, my_hi;
+    range_of(rg, g->rank, &my_lo, &my_hi);
     int set = scratch_acquire(ug);
     if (set < 0)
         return fsdp2_group_check(ug->g);
     char *scratch = ug->scratch[set];
-    const void *src[4096];
+    const void **src = ug->sources[set];
     fsdp2_status_t status = FSDP2_SUCCESS;
     for (size_t s = 0, off = 0; off < most && status == FSDP2_SUCCESS; s++, off += seg) {
         rl->n = 0;
@@ -393,11 +411,12 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         }
         for (int k = 1; k < g->size; k++) {
             int p = (g->rank + k) % g->size;
-            size_t len = hi[p] - lo[p];
-            if (off >= len)
+            size_t lo, hi;
+            range_of(rg, p, &lo, &hi);
+            if (off >= hi - lo)
                 continue;
-            size_t pm = len - off < seg ? len - off : seg;
-            fsdp2_ucx_add_send(ug, rl, p, op->send + (lo[p] + off) * es, pm * es,
+            size_t pm = hi - lo - off < seg ? hi - lo - off : seg;
+            fsdp2_ucx_add_send(ug, rl, p, op->send + (lo + off) * es, pm * es,
                                make_tag(op->seq, PHASE_DATA, g->rank, s));
         }
         status = fsdp2_ucx_wait_list(ug, rl, what);
@@ -405,7 +424,7 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
             continue;
         for (int r = 0; r < g->size; r++) {
             int slot = (r - g->rank + g->size) % g->size - 1;
-            src[r] = r == g->rank ? (const void *)(op->send + (lo[r] + off) * es)
+            src[r] = r == g->rank ? (const void *)(op->send + (my_lo + off) * es)
                                   : (const void *)(scratch + (size_t)slot * UCX_SEGMENT);
         }
         fsdp2_reduce_rank_order(out + off * es, op->dtype, src, g->size, m,
@@ -417,36 +436,33 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
 
 static fsdp2_status_t run_reduce_scatter(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
 {
-    fsdp2_group_t *g = ug->g;
-    size_t lo[4096], hi[4096];
-    for (int r = 0; r < g->size; r++) {
-        lo[r] = (size_t)r * op->count;
-        hi[r] = lo[r] + op->count;
-    }
-    return run_reduction(ug, op, rl, lo, hi, op->recv, "reduce_scatter");
+    ranges_t rg = {.count = op->count, .size = ug->g->size, .chunked = 0};
+    return run_reduction(ug, op, rl, &rg, op->recv, "reduce_scatter");
 }
 
 static fsdp2_status_t run_all_reduce(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
 {
     fsdp2_group_t *g = ug->g;
-    size_t lo[4096], hi[4096], es = op->elem_size;
-    for (int r = 0; r < g->size; r++)
-        chunk_range(op->count, g->size, r, &lo[r], &hi[r]);
+    ranges_t rg = {.count = op->count, .size = g->size, .chunked = 1};
+    size_t es = op->elem_size, my_lo, my_hi;
+    range_of(&rg, g->rank, &my_lo, &my_hi);
     char *buf = op->recv;
-    FSDP2_CHECK(run_reduction(ug, op, rl, lo, hi, buf + lo[g->rank] * es, "all_reduce"));
+    FSDP2_CHECK(run_reduction(ug, op, rl, &rg, buf + my_lo * es, "all_reduce"));
     /* Everyone's sends of our range have completed (the reduction waited for them), so
      * the ranges can now be overwritten with the results. */
     rl->n = 0;
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
-        if (hi[r] > lo[r])
-            fsdp2_ucx_add_recv(ug, rl, r, buf + lo[r] * es, (hi[r] - lo[r]) * es,
+        size_t lo, hi;
+        range_of(&rg, r, &lo, &hi);
+        if (hi > lo)
+            fsdp2_ucx_add_recv(ug, rl, r, buf + lo * es, (hi - lo) * es,
                                make_tag(op->seq, PHASE_GATHER, r, 0));
     }
-    size_t mine = hi[g->rank] - lo[g->rank];
+    size_t mine = my_hi - my_lo;
     for (int k = 1; k < g->size && mine; k++) {
         int p = (g->rank + k) % g->size;
-        fsdp2_ucx_add_send(ug, rl, p, buf + lo[g->rank] * es, mine * es,
+        fsdp2_ucx_add_send(ug, rl, p, buf + my_lo * es, mine * es,
                            make_tag(op->seq, PHASE_GATHER, g->rank, 0));
     }
     return fsdp2_ucx_wait_list(ug, rl, "all_reduce");

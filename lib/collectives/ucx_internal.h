@@ -42,6 +42,7 @@ struct ucx_group {
     pthread_cond_t changed;
     ucx_slot_t slots[UCX_SLOTS];
     void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * UCX_SEGMENT bytes each */
+    const void **sources[UCX_SCRATCH_SETS]; /* size pointers each: a reduction's inputs */
     int scratch_busy[UCX_SCRATCH_SETS];
     int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */
     struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */

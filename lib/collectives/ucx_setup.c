@@ -103,8 +103,10 @@ static void ucx_group_free(ucx_group_t *ug)
             free(ug->slots[i].list);
         }
     }
-    for (int i = 0; i < UCX_SCRATCH_SETS; i++)
+    for (int i = 0; i < UCX_SCRATCH_SETS; i++) {
         free(ug->scratch[i]);
+        free((void *)ug->sources[i]);
+    }
     free(ug->peer_errors);
     pthread_mutex_destroy(&ug->lock);
     pthread_cond_destroy(&ug->changed);
@@ -269,9 +271,13 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         ok = rl && rl->req && rl->peer;
     }
     /* Scratch for reductions, allocated now so that no step allocates. */
-    for (int i = 0; i < UCX_SCRATCH_SETS && ok && g->size > 1; i++) {
-        ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
-        ok = ug->scratch[i] != NULL;
+    for (int i = 0; i < UCX_SCRATCH_SETS && ok; i++) {
+        ug->sources[i] = calloc((size_t)g->size, sizeof(void *));
+        ok = ug->sources[i] != NULL;
+        if (ok && g->size > 1) {
+            ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
+            ok = ug->scratch[i] != NULL;
+        }
     }
     if (!ok) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': buffers for %d ranks", g->name,
