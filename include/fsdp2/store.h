@@ -47,7 +47,8 @@ FSDP2_API fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options
                                             fsdp2_store_t **store);
 
 /* Closes this rank's connection; on the server rank, stops serving once every other
- * rank has closed (or the timeout passed) and releases the port. NULL ignored. */
+ * rank that connected has closed (or the timeout passed; a rank that has not connected
+ * when the stop begins gets 1 s to do so) and releases the port. NULL ignored. */
 FSDP2_API fsdp2_status_t fsdp2_store_destroy(fsdp2_store_t *store);
 
 /* The port the server listens on (the real one when 0 was asked). */
