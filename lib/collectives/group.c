@@ -13,6 +13,19 @@
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
 
+const char *fsdp2_coll_kind_name(coll_kind_t kind)
+{
+    switch (kind) {
+    case COLL_ALL_GATHER: return "all_gather";
+    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
+    case COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case COLL_ALL_REDUCE: return "all_reduce";
+    case COLL_BROADCAST: return "broadcast";
+    case COLL_BARRIER: return "barrier";
+    }
+    return "collective";
+}
+
 fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
 {
     char message[384];

@@ -64,6 +64,9 @@ struct fsdp2_group {
 
 extern const fsdp2_group_ops_t fsdp2_ucx_group_ops;
 
+/* "all_gather", "reduce_scatter", ...: for messages. */
+const char *fsdp2_coll_kind_name(coll_kind_t kind);
+
 /* Records the group's first failure (status and message) and returns status with the
  * message also set as this thread's last error. */
 fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, const char *fmt, ...)

@@ -623,7 +623,7 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t de
 fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
 {
     fsdp2_group_t *g = sg->g;
-    const char *what = fsdp2_shm_kind_name(op->kind);
+    const char *what = fsdp2_coll_kind_name(op->kind);
     int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
     fsdp2_status_t status = wait_turn(sg, op, deadline, what);
     if (status == FSDP2_SUCCESS)

@@ -97,6 +97,5 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op);
 void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns);
 /* Whether this rank writes op's output with non-temporal stores. */
 int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op);
-const char *fsdp2_shm_kind_name(coll_kind_t kind);
 
 #endif

@@ -68,19 +68,6 @@ void fsdp2_shm_fence_streams(void)
 #endif
 }
 
-const char *fsdp2_shm_kind_name(coll_kind_t kind)
-{
-    switch (kind) {
-    case COLL_ALL_GATHER: return "all_gather";
-    case COLL_ALL_GATHER_PIECES: return "all_gather_pieces";
-    case COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case COLL_ALL_REDUCE: return "all_reduce";
-    case COLL_BROADCAST: return "broadcast";
-    case COLL_BARRIER: return "barrier";
-    }
-    return "collective";
-}
-
 /* op's size class for auto (x4 each from SHM_STREAM_MIN), or -1: always memcpy. */
 static int store_class(const coll_op_t *op)
 {
@@ -139,7 +126,7 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
     if (avg[0] > 0 && avg[1] > 0 && avg[!k->streaming] <= SHM_STREAM_SWITCH * avg[k->streaming]) {
         k->streaming = !k->streaming;
         FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
-                  sg->g->name, fsdp2_shm_kind_name(op->kind), op->count * op->elem_size,
+                  sg->g->name, fsdp2_coll_kind_name(op->kind), op->count * op->elem_size,
                   k->streaming ? "streams its slot stores" : "uses memcpy",
                   avg[k->streaming], avg[!k->streaming]);
     }

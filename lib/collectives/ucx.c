@@ -545,12 +545,33 @@ fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
 {
     ucx_group_t *ug = g->backend;
     ucx_slot_t *slot = &ug->slots[op->seq % UCX_SLOTS];
+    int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
     pthread_mutex_lock(&ug->lock);
     /* Like a full queue, a slot still in use or a fifth reduction in flight makes the
-     * caller wait; both are freed by collectives every rank already has in flight. */
+     * caller wait; both are freed by collectives every rank already has in flight, unless
+     * those wait for something this thread would do only after this call: then the wait
+     * ends at the group's timeout (and the group fails: this collective's sequence number
+     * is spent). */
     while (slot->busy ||
-           (is_reduction(op) && ug->reductions_in_flight >= UCX_SCRATCH_SETS))
-        pthread_cond_wait(&ug->changed, &ug->lock);
+           (is_reduction(op) && ug->reductions_in_flight >= UCX_SCRATCH_SETS)) {
+        if (fsdp2_now_ms() >= deadline) {
+            int busy = slot->busy;
+            pthread_mutex_unlock(&ug->lock);
+            /* enqueue() in group.c fails the group, naming the collective */
+            return fsdp2_error(FSDP2_ERR_TIMEOUT, "waited %.1f s (FSDP2_TIMEOUT) for %s to finish",
+                               (double)g->timeout_ms / 1e3,
+                               busy ? "the collective 64 places before it (its slot)"
+                                    : "one of the group's 4 reductions already in flight");
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
+        ts.tv_nsec += 10 * 1000000L;        /* re-checks the deadline */
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&ug->changed, &ug->lock, &ts);
+    }
     slot->busy = 1;
     slot->op = *op;
     if (is_reduction(op))

@@ -10,6 +10,7 @@
 #include <check.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -490,6 +491,46 @@ static int body_many_reductions_in_opposite_orders(rank_ctx_t *c)
     return fails;
 }
 
+/* A stream held by a host function until this thread lets it go, after enqueueing a
+ * fifth reduction behind it: the first four hold the group's reduction places, so the
+ * fifth cannot be enqueued until they finish, which they never would. The enqueue must
+ * give up at the group's timeout (failing the group), not wait for ever. */
+static fsdp2_status_t hold_until_released(void *arg)
+{
+    struct timespec t = {0, 1000 * 1000};
+    while (!atomic_load((atomic_int *)arg))
+        nanosleep(&t, NULL);
+    return FSDP2_SUCCESS;
+}
+
+static int body_enqueue_behind_own_later_work(rank_ctx_t *c)
+{
+    int fails = 0;
+    static atomic_int released;
+    static float buf[5][16];
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *s;
+    fails += OK(c, fsdp2_stream_create(cpu, "held", &s));
+    fails += OK(c, fsdp2_stream_launch_host(s, hold_until_released, &released));
+    for (int i = 0; i < 4; i++)
+        fails += OK(c, fsdp2_all_reduce_async(c->world, buf[i], 16, FSDP2_F32, NULL, s));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp2_status_t st = fsdp2_all_reduce_async(c->world, buf[4], 16, FSDP2_F32, NULL, s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    fails += RANK_CHECK(c, st == FSDP2_ERR_TIMEOUT, "fifth reduction: %s", fsdp2_status_name(st));
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "all_reduce") &&
+                               strstr(fsdp2_last_error(), "FSDP2_TIMEOUT"),
+                        "message: %s", fsdp2_last_error());
+    fails += RANK_CHECK(c, waited >= 1.0 && waited < 10.0, "gave up after %.2f s (timeout 1.5 s)",
+                        waited);
+    atomic_store(&released, 1);
+    fsdp2_stream_synchronize(s); /* the held reductions now run on a failed group */
+    fsdp2_stream_destroy(s);
+    return fails;
+}
+
 static int body_bad_arguments(rank_ctx_t *c)
 {
     int fails = 0;
@@ -568,6 +609,17 @@ START_TEST(more_reductions_in_flight_than_scratch_sets_do_not_deadlock)
 END_TEST
 
 /* ---- failures ---- */
+
+START_TEST(an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging)
+{
+    for (int size = 1; size <= 2; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_enqueue_behind_own_later_work, NULL, 1500, 60, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "world size %d: statuses %d %d", size,
+                      res.status[0], res.status[1]);
+    }
+}
+END_TEST
 
 static int body_peer_dies(rank_ctx_t *c)
 {
@@ -677,6 +729,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(bad, a_dead_peer_is_an_error_on_every_survivor_not_a_hang);
     tcase_add_test(bad, a_hung_peer_times_out_with_a_message);
     tcase_add_test(bad, abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout);
+    tcase_add_test(bad, an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging);
     suite_add_tcase(s, bad);
     return s;
 }
