@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
+#include "mesh/store_internal.h"
 
 const char *fsdp2_coll_kind_name(coll_kind_t kind)
 {
@@ -307,6 +308,38 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
 
 /* Each member sets its key, then waits for all of the group's keys (the store's own
  * barrier spans its whole world, and a mesh dim's group is a subset). */
+fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
+                                        const char *const *keys, const char *what)
+{
+    fsdp2_status_t status = fsdp2_store_wait(store, keys, (size_t)g->size);
+    if (status != FSDP2_ERR_TIMEOUT)
+        return status;
+    char waited[512];
+    snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
+    uint8_t *missing = malloc((size_t)g->size);
+    if (!missing || fsdp2_store_missing(store, keys, (size_t)g->size, missing) != FSDP2_SUCCESS) {
+        free(missing);
+        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
+    }
+    char list[256] = "";
+    size_t used = 0;
+    int count = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (!missing[r])
+            continue;
+        if (++count <= 32 && used < sizeof(list)) {
+            int k = snprintf(list + used, sizeof(list) - used, "%s%d", count > 1 ? ", " : "", r);
+            used += k > 0 ? (size_t)k : 0;
+        }
+    }
+    free(missing);
+    if (count == 0)
+        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
+    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s%s did not %s in time "
+                       "(the store's timeout, FSDP2_TIMEOUT)", g->name, g->size,
+                       count == 1 ? "" : "s", list, count > 32 ? ", ..." : "", what);
+}
+
 fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
                                            const char *what)
 {
@@ -323,7 +356,9 @@ fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *stor
         list[r] = keys + (size_t)r * key_len;
     }
     FSDP2_CHECK_GOTO(fsdp2_store_set(store, list[g->rank], "1", 1), status, cleanup);
-    FSDP2_CHECK_GOTO(fsdp2_store_wait(store, list, (size_t)g->size), status, cleanup);
+    char done[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(done, sizeof(done), "reach '%s'", what);
+    FSDP2_CHECK_GOTO(fsdp2_group_wait_members(g, store, list, done), status, cleanup);
 cleanup:
     free(keys);
     free(list);

@@ -28,6 +28,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
+#include "mesh/store_internal.h"
 #include "mesh/store_protocol.h"
 #include "mesh/store_server.h"
 
@@ -493,6 +494,78 @@ fsdp2_status_t fsdp2_store_get(fsdp2_store_t *store, const char *key, void *buf,
     return FSDP2_SUCCESS;
 }
 
+static fsdp2_status_t key_lengths(const char *what, const char *const *keys, size_t n,
+                                  uint32_t **lens)
+{
+    *lens = malloc(n * sizeof(**lens));
+    if (!*lens)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: %zu keys", what, n);
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_status_t s = check_key(what, keys[i]);
+        if (s != FSDP2_SUCCESS) {
+            free(*lens);
+            *lens = NULL;
+            return s;
+        }
+        (*lens)[i] = (uint32_t)strlen(keys[i]);
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                   uint8_t *missing)
+{
+    FSDP2_ARG_CHECK(store && ((keys && missing) || n == 0),
+                    "check: store, keys or missing is NULL");
+    FSDP2_ARG_CHECK(n <= UINT32_MAX / 8, "check: n=%zu keys", n);
+    if (n == 0)
+        return FSDP2_SUCCESS;
+    uint32_t *lens;
+    FSDP2_CHECK(key_lengths("check", keys, n, &lens));
+    fsdp2_status_t s = store_call(store, "check", STORE_OP_CHECK, 0, (const void *const *)keys,
+                                  lens, (uint32_t)n, fsdp2_now_ms() + STORE_BARRIER_CHECK_MS);
+    free(lens);
+    FSDP2_CHECK(s);
+    store_field_t f = reply_field(store);
+    if (f.len != (uint32_t)n)
+        return store_break(store, FSDP2_ERR_CORRUPT, "check of %zu keys: a reply of %u bytes", n,
+                           f.len);
+    for (size_t i = 0; i < n; i++)
+        missing[i] = f.data[i] == 0;
+    return FSDP2_SUCCESS;
+}
+
+/* The error of a wait that timed out, naming the keys still missing (as many as fit). */
+static fsdp2_status_t wait_timed_out(fsdp2_store_t *st, const char *const *keys, size_t n)
+{
+    char timeout_message[512];
+    snprintf(timeout_message, sizeof(timeout_message), "%s", fsdp2_last_error());
+    uint8_t *missing = malloc(n);
+    if (!missing || fsdp2_store_missing(st, keys, n, missing) != FSDP2_SUCCESS) {
+        free(missing);
+        return fsdp2_error(FSDP2_ERR_TIMEOUT, "%s", timeout_message);
+    }
+    char list[400] = "";
+    size_t used = 0, count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!missing[i])
+            continue;
+        count++;
+        if (used < sizeof(list)) {
+            int k = snprintf(list + used, sizeof(list) - used, "%s'%s'", used ? ", " : "",
+                             keys[i]);
+            used += k > 0 ? (size_t)k : 0;
+        }
+    }
+    free(missing);
+    if (count == 0) /* all arrived just after the deadline */
+        return fsdp2_error(FSDP2_ERR_TIMEOUT, "%s", timeout_message);
+    if (used >= sizeof(list))
+        memcpy(list + sizeof(list) - 5, "...", 4);
+    return fsdp2_error(FSDP2_ERR_TIMEOUT, "wait: %zu of %zu keys not set within %.1f s: %s", count,
+                       n, seconds(st->timeout_ms), list);
+}
+
 fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, size_t n)
 {
     FSDP2_ARG_CHECK(store != NULL, "store is NULL");
@@ -500,21 +573,16 @@ fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, s
     FSDP2_ARG_CHECK(n <= UINT32_MAX / 8, "wait: n=%zu keys", n);
     if (n == 0)
         return FSDP2_SUCCESS;
-    uint32_t *lens = malloc(n * sizeof(*lens));
-    if (!lens)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "wait: %zu keys", n);
-    fsdp2_status_t s = FSDP2_SUCCESS;
-    for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
-        s = check_key("wait", keys[i]);
-        lens[i] = s == FSDP2_SUCCESS ? (uint32_t)strlen(keys[i]) : 0;
-    }
+    uint32_t *lens;
+    FSDP2_CHECK(key_lengths("wait", keys, n, &lens));
     char what[64];
     snprintf(what, sizeof(what), "wait for %zu keys", n);
-    if (s == FSDP2_SUCCESS)
-        s = store_call(store, what, STORE_OP_WAIT, (uint32_t)store->timeout_ms,
-                       (const void *const *)keys, lens, (uint32_t)n,
-                       fsdp2_now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
+    fsdp2_status_t s = store_call(store, what, STORE_OP_WAIT, (uint32_t)store->timeout_ms,
+                                  (const void *const *)keys, lens, (uint32_t)n,
+                                  fsdp2_now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
     free(lens);
+    if (s == FSDP2_ERR_TIMEOUT && !store->broken)
+        s = wait_timed_out(store, keys, n);
     return s;
 }
 

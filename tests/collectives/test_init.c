@@ -1,7 +1,8 @@
 /* fsdp2_init: a process with no launcher variables is a world of 1 with a working world
  * group; bad launcher variables are errors naming them, and nothing is left behind. The
  * context's HSDP mesh: one process, bad shard sizes, and two processes whose launcher
- * variables break the node rules (every rank refuses, none waits).
+ * variables break the node rules (every rank refuses, none waits). Ranks that never
+ * start: every rank that did names them, within the timeout.
  * (Multi-rank fsdp2_init runs in two_nodes.sh through coll_check.) */
 #include <arpa/inet.h>
 #include <check.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../core/check_main.h"
 #include <fsdp2/fsdp2.h>
@@ -183,6 +185,66 @@ START_TEST(every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules)
 }
 END_TEST
 
+/* A world of 4 of which only ranks 0 and 1 ever start: both fail fsdp2_init with a
+ * timeout naming ranks 2 and 3, within about one FSDP2_TIMEOUT (rank 0's store server
+ * used to wait a second timeout for the ranks that never connected). */
+static int lonely_rank(int rank, int port)
+{
+    clear_launcher_env();
+    char v[32];
+    setenv("WORLD_SIZE", "4", 1);
+    snprintf(v, sizeof(v), "%d", rank);
+    setenv("RANK", v, 1);
+    setenv("LOCAL_RANK", v, 1);
+    setenv("LOCAL_WORLD_SIZE", "4", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(v, sizeof(v), "%d", port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("FSDP2_TIMEOUT", "2", 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp2_context_t *ctx = NULL;
+    fsdp2_status_t s = fsdp2_init(NULL, &ctx);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    const char *msg = fsdp2_last_error();
+    int names_both = (strstr(msg, "2, 3") || strstr(msg, "2,3")) != 0;
+    if (s != FSDP2_ERR_TIMEOUT || !names_both || took > 3.5 || ctx) {
+        fprintf(stderr, "rank %d: fsdp2_init gave %s after %.2f s (FSDP2_TIMEOUT=2): %s\n", rank,
+                fsdp2_status_name(s), took, msg);
+        return 1;
+    }
+    return 0;
+}
+
+START_TEST(ranks_that_never_start_are_named_by_every_rank_within_the_timeout)
+{
+    int port = free_port();
+    ck_assert_int_gt(port, 0);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0)
+            _exit(lonely_rank(r, port));
+    }
+    for (int r = 0; r < 2; r++) {
+        int status = 0;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed (%d)", r,
+                      status);
+    }
+    /* and rank 0's port is free again */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                            .sin_port = htons((uint16_t)port)};
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    ck_assert_msg(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0, "port %d still bound", port);
+    close(fd);
+}
+END_TEST
+
 static Suite *init_suite(void)
 {
     Suite *s = suite_create("init");
@@ -192,6 +254,7 @@ static Suite *init_suite(void)
     tcase_add_test(tc, bad_launcher_variables_are_errors_naming_them);
     tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
     tcase_add_test(tc, every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules);
+    tcase_add_test(tc, ranks_that_never_start_are_named_by_every_rank_within_the_timeout);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,15 @@
+/* What the library's other layers ask of the rendezvous store beyond the public API. */
+#ifndef FSDP2_MESH_STORE_INTERNAL_H
+#define FSDP2_MESH_STORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp2/store.h>
+
+/* Which of keys[0..n) are not set right now, without waiting: missing[i] = 1 for those.
+ * For messages after a wait timed out (the answer may be stale a moment later). */
+fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                   uint8_t *missing);
+
+#endif
