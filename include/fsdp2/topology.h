@@ -53,6 +53,11 @@ FSDP2_API fsdp2_status_t fsdp2_topology_load(fsdp2_topology_t **topo);
 FSDP2_API fsdp2_status_t fsdp2_topology_load_synthetic(const char *description,
                                                        fsdp2_topology_t **topo);
 
+/* A machine from hwloc XML (what `lstopo --of xml` writes; len bytes, a NUL not needed),
+ * e.g. a GPU node's, for planning and tests. Like a synthetic one it cannot bind. */
+FSDP2_API fsdp2_status_t fsdp2_topology_load_xml(const char *xml, size_t len,
+                                                 fsdp2_topology_t **topo);
+
 /* NULL ignored. */
 FSDP2_API fsdp2_status_t fsdp2_topology_destroy(fsdp2_topology_t *topo);
 
@@ -77,6 +82,39 @@ FSDP2_API fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *
 FSDP2_API fsdp2_status_t fsdp2_topology_bind_self(const fsdp2_topology_t *topo,
                                                   int local_rank, int local_world_size,
                                                   fsdp2_bind_mode_t mode);
+
+/* A GPU's place in the machine. GPUs are numbered 0..count(GPU)-1 in PCI bus order,
+ * which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID (its default order may differ:
+ * match by bus id, fsdp2_topology_find_gpu or fsdp2_topology_gpu_of_device). */
+typedef struct fsdp2_topology_gpu {
+    char pci_bus_id[16];   /* "0000:3b:00.0": domain, bus, device, function (hex) */
+    unsigned vendor_id;    /* 0x10de NVIDIA, 0x1002 AMD */
+    unsigned device_id;
+    int numa_node;         /* OS index of the NUMA node it is attached to; -1: unknown or
+                            * several (then cpus below spans them) */
+    int ncpus;             /* CPUs (PUs) near it: fsdp2_topology_gpu_cpus; 0: unknown */
+    char name[32];         /* the driver's name for it (cuda0, nvml0, card1), or "" */
+} fsdp2_topology_gpu_t;
+
+/* GPU `index`: FSDP2_ERR_INVALID_ARGUMENT naming it when there is no such GPU. */
+FSDP2_API fsdp2_status_t fsdp2_topology_gpu(const fsdp2_topology_t *topo, int index,
+                                            fsdp2_topology_gpu_t *gpu);
+
+/* The CPUs near GPU `index` (PU OS indices, ascending), as cpuset_for_rank writes them:
+ * up to max_cpus into cpus, the full number into *ncpus, FSDP2_ERR_OVERFLOW when
+ * max_cpus is too small. None when its locality is unknown. */
+FSDP2_API fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index,
+                                                 int *cpus, int max_cpus, int *ncpus);
+
+/* The GPU with this PCI bus id, in the forms CUDA and NVML print ("0000:3B:00.0",
+ * "00000000:3b:00.0", case-insensitive); FSDP2_ERR_NOT_FOUND naming it when none has. */
+FSDP2_API fsdp2_status_t fsdp2_topology_find_gpu(const fsdp2_topology_t *topo,
+                                                 const char *pci_bus_id, int *index);
+
+/* The GPU a CUDA device is (asks the CUDA runtime for its PCI bus id):
+ * FSDP2_ERR_NOT_AVAILABLE without CUDA or without that device. */
+FSDP2_API fsdp2_status_t fsdp2_topology_gpu_of_device(const fsdp2_topology_t *topo,
+                                                      int cuda_device, int *index);
 
 /* A short human-readable summary into buf (always NUL-terminated when len > 0,
  * truncated safely); *needed gets the full length without the NUL (may be NULL).

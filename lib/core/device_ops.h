@@ -68,6 +68,9 @@ typedef struct fsdp2_device_ops {
                                  fsdp2_stream_t *stream);
     /* Cast and plain copies arrive here as chunk copies (rows == 1 for a flat cast). */
     fsdp2_status_t (*chunk_copy)(const fsdp2_chunk_copy_t *copy, fsdp2_stream_t *stream);
+
+    /* The device's PCI bus id ("0000:3B:00.0") into buf; NULL for devices not on PCI. */
+    fsdp2_status_t (*pci_bus_id)(int index, char *buf, size_t len);
 } fsdp2_device_ops_t;
 
 extern const fsdp2_device_ops_t fsdp2_cpu_ops;

@@ -548,6 +548,13 @@ cleanup:
     return status;
 }
 
+static fsdp2_status_t cuda_pci_bus_id(int index, char *buf, size_t len)
+{
+    FSDP2_CHECK(cuda_check(index));
+    FSDP2_CUDA_CHECK(cudaDeviceGetPCIBusId(buf, (int)len, index));
+    return FSDP2_SUCCESS;
+}
+
 const fsdp2_device_ops_t fsdp2_cuda_ops = {
     .name = "cuda",
     .check = cuda_check,
@@ -569,4 +576,5 @@ const fsdp2_device_ops_t fsdp2_cuda_ops = {
     .fill = cuda_fill,
     .accumulate = cuda_accumulate,
     .chunk_copy = cuda_chunk_copy,
+    .pci_bus_id = cuda_pci_bus_id,
 };

@@ -9,6 +9,7 @@
 
 #include <fsdp2/topology.h>
 
+#include "core/device_ops.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -163,6 +164,23 @@ fsdp2_status_t fsdp2_topology_load_synthetic(const char *description, fsdp2_topo
         fsdp2_topology_destroy(t);
         return fsdp2_error(FSDP2_ERR_SYSTEM, "hwloc_topology_load('%s') failed: %s",
                            description, strerror(err));
+    }
+    return topology_finish(t, topo);
+}
+
+fsdp2_status_t fsdp2_topology_load_xml(const char *xml, size_t len, fsdp2_topology_t **topo)
+{
+    FSDP2_ARG_CHECK(xml && topo && len > 0 && len < INT32_MAX,
+                    "xml (%zu bytes) and topo must not be NULL or empty", len);
+    *topo = NULL;
+    fsdp2_topology_t *t;
+    FSDP2_CHECK(topology_new(&t));
+    hwloc_topology_set_io_types_filter(t->hw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_set_xmlbuffer(t->hw, xml, (int)len) != 0 || hwloc_topology_load(t->hw) != 0) {
+        int err = errno;
+        fsdp2_topology_destroy(t);
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "hwloc does not accept the XML topology "
+                           "(%zu bytes, starting '%.40s'): %s", len, xml, strerror(err));
     }
     return topology_finish(t, topo);
 }
@@ -352,21 +370,156 @@ static double mib(uint64_t bytes)
     return (double)bytes / (1024.0 * 1024.0);
 }
 
+/* A PCI device's place in bus order. */
+static uint64_t bus_key(hwloc_obj_t pci)
+{
+    const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
+    return (uint64_t)a->domain << 24 | (uint64_t)a->bus << 16 | (uint64_t)a->dev << 8 | a->func;
+}
+
+/* A GPU's index: how many GPUs come before it in bus order (hwloc lists PCI devices in
+ * tree order, by locality first). */
+static int gpu_index(hwloc_topology_t hw, hwloc_obj_t gpu)
+{
+    int before = 0;
+    for (hwloc_obj_t pci = hwloc_get_next_pcidev(hw, NULL); pci;
+         pci = hwloc_get_next_pcidev(hw, pci))
+        before += is_gpu(pci) && bus_key(pci) < bus_key(gpu);
+    return before;
+}
+
+/* GPU index's PCI object, or NULL. */
+static hwloc_obj_t gpu_at(hwloc_topology_t hw, int index)
+{
+    for (hwloc_obj_t pci = hwloc_get_next_pcidev(hw, NULL); pci;
+         pci = hwloc_get_next_pcidev(hw, pci))
+        if (is_gpu(pci) && gpu_index(hw, pci) == index)
+            return pci;
+    return NULL;
+}
+
+/* The CPUs near a PCI device: those of its closest non-I/O ancestor, or NULL when that
+ * is the whole machine because hwloc does not know better. */
+static hwloc_const_cpuset_t gpu_cpuset(hwloc_topology_t hw, hwloc_obj_t pci)
+{
+    hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(hw, pci);
+    if (!local || !local->cpuset || hwloc_bitmap_iszero(local->cpuset))
+        return NULL;
+    return local->cpuset;
+}
+
+static fsdp2_status_t find_gpu(const fsdp2_topology_t *topo, int index, hwloc_obj_t *pci)
+{
+    FSDP2_ARG_CHECK(topo, "topo must not be NULL");
+    *pci = index >= 0 ? gpu_at(topo->hw, index) : NULL;
+    if (!*pci)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "GPU %d: the machine has %d GPU(s)", index,
+                           count_gpus(topo->hw));
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_topology_gpu(const fsdp2_topology_t *topo, int index,
+                                  fsdp2_topology_gpu_t *gpu)
+{
+    FSDP2_ARG_CHECK(gpu, "gpu must not be NULL");
+    hwloc_obj_t pci;
+    FSDP2_CHECK(find_gpu(topo, index, &pci));
+    hwloc_topology_t hw = topo->hw;
+    const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
+    memset(gpu, 0, sizeof(*gpu));
+    snprintf(gpu->pci_bus_id, sizeof(gpu->pci_bus_id), "%04x:%02x:%02x.%x",
+             (unsigned)a->domain & 0xffffu, a->bus, a->dev, a->func);
+    gpu->vendor_id = a->vendor_id;
+    gpu->device_id = a->device_id;
+    gpu->numa_node = -1;
+    hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(hw, pci);
+    if (local && local->nodeset && hwloc_bitmap_weight(local->nodeset) == 1)
+        gpu->numa_node = hwloc_bitmap_first(local->nodeset);
+    hwloc_const_cpuset_t near = gpu_cpuset(hw, pci);
+    gpu->ncpus = near ? hwloc_bitmap_weight(near) : 0;
+    for (hwloc_obj_t os = pci->io_first_child; os; os = os->next_sibling)
+        if (os->type == HWLOC_OBJ_OS_DEVICE && os->name && !gpu->name[0])
+            snprintf(gpu->name, sizeof(gpu->name), "%s", os->name);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index, int *cpus,
+                                       int max_cpus, int *ncpus)
+{
+    FSDP2_ARG_CHECK(ncpus && (cpus || max_cpus == 0) && max_cpus >= 0,
+                    "ncpus must not be NULL, nor cpus with max_cpus %d", max_cpus);
+    hwloc_obj_t pci;
+    FSDP2_CHECK(find_gpu(topo, index, &pci));
+    hwloc_const_cpuset_t near = gpu_cpuset(topo->hw, pci);
+    int n = 0;
+    unsigned cpu;
+    if (near) {
+        hwloc_bitmap_foreach_begin(cpu, near) {
+            if (n < max_cpus)
+                cpus[n] = (int)cpu;
+            n++;
+        }
+        hwloc_bitmap_foreach_end();
+    }
+    *ncpus = n;
+    if (n > max_cpus)
+        return fsdp2_error(FSDP2_ERR_OVERFLOW, "GPU %d has %d CPUs near it but max_cpus is %d",
+                           index, n, max_cpus);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_topology_find_gpu(const fsdp2_topology_t *topo, const char *pci_bus_id,
+                                       int *index)
+{
+    FSDP2_ARG_CHECK(topo && pci_bus_id && index, "topo, pci_bus_id and index must not be NULL");
+    unsigned domain, bus, dev, func;
+    int end = 0;
+    if (sscanf(pci_bus_id, "%x:%x:%x.%x%n", &domain, &bus, &dev, &func, &end) != 4 ||
+        pci_bus_id[end] != '\0')
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "'%s' is not a PCI bus id like 0000:3b:00.0", pci_bus_id);
+    for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo->hw, NULL); pci;
+         pci = hwloc_get_next_pcidev(topo->hw, pci)) {
+        const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
+        if (is_gpu(pci) && a->domain == domain && a->bus == bus && a->dev == dev &&
+            a->func == func) {
+            *index = gpu_index(topo->hw, pci);
+            return FSDP2_SUCCESS;
+        }
+    }
+    return fsdp2_error(FSDP2_ERR_NOT_FOUND, "no GPU at PCI bus id %s among the machine's %d",
+                       pci_bus_id, count_gpus(topo->hw));
+}
+
+fsdp2_status_t fsdp2_topology_gpu_of_device(const fsdp2_topology_t *topo, int cuda_device,
+                                            int *index)
+{
+    FSDP2_ARG_CHECK(topo && index, "topo and index must not be NULL");
+    const fsdp2_device_ops_t *ops;
+    fsdp2_device_t device = {FSDP2_DEVICE_CUDA, cuda_device};
+    FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
+    if (!ops->pci_bus_id)
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "cuda:%d has no PCI bus id", cuda_device);
+    char id[32];
+    FSDP2_CHECK(ops->pci_bus_id(cuda_device, id, sizeof(id)));
+    return fsdp2_topology_find_gpu(topo, id, index);
+}
+
 static void format_gpus(hwloc_topology_t hw, text_t *t)
 {
     if (count_gpus(hw) == 0) {
         text_add(t, "GPUs: none\n");
         return;
     }
-    int index = 0;
-    for (hwloc_obj_t pci = hwloc_get_next_pcidev(hw, NULL); pci;
-         pci = hwloc_get_next_pcidev(hw, pci)) {
-        if (!is_gpu(pci))
-            continue;
+    int count = count_gpus(hw);
+    for (int index = 0; index < count; index++) {
+        hwloc_obj_t pci = gpu_at(hw, index);
+        if (!pci)
+            continue; /* two GPUs at one bus id: not a real machine */
         const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
         const char *vendor = hwloc_obj_get_info_by_name(pci, "PCIVendor");
         const char *device = hwloc_obj_get_info_by_name(pci, "PCIDevice");
-        text_add(t, "GPU %d: %04x:%02x:%02x.%x [%04x:%04x]", index++, a->domain, a->bus,
+        text_add(t, "GPU %d: %04x:%02x:%02x.%x [%04x:%04x]", index, a->domain, a->bus,
                  a->dev, a->func, a->vendor_id, a->device_id);
         if (vendor || device)
             text_add(t, " %s%s%s", vendor ? vendor : "", vendor && device ? " " : "",
@@ -472,9 +625,45 @@ fsdp2_status_t fsdp2_topology_load_synthetic(const char *description, fsdp2_topo
     return no_hwloc(__func__);
 }
 
+fsdp2_status_t fsdp2_topology_load_xml(const char *xml, size_t len, fsdp2_topology_t **topo)
+{
+    (void)xml, (void)len;
+    if (topo)
+        *topo = NULL;
+    return no_hwloc(__func__);
+}
+
 fsdp2_status_t fsdp2_topology_destroy(fsdp2_topology_t *topo)
 {
     return topo ? no_hwloc(__func__) : FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_topology_gpu(const fsdp2_topology_t *topo, int index,
+                                  fsdp2_topology_gpu_t *gpu)
+{
+    (void)topo, (void)index, (void)gpu;
+    return no_hwloc(__func__);
+}
+
+fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index, int *cpus,
+                                       int max_cpus, int *ncpus)
+{
+    (void)topo, (void)index, (void)cpus, (void)max_cpus, (void)ncpus;
+    return no_hwloc(__func__);
+}
+
+fsdp2_status_t fsdp2_topology_find_gpu(const fsdp2_topology_t *topo, const char *pci_bus_id,
+                                       int *index)
+{
+    (void)topo, (void)pci_bus_id, (void)index;
+    return no_hwloc(__func__);
+}
+
+fsdp2_status_t fsdp2_topology_gpu_of_device(const fsdp2_topology_t *topo, int cuda_device,
+                                            int *index)
+{
+    (void)topo, (void)cuda_device, (void)index;
+    return no_hwloc(__func__);
 }
 
 fsdp2_status_t fsdp2_topology_count(const fsdp2_topology_t *topo, fsdp2_topology_kind_t kind,

@@ -200,6 +200,131 @@ START_TEST(bind_self_matches_cpuset_for_rank_on_this_machine)
 }
 END_TEST
 
+/* A two-package machine with two GPUs, as `lstopo --of xml` would write it: the GPU at
+ * bus 18 sits on package 1 (NUMA node 1, PUs 2-3) and the one at bus 86 on package 0
+ * (NUMA node 0, PUs 0-1), so tree order and bus order differ; package 0 also has the
+ * BMC's VGA chip (ASPEED, not a GPU) and a NIC. */
+static const char gpu_node_xml[] =
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    "<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
+    "<topology version=\"2.0\">\n"
+    "  <object type=\"Machine\" os_index=\"0\" cpuset=\"0x0000000f\" complete_cpuset=\"0x0000000f\" allowed_cpuset=\"0x0000000f\" nodeset=\"0x00000003\" complete_nodeset=\"0x00000003\" allowed_nodeset=\"0x00000003\" gp_index=\"1\">\n"
+    "    <object type=\"Package\" os_index=\"0\" cpuset=\"0x00000003\" complete_cpuset=\"0x00000003\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"8\">\n"
+    "      <object type=\"NUMANode\" os_index=\"0\" cpuset=\"0x00000003\" complete_cpuset=\"0x00000003\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"6\" local_memory=\"1073741824\">\n"
+    "      </object>\n"
+    "      <object type=\"Core\" os_index=\"0\" cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"3\">\n"
+    "        <object type=\"PU\" os_index=\"0\" cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"2\"/>\n"
+    "      </object>\n"
+    "      <object type=\"Core\" os_index=\"1\" cpuset=\"0x00000002\" complete_cpuset=\"0x00000002\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"5\">\n"
+    "        <object type=\"PU\" os_index=\"1\" cpuset=\"0x00000002\" complete_cpuset=\"0x00000002\" nodeset=\"0x00000001\" complete_nodeset=\"0x00000001\" gp_index=\"4\"/>\n"
+    "      </object>\n"
+    "<object type=\"Bridge\" gp_index=\"40\" bridge_type=\"0-1\" depth=\"0\" bridge_pci=\"0000:[02-87]\"><object type=\"PCIDev\" gp_index=\"41\" pci_busid=\"0000:02:00.0\" pci_type=\"0300 [1a03:2000] [0000:0000] a1\" pci_link_speed=\"0.000000\"></object><object type=\"PCIDev\" gp_index=\"43\" pci_busid=\"0000:86:00.0\" pci_type=\"0302 [10de:2330] [0000:0000] a1\" pci_link_speed=\"0.000000\"><object type=\"OSDev\" gp_index=\"44\" name=\"cuda1\" subtype=\"CUDA\" osdev_type=\"5\"/></object><object type=\"PCIDev\" gp_index=\"45\" pci_busid=\"0000:87:00.0\" pci_type=\"0200 [15b3:101b] [0000:0000] a1\" pci_link_speed=\"0.000000\"></object></object>\n"
+    "    </object>\n"
+    "    <object type=\"Package\" os_index=\"1\" cpuset=\"0x0000000c\" complete_cpuset=\"0x0000000c\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"15\">\n"
+    "      <object type=\"NUMANode\" os_index=\"1\" cpuset=\"0x0000000c\" complete_cpuset=\"0x0000000c\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"13\" local_memory=\"1073741824\">\n"
+    "      </object>\n"
+    "      <object type=\"Core\" os_index=\"2\" cpuset=\"0x00000004\" complete_cpuset=\"0x00000004\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"10\">\n"
+    "        <object type=\"PU\" os_index=\"2\" cpuset=\"0x00000004\" complete_cpuset=\"0x00000004\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"9\"/>\n"
+    "      </object>\n"
+    "      <object type=\"Core\" os_index=\"3\" cpuset=\"0x00000008\" complete_cpuset=\"0x00000008\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"12\">\n"
+    "        <object type=\"PU\" os_index=\"3\" cpuset=\"0x00000008\" complete_cpuset=\"0x00000008\" nodeset=\"0x00000002\" complete_nodeset=\"0x00000002\" gp_index=\"11\"/>\n"
+    "      </object>\n"
+    "<object type=\"Bridge\" gp_index=\"50\" bridge_type=\"0-1\" depth=\"0\" bridge_pci=\"0000:[18-18]\"><object type=\"PCIDev\" gp_index=\"51\" pci_busid=\"0000:18:00.0\" pci_type=\"0302 [10de:2330] [0000:0000] a1\" pci_link_speed=\"0.000000\"><object type=\"OSDev\" gp_index=\"52\" name=\"cuda0\" subtype=\"CUDA\" osdev_type=\"5\"/></object></object>\n"
+    "    </object>\n"
+    "  </object>\n"
+    "  <support name=\"discovery.pu\"/>\n"
+    "  <support name=\"discovery.numa\"/>\n"
+    "  <support name=\"discovery.numa_memory\"/>\n"
+    "  <support name=\"custom.exported_support\"/>\n"
+    "</topology>\n";
+
+static fsdp2_topology_t *load_gpu_node(void)
+{
+    fsdp2_topology_t *t = NULL;
+    OK(fsdp2_topology_load_xml(gpu_node_xml, sizeof(gpu_node_xml) - 1, &t));
+    return t;
+}
+
+START_TEST(gpus_are_numbered_in_bus_order_with_their_numa_node_and_cpus)
+{
+    fsdp2_topology_t *t = load_gpu_node();
+    int n = -1;
+    OK(fsdp2_topology_count(t, FSDP2_TOPOLOGY_GPU, &n));
+    ck_assert_int_eq(n, 2);
+    const struct {
+        const char *bus;
+        int node, first_cpu;
+        const char *name;
+    } want[2] = {{"0000:18:00.0", 1, 2, "cuda0"}, {"0000:86:00.0", 0, 0, "cuda1"}};
+    for (int i = 0; i < 2; i++) {
+        fsdp2_topology_gpu_t g;
+        OK(fsdp2_topology_gpu(t, i, &g));
+        ck_assert_str_eq(g.pci_bus_id, want[i].bus);
+        ck_assert_uint_eq(g.vendor_id, 0x10de);
+        ck_assert_uint_eq(g.device_id, 0x2330);
+        ck_assert_int_eq(g.numa_node, want[i].node);
+        ck_assert_int_eq(g.ncpus, 2);
+        ck_assert_str_eq(g.name, want[i].name);
+        int cpus[4] = {-1, -1, -1, -1}, ncpus = -1;
+        OK(fsdp2_topology_gpu_cpus(t, i, cpus, 4, &ncpus));
+        ck_assert_int_eq(ncpus, 2);
+        ck_assert_int_eq(cpus[0], want[i].first_cpu);
+        ck_assert_int_eq(cpus[1], want[i].first_cpu + 1);
+        ck_assert_int_eq(fsdp2_topology_gpu_cpus(t, i, cpus, 1, &ncpus), FSDP2_ERR_OVERFLOW);
+        ck_assert_int_eq(ncpus, 2);
+    }
+    /* CUDA's and NVML's spellings of a bus id */
+    int index = -1;
+    OK(fsdp2_topology_find_gpu(t, "0000:86:00.0", &index));
+    ck_assert_int_eq(index, 1);
+    OK(fsdp2_topology_find_gpu(t, "00000000:18:00.0", &index));
+    ck_assert_int_eq(index, 0);
+    OK(fsdp2_topology_find_gpu(t, "0000:86:00.0", &index));
+    ck_assert_int_eq(fsdp2_topology_find_gpu(t, "0000:8A:00.0", &index), FSDP2_ERR_NOT_FOUND);
+    ck_assert_msg(strstr(fsdp2_last_error(), "0000:8A:00.0"), "%s", fsdp2_last_error());
+    /* the VGA chip and the NIC are not GPUs */
+    ck_assert_int_eq(fsdp2_topology_find_gpu(t, "0000:02:00.0", &index), FSDP2_ERR_NOT_FOUND);
+    ck_assert_int_eq(fsdp2_topology_find_gpu(t, "0000:87:00.0", &index), FSDP2_ERR_NOT_FOUND);
+    /* the summary lists them in the same order */
+    char text[4096];
+    OK(fsdp2_topology_format(t, text, sizeof(text), NULL));
+    const char *g0 = strstr(text, "GPU 0: 0000:18:00.0"), *g1 = strstr(text, "GPU 1: 0000:86:00.0");
+    ck_assert_msg(g0 && g1 && g0 < g1, "%s", text);
+    ck_assert_msg(strstr(g0, "NUMA node 1"), "%s", text);
+    OK(fsdp2_topology_destroy(t));
+}
+END_TEST
+
+START_TEST(gpu_queries_reject_bad_indices_ids_and_topologies)
+{
+    fsdp2_topology_t *t = load_gpu_node();
+    fsdp2_topology_gpu_t g;
+    int index = 0, ncpus = 0, cpus[4];
+    ck_assert_int_eq(fsdp2_topology_gpu(t, 2, &g), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "GPU 2"), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_topology_gpu(t, -1, &g), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_topology_gpu(t, 0, NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_topology_gpu_cpus(t, 5, cpus, 4, &ncpus), FSDP2_ERR_INVALID_ARGUMENT);
+    const char *bad[] = {"", "3b:00.0", "0000:3b:00", "0000:3b:00.0 ", "zz:3b:00.0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(fsdp2_topology_find_gpu(t, bad[i], &index), FSDP2_ERR_INVALID_ARGUMENT);
+        ck_assert_msg(strstr(fsdp2_last_error(), "PCI bus id"), "%s", fsdp2_last_error());
+    }
+    OK(fsdp2_topology_destroy(t));
+    /* a synthetic machine has no GPUs; no CUDA device here maps to one */
+    t = load_synthetic();
+    ck_assert_int_eq(fsdp2_topology_gpu(t, 0, &g), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "0 GPU"), "%s", fsdp2_last_error());
+    fsdp2_status_t s = fsdp2_topology_gpu_of_device(t, 0, &index);
+    ck_assert_msg(s == FSDP2_ERR_NOT_AVAILABLE || s == FSDP2_ERR_NOT_FOUND, "%s: %s",
+                  fsdp2_status_name(s), fsdp2_last_error());
+    OK(fsdp2_topology_destroy(t));
+    const char junk[] = "<topology version=\"2.0\"><object";
+    ck_assert_int_eq(fsdp2_topology_load_xml(junk, sizeof(junk) - 1, &t), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_null(t);
+}
+END_TEST
+
 static Suite *topology_suite(void)
 {
     Suite *s = suite_create("topology");
@@ -211,6 +336,8 @@ static Suite *topology_suite(void)
     tcase_add_test(tc, bad_arguments_are_errors_naming_the_value);
     tcase_add_test(tc, format_summarises_and_truncates_safely);
     tcase_add_test(tc, bind_self_matches_cpuset_for_rank_on_this_machine);
+    tcase_add_test(tc, gpus_are_numbered_in_bus_order_with_their_numa_node_and_cpus);
+    tcase_add_test(tc, gpu_queries_reject_bad_indices_ids_and_topologies);
     suite_add_tcase(s, tc);
     return s;
 }
