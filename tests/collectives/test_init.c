@@ -151,8 +151,11 @@ static int hsdp_rank(int rank, int port, const int *local_rank, const int *local
     return fsdp2_finalize(ctx) != FSDP2_SUCCESS || bad;
 }
 
-static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_status_t want,
-                          const char *needle)
+/* Runs body(rank, port, arg) as ranks 0 and 1 in two child processes, the store on a
+ * free port; both must exit 0. Returns the port. */
+typedef int (*pair_body_fn)(int rank, int port, const void *arg);
+
+static int run_pair(pair_body_fn body, const void *arg)
 {
     int port = free_port();
     ck_assert_int_gt(port, 0);
@@ -161,7 +164,7 @@ static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_s
         pids[r] = fork();
         ck_assert_int_ge(pids[r], 0);
         if (pids[r] == 0)
-            _exit(hsdp_rank(r, port, local_rank, local_world, want, needle));
+            _exit(body(r, port, arg));
     }
     for (int r = 0; r < 2; r++) {
         int status = 0;
@@ -169,6 +172,26 @@ static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_s
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed (%d)", r,
                       status);
     }
+    return port;
+}
+
+typedef struct hsdp_case {
+    const int *local_rank, *local_world;
+    fsdp2_status_t want;
+    const char *needle;
+} hsdp_case_t;
+
+static int hsdp_body(int rank, int port, const void *arg)
+{
+    const hsdp_case_t *c = arg;
+    return hsdp_rank(rank, port, c->local_rank, c->local_world, c->want, c->needle);
+}
+
+static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_status_t want,
+                          const char *needle)
+{
+    hsdp_case_t c = {local_rank, local_world, want, needle};
+    run_pair(hsdp_body, &c);
 }
 
 START_TEST(every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules)
@@ -217,23 +240,15 @@ static int lonely_rank(int rank, int port)
     return 0;
 }
 
+static int lonely_body(int rank, int port, const void *arg)
+{
+    (void)arg;
+    return lonely_rank(rank, port);
+}
+
 START_TEST(ranks_that_never_start_are_named_by_every_rank_within_the_timeout)
 {
-    int port = free_port();
-    ck_assert_int_gt(port, 0);
-    pid_t pids[2];
-    for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        ck_assert_int_ge(pids[r], 0);
-        if (pids[r] == 0)
-            _exit(lonely_rank(r, port));
-    }
-    for (int r = 0; r < 2; r++) {
-        int status = 0;
-        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d failed (%d)", r,
-                      status);
-    }
+    int port = run_pair(lonely_body, NULL);
     /* and rank 0's port is free again */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
