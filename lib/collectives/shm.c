@@ -47,6 +47,7 @@
 #include "core/log_internal.h"
 
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
+#define SHM_REDUCE_BLOCK (8u << 10)  /* bytes reduced at a time when the output streams */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
@@ -433,6 +434,29 @@ static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, c
     return FSDP2_SUCCESS;
 }
 
+/* Reduces m elements of the sources into out: straight, or when the output streams,
+ * block by block into a buffer that stays in L1 and from there out with non-temporal
+ * stores (the kernel's own stores are plain, and each would first read its line). */
+static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const void *const *src,
+                       size_t m)
+{
+    double pre = op->reduce.pre_divide, post = op->reduce.post_divide;
+    if (!x->out_streaming) {
+        fsdp2_reduce_rank_order(out, op->dtype, src, x->n, m, pre, post);
+        return;
+    }
+    _Alignas(LINE) char block[SHM_REDUCE_BLOCK];
+    size_t es = op->elem_size, per = sizeof(block) / es;
+    const void *at[FSDP2_SHM_MAX_RANKS];
+    for (size_t done = 0; done < m; done += per) {
+        size_t k = min_size(per, m - done);
+        for (int r = 0; r < x->n; r++)
+            at[r] = (const char *)src[r] + done * es;
+        fsdp2_reduce_rank_order(block, op->dtype, at, x->n, k, pre, post);
+        out_copy(x, out + done * es, block, k * es);
+    }
+}
+
 /* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
  * to out. In each step a writer's slot holds one piece for each peer, in the order of
  * the peers after it. */
@@ -460,8 +484,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
                 FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
                 src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
             }
-            fsdp2_reduce_rank_order(out + off * es, op->dtype, src, n, min_size(piece, mine - off),
-                                    op->reduce.pre_divide, op->reduce.post_divide);
+            reduce_out(x, op, out + off * es, src, min_size(piece, mine - off));
         }
         finish_step(x, t);
     }

@@ -19,7 +19,9 @@
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
  * each from memory (read for ownership): past the cache that is a third of the traffic.
- * FSDP2_SHM_STREAM_OUTPUT=auto streams the outputs too large to stay cached. */
+ * A reduce-scatter's results are the same (shm.c reduces them into an L1 block and
+ * streams that). FSDP2_SHM_STREAM_OUTPUT=auto streams the outputs too large to stay
+ * cached. */
 #include <string.h>
 
 #if defined(__SSE2__)
@@ -146,7 +148,8 @@ int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
     switch (op->kind) {
     case COLL_ALL_GATHER:
     case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
-    case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
+    case COLL_BROADCAST:
+    case COLL_REDUCE_SCATTER: return bytes >= SHM_OUT_STREAM_GATHER;
     case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
     default: return 0;
     }
