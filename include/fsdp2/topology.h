@@ -100,9 +100,10 @@ typedef struct fsdp2_topology_gpu {
 FSDP2_API fsdp2_status_t fsdp2_topology_gpu(const fsdp2_topology_t *topo, int index,
                                             fsdp2_topology_gpu_t *gpu);
 
-/* The CPUs near GPU `index` (PU OS indices, ascending), as cpuset_for_rank writes them:
- * up to max_cpus into cpus, the full number into *ncpus, FSDP2_ERR_OVERFLOW when
- * max_cpus is too small. None when its locality is unknown. */
+/* The CPUs near GPU `index` (PU OS indices, ascending; all of them, whether or not this
+ * process may use them), written as cpuset_for_rank writes its CPUs: up to max_cpus
+ * into cpus, the full number into *ncpus, FSDP2_ERR_OVERFLOW when max_cpus is too
+ * small. None when its locality is unknown. */
 FSDP2_API fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index,
                                                  int *cpus, int max_cpus, int *ncpus);
 

@@ -306,8 +306,6 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
     return enqueue(g, &op, stream, "barrier");
 }
 
-/* Each member sets its key, then waits for all of the group's keys (the store's own
- * barrier spans its whole world, and a mesh dim's group is a subset). */
 fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
                                         const char *const *keys, const char *what)
 {
@@ -340,6 +338,8 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
                        count == 1 ? "" : "s", list, count > 32 ? ", ..." : "", what);
 }
 
+/* Each member sets its key, then waits for all of the group's keys (the store's own
+ * barrier spans its whole world, and a mesh dim's group is a subset). */
 fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
                                            const char *what)
 {

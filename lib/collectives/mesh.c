@@ -12,7 +12,7 @@
 
 #define MESH_MAX_BLOCK_GROUPS 8
 
-#define MESH_NAME_CHARS 60 /* longest mesh name: group names add at most 68 */
+#define MESH_NAME_CHARS 60 /* longest mesh name (block group names add up to 73 more) */
 
 struct fsdp2_mesh {
     mesh_layout_t layout;

@@ -354,7 +354,6 @@ static void scratch_release(ucx_group_t *ug, int set, int reusable)
     pthread_mutex_unlock(&ug->lock);
 }
 
-/* Element range [*lo, *hi) of rank r when count elements are split as torch.chunk does. */
 /* Rank r's part of a reduction: elements [*lo, *hi) of the send buffers. A reduce-scatter
  * gives every rank `count`; an all-reduce splits its count as torch.chunk does. Computed
  * per rank instead of kept in arrays: groups reach 4096 ranks, and collectives may run
@@ -558,10 +557,12 @@ fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
             int busy = slot->busy;
             pthread_mutex_unlock(&ug->lock);
             /* enqueue() in group.c fails the group, naming the collective */
-            return fsdp2_error(FSDP2_ERR_TIMEOUT, "waited %.1f s (FSDP2_TIMEOUT) for %s to finish",
-                               (double)g->timeout_ms / 1e3,
-                               busy ? "the collective 64 places before it (its slot)"
-                                    : "one of the group's 4 reductions already in flight");
+            return fsdp2_error(FSDP2_ERR_TIMEOUT,
+                               busy ? "waited %.1f s (FSDP2_TIMEOUT) for the collective %d "
+                                      "places before it to free its slot"
+                                    : "waited %.1f s (FSDP2_TIMEOUT) for one of the group's %d "
+                                      "reductions in flight to finish",
+                               (double)g->timeout_ms / 1e3, busy ? UCX_SLOTS : UCX_SCRATCH_SETS);
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */

@@ -1,5 +1,6 @@
 /* Machine topology and CPU binding over hwloc (see include/fsdp2/topology.h for the
  * block distribution and the index conventions). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -180,7 +181,8 @@ fsdp2_status_t fsdp2_topology_load_xml(const char *xml, size_t len, fsdp2_topolo
         int err = errno;
         fsdp2_topology_destroy(t);
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "hwloc does not accept the XML topology "
-                           "(%zu bytes, starting '%.40s'): %s", len, xml, strerror(err));
+                           "(%zu bytes, starting '%.*s'): %s", len, len < 40 ? (int)len : 40,
+                           xml, strerror(err));
     }
     return topology_finish(t, topo);
 }
@@ -410,6 +412,7 @@ static hwloc_const_cpuset_t gpu_cpuset(hwloc_topology_t hw, hwloc_obj_t pci)
 
 static fsdp2_status_t find_gpu(const fsdp2_topology_t *topo, int index, hwloc_obj_t *pci)
 {
+    *pci = NULL;
     FSDP2_ARG_CHECK(topo, "topo must not be NULL");
     *pci = index >= 0 ? gpu_at(topo->hw, index) : NULL;
     if (!*pci)
@@ -422,11 +425,12 @@ fsdp2_status_t fsdp2_topology_gpu(const fsdp2_topology_t *topo, int index,
                                   fsdp2_topology_gpu_t *gpu)
 {
     FSDP2_ARG_CHECK(gpu, "gpu must not be NULL");
+    memset(gpu, 0, sizeof(*gpu));
+    gpu->numa_node = -1;
     hwloc_obj_t pci;
     FSDP2_CHECK(find_gpu(topo, index, &pci));
     hwloc_topology_t hw = topo->hw;
     const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
-    memset(gpu, 0, sizeof(*gpu));
     snprintf(gpu->pci_bus_id, sizeof(gpu->pci_bus_id), "%04x:%02x:%02x.%x",
              (unsigned)a->domain & 0xffffu, a->bus, a->dev, a->func);
     gpu->vendor_id = a->vendor_id;
@@ -448,6 +452,7 @@ fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index, 
 {
     FSDP2_ARG_CHECK(ncpus && (cpus || max_cpus == 0) && max_cpus >= 0,
                     "ncpus must not be NULL, nor cpus with max_cpus %d", max_cpus);
+    *ncpus = 0;
     hwloc_obj_t pci;
     FSDP2_CHECK(find_gpu(topo, index, &pci));
     hwloc_const_cpuset_t near = gpu_cpuset(topo->hw, pci);
@@ -468,14 +473,32 @@ fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index, 
     return FSDP2_SUCCESS;
 }
 
+/* Parses up to `digits` hex digits (at least one) ending at `stop`; advances *p past it. */
+static int hex_field(const char **p, int digits, char stop, unsigned *out)
+{
+    unsigned v = 0;
+    int n = 0;
+    const char *s = *p;
+    for (; n < digits && isxdigit((unsigned char)s[n]); n++)
+        v = v * 16 + (unsigned)(isdigit((unsigned char)s[n]) ? s[n] - '0'
+                                                              : tolower((unsigned char)s[n]) - 'a' + 10);
+    if (n == 0 || s[n] != stop)
+        return 0;
+    *out = v;
+    *p = s + n + (stop != '\0');
+    return 1;
+}
+
 fsdp2_status_t fsdp2_topology_find_gpu(const fsdp2_topology_t *topo, const char *pci_bus_id,
                                        int *index)
 {
     FSDP2_ARG_CHECK(topo && pci_bus_id && index, "topo, pci_bus_id and index must not be NULL");
+    *index = -1;
+    /* domain (up to 8 digits: NVML writes 8, CUDA 4), bus, device, function */
     unsigned domain, bus, dev, func;
-    int end = 0;
-    if (sscanf(pci_bus_id, "%x:%x:%x.%x%n", &domain, &bus, &dev, &func, &end) != 4 ||
-        pci_bus_id[end] != '\0')
+    const char *p = pci_bus_id;
+    if (!hex_field(&p, 8, ':', &domain) || !hex_field(&p, 2, ':', &bus) ||
+        !hex_field(&p, 2, '.', &dev) || !hex_field(&p, 1, '\0', &func))
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
                            "'%s' is not a PCI bus id like 0000:3b:00.0", pci_bus_id);
     for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo->hw, NULL); pci;

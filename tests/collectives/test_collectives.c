@@ -271,26 +271,31 @@ static int body_all_reduce(rank_ctx_t *c)
     return fails;
 }
 
-/* 16-bit sums accumulate in f32, in rank order: rank 0 gives `big` (256 in bf16, 2048 in
- * f16, where the spacing is 2) and every other rank 1. In f32 the sum is big + size - 1,
- * rounded once; accumulated in the 16-bit type every big + 1 would round back to big. */
+/* 16-bit sums accumulate in f32, in rank order: rank 0 gives `big` and every other rank
+ * 1. In bf16 (big 256) and f16 (big 2048), where the spacing at big is 2, the f32 sum is
+ * big + size - 1, rounded once; accumulated in the 16-bit type every big + 1 would
+ * round back to big. In f32 (big 2^24, spacing 2) the same rounding is the point: in
+ * rank order every big + 1 rounds back to big, so the sum is big on any number of
+ * ranks, while adding the ones first (or in f64) would give more. */
 static int body_sixteen_bit_sums(rank_ctx_t *c)
 {
     int fails = 0;
-    const fsdp2_dtype_t dts[] = {FSDP2_BF16, FSDP2_F16};
+    const fsdp2_dtype_t dts[] = {FSDP2_BF16, FSDP2_F16, FSDP2_F32};
     enum { N = 1001 };
     for (size_t d = 0; d < COUNT(dts); d++) {
         fsdp2_dtype_t t = dts[d];
-        double big = t == FSDP2_BF16 ? 256 : 2048, mine = c->rank == 0 ? big : 1;
-        double want = big + (c->size - 1);
+        double big = t == FSDP2_BF16 ? 256 : t == FSDP2_F16 ? 2048 : 16777216;
+        double mine = c->rank == 0 ? big : 1;
+        double want = t == FSDP2_F32 ? big : big + (c->size - 1);
         unsigned char tmp[8];
         fsdp2_convert(tmp, t, &want, FSDP2_F64, 1);
         fsdp2_convert(&want, FSDP2_F64, tmp, t, 1);
-        char *buf = malloc(N * 2), *send = malloc(N * 2 * c->size), *recv = malloc(N * 2);
+        size_t es = esize(t);
+        char *buf = malloc(N * es), *send = malloc(N * es * c->size), *recv = malloc(N * es);
         for (size_t i = 0; i < N; i++)
-            fsdp2_convert(buf + 2 * i, t, &mine, FSDP2_F64, 1);
+            fsdp2_convert(buf + es * i, t, &mine, FSDP2_F64, 1);
         for (int r = 0; r < c->size; r++)
-            memcpy(send + (size_t)r * N * 2, buf, N * 2);
+            memcpy(send + (size_t)r * N * es, buf, N * es);
         fails += OK(c, fsdp2_all_reduce_async(c->world, buf, N, t, NULL, c->stream));
         fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, N, t, NULL, c->stream));
         fails += sync_ok(c);
@@ -335,8 +340,9 @@ static int body_random_sizes(rank_ctx_t *c)
         char *send = malloc(total * esize(t) + 1), *recv = malloc(total * esize(t) + 1);
         fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};
         int exact = rc->op == FSDP2_REDUCE_SUM || (c->size & (c->size - 1)) == 0;
-        /* all_gather */
+        /* all_gather (over bytes that cannot pass for a result) */
         fill_pattern(send, t, c->rank, n, 0);
+        memset(recv, 0xab, total * esize(t));
         fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
         fails += sync_ok(c);
         for (size_t i = 0; i < total && !fails; i++)
@@ -345,6 +351,7 @@ static int body_random_sizes(rank_ctx_t *c)
                                 fsdp2_dtype_name(t), n, i);
         /* reduce_scatter */
         fill_pattern(send, t, c->rank, total, 0);
+        memset(recv, 0xab, n * esize(t));
         fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, &red, c->stream));
         fails += sync_ok(c);
         for (size_t i = 0; i < n && !fails; i++)
@@ -364,6 +371,8 @@ static int body_random_sizes(rank_ctx_t *c)
         /* broadcast */
         if (c->rank == root)
             fill_pattern(recv, t, root, total, 0);
+        else
+            memset(recv, 0xab, total * esize(t));
         fails += OK(c, fsdp2_broadcast_async(c->world, recv, total, t, root, c->stream));
         fails += sync_ok(c);
         for (size_t i = 0; i < total && !fails; i++)
@@ -575,7 +584,7 @@ START_TEST(reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks) { run_all_
 END_TEST
 START_TEST(all_reduce_uneven_counts_on_1_to_4_ranks) { run_all_sizes(body_all_reduce); }
 END_TEST
-START_TEST(sixteen_bit_reductions_accumulate_in_f32_in_rank_order)
+START_TEST(sums_accumulate_in_f32_in_rank_order)
 {
     run_all_sizes(body_sixteen_bit_sums);
 }
@@ -716,7 +725,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(ok, all_gather_into_scattered_pieces_on_1_to_4_ranks);
     tcase_add_test(ok, all_gather_into_empty_pieces_and_of_no_bytes_on_1_to_4_ranks);
     tcase_add_test(ok, reduce_scatter_sum_avg_and_divide_factors_on_1_to_4_ranks);
-    tcase_add_test(ok, sixteen_bit_reductions_accumulate_in_f32_in_rank_order);
+    tcase_add_test(ok, sums_accumulate_in_f32_in_rank_order);
     tcase_add_test(ok, random_sizes_of_every_operation_on_1_to_4_ranks);
     tcase_add_test(ok, all_reduce_uneven_counts_on_1_to_4_ranks);
     tcase_add_test(ok, broadcast_from_every_root_and_barrier_on_1_to_4_ranks);

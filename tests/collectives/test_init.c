@@ -210,7 +210,8 @@ END_TEST
 
 /* A world of 4 of which only ranks 0 and 1 ever start: both fail fsdp2_init with a
  * timeout naming ranks 2 and 3, within about one FSDP2_TIMEOUT (rank 0's store server
- * used to wait a second timeout for the ranks that never connected). */
+ * used to wait a second timeout for the ranks that never connected). FSDP2_TIMEOUT is
+ * set in the environment, which is where fsdp2_init takes it from. */
 static int lonely_rank(int rank, int port)
 {
     clear_launcher_env();
@@ -232,7 +233,9 @@ static int lonely_rank(int rank, int port)
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     const char *msg = fsdp2_last_error();
     int names_both = (strstr(msg, "2, 3") || strstr(msg, "2,3")) != 0;
-    if (s != FSDP2_ERR_TIMEOUT || !names_both || took > 3.5 || ctx) {
+    /* the timeout, rank 0's 1 s grace for the ranks that never connected, and room for a
+     * loaded machine; a second timeout would make it 5 s or more */
+    if (s != FSDP2_ERR_TIMEOUT || !names_both || took > 4.5 || ctx) {
         fprintf(stderr, "rank %d: fsdp2_init gave %s after %.2f s (FSDP2_TIMEOUT=2): %s\n", rank,
                 fsdp2_status_name(s), took, msg);
         return 1;

@@ -301,11 +301,14 @@ START_TEST(gpu_queries_reject_bad_indices_ids_and_topologies)
     fsdp2_topology_gpu_t g;
     int index = 0, ncpus = 0, cpus[4];
     ck_assert_int_eq(fsdp2_topology_gpu(t, 2, &g), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(g.numa_node, -1); /* cleared on failure */
     ck_assert_msg(strstr(fsdp2_last_error(), "GPU 2"), "%s", fsdp2_last_error());
     ck_assert_int_eq(fsdp2_topology_gpu(t, -1, &g), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(fsdp2_topology_gpu(t, 0, NULL), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_int_eq(fsdp2_topology_gpu_cpus(t, 5, cpus, 4, &ncpus), FSDP2_ERR_INVALID_ARGUMENT);
-    const char *bad[] = {"", "3b:00.0", "0000:3b:00", "0000:3b:00.0 ", "zz:3b:00.0"};
+    const char *bad[] = {"",           "3b:00.0",       "0000:3b:00",    "0000:3b:00.0 ",
+                         "zz:3b:00.0", " 0000:3b:00.0", "0x0:3b:00.0",   "-1:3b:00.0",
+                         "0000:+3b:00.0", "000000000:3b:00.0", "0000:3b:00.10"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(fsdp2_topology_find_gpu(t, bad[i], &index), FSDP2_ERR_INVALID_ARGUMENT);
         ck_assert_msg(strstr(fsdp2_last_error(), "PCI bus id"), "%s", fsdp2_last_error());
