@@ -130,6 +130,7 @@ static fsdp2_status_t slurm_tasks_on_node(const char *var, const char *text, int
 {
     const char *p = text;
     long node = 0;
+    int found = 0;
     if (text[0] == '\0')
         return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is set but empty", var);
     while (*p) {
@@ -151,15 +152,17 @@ static fsdp2_status_t slurm_tasks_on_node(const char *var, const char *text, int
                 goto malformed;
             p = end + 1;
         }
-        if (node_id < node + repeat) {
-            *count = (int)n;
-            return FSDP2_SUCCESS;
-        }
-        node += repeat;
-        if (*p == ',')
+        if (node <= node_id && node_id < node + repeat)
+            found = (int)n;
+        node = node + repeat > INT_MAX ? INT_MAX : node + repeat;
+        if (*p == ',' && p[1])
             p++;
-        else if (*p)
+        else if (*p) /* anything else, or a comma that ends the list */
             goto malformed;
+    }
+    if (found > 0) { /* the whole list parsed, not only up to this node's entry */
+        *count = found;
+        return FSDP2_SUCCESS;
     }
     return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
                        "%s='%s' lists %ld nodes but SLURM_NODEID=%d", var, text, node, node_id);

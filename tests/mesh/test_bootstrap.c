@@ -281,6 +281,13 @@ static const bad_env_t bad_envs[] = {
     {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_NTASKS_PER_NODE=2",
       "SLURM_TASKS_PER_NODE=", "SLURM_NODEID=0", "MASTER_ADDR=h", "MASTER_PORT=1"},
      {"SLURM_TASKS_PER_NODE", "empty"}},
+    /* the whole list must parse, not only the part up to this node's entry */
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_TASKS_PER_NODE=2,1,",
+      "SLURM_NODEID=0", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_TASKS_PER_NODE='2,1,'", "at ','"}},
+    {{"SLURM_PROCID=0", "SLURM_NTASKS=3", "SLURM_LOCALID=0", "SLURM_TASKS_PER_NODE=2,1,x",
+      "SLURM_NODEID=0", "MASTER_ADDR=h", "MASTER_PORT=1"},
+     {"SLURM_TASKS_PER_NODE='2,1,x'", "at 'x'"}},
     {{"SLURM_PROCID=2", "SLURM_NTASKS=3", "SLURM_LOCALID=1", "SLURM_NTASKS_PER_NODE=2",
       "SLURM_TASKS_PER_NODE=2,1", "SLURM_NODEID=1", "MASTER_ADDR=h", "MASTER_PORT=1"},
      {"SLURM_LOCALID=1", "SLURM_TASKS_PER_NODE=1"}},
