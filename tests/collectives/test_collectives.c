@@ -8,6 +8,7 @@
  * second time with FSDP2_SHM=off, so that every case also runs over UCX messages (the
  * path across hosts). */
 #include <check.h>
+#include <sched.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -540,6 +541,66 @@ static int body_enqueue_behind_own_later_work(rank_ctx_t *c)
     return fails;
 }
 
+/* Every rank pinned to one and the same CPU before its group is made: more ranks than
+ * cores on any machine, as on this 2-core one (the group then never spins). Collectives
+ * of small and large sizes must finish, with the right values, within the deadline. A
+ * wait that starved its peer only slows this down (0.2-0.6 s per world size here, 1-4 s
+ * with the shared-memory waits made pure spins), so speed is left to the benchmarks. */
+static int body_pinned_to_one_cpu(rank_ctx_t *c)
+{
+    int fails = 0;
+    cpu_set_t allowed, one;
+    CPU_ZERO(&one);
+    fails += RANK_CHECK(c, sched_getaffinity(0, sizeof(allowed), &allowed) == 0, "affinity");
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &allowed)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    fails += RANK_CHECK(c, sched_setaffinity(0, sizeof(one), &one) == 0, "pin");
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 20000;
+    fsdp2_group_t *g = NULL;
+    fails += OK(c, fsdp2_group_create(c->store, "pinned", c->rank, c->size, &go, &g));
+    if (fails)
+        return fails;
+    fsdp2_group_t *world = c->world;
+    c->world = g; /* the checks below run on the pinned group */
+    float small[256];
+    for (int k = 0; k < 200 && !fails; k++) {
+        for (int i = 0; i < 256; i++)
+            small[i] = (float)(c->rank + i + k);
+        fails += OK(c, fsdp2_all_reduce_async(g, small, 256, FSDP2_F32, NULL, c->stream));
+        fails += sync_ok(c);
+        float want = (float)(c->size * (c->size - 1) / 2 + c->size * (7 + k));
+        fails += RANK_CHECK(c, small[7] == want, "round %d: %g, want %g", k, small[7], want);
+    }
+    size_t n = (size_t)1 << 18; /* 1 MiB of f32 per rank */
+    float *send = malloc(n * sizeof(float)), *recv = malloc(n * c->size * sizeof(float));
+    for (int k = 0; k < 5 && !fails; k++) {
+        fill_pattern(send, FSDP2_F32, c->rank, n, 0);
+        fails += OK(c, fsdp2_all_gather_async(g, send, recv, n, FSDP2_F32, c->stream));
+        fails += sync_ok(c);
+        for (int r = 0; r < c->size && !fails; r++)
+            fails += RANK_CHECK(c, recv[(size_t)r * n + n - 1] == pattern(r, n - 1) &&
+                                       recv[(size_t)r * n] == pattern(r, 0),
+                                "all_gather round %d rank %d", k, r);
+        fill_pattern(recv, FSDP2_F32, c->rank, n * c->size, 0);
+        fails += OK(c, fsdp2_reduce_scatter_async(g, recv, send, n, FSDP2_F32, NULL, c->stream));
+        fails += sync_ok(c);
+        reduce_case_t sum = {FSDP2_REDUCE_SUM, 1, 1};
+        for (size_t i = 0; i < n && !fails; i += 4099)
+            fails += RANK_CHECK(c, send[i] == (float)reference(&sum, c->size, i,
+                                                                 (size_t)c->rank * n),
+                                "reduce_scatter round %d element %zu", k, i);
+    }
+    free(send);
+    free(recv);
+    c->world = world;
+    fsdp2_group_destroy(g);
+    return fails;
+}
+
 static int body_bad_arguments(rank_ctx_t *c)
 {
     int fails = 0;
@@ -608,6 +669,16 @@ END_TEST
 START_TEST(broadcast_from_every_root_and_barrier_on_1_to_4_ranks) { run_all_sizes(body_broadcast_and_barrier); }
 END_TEST
 START_TEST(collectives_on_two_streams_of_one_group_match_by_sequence) { run_all_sizes(body_two_streams); }
+END_TEST
+START_TEST(ranks_pinned_to_one_cpu_still_make_progress)
+{
+    for (int size = 2; size <= 4; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_pinned_to_one_cpu, NULL, 20000, 90, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "world size %d: %d ranks failed (timed out: "
+                      "%d)", size, failed, res.timed_out);
+    }
+}
 END_TEST
 START_TEST(bad_arguments_are_errors_and_leave_the_group_usable) { run_all_sizes(body_bad_arguments); }
 END_TEST
@@ -731,6 +802,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(ok, broadcast_from_every_root_and_barrier_on_1_to_4_ranks);
     tcase_add_test(ok, collectives_on_two_streams_of_one_group_match_by_sequence);
     tcase_add_test(ok, bad_arguments_are_errors_and_leave_the_group_usable);
+    tcase_add_test(ok, ranks_pinned_to_one_cpu_still_make_progress);
     tcase_add_test(ok, more_reductions_in_flight_than_scratch_sets_do_not_deadlock);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
