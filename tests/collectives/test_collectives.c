@@ -720,7 +720,7 @@ static int body_peer_dies(rank_ctx_t *c)
 
 START_TEST(a_dead_peer_is_an_error_on_every_survivor_not_a_hang)
 {
-    for (int size = 2; size <= 3; size++) {
+    for (int size = 2; size <= 4; size++) {
         ranks_result_t res;
         run_ranks(size, body_peer_dies, NULL, 3000, 60, &res);
         ck_assert_msg(!res.timed_out, "ranks hung");
@@ -740,12 +740,18 @@ static int body_hung_peer(rank_ctx_t *c)
         const char *key = "all-reported";
         return OK(c, fsdp2_store_wait(c->store, &key, 1));
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     fsdp2_status_t s = fsdp2_all_gather_async(c->world, buf, buf, 4, FSDP2_F32, c->stream);
     if (s == FSDP2_SUCCESS)
         s = fsdp2_stream_synchronize(c->stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     /* TIMEOUT, or PEER_FAILED when the other survivor timed out first and left */
     int fails = RANK_CHECK(c, s == FSDP2_ERR_TIMEOUT || s == FSDP2_ERR_PEER_FAILED, "status %s",
                            fsdp2_status_name(s));
+    /* about the group's 1.5 s timeout: not at once, and not much later */
+    fails += RANK_CHECK(c, waited > 1.0 && waited < 10.0, "failed after %.2f s", waited);
     fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "all_gather") != NULL, "message");
     int64_t n = 0;
     fsdp2_store_add(c->store, "reported", 1, &n);

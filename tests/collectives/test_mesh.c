@@ -157,6 +157,14 @@ static int body_bad_meshes(rank_ctx_t *c)
     fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad3", c->rank, c->size, 3, two_two, NULL,
                                              NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT,
                         "three dims");
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad5", c->rank, c->size, 0, two_two, NULL,
+                                             NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT,
+                        "no dims");
+    const int negative[2] = {-2, -2};
+    fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad6", c->rank, c->size, 2, negative,
+                                             NULL, NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "-2") != NULL,
+                        "negative dims (product 4): %s", fsdp2_last_error());
     fails += RANK_CHECK(c, fsdp2_mesh_create(c->store, "bad4", c->rank, c->size, 2, two_two, dup,
                                              NULL, &m) == FSDP2_ERR_INVALID_ARGUMENT &&
                                strstr(fsdp2_last_error(), "'x'") != NULL,
