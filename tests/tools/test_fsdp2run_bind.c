@@ -291,6 +291,28 @@ START_TEST(under_mpirun_it_execs_the_program_in_place)
 }
 END_TEST
 
+/* The same under srun and under a PMI launcher (Hydra's local variable names), one
+ * environment per loop iteration. */
+START_TEST(under_srun_or_pmi_it_execs_the_program_in_place)
+{
+    static const char *const envs[][6] = {
+        {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+         "SLURM_TASKS_PER_NODE=1", NULL},
+        {"PMI_RANK=0", "PMI_SIZE=1", "MPI_LOCALRANKID=0", "MPI_LOCALNRANKS=1", NULL},
+    };
+    for (int i = 0; envs[_i][i]; i++)
+        putenv((char *)envs[_i][i]);
+    const char *args[] = {path_of("PRINT_ENV"), "--pid", NULL};
+    pid_t pid = start(args);
+    ck_assert_int_eq(exit_code(wait_exit(pid, WAIT_MS, err_path)), 0);
+    char *text = slurp(out_path), want[64];
+    snprintf(want, sizeof(want), "pid RANK=0 PID=%d\n", (int)pid);
+    ck_assert_msg(strstr(text, want) && !strstr(text, "[rank"), "launcher %d output:\n%s", _i,
+                  text);
+    free(text);
+}
+END_TEST
+
 /* Each bad command line exits 2 with a message naming the flag or value. */
 
 static Suite *fsdp2run_bind_suite(void)
@@ -309,6 +331,7 @@ static Suite *fsdp2run_bind_suite(void)
     tcase_add_test(tc, topology_without_hwloc_exits_1_saying_so);
 #endif
     tcase_add_test(tc, under_mpirun_it_execs_the_program_in_place);
+    tcase_add_loop_test(tc, under_srun_or_pmi_it_execs_the_program_in_place, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
