@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../core/check_main.h"
+#include "../core/test_rng.h"
 #include "ranks.h"
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
@@ -318,25 +319,16 @@ static int body_sixteen_bit_sums(rank_ctx_t *c)
  * 1 MiB pieces), dtypes, reduction cases and roots; the seed comes from the parent, so
  * every rank draws the same, and is printed so that a failure can be replayed with
  * FSDP2_TEST_SEED. */
-static uint64_t next_random(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
-
 static int body_random_sizes(rank_ctx_t *c)
 {
     int fails = 0;
     uint64_t state = *(const uint64_t *)c->arg | 1;
     const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
     for (int draw = 0; draw < 12 && !fails; draw++) {
-        fsdp2_dtype_t t = dts[next_random(&state) % COUNT(dts)];
-        size_t n = (size_t)(next_random(&state) % ((uint64_t)1 << (next_random(&state) % 20)));
-        const reduce_case_t *rc = &reduce_cases[next_random(&state) % COUNT(reduce_cases)];
-        int root = (int)(next_random(&state) % (uint64_t)c->size);
+        fsdp2_dtype_t t = dts[rng_next(&state) % COUNT(dts)];
+        size_t n = (size_t)(rng_next(&state) % ((uint64_t)1 << (rng_next(&state) % 20)));
+        const reduce_case_t *rc = &reduce_cases[rng_next(&state) % COUNT(reduce_cases)];
+        int root = (int)(rng_next(&state) % (uint64_t)c->size);
         size_t total = n * c->size;
         char *send = malloc(total * esize(t) + 1), *recv = malloc(total * esize(t) + 1);
         fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};

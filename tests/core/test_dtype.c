@@ -11,6 +11,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "test_rng.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -52,17 +53,6 @@ static double f64_from_bits(uint64_t bits)
     double value;
     memcpy(&value, &bits, sizeof value);
     return value;
-}
-
-/* Marsaglia's xorshift64: fixed seeds make every run test the same inputs. */
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *state = x;
-    return x;
 }
 
 /* ---------------------------------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include "test_rng.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -49,17 +50,6 @@ static float f32_from_bits(uint32_t bits)
     float value;
     memcpy(&value, &bits, sizeof value);
     return value;
-}
-
-/* Marsaglia's xorshift64: fixed seeds make every run test the same inputs. */
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *state = x;
-    return x;
 }
 
 static const fsdp2_device_t CPU = FSDP2_DEVICE_CPU_INIT;
