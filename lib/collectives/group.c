@@ -319,23 +319,14 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
         free(missing);
         return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
     }
-    char list[256] = "";
-    size_t used = 0;
-    int count = 0;
-    for (int r = 0; r < g->size; r++) {
-        if (!missing[r])
-            continue;
-        if (++count <= 32 && used < sizeof(list)) {
-            int k = snprintf(list + used, sizeof(list) - used, "%s%d", count > 1 ? ", " : "", r);
-            used += k > 0 ? (size_t)k : 0;
-        }
-    }
+    char list[256];
+    int count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
     free(missing);
     if (count == 0)
         return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
-    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s%s did not %s in time "
+    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s in time "
                        "(the store's timeout, FSDP2_TIMEOUT)", g->name, g->size,
-                       count == 1 ? "" : "s", list, count > 32 ? ", ..." : "", what);
+                       count == 1 ? "" : "s", list, what);
 }
 
 /* Each member sets its key, then waits for all of the group's keys (the store's own

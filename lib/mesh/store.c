@@ -535,6 +535,11 @@ fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys
     return FSDP2_SUCCESS;
 }
 
+int fsdp2_store_format_ranks(const uint8_t *missing, int n, char *buf, size_t cap)
+{
+    return store_format_ranks(missing, n, buf, cap);
+}
+
 /* The error of a wait that timed out, naming the keys still missing (as many as fit). */
 static fsdp2_status_t wait_timed_out(fsdp2_store_t *st, const char *const *keys, size_t n)
 {

@@ -12,4 +12,8 @@
 fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys, size_t n,
                                    uint8_t *missing);
 
+/* Writes the ranks r < n with missing[r] set as "2,3" (at most 32, then ",... (N in
+ * all)") into buf, as the store's own messages list them; returns how many there are. */
+int fsdp2_store_format_ranks(const uint8_t *missing, int n, char *buf, size_t cap);
+
 #endif
