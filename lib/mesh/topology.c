@@ -265,6 +265,20 @@ static fsdp2_status_t rank_cpuset(const fsdp2_topology_t *topo, int r, int n,
     return FSDP2_SUCCESS;
 }
 
+/* The PUs of set, ascending, into cpus (at most max of them); returns how many it has. */
+static int write_cpus(hwloc_const_cpuset_t set, int *cpus, int max)
+{
+    int n = 0;
+    unsigned cpu;
+    hwloc_bitmap_foreach_begin(cpu, set) {
+        if (n < max)
+            cpus[n] = (int)cpu;
+        n++;
+    }
+    hwloc_bitmap_foreach_end();
+    return n;
+}
+
 fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *topo, int local_rank,
                                               int local_world_size, fsdp2_bind_mode_t mode,
                                               int *cpus, int max_cpus, int *ncpus)
@@ -277,15 +291,7 @@ fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *topo, int 
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "topology: no memory for a cpuset");
     fsdp2_status_t status = rank_cpuset(topo, local_rank, local_world_size, mode, set);
     if (status == FSDP2_SUCCESS) {
-        int n = 0;
-        unsigned cpu;
-        hwloc_bitmap_foreach_begin(cpu, set) {
-            if (n < max_cpus)
-                cpus[n] = (int)cpu;
-            n++;
-        }
-        hwloc_bitmap_foreach_end();
-        *ncpus = n;
+        int n = *ncpus = write_cpus(set, cpus, max_cpus);
         if (n > max_cpus)
             status = fsdp2_error(FSDP2_ERR_OVERFLOW,
                                  "local rank %d gets %d CPUs but max_cpus is %d", local_rank, n,
@@ -456,17 +462,7 @@ fsdp2_status_t fsdp2_topology_gpu_cpus(const fsdp2_topology_t *topo, int index, 
     hwloc_obj_t pci;
     FSDP2_CHECK(find_gpu(topo, index, &pci));
     hwloc_const_cpuset_t near = gpu_cpuset(topo->hw, pci);
-    int n = 0;
-    unsigned cpu;
-    if (near) {
-        hwloc_bitmap_foreach_begin(cpu, near) {
-            if (n < max_cpus)
-                cpus[n] = (int)cpu;
-            n++;
-        }
-        hwloc_bitmap_foreach_end();
-    }
-    *ncpus = n;
+    int n = *ncpus = near ? write_cpus(near, cpus, max_cpus) : 0;
     if (n > max_cpus)
         return fsdp2_error(FSDP2_ERR_OVERFLOW, "GPU %d has %d CPUs near it but max_cpus is %d",
                            index, n, max_cpus);
