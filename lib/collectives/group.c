@@ -306,27 +306,56 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
     return enqueue(g, &op, stream, "barrier");
 }
 
-fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
-                                        const char *const *keys, const char *what)
+/* The keys "<group>/<what>/<r>" of every member r: list[r] points into one block. */
+static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char **block,
+                                  const char ***list)
 {
-    fsdp2_status_t status = fsdp2_store_wait(store, keys, (size_t)g->size);
-    if (status != FSDP2_ERR_TIMEOUT)
-        return status;
-    char waited[512];
-    snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
-    uint8_t *missing = malloc((size_t)g->size);
-    if (!missing || fsdp2_store_missing(store, keys, (size_t)g->size, missing) != FSDP2_SUCCESS) {
-        free(missing);
-        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
+    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
+    *block = malloc((size_t)g->size * key_len);
+    *list = malloc((size_t)g->size * sizeof(**list));
+    if (!*block || !*list) {
+        free(*block);
+        free((void *)*list);
+        *block = NULL;
+        *list = NULL;
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': %d keys '%s'", g->name, g->size,
+                           what);
     }
-    char list[256];
-    int count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
+    for (int r = 0; r < g->size; r++) {
+        (*list)[r] = *block + (size_t)r * key_len;
+        snprintf(*block + (size_t)r * key_len, key_len, "%s/%s/%d", g->name, what, r);
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, const char *key,
+                                        const char *verb)
+{
+    char *block;
+    const char **keys;
+    FSDP2_CHECK(member_keys(g, key, &block, &keys));
+    fsdp2_status_t status = fsdp2_store_wait(store, keys, (size_t)g->size);
+    uint8_t *missing = NULL;
+    if (status == FSDP2_ERR_TIMEOUT) {
+        char waited[512];
+        snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
+        char list[256];
+        int count = 0;
+        missing = malloc((size_t)g->size);
+        if (missing &&
+            fsdp2_store_missing(store, keys, (size_t)g->size, missing) == FSDP2_SUCCESS)
+            count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
+        if (count == 0) /* unknown, or all arrived just after the deadline */
+            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
+        else
+            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s in "
+                                 "time (the store's timeout, FSDP2_TIMEOUT)", g->name, g->size,
+                                 count == 1 ? "" : "s", list, verb);
+    }
     free(missing);
-    if (count == 0)
-        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, what, waited);
-    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s in time "
-                       "(the store's timeout, FSDP2_TIMEOUT)", g->name, g->size,
-                       count == 1 ? "" : "s", list, what);
+    free(block);
+    free((void *)keys);
+    return status;
 }
 
 /* Each member sets its key, then waits for all of the group's keys (the store's own
@@ -334,24 +363,9 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store,
 fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
                                            const char *what)
 {
-    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
-    char *keys = malloc((size_t)g->size * key_len);
-    const char **list = malloc((size_t)g->size * sizeof(*list));
-    fsdp2_status_t status = FSDP2_SUCCESS;
-    if (!keys || !list) {
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': barrier keys", g->name);
-        goto cleanup;
-    }
-    for (int r = 0; r < g->size; r++) {
-        snprintf(keys + (size_t)r * key_len, key_len, "%s/%s/%d", g->name, what, r);
-        list[r] = keys + (size_t)r * key_len;
-    }
-    FSDP2_CHECK_GOTO(fsdp2_store_set(store, list[g->rank], "1", 1), status, cleanup);
-    char done[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(done, sizeof(done), "reach '%s'", what);
-    FSDP2_CHECK_GOTO(fsdp2_group_wait_members(g, store, list, done), status, cleanup);
-cleanup:
-    free(keys);
-    free(list);
-    return status;
+    char key[FSDP2_GROUP_NAME_MAX + 64], verb[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/%s/%d", g->name, what, g->rank);
+    FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
+    snprintf(verb, sizeof(verb), "reach '%s'", what);
+    return fsdp2_group_wait_members(g, store, what, verb);
 }

@@ -76,10 +76,10 @@ fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, co
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
-/* Waits until every member r has set keys[r] (g->size keys); a timeout names the
- * members that have not: "members 2, 3 did not <what> in time". */
+/* Waits until every member r has set "<group name>/<key>/<r>"; a timeout names the
+ * members that have not: "members 2,3 did not <verb> in time". */
 fsdp2_status_t fsdp2_group_wait_members(struct fsdp2_group *g, fsdp2_store_t *store,
-                                        const char *const *keys, const char *what);
+                                        const char *key, const char *verb);
 
 /* A barrier over the group's members only, through the store (set-up time). `what`
  * names it within the group's keys. */

@@ -161,21 +161,7 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
     snprintf(key, sizeof(key), "%s/ucx/identity/%d", g->name, g->rank);
     FSDP2_CHECK(fsdp2_store_set(store, key, &me, sizeof(me)));
     /* All at once first, so that a timeout names every member that never came. */
-    size_t key_len = sizeof(key);
-    char *keys = malloc((size_t)g->size * key_len);
-    const char **list = malloc((size_t)g->size * sizeof(*list));
-    fsdp2_status_t status = FSDP2_SUCCESS;
-    if (!keys || !list)
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': identity keys", g->name);
-    for (int r = 0; r < g->size && status == FSDP2_SUCCESS; r++) {
-        list[r] = keys + (size_t)r * key_len;
-        snprintf(keys + (size_t)r * key_len, key_len, "%s/ucx/identity/%d", g->name, r);
-    }
-    if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_wait_members(g, store, list, "join");
-    free(keys);
-    free(list);
-    FSDP2_CHECK(status);
+    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "ucx/identity", "join"));
     *all_local = 1;
     *all_shm = me.shm;
     for (int k = 1; k < g->size; k++) {
