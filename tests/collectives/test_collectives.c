@@ -61,6 +61,22 @@ static int sync_ok(rank_ctx_t *c)
     return RANK_CHECK(c, fsdp2_stream_synchronize(c->stream) == FSDP2_SUCCESS, "synchronize");
 }
 
+/* buf holds `blocks` blocks of n elements, block b being rank from + b's pattern (a
+ * gather: from 0, blocks = size; a broadcast: from root, one block). Reports the first
+ * element that is not, with `what` saying which call. */
+static int expect_blocks(rank_ctx_t *c, const void *buf, fsdp2_dtype_t t, size_t n, int from,
+                         int blocks, const char *what)
+{
+    for (int b = 0; b < blocks; b++)
+        for (size_t i = 0; i < n; i++) {
+            double got = get(buf, t, (size_t)b * n + i), want = pattern(from + b, i);
+            if (RANK_CHECK(c, got == want, "%s: %s n=%zu from rank %d element %zu: %g, want %g",
+                           what, fsdp2_dtype_name(t), n, from + b, i, got, want))
+                return 1;
+        }
+    return 0;
+}
+
 /* ---- all_gather ---- */
 
 static int body_all_gather(rank_ctx_t *c)
@@ -76,23 +92,14 @@ static int body_all_gather(rank_ctx_t *c)
             memset(recv, 0xab, n * esize(t) * c->size);
             fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
             fails += sync_ok(c);
-            for (int r = 0; r < c->size && !fails; r++)
-                for (size_t i = 0; i < n && !fails; i++)
-                    fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
-                                        "%s n=%zu from rank %d element %zu: %g, want %g",
-                                        fsdp2_dtype_name(t), n, r, i, get(recv, t, r * n + i),
-                                        pattern(r, i));
+            fails += fails ? 0 : expect_blocks(c, recv, t, n, 0, c->size, "all_gather");
             /* in place: our block already sits in recv */
             memset(recv, 0xab, n * esize(t) * c->size);
             fill_pattern(recv + (size_t)c->rank * n * esize(t), t, c->rank, n, 0);
             fails += OK(c, fsdp2_all_gather_async(c->world, recv + (size_t)c->rank * n * esize(t),
                                                   recv, n, t, c->stream));
             fails += sync_ok(c);
-            for (int r = 0; r < c->size && !fails; r++)
-                for (size_t i = 0; i < n && !fails; i++)
-                    fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
-                                        "in place %s n=%zu rank %d element %zu",
-                                        fsdp2_dtype_name(t), n, r, i);
+            fails += fails ? 0 : expect_blocks(c, recv, t, n, 0, c->size, "in place all_gather");
             free(send);
             free(recv);
         }
@@ -338,10 +345,7 @@ static int body_random_sizes(rank_ctx_t *c)
         memset(recv, 0xab, total * esize(t));
         fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
         fails += sync_ok(c);
-        for (size_t i = 0; i < total && !fails; i++)
-            fails += RANK_CHECK(c, get(recv, t, i) == pattern((int)(i / n), i % n),
-                                "draw %d all_gather %s n=%zu element %zu", draw,
-                                fsdp2_dtype_name(t), n, i);
+        fails += fails ? 0 : expect_blocks(c, recv, t, n, 0, c->size, "random all_gather");
         /* reduce_scatter */
         fill_pattern(send, t, c->rank, total, 0);
         memset(recv, 0xab, n * esize(t));
@@ -368,10 +372,7 @@ static int body_random_sizes(rank_ctx_t *c)
             memset(recv, 0xab, total * esize(t));
         fails += OK(c, fsdp2_broadcast_async(c->world, recv, total, t, root, c->stream));
         fails += sync_ok(c);
-        for (size_t i = 0; i < total && !fails; i++)
-            fails += RANK_CHECK(c, get(recv, t, i) == pattern(root, i),
-                                "draw %d broadcast %s count %zu root %d element %zu", draw,
-                                fsdp2_dtype_name(t), total, root, i);
+        fails += fails ? 0 : expect_blocks(c, recv, t, total, root, 1, "random broadcast");
         free(send);
         free(recv);
     }
@@ -394,11 +395,7 @@ static int body_broadcast_and_barrier(rank_ctx_t *c)
                     memset(buf, 0xab, n * esize(t));
                 fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
                 fails += sync_ok(c);
-                for (size_t i = 0; i < n && !fails; i++)
-                    fails += RANK_CHECK(c, get(buf, t, i) == pattern(root, i),
-                                        "%s n=%zu root %d element %zu: %g, want %g",
-                                        fsdp2_dtype_name(t), n, root, i, get(buf, t, i),
-                                        pattern(root, i));
+                fails += fails ? 0 : expect_blocks(c, buf, t, n, root, 1, "broadcast");
                 free(buf);
             }
     /* After the barrier every rank must see every rank's arrival. */

@@ -57,6 +57,17 @@ static int bind_plain(int port)
     return rc;
 }
 
+/* Nothing of a stopped server is left: no descriptor, and a new server can take its
+ * very port. */
+static void expect_port_released(int port, int fds_before)
+{
+    ck_assert_int_eq(count_fds(), fds_before);
+    ck_assert_msg(bind_plain(port) == 0, "port %d still bound: %s", port, strerror(errno));
+    fsdp2_store_t *server = open_store("127.0.0.1", port, 1, 1, 0, 10000);
+    ck_assert_int_eq(store_port(server), port);
+    OK(fsdp2_store_destroy(server));
+}
+
 START_TEST(the_port_is_free_again_and_no_descriptor_is_left_after_destroy)
 {
     /* A first round, so that whatever the C library keeps open after its first use
@@ -72,12 +83,7 @@ START_TEST(the_port_is_free_again_and_no_descriptor_is_left_after_destroy)
     ck_assert_int_ne(bind_plain(port), 0);
     OK(fsdp2_store_destroy(client));
     OK(fsdp2_store_destroy(server));
-    ck_assert_int_eq(count_fds(), fds_before);
-    ck_assert_msg(bind_plain(port) == 0, "port %d still bound: %s", port, strerror(errno));
-    /* And a new server on that very port. */
-    server = open_store("127.0.0.1", port, 1, 1, 0, 10000);
-    ck_assert_int_eq(store_port(server), port);
-    OK(fsdp2_store_destroy(server));
+    expect_port_released(port, fds_before);
 }
 END_TEST
 
@@ -431,11 +437,7 @@ START_TEST(a_failed_create_on_the_server_rank_frees_its_port_and_descriptors)
     /* The server is stopped at once, not after a second timeout. */
     ck_assert_msg(elapsed < FAILED_CREATE_TIMEOUT_MS / 1000.0 + 1.0,
                   "host %s: create failed after %.2f s: %s", host, elapsed, fsdp2_last_error());
-    ck_assert_int_eq(count_fds(), fds_before);
-    ck_assert_msg(bind_plain(port) == 0, "port %d still bound: %s", port, strerror(errno));
-    st = open_store("127.0.0.1", port, 1, 1, 0, 10000);
-    ck_assert_int_eq(store_port(st), port);
-    OK(fsdp2_store_destroy(st));
+    expect_port_released(port, fds_before);
 }
 END_TEST
 
