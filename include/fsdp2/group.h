@@ -91,7 +91,7 @@ typedef struct fsdp2_reduce {
 #define FSDP2_REDUCE_AVG_INIT {FSDP2_REDUCE_AVG, 1.0, 1.0}
 
 /* recv[r * count .. ] = send of rank r, for every rank r (recv holds size * count).
- * send may be recv + rank * count (in place). */
+ * send may be recv + rank * count (in place); otherwise it must not overlap recv. */
 FSDP2_API fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *group, const void *send, void *recv,
                                                 size_t count, fsdp2_dtype_t dtype,
                                                 fsdp2_stream_t *stream);
@@ -104,7 +104,8 @@ typedef struct fsdp2_iov {
 /* All-gather of `bytes` bytes per rank straight into final places: rank r's bytes are
  * scattered over pieces[offsets[r] .. offsets[r + 1]) in order (offsets has size + 1
  * entries, offsets[0] == 0), whose lengths add up to `bytes`. Pieces may not overlap
- * and must outlive the collective, like the pieces array itself. */
+ * and must outlive the collective, like the pieces array itself. Each of this rank's
+ * pieces is either in place (where its part of send is) or apart from send. */
 FSDP2_API fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *group, const void *send,
                                                        size_t bytes, const fsdp2_iov_t *pieces,
                                                        const size_t *offsets,

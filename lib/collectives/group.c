@@ -219,12 +219,31 @@ static fsdp2_status_t check_reduce(fsdp2_group_t *g, const fsdp2_reduce_t *reduc
     return FSDP2_SUCCESS;
 }
 
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static int overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return na && nb && x < y + nb && y < x + na;
+}
+
 fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *recv, size_t count,
                                       fsdp2_dtype_t dtype, fsdp2_stream_t *stream)
 {
     FSDP2_ARG_CHECK(g, "all_gather: group is NULL");
     FSDP2_ARG_CHECK(count == 0 || (send && recv), "all_gather on group '%s': send=%p recv=%p with count %zu",
                     g->name, send, recv, count);
+    size_t es = 0, bytes;
+    if (fsdp2_dtype_size(dtype, &es) == FSDP2_SUCCESS && count) { /* else enqueue says */
+        FSDP2_ARG_CHECK(count <= SIZE_MAX / es / (size_t)g->size,
+                        "all_gather on group '%s': count %zu of %zu-byte elements times %d ranks "
+                        "overflows", g->name, count, es, g->size);
+        bytes = count * es;
+        const char *own = (const char *)recv + (size_t)g->rank * bytes;
+        FSDP2_ARG_CHECK(send == own || !overlaps(send, bytes, recv, bytes * (size_t)g->size),
+                        "all_gather on group '%s': send %p (%zu bytes) overlaps recv %p (%zu "
+                        "bytes) but is not this rank's block %p (in place)",
+                        g->name, send, bytes, recv, bytes * (size_t)g->size, (const void *)own);
+    }
     coll_op_t op = {.kind = COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
                     .dtype = dtype};
     return enqueue(g, &op, stream, "all_gather");
@@ -255,6 +274,22 @@ fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *g, const void *send,
                         "all_gather_pieces on group '%s': rank %d's pieces hold %zu bytes, not %zu",
                         g->name, r, total, bytes);
     }
+    /* This rank's pieces: each where its part of send already is (in place), or apart
+     * from send (peers read send while the pieces are written). */
+    size_t at = 0;
+    for (size_t k = offsets[g->rank]; k < offsets[g->rank + 1]; at += pieces[k].bytes, k++)
+        FSDP2_ARG_CHECK(pieces[k].data == (const char *)send + at ||
+                            !overlaps(pieces[k].data, pieces[k].bytes, send, bytes),
+                        "all_gather_pieces on group '%s': this rank's piece %zu (%p, %zu bytes) "
+                        "overlaps send %p (%zu bytes) but is not in place (%p)",
+                        g->name, k, pieces[k].data, pieces[k].bytes, send, bytes,
+                        (const void *)((const char *)send + at));
+    for (int r = 0; r < g->size; r++)
+        for (size_t k = offsets[r]; r != g->rank && k < offsets[r + 1]; k++)
+            FSDP2_ARG_CHECK(!overlaps(pieces[k].data, pieces[k].bytes, send, bytes),
+                            "all_gather_pieces on group '%s': rank %d's piece %zu (%p, %zu "
+                            "bytes) overlaps send %p (%zu bytes)",
+                            g->name, r, k, pieces[k].data, pieces[k].bytes, send, bytes);
     coll_op_t op = {.kind = COLL_ALL_GATHER_PIECES, .send = send, .count = bytes,
                     .dtype = FSDP2_U8, .elem_size = 1, .pieces = pieces, .offsets = offsets};
     return enqueue(g, &op, stream, "all_gather_pieces");

@@ -317,8 +317,11 @@ static void sink_write(const run_t *x, sink_t *s, size_t off, const char *src, s
 }
 
 /* Rank r's len[r] bytes reach sinks[r] on every other rank; this rank's bytes come from
- * mine (its own sink is not written). */
-static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks)
+ * mine, and reach its own sink too when own is set: a slot's worth at a time, right after
+ * that piece went into the slot, so it is read from memory once (copying all of it first
+ * read a large input twice). */
+static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,
+                             int own)
 {
     size_t most = 0;
     for (int r = 0; r < x->n; r++)
@@ -328,8 +331,11 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
         if (off < len[x->me]) {
             char *slot;
             FSDP2_CHECK(slot_for_write(x, t, &slot));
-            slot_copy(x, slot, mine + off, min_size(SHM_SLOT, len[x->me] - off));
+            size_t m = min_size(SHM_SLOT, len[x->me] - off);
+            slot_copy(x, slot, mine + off, m);
             post(x, t);
+            if (own) /* from mine, still in cache (the slot may have been streamed) */
+                sink_write(x, &sinks[x->me], off, mine + off, m);
         }
         /* Copy out whichever peers have posted, blocking only when none has: with more
          * ranks than cores they arrive in any order. */
@@ -365,9 +371,7 @@ static fsdp2_status_t run_all_gather(run_t *x, const coll_op_t *op)
         sinks[r] = (sink_t){.buf = recv + (size_t)r * bytes};
     }
     char *mine = recv + (size_t)x->me * bytes;
-    if (bytes && mine != (const char *)op->send)
-        out_copy(x, mine, op->send, bytes);
-    return gather(x, op->send, len, sinks);
+    return gather(x, op->send, len, sinks, mine != (const char *)op->send);
 }
 
 static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
@@ -378,13 +382,22 @@ static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
         len[r] = op->count;
         sinks[r] = (sink_t){.piece = op->pieces + op->offsets[r]};
     }
+    /* This rank's pieces are each in place or apart from the input (group.c checks).
+     * When none is in place they are written as the bytes go out; otherwise the others
+     * are copied first. */
     const char *src = op->send;
+    int in_place = 0;
     for (size_t k = op->offsets[x->me]; k < op->offsets[x->me + 1]; k++) {
-        if (op->pieces[k].bytes && op->pieces[k].data != src)
-            memmove(op->pieces[k].data, src, op->pieces[k].bytes);
+        in_place |= op->pieces[k].bytes && op->pieces[k].data == src;
         src += op->pieces[k].bytes;
     }
-    return gather(x, op->send, len, sinks);
+    src = op->send;
+    for (size_t k = op->offsets[x->me]; in_place && k < op->offsets[x->me + 1]; k++) {
+        if (op->pieces[k].bytes && op->pieces[k].data != src)
+            memcpy(op->pieces[k].data, src, op->pieces[k].bytes);
+        src += op->pieces[k].bytes;
+    }
+    return gather(x, op->send, len, sinks, !in_place);
 }
 
 static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
@@ -393,7 +406,7 @@ static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
     sink_t sinks[FSDP2_SHM_MAX_RANKS] = {{0}};
     len[op->root] = op->count * op->elem_size;
     sinks[op->root].buf = op->recv;
-    return gather(x, op->send, len, sinks);
+    return gather(x, op->send, len, sinks, 0);
 }
 
 static fsdp2_status_t run_barrier(run_t *x)
@@ -607,7 +620,7 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
     /* Peers read our buffer only through our slots, so our range can take the result
      * while they still reduce theirs. */
     FSDP2_CHECK(reduce_ranges(x, op, lo, hi, buf + lo[x->me] * es));
-    return gather(x, buf + lo[x->me] * es, len, sinks);
+    return gather(x, buf + lo[x->me] * es, len, sinks, 0);
 }
 
 /* ---- turns ---- */

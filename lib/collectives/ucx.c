@@ -312,8 +312,8 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
     }
     const char *src = op->send;
     for (size_t k = op->offsets[g->rank]; k < op->offsets[g->rank + 1]; k++) {
-        if (op->pieces[k].bytes && op->pieces[k].data != src)
-            memmove(op->pieces[k].data, src, op->pieces[k].bytes);
+        if (op->pieces[k].bytes && op->pieces[k].data != src) /* apart from send (group.c) */
+            memcpy(op->pieces[k].data, src, op->pieces[k].bytes);
         src += op->pieces[k].bytes;
     }
     return fsdp2_ucx_wait_list(ug, rl, "all_gather_pieces");

@@ -602,6 +602,26 @@ static int body_bad_arguments(rank_ctx_t *c)
     fsdp2_reduce_t bad = {FSDP2_REDUCE_SUM, 0.0, 1.0};
     fails += RANK_CHECK(c, fsdp2_all_reduce_async(c->world, x, 4, FSDP2_F32, &bad, c->stream) ==
                                FSDP2_ERR_INVALID_ARGUMENT, "pre_divide 0 rejected");
+    /* gathers whose send overlaps the output other than in place (at 1 rank too: even a
+     * lone rank's copy would read bytes it had already overwritten) */
+    float g[4 * 4 + 2];
+    fails += RANK_CHECK(c, fsdp2_all_gather_async(c->world, g + 4 * c->rank + 1, g, 4, FSDP2_F32,
+                                                  c->stream) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "overlaps recv") != NULL,
+                        "all_gather send inside recv, off its block: %s", fsdp2_last_error());
+    char bytes[4 * 8 + 8];
+    fsdp2_iov_t pieces[4];
+    size_t offsets[5] = {0};
+    for (int r = 0; r < c->size; r++) {
+        pieces[r] = (fsdp2_iov_t){bytes + 8 * r, 8};
+        offsets[r + 1] = (size_t)r + 1;
+    }
+    /* send covers the next rank's piece (or this rank's own, shifted, at 1 rank) */
+    const char *send = bytes + 8 * c->rank + 4;
+    fails += RANK_CHECK(c, fsdp2_all_gather_pieces_async(c->world, send, 8, pieces, offsets,
+                                                         c->stream) == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "overlaps send") != NULL,
+                        "pieces overlapping send: %s", fsdp2_last_error());
     /* nothing was enqueued: the group still works */
     float y[2] = {1, 2};
     fails += OK(c, fsdp2_all_reduce_async(c->world, y, 2, FSDP2_F32, NULL, c->stream));
@@ -731,7 +751,7 @@ static int body_hung_peer(rank_ctx_t *c)
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    fsdp2_status_t s = fsdp2_all_gather_async(c->world, buf, buf, 4, FSDP2_F32, c->stream);
+    fsdp2_status_t s = fsdp2_all_gather_async(c->world, buf + 4 * c->rank, buf, 4, FSDP2_F32, c->stream);
     if (s == FSDP2_SUCCESS)
         s = fsdp2_stream_synchronize(c->stream);
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -181,6 +181,48 @@ static int check_all_gather_pieces(rank_ctx_t *c)
     return fails;
 }
 
+/* This rank's pieces over its input: in place (shift 0: each piece where its bytes
+ * already are), or the input `shift` bytes further on, overlapping the pieces, which
+ * is refused before anything is enqueued (the group stays usable). */
+static int check_all_gather_pieces_overlapping(rank_ctx_t *c, size_t shift)
+{
+    int fails = 0;
+    const size_t bytes = 3 * SLOT + 1001, region = bytes + 256;
+    unsigned char *dest = calloc((size_t)c->size, region);
+    unsigned char *send = dest + (size_t)c->rank * region + shift;
+    for (size_t i = 0; i < bytes; i++)
+        send[i] = (unsigned char)(i * 13 + (size_t)c->rank * 5);
+    fsdp2_iov_t pieces[4 * 3];
+    size_t offsets[5] = {0};
+    for (int r = 0; r < c->size; r++) {
+        unsigned char *base = dest + (size_t)r * region;
+        size_t a = SLOT / 2 + 7, b = 2 * SLOT + 3, rest = bytes - a - b;
+        pieces[3 * r] = (fsdp2_iov_t){base, a};
+        pieces[3 * r + 1] = (fsdp2_iov_t){base + a, b};
+        pieces[3 * r + 2] = (fsdp2_iov_t){base + a + b, rest};
+        offsets[r + 1] = offsets[r] + 3;
+    }
+    if (shift) {
+        fsdp2_status_t s = fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets,
+                                                         c->stream);
+        fails += RANK_CHECK(c, s == FSDP2_ERR_INVALID_ARGUMENT &&
+                                   strstr(fsdp2_last_error(), "is not in place"),
+                            "overlapping pieces: %s", fsdp2_last_error());
+        free(dest);
+        return fails;
+    }
+    fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
+    fails += sync_ok(c);
+    for (int r = 0; r < c->size && !fails; r++) {
+        const unsigned char *d = dest + (size_t)r * region;
+        for (size_t i = 0; i < bytes && !fails; i++)
+            fails += RANK_CHECK(c, d[i] == (unsigned char)(i * 13 + (size_t)r * 5),
+                                "overlapping pieces (shift %zu): rank %d byte %zu", shift, r, i);
+    }
+    free(dest);
+    return fails;
+}
+
 static int body_across_slots(rank_ctx_t *c)
 {
     int fails = 0;
@@ -193,6 +235,8 @@ static int body_across_slots(rank_ctx_t *c)
     for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
         fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
     fails += check_all_gather_pieces(c);
+    fails += check_all_gather_pieces_overlapping(c, 100);
+    fails += check_all_gather_pieces_overlapping(c, 0);
     /* zero-sized collectives between large ones take no steps and keep ranks in step */
     fails += check_all_gather(c, FSDP2_F32, 0);
     fails += check_all_reduce(c, FSDP2_F16, 0);
