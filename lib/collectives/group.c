@@ -369,7 +369,7 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, 
     char *block;
     const char **keys;
     FSDP2_CHECK(member_keys(g, key, &block, &keys));
-    fsdp2_status_t status = fsdp2_store_wait(store, keys, (size_t)g->size);
+    fsdp2_status_t status = fsdp2_store_wait_for(store, keys, (size_t)g->size, g->timeout_ms);
     uint8_t *missing = NULL;
     if (status == FSDP2_ERR_TIMEOUT) {
         char waited[512];
@@ -383,9 +383,10 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, 
         if (count == 0) /* unknown, or all arrived just after the deadline */
             status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
         else
-            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s in "
-                                 "time (the store's timeout, FSDP2_TIMEOUT)", g->name, g->size,
-                                 count == 1 ? "" : "s", list, verb);
+            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s "
+                                 "within %.1f s (the group's timeout: options, or FSDP2_TIMEOUT)",
+                                 g->name, g->size, count == 1 ? "" : "s", list, verb,
+                                 (double)g->timeout_ms / 1e3);
     }
     free(missing);
     free(block);

@@ -75,6 +75,25 @@ fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_store_t *store,
     return FSDP2_SUCCESS;
 }
 
+/* A dim's group failed to form: its messages name members by their rank in the group,
+ * so add which world ranks those are. */
+static fsdp2_status_t name_world_ranks(const fsdp2_mesh_t *m, int d, fsdp2_status_t status)
+{
+    char message[512], ranks[160];
+    snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+    int coords[2] = {m->coords[0], m->layout.ndim == 2 ? m->coords[1] : 0};
+    size_t used = 0;
+    for (int k = 0; k < m->layout.shape[d] && used < sizeof(ranks); k++) {
+        coords[d] = k;
+        int n = snprintf(ranks + used, sizeof(ranks) - used, "%s%d", k ? "," : "",
+                         mesh_layout_rank(&m->layout, coords));
+        used += n > 0 ? (size_t)n : 0;
+    }
+    return fsdp2_error(status, "%s (members 0..%d of dim '%s' are world ranks %s%s)", message,
+                       m->layout.shape[d] - 1, m->layout.names[d], ranks,
+                       used >= sizeof(ranks) ? "..." : "");
+}
+
 fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,
                                  int ndim, const int *shape, const char *const *names,
                                  const fsdp2_group_options_t *options, fsdp2_mesh_t **out)
@@ -110,6 +129,8 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
                                           options, &m->groups[d])
                      : fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "mesh '%s': the group name of dim "
                                    "'%s' is %d characters long", name, m->layout.names[d], len);
+        if (status != FSDP2_SUCCESS && (size_t)len < sizeof(group_name))
+            status = name_world_ranks(m, d, status);
     }
     if (status != FSDP2_SUCCESS) {
         fsdp2_mesh_destroy(m);

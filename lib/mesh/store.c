@@ -541,7 +541,8 @@ int fsdp2_store_format_ranks(const uint8_t *missing, int n, char *buf, size_t ca
 }
 
 /* The error of a wait that timed out, naming the keys still missing (as many as fit). */
-static fsdp2_status_t wait_timed_out(fsdp2_store_t *st, const char *const *keys, size_t n)
+static fsdp2_status_t wait_timed_out(fsdp2_store_t *st, const char *const *keys, size_t n,
+                                     long timeout_ms)
 {
     char timeout_message[512];
     snprintf(timeout_message, sizeof(timeout_message), "%s", fsdp2_last_error());
@@ -568,12 +569,22 @@ static fsdp2_status_t wait_timed_out(fsdp2_store_t *st, const char *const *keys,
     if (used >= sizeof(list))
         memcpy(list + sizeof(list) - 5, "...", 4);
     return fsdp2_error(FSDP2_ERR_TIMEOUT, "wait: %zu of %zu keys not set within %.1f s: %s", count,
-                       n, seconds(st->timeout_ms), list);
+                       n, seconds(timeout_ms), list);
 }
 
 fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, size_t n)
 {
     FSDP2_ARG_CHECK(store != NULL, "store is NULL");
+    return fsdp2_store_wait_for(store, keys, n, store->timeout_ms);
+}
+
+fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                    long timeout_ms)
+{
+    FSDP2_ARG_CHECK(store != NULL, "store is NULL");
+    FSDP2_ARG_CHECK(timeout_ms > 0, "wait: timeout %ld ms", timeout_ms);
+    if (timeout_ms > STORE_TIMEOUT_MAX_MS)
+        timeout_ms = STORE_TIMEOUT_MAX_MS;
     FSDP2_ARG_CHECK(keys != NULL || n == 0, "wait: keys is NULL with n=%zu", n);
     FSDP2_ARG_CHECK(n <= UINT32_MAX / 8, "wait: n=%zu keys", n);
     if (n == 0)
@@ -582,12 +593,12 @@ fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, s
     FSDP2_CHECK(key_lengths("wait", keys, n, &lens));
     char what[64];
     snprintf(what, sizeof(what), "wait for %zu keys", n);
-    fsdp2_status_t s = store_call(store, what, STORE_OP_WAIT, (uint32_t)store->timeout_ms,
+    fsdp2_status_t s = store_call(store, what, STORE_OP_WAIT, (uint32_t)timeout_ms,
                                   (const void *const *)keys, lens, (uint32_t)n,
-                                  fsdp2_now_ms() + store->timeout_ms + STORE_REPLY_GRACE_MS);
+                                  fsdp2_now_ms() + timeout_ms + STORE_REPLY_GRACE_MS);
     free(lens);
     if (s == FSDP2_ERR_TIMEOUT && !store->broken)
-        s = wait_timed_out(store, keys, n);
+        s = wait_timed_out(store, keys, n, timeout_ms);
     return s;
 }
 

@@ -7,6 +7,11 @@
 
 #include <fsdp2/store.h>
 
+/* fsdp2_store_wait with its own timeout instead of the store's (a group's set-up waits
+ * for its members as long as the group's timeout says). */
+fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                    long timeout_ms);
+
 /* Which of keys[0..n) are not set right now, without waiting: missing[i] = 1 for those.
  * For messages after a wait timed out (the answer may be stale a moment later). */
 fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys, size_t n,

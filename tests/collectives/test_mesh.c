@@ -187,6 +187,54 @@ START_TEST(invalid_meshes_are_errors_naming_the_problem)
 }
 END_TEST
 
+/* A 2x2 mesh that world rank 3 never creates: each rank whose dim group waits for a
+ * member that never joins gets a timeout naming that member by its rank in the group,
+ * and the world ranks of the group's members (rank 1: its 'replicate' group {1,3};
+ * rank 2: its 'shard' group {2,3}; rank 0: its 'shard' group {0,1}, as rank 1 gave up
+ * before reaching it). */
+static int body_mesh_missing_rank(rank_ctx_t *c)
+{
+    int64_t n = 0;
+    if (c->rank == 3) { /* leaves once the others reported */
+        const char *key = "all-reported";
+        int fails = OK(c, fsdp2_store_wait(c->store, &key, 1));
+        return fails + OK(c, fsdp2_store_set(c->store, "rank-3-left", "1", 1));
+    }
+    const int shape[2] = {2, 2};
+    const char *names[2] = {"replicate", "shard"};
+    fsdp2_group_options_t options = FSDP2_GROUP_OPTIONS_INIT;
+    options.timeout_ms = 1500;
+    fsdp2_mesh_t *mesh = NULL;
+    fsdp2_status_t s = fsdp2_mesh_create(c->store, "partial", c->rank, c->size, 2, shape, names,
+                                         &options, &mesh);
+    static const char *const want[3] = {"dim 'shard' are world ranks 0,1",
+                                        "dim 'replicate' are world ranks 1,3",
+                                        "dim 'shard' are world ranks 2,3"};
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_TIMEOUT && mesh == NULL, "status %s",
+                           fsdp2_status_name(s));
+    /* after the group's timeout (1.5 s), not the store's (30 s) */
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "member 1 did not join within 1.5 s") &&
+                               strstr(fsdp2_last_error(), want[c->rank]) != NULL,
+                        "message: %s", fsdp2_last_error());
+    fsdp2_store_add(c->store, "reported", 1, &n);
+    if (n == 3)
+        fsdp2_store_set(c->store, "all-reported", "1", 1);
+    if (c->rank == 0) { /* serves the store: leaves last */
+        const char *key = "rank-3-left";
+        fsdp2_store_wait(c->store, &key, 1);
+    }
+    return fails;
+}
+
+START_TEST(a_rank_missing_from_a_mesh_is_named_in_its_group_and_in_the_world)
+{
+    ranks_result_t res;
+    ck_assert_msg(run_ranks(4, body_mesh_missing_rank, NULL, 1500, 60, &res) == 0,
+                  "statuses %d %d %d %d (timed out %d)", res.status[0], res.status[1],
+                  res.status[2], res.status[3], res.timed_out);
+}
+END_TEST
+
 static Suite *mesh_suite(void)
 {
     Suite *s = suite_create("mesh");
@@ -195,6 +243,7 @@ static Suite *mesh_suite(void)
     tcase_add_test(tc, one_dim_meshes_over_1_to_4_ranks);
     tcase_add_test(tc, two_dim_meshes_over_4_ranks_are_row_major_with_a_group_per_dim);
     tcase_add_test(tc, invalid_meshes_are_errors_naming_the_problem);
+    tcase_add_test(tc, a_rank_missing_from_a_mesh_is_named_in_its_group_and_in_the_world);
     suite_add_tcase(s, tc);
     return s;
 }
