@@ -1,0 +1,236 @@
+/* What one core can move on this machine: the rates a shared-memory collective's bytes
+ * pay (docs/performance-collectives.md, "What the memcpy limit allows").
+ *
+ * - memory read: summing a 256 MiB buffer;
+ * - memory write: non-temporal stores over 256 MiB (plain memset without SSE2);
+ * - memcpy: 256 MiB, bytes copied per second (the limit bench/collectives compares with);
+ * - cross-core read: a thread on another CPU copies a cached 256 KiB source into the next
+ *   slot of a ring of four, and this one sums each slot once it is posted (as a rank
+ *   reads its peer's slots);
+ * - cross-core and memory read: the same, and with each slot 256 KiB more of a 256 MiB
+ *   buffer (as a reduction reads its own input beside its peer's slot); bytes read of
+ *   both kinds per second.
+ * Each rate is measured --repeat times (default 7), alternating; the table gives the
+ * median, min and max.
+ *
+ * Run: build/bench/bench_memory_rates [--repeat N] [--json FILE] */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define BIG ((size_t)256 << 20)
+#define SLOT ((size_t)256 << 10)
+#define SLOTS 4
+#define RING_STEPS 4096 /* 1 GiB through the ring */
+
+enum { READ, WRITE, COPY, CROSS, CROSS_AND_READ, RATES };
+static const char *const names[RATES] = {
+    "memory read (sum)", "memory write (non-temporal)", "memcpy (bytes copied)",
+    "cross-core read (ring)", "cross-core and memory read",
+};
+static const char *const keys[RATES] = {"memory_read", "memory_write_nt", "memcpy",
+                                        "cross_core_read", "cross_core_and_memory_read"};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t sum(const uint64_t *p, size_t bytes)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i < bytes / 8; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+    }
+    return a + b + c + d;
+}
+
+static void stream_fill(char *p, size_t bytes)
+{
+#if defined(__SSE2__)
+    __m128i v = _mm_set1_epi8(3);
+    for (size_t i = 0; i < bytes; i += 64) {
+        _mm_stream_si128((__m128i *)(p + i), v);
+        _mm_stream_si128((__m128i *)(p + i + 16), v);
+        _mm_stream_si128((__m128i *)(p + i + 32), v);
+        _mm_stream_si128((__m128i *)(p + i + 48), v);
+    }
+    _mm_sfence();
+#else
+    memset(p, 3, bytes);
+#endif
+}
+
+/* The ring: the writer posts steps (head), the reader says which it is done with. */
+typedef struct ring {
+    _Alignas(64) atomic_size_t head;
+    _Alignas(64) atomic_size_t done;
+    _Alignas(64) atomic_int go; /* runs started; 0 and -1: stop */
+    int writer_cpu;
+    char *slots; /* SLOTS * SLOT */
+} ring_t;
+
+static void pin(int cpu)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+}
+
+static void *writer(void *arg)
+{
+    ring_t *r = arg;
+    pin(r->writer_cpu);
+    char *src = aligned_alloc(64, SLOT);
+    memset(src, 5, SLOT);
+    for (int run = 1;; run++) {
+        while (atomic_load(&r->go) < run && atomic_load(&r->go) >= 0)
+            ;
+        if (atomic_load(&r->go) < 0)
+            break;
+        size_t base = (size_t)(run - 1) * RING_STEPS;
+        for (size_t t = base; t < base + RING_STEPS; t++) {
+            while (t >= SLOTS && atomic_load_explicit(&r->done, memory_order_acquire) + SLOTS <= t)
+                ;
+            memcpy(r->slots + (t % SLOTS) * SLOT, src, SLOT);
+            atomic_store_explicit(&r->head, t + 1, memory_order_release);
+        }
+    }
+    free(src);
+    return NULL;
+}
+
+/* One pass of RING_STEPS slots, reading `also` bytes of big beside each: GB/s read. */
+static double ring_pass(ring_t *r, int run, const char *big, size_t also, uint64_t *sink)
+{
+    size_t base = (size_t)(run - 1) * RING_STEPS, at = 0;
+    double t0 = now();
+    atomic_store(&r->go, run);
+    for (size_t t = base; t < base + RING_STEPS; t++) {
+        while (atomic_load_explicit(&r->head, memory_order_acquire) <= t)
+            ;
+        *sink += sum((const uint64_t *)(r->slots + (t % SLOTS) * SLOT), SLOT);
+        if (also) {
+            *sink += sum((const uint64_t *)(big + at), also);
+            at = (at + also) % BIG;
+        }
+        atomic_store_explicit(&r->done, t + 1, memory_order_release);
+    }
+    return (double)RING_STEPS * (double)(SLOT + also) / (now() - t0) / 1e9;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    int repeat = 7;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+            repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--repeat N] [--json FILE]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (repeat < 1 || repeat > 1000) {
+        fprintf(stderr, "--repeat %d: 1 to 1000\n", repeat);
+        return 2;
+    }
+    cpu_set_t allowed;
+    int cpus[2], ncpu = 0;
+    sched_getaffinity(0, sizeof(allowed), &allowed);
+    for (int c = 0; c < CPU_SETSIZE && ncpu < 2; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpus[ncpu++] = c;
+    char *x = aligned_alloc(4096, BIG), *y = aligned_alloc(4096, BIG);
+    ring_t ring = {.slots = aligned_alloc(4096, SLOTS * SLOT)};
+    double *got = calloc((size_t)RATES * (size_t)repeat, sizeof(double));
+    if (!x || !y || !ring.slots || !got) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    memset(x, 1, BIG);
+    memset(y, 2, BIG);
+    memset(ring.slots, 0, SLOTS * SLOT);
+    pthread_t th;
+    int rates = ncpu == 2 ? RATES : CROSS; /* the ring needs a second CPU */
+    if (ncpu == 2) {
+        pin(cpus[0]);
+        ring.writer_cpu = cpus[1];
+        pthread_create(&th, NULL, writer, &ring);
+    }
+    uint64_t sink = 0;
+    int run = 0;
+    for (int i = 0; i < repeat; i++) {
+        double t0 = now();
+        sink += sum((const uint64_t *)x, BIG);
+        got[READ * repeat + i] = (double)BIG / (now() - t0) / 1e9;
+        t0 = now();
+        stream_fill(y, BIG);
+        got[WRITE * repeat + i] = (double)BIG / (now() - t0) / 1e9;
+        t0 = now();
+        memcpy(y, x, BIG);
+        got[COPY * repeat + i] = (double)BIG / (now() - t0) / 1e9;
+        if (rates == RATES) {
+            got[CROSS * repeat + i] = ring_pass(&ring, ++run, x, 0, &sink);
+            got[CROSS_AND_READ * repeat + i] = ring_pass(&ring, ++run, x, SLOT, &sink);
+        }
+    }
+    if (ncpu == 2) {
+        atomic_store(&ring.go, -1);
+        pthread_join(th, NULL);
+    }
+    printf("# one core's memory rates, GB/s: 256 MiB buffers, 1 GiB through a ring of %d x "
+           "256 KiB slots written on CPU %d, read on CPU %d; %d runs (checksum %llu)\n",
+           SLOTS, ncpu == 2 ? cpus[1] : -1, cpus[0], repeat, (unsigned long long)(sink & 0xff));
+    if (rates < RATES)
+        printf("# one CPU only: no cross-core rates\n");
+    printf("%-30s %8s %8s %8s\n", "rate", "median", "min", "max");
+    FILE *out = json ? fopen(json, "w") : NULL;
+    if (json && !out) {
+        perror(json);
+        return 1;
+    }
+    if (out)
+        fprintf(out, "{\"repeat\": %d, \"rates_gbps\": {", repeat);
+    for (int k = 0; k < rates; k++) {
+        double *v = got + (size_t)k * (size_t)repeat;
+        qsort(v, (size_t)repeat, sizeof(double), cmp);
+        double med = repeat % 2 ? v[repeat / 2] : (v[repeat / 2 - 1] + v[repeat / 2]) / 2;
+        printf("%-30s %8.2f %8.2f %8.2f\n", names[k], med, v[0], v[repeat - 1]);
+        if (out)
+            fprintf(out, "%s\"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}",
+                    k ? ", " : "", keys[k], med, v[0], v[repeat - 1]);
+    }
+    if (out) {
+        fprintf(out, "}}\n");
+        fclose(out);
+    }
+    free(x);
+    free(y);
+    free(ring.slots);
+    free(got);
+    return 0;
+}
