@@ -4,9 +4,9 @@
  * - memory read: summing a 256 MiB buffer;
  * - memory write: non-temporal stores over 256 MiB (plain memset without SSE2);
  * - memcpy: 256 MiB, bytes copied per second (the limit bench/collectives compares with);
- * - cross-core read: a thread on another CPU copies a cached 256 KiB source into the next
- *   slot of a ring of four, and this one sums each slot once it is posted (as a rank
- *   reads its peer's slots);
+ * - cross-core read: a thread on another CPU (of another core when there is one) copies
+ *   a cached 256 KiB source into the next slot of a ring of four, and this one sums each
+ *   slot once it is posted (as a rank reads its peer's slots);
  * - cross-core and memory read: the same, and with each slot 256 KiB more of a 256 MiB
  *   buffer (as a reduction reads its own input beside its peer's slot); bytes read of
  *   both kinds per second.
@@ -26,6 +26,17 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+
+/* While a thread waits for the other. */
+static inline void relax(void)
+{
+#if defined(__SSE2__)
+    _mm_pause();
+#endif
+}
+
+/* Keeps the compiler from dropping stores to p that nothing reads. */
+static inline void keep(const void *p) { __asm__ volatile("" : : "r"(p) : "memory"); }
 
 #define BIG ((size_t)256 << 20)
 #define SLOT ((size_t)256 << 10)
@@ -79,7 +90,7 @@ static void stream_fill(char *p, size_t bytes)
 typedef struct ring {
     _Alignas(64) atomic_size_t head;
     _Alignas(64) atomic_size_t done;
-    _Alignas(64) atomic_int go; /* runs started; 0 and -1: stop */
+    _Alignas(64) atomic_int go; /* the ring pass started (1, 2, ...); -1: stop */
     int writer_cpu;
     char *slots; /* SLOTS * SLOT */
 } ring_t;
@@ -96,22 +107,22 @@ static void *writer(void *arg)
 {
     ring_t *r = arg;
     pin(r->writer_cpu);
-    char *src = aligned_alloc(64, SLOT);
+    static char src[SLOT] __attribute__((aligned(64)));
     memset(src, 5, SLOT);
     for (int run = 1;; run++) {
+        /* parked, not spinning, while the single-core rates are measured */
         while (atomic_load(&r->go) < run && atomic_load(&r->go) >= 0)
-            ;
+            sched_yield();
         if (atomic_load(&r->go) < 0)
             break;
         size_t base = (size_t)(run - 1) * RING_STEPS;
         for (size_t t = base; t < base + RING_STEPS; t++) {
             while (t >= SLOTS && atomic_load_explicit(&r->done, memory_order_acquire) + SLOTS <= t)
-                ;
+                relax();
             memcpy(r->slots + (t % SLOTS) * SLOT, src, SLOT);
             atomic_store_explicit(&r->head, t + 1, memory_order_release);
         }
     }
-    free(src);
     return NULL;
 }
 
@@ -123,7 +134,7 @@ static double ring_pass(ring_t *r, int run, const char *big, size_t also, uint64
     atomic_store(&r->go, run);
     for (size_t t = base; t < base + RING_STEPS; t++) {
         while (atomic_load_explicit(&r->head, memory_order_acquire) <= t)
-            ;
+            relax();
         *sink += sum((const uint64_t *)(r->slots + (t % SLOTS) * SLOT), SLOT);
         if (also) {
             *sink += sum((const uint64_t *)(big + at), also);
@@ -132,6 +143,54 @@ static double ring_pass(ring_t *r, int run, const char *big, size_t also, uint64
         atomic_store_explicit(&r->done, t + 1, memory_order_release);
     }
     return (double)RING_STEPS * (double)(SLOT + also) / (now() - t0) / 1e9;
+}
+
+/* Whether cpu b is a hardware thread of the same core as cpu a (Linux sysfs; no: when
+ * it cannot tell). */
+static int siblings(int a, int b)
+{
+    char path[96], list[256];
+    snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", a);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int found = 0;
+    if (fgets(list, sizeof(list), f)) {
+        char *p = list;
+        while (*p && !found) { /* "0-1,8-9" or "0,8" */
+            char *end;
+            long lo = strtol(p, &end, 10), hi = lo;
+            if (end == p)
+                break;
+            if (*end == '-')
+                hi = strtol(end + 1, &end, 10);
+            found = b >= lo && b <= hi;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The first allowed CPU, and another on a different core when there is one (else the
+ * next allowed CPU). */
+static void pick_cpus(const cpu_set_t *allowed, int *cpus, int *ncpu)
+{
+    int other = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, allowed))
+            continue;
+        if (*ncpu == 0) {
+            cpus[(*ncpu)++] = c;
+        } else if (!siblings(cpus[0], c)) {
+            cpus[(*ncpu)++] = c;
+            return;
+        } else if (other < 0) {
+            other = c;
+        }
+    }
+    if (other >= 0)
+        cpus[(*ncpu)++] = other;
 }
 
 static int cmp(const void *a, const void *b)
@@ -159,11 +218,11 @@ int main(int argc, char **argv)
         return 2;
     }
     cpu_set_t allowed;
-    int cpus[2], ncpu = 0;
-    sched_getaffinity(0, sizeof(allowed), &allowed);
-    for (int c = 0; c < CPU_SETSIZE && ncpu < 2; c++)
-        if (CPU_ISSET(c, &allowed))
-            cpus[ncpu++] = c;
+    int cpus[2] = {-1, -1}, ncpu = 0;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        perror("sched_getaffinity");
+    pick_cpus(&allowed, cpus, &ncpu);
     char *x = aligned_alloc(4096, BIG), *y = aligned_alloc(4096, BIG);
     ring_t ring = {.slots = aligned_alloc(4096, SLOTS * SLOT)};
     double *got = calloc((size_t)RATES * (size_t)repeat, sizeof(double));
@@ -179,7 +238,10 @@ int main(int argc, char **argv)
     if (ncpu == 2) {
         pin(cpus[0]);
         ring.writer_cpu = cpus[1];
-        pthread_create(&th, NULL, writer, &ring);
+        if (pthread_create(&th, NULL, writer, &ring) != 0) {
+            fprintf(stderr, "pthread_create failed: no cross-core rates\n");
+            ncpu = 1;
+        }
     }
     uint64_t sink = 0;
     int run = 0;
@@ -189,9 +251,11 @@ int main(int argc, char **argv)
         got[READ * repeat + i] = (double)BIG / (now() - t0) / 1e9;
         t0 = now();
         stream_fill(y, BIG);
+        keep(y);
         got[WRITE * repeat + i] = (double)BIG / (now() - t0) / 1e9;
         t0 = now();
         memcpy(y, x, BIG);
+        keep(y);
         got[COPY * repeat + i] = (double)BIG / (now() - t0) / 1e9;
         if (rates == RATES) {
             got[CROSS * repeat + i] = ring_pass(&ring, ++run, x, 0, &sink);

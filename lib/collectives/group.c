@@ -219,11 +219,11 @@ static fsdp2_status_t check_reduce(fsdp2_group_t *g, const fsdp2_reduce_t *reduc
     return FSDP2_SUCCESS;
 }
 
-/* Whether [a, a + na) and [b, b + nb) share a byte. */
+/* Whether [a, a + na) and [b, b + nb) share a byte (no sum that could wrap). */
 static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 {
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return na && nb && x < y + nb && y < x + na;
+    return na && nb && (x >= y ? x - y < nb : y - x < na);
 }
 
 fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *recv, size_t count,
@@ -268,6 +268,10 @@ fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *g, const void *send,
         for (size_t k = offsets[r]; k < offsets[r + 1]; k++) {
             FSDP2_ARG_CHECK(pieces[k].data || pieces[k].bytes == 0,
                             "all_gather_pieces on group '%s': piece %zu has no data", g->name, k);
+            FSDP2_ARG_CHECK(pieces[k].bytes <= bytes - total,
+                            "all_gather_pieces on group '%s': rank %d's pieces hold more than "
+                            "%zu bytes (pieces[%zu] has %zu)", g->name, r, bytes, k,
+                            pieces[k].bytes);
             total += pieces[k].bytes;
         }
         FSDP2_ARG_CHECK(total == bytes,
@@ -275,19 +279,19 @@ fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *g, const void *send,
                         g->name, r, total, bytes);
     }
     /* This rank's pieces: each where its part of send already is (in place), or apart
-     * from send (peers read send while the pieces are written). */
-    size_t at = 0;
-    for (size_t k = offsets[g->rank]; k < offsets[g->rank + 1]; at += pieces[k].bytes, k++)
-        FSDP2_ARG_CHECK(pieces[k].data == (const char *)send + at ||
+     * from send (peers read send while the pieces are written); no other rank's piece
+     * may overlap send (it is written while send is read). */
+    uintptr_t at = (uintptr_t)send;
+    for (size_t k = offsets[g->rank]; bytes && k < offsets[g->rank + 1]; at += pieces[k].bytes, k++)
+        FSDP2_ARG_CHECK((uintptr_t)pieces[k].data == at ||
                             !overlaps(pieces[k].data, pieces[k].bytes, send, bytes),
-                        "all_gather_pieces on group '%s': this rank's piece %zu (%p, %zu bytes) "
-                        "overlaps send %p (%zu bytes) but is not in place (%p)",
-                        g->name, k, pieces[k].data, pieces[k].bytes, send, bytes,
-                        (const void *)((const char *)send + at));
-    for (int r = 0; r < g->size; r++)
+                        "all_gather_pieces on group '%s': this rank's pieces[%zu] (%p, %zu "
+                        "bytes) overlaps send %p (%zu bytes) but is not in place (%p)",
+                        g->name, k, pieces[k].data, pieces[k].bytes, send, bytes, (void *)at);
+    for (int r = 0; bytes && r < g->size; r++)
         for (size_t k = offsets[r]; r != g->rank && k < offsets[r + 1]; k++)
             FSDP2_ARG_CHECK(!overlaps(pieces[k].data, pieces[k].bytes, send, bytes),
-                            "all_gather_pieces on group '%s': rank %d's piece %zu (%p, %zu "
+                            "all_gather_pieces on group '%s': rank %d's pieces[%zu] (%p, %zu "
                             "bytes) overlaps send %p (%zu bytes)",
                             g->name, r, k, pieces[k].data, pieces[k].bytes, send, bytes);
     coll_op_t op = {.kind = COLL_ALL_GATHER_PIECES, .send = send, .count = bytes,

@@ -81,17 +81,18 @@ static fsdp2_status_t name_world_ranks(const fsdp2_mesh_t *m, int d, fsdp2_statu
 {
     char message[512], ranks[160];
     snprintf(message, sizeof(message), "%s", fsdp2_last_error());
-    int coords[2] = {m->coords[0], m->layout.ndim == 2 ? m->coords[1] : 0};
+    int n = m->layout.shape[d], *members = malloc((size_t)n * sizeof(int));
+    if (!members) /* the group's own message still says what failed */
+        return fsdp2_error(status, "%s", message);
+    mesh_layout_group_ranks(&m->layout, m->rank, d, members);
     size_t used = 0;
-    for (int k = 0; k < m->layout.shape[d] && used < sizeof(ranks); k++) {
-        coords[d] = k;
-        int n = snprintf(ranks + used, sizeof(ranks) - used, "%s%d", k ? "," : "",
-                         mesh_layout_rank(&m->layout, coords));
-        used += n > 0 ? (size_t)n : 0;
+    for (int k = 0; k < n && used < sizeof(ranks); k++) {
+        int w = snprintf(ranks + used, sizeof(ranks) - used, "%s%d", k ? "," : "", members[k]);
+        used += w > 0 ? (size_t)w : 0;
     }
+    free(members);
     return fsdp2_error(status, "%s (members 0..%d of dim '%s' are world ranks %s%s)", message,
-                       m->layout.shape[d] - 1, m->layout.names[d], ranks,
-                       used >= sizeof(ranks) ? "..." : "");
+                       n - 1, m->layout.names[d], ranks, used >= sizeof(ranks) ? "..." : "");
 }
 
 fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,

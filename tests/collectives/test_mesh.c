@@ -216,12 +216,12 @@ static int body_mesh_missing_rank(rank_ctx_t *c)
     fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "member 1 did not join within 1.5 s") &&
                                strstr(fsdp2_last_error(), want[c->rank]) != NULL,
                         "message: %s", fsdp2_last_error());
-    fsdp2_store_add(c->store, "reported", 1, &n);
+    fails += OK(c, fsdp2_store_add(c->store, "reported", 1, &n));
     if (n == 3)
-        fsdp2_store_set(c->store, "all-reported", "1", 1);
+        fails += OK(c, fsdp2_store_set(c->store, "all-reported", "1", 1));
     if (c->rank == 0) { /* serves the store: leaves last */
         const char *key = "rank-3-left";
-        fsdp2_store_wait(c->store, &key, 1);
+        fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
     }
     return fails;
 }

@@ -147,6 +147,23 @@ static int check_broadcast(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
     return fails;
 }
 
+/* Rank r's `bytes` bytes over three pieces of a, b and the rest bytes, in its region at
+ * dest + r * stride: in address order, or rotated (the rest first in the region, last
+ * in the list). */
+static void three_pieces(int size, unsigned char *dest, size_t stride, size_t bytes, size_t a,
+                         size_t b, int rotated, fsdp2_iov_t *pieces, size_t *offsets)
+{
+    size_t rest = bytes - a - b, at = rotated ? rest : 0;
+    offsets[0] = 0;
+    for (int r = 0; r < size; r++) {
+        unsigned char *base = dest + (size_t)r * stride;
+        pieces[3 * r] = (fsdp2_iov_t){base + at, a};
+        pieces[3 * r + 1] = (fsdp2_iov_t){base + at + a, b};
+        pieces[3 * r + 2] = (fsdp2_iov_t){rotated ? base : base + a + b, rest};
+        offsets[r + 1] = offsets[r] + 3;
+    }
+}
+
 /* Rank r's bytes over three pieces whose boundaries fall inside slots. */
 static int check_all_gather_pieces(rank_ctx_t *c)
 {
@@ -156,15 +173,8 @@ static int check_all_gather_pieces(rank_ctx_t *c)
     for (size_t i = 0; i < bytes; i++)
         send[i] = (unsigned char)(i * 31 + (size_t)c->rank * 7);
     fsdp2_iov_t pieces[4 * 3];
-    size_t offsets[5] = {0};
-    for (int r = 0; r < c->size; r++) {
-        unsigned char *base = dest + (size_t)r * bytes;
-        size_t a = SLOT + 100, b = SLOT / 3, rest = bytes - a - b;
-        pieces[3 * r] = (fsdp2_iov_t){base + rest, a};
-        pieces[3 * r + 1] = (fsdp2_iov_t){base + rest + a, b};
-        pieces[3 * r + 2] = (fsdp2_iov_t){base, rest};
-        offsets[r + 1] = offsets[r] + 3;
-    }
+    size_t offsets[5];
+    three_pieces(c->size, dest, bytes, bytes, SLOT + 100, SLOT / 3, 1, pieces, offsets);
     fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
     fails += sync_ok(c);
     for (int r = 0; r < c->size && !fails; r++) {
@@ -181,44 +191,64 @@ static int check_all_gather_pieces(rank_ctx_t *c)
     return fails;
 }
 
-/* This rank's pieces over its input: in place (shift 0: each piece where its bytes
- * already are), or the input `shift` bytes further on, overlapping the pieces, which
- * is refused before anything is enqueued (the group stays usable). */
-static int check_all_gather_pieces_overlapping(rank_ctx_t *c, size_t shift)
+static unsigned char in_place_pattern(int rank, size_t i)
+{
+    return (unsigned char)(i * 13 + (size_t)rank * 5);
+}
+
+/* This rank's input already where its pieces are (in place): all three pieces, or only
+ * the first with the other two in a buffer apart (mixed: those are copied before any
+ * bytes go out). Pieces cross slot boundaries. */
+static int check_all_gather_pieces_in_place(rank_ctx_t *c, int mixed)
 {
     int fails = 0;
     const size_t bytes = 3 * SLOT + 1001, region = bytes + 256;
+    const size_t a = SLOT / 2 + 7, b = 2 * SLOT + 3;
     unsigned char *dest = calloc((size_t)c->size, region);
-    unsigned char *send = dest + (size_t)c->rank * region + shift;
+    unsigned char *apart = calloc((size_t)c->size, region);
+    unsigned char *send = dest + (size_t)c->rank * region;
     for (size_t i = 0; i < bytes; i++)
-        send[i] = (unsigned char)(i * 13 + (size_t)c->rank * 5);
+        send[i] = in_place_pattern(c->rank, i);
     fsdp2_iov_t pieces[4 * 3];
-    size_t offsets[5] = {0};
-    for (int r = 0; r < c->size; r++) {
-        unsigned char *base = dest + (size_t)r * region;
-        size_t a = SLOT / 2 + 7, b = 2 * SLOT + 3, rest = bytes - a - b;
-        pieces[3 * r] = (fsdp2_iov_t){base, a};
-        pieces[3 * r + 1] = (fsdp2_iov_t){base + a, b};
-        pieces[3 * r + 2] = (fsdp2_iov_t){base + a + b, rest};
-        offsets[r + 1] = offsets[r] + 3;
-    }
-    if (shift) {
-        fsdp2_status_t s = fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets,
-                                                         c->stream);
-        fails += RANK_CHECK(c, s == FSDP2_ERR_INVALID_ARGUMENT &&
-                                   strstr(fsdp2_last_error(), "is not in place"),
-                            "overlapping pieces: %s", fsdp2_last_error());
-        free(dest);
-        return fails;
+    size_t offsets[5];
+    three_pieces(c->size, dest, region, bytes, a, b, 0, pieces, offsets);
+    for (int r = 0; mixed && r < c->size; r++) { /* pieces 1 and 2 move apart */
+        pieces[3 * r + 1].data = apart + (size_t)r * region + a;
+        pieces[3 * r + 2].data = apart + (size_t)r * region + a + b;
     }
     fails += OK(c, fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream));
     fails += sync_ok(c);
     for (int r = 0; r < c->size && !fails; r++) {
-        const unsigned char *d = dest + (size_t)r * region;
-        for (size_t i = 0; i < bytes && !fails; i++)
-            fails += RANK_CHECK(c, d[i] == (unsigned char)(i * 13 + (size_t)r * 5),
-                                "overlapping pieces (shift %zu): rank %d byte %zu", shift, r, i);
+        const unsigned char *in_dest = dest + (size_t)r * region;
+        const unsigned char *in_apart = apart + (size_t)r * region;
+        for (size_t i = 0; i < bytes && !fails; i++) {
+            unsigned char got = mixed && i >= a ? in_apart[i] : in_dest[i];
+            fails += RANK_CHECK(c, got == in_place_pattern(r, i),
+                                "in-place pieces (mixed %d): rank %d byte %zu is %u, want %u",
+                                mixed, r, i, got, in_place_pattern(r, i));
+        }
     }
+    free(dest);
+    free(apart);
+    return fails;
+}
+
+/* This rank's input 100 bytes into its own pieces (overlapping them, not in place) is
+ * refused before anything is enqueued, so the group stays usable. */
+static int check_all_gather_pieces_refused(rank_ctx_t *c)
+{
+    const size_t bytes = 3 * SLOT + 1001, region = bytes + 256;
+    unsigned char *dest = calloc((size_t)c->size, region);
+    fsdp2_iov_t pieces[4 * 3];
+    size_t offsets[5];
+    three_pieces(c->size, dest, region, bytes, SLOT / 2 + 7, 2 * SLOT + 3, 0, pieces, offsets);
+    const unsigned char *send = dest + (size_t)c->rank * region + 100;
+    fsdp2_status_t s =
+        fsdp2_all_gather_pieces_async(c->world, send, bytes, pieces, offsets, c->stream);
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_INVALID_ARGUMENT &&
+                                  strstr(fsdp2_last_error(), "is not in place"),
+                           "overlapping pieces: %s: %s", fsdp2_status_name(s),
+                           fsdp2_last_error());
     free(dest);
     return fails;
 }
@@ -235,8 +265,9 @@ static int body_across_slots(rank_ctx_t *c)
     for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
         fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
     fails += check_all_gather_pieces(c);
-    fails += check_all_gather_pieces_overlapping(c, 100);
-    fails += check_all_gather_pieces_overlapping(c, 0);
+    fails += check_all_gather_pieces_refused(c);
+    fails += check_all_gather_pieces_in_place(c, 0);
+    fails += check_all_gather_pieces_in_place(c, 1);
     /* zero-sized collectives between large ones take no steps and keep ranks in step */
     fails += check_all_gather(c, FSDP2_F32, 0);
     fails += check_all_reduce(c, FSDP2_F16, 0);
