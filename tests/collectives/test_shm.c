@@ -3,8 +3,8 @@
  * ring of slots several times, every collective checked element-wise against values
  * the test computes; identical bits to the UCX transport (FSDP2_SHM=off) for sums that
  * round; the same values whether slots and outputs are written with non-temporal
- * stores or not;
- * and failures: a rank killed inside a large collective, and an abort, each
+ * stores or not; pieces gathers with pieces in place, apart, or both, and an input
+ * overlapping this rank's pieces refused; and failures: a rank killed inside a large collective, and an abort, each
  * an error on every survivor well before the timeout, with nothing left in /dev/shm. */
 #include <check.h>
 #include <dirent.h>
