@@ -226,18 +226,31 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
     return na && nb && (x >= y ? x - y < nb : y - x < na);
 }
 
+/* Bytes of one rank's block of count elements (0 for an unknown dtype: enqueue says),
+ * checked so that the whole group's (size blocks) fits in a size_t. */
+static fsdp2_status_t block_bytes(const fsdp2_group_t *g, size_t count, fsdp2_dtype_t dtype,
+                                  const char *what, size_t *bytes)
+{
+    size_t es = 0;
+    *bytes = 0;
+    if (fsdp2_dtype_size(dtype, &es) != FSDP2_SUCCESS || count == 0)
+        return FSDP2_SUCCESS;
+    FSDP2_ARG_CHECK(count <= SIZE_MAX / es / (size_t)g->size,
+                    "%s on group '%s': count %zu of %zu-byte elements times %d ranks overflows",
+                    what, g->name, count, es, g->size);
+    *bytes = count * es;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *recv, size_t count,
                                       fsdp2_dtype_t dtype, fsdp2_stream_t *stream)
 {
     FSDP2_ARG_CHECK(g, "all_gather: group is NULL");
     FSDP2_ARG_CHECK(count == 0 || (send && recv), "all_gather on group '%s': send=%p recv=%p with count %zu",
                     g->name, send, recv, count);
-    size_t es = 0, bytes;
-    if (fsdp2_dtype_size(dtype, &es) == FSDP2_SUCCESS && count) { /* else enqueue says */
-        FSDP2_ARG_CHECK(count <= SIZE_MAX / es / (size_t)g->size,
-                        "all_gather on group '%s': count %zu of %zu-byte elements times %d ranks "
-                        "overflows", g->name, count, es, g->size);
-        bytes = count * es;
+    size_t bytes = 0;
+    FSDP2_CHECK(block_bytes(g, count, dtype, "all_gather", &bytes));
+    if (bytes) {
         const char *own = (const char *)recv + (size_t)g->rank * bytes;
         FSDP2_ARG_CHECK(send == own || !overlaps(send, bytes, recv, bytes * (size_t)g->size),
                         "all_gather on group '%s': send %p (%zu bytes) overlaps recv %p (%zu "
@@ -310,6 +323,12 @@ fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *g, const void *send, vo
     coll_op_t op = {.kind = COLL_REDUCE_SCATTER, .send = send, .recv = recv,
                     .count = recv_count, .dtype = dtype};
     FSDP2_CHECK(check_reduce(g, reduce, dtype, "reduce_scatter", &op.reduce));
+    size_t bytes = 0;
+    FSDP2_CHECK(block_bytes(g, recv_count, dtype, "reduce_scatter", &bytes));
+    /* peers' contributions are read from send while recv is written */
+    FSDP2_ARG_CHECK(!overlaps(recv, bytes, send, bytes * (size_t)g->size),
+                    "reduce_scatter on group '%s': recv %p (%zu bytes) overlaps send %p (%zu "
+                    "bytes)", g->name, recv, bytes, send, bytes * (size_t)g->size);
     return enqueue(g, &op, stream, "reduce_scatter");
 }
 

@@ -609,6 +609,11 @@ static int body_bad_arguments(rank_ctx_t *c)
                                                   c->stream) == FSDP2_ERR_INVALID_ARGUMENT &&
                                strstr(fsdp2_last_error(), "overlaps recv") != NULL,
                         "all_gather send inside recv, off its block: %s", fsdp2_last_error());
+    fails += RANK_CHECK(c, fsdp2_reduce_scatter_async(c->world, g, g + 4 * c->rank, 4, FSDP2_F32,
+                                                      NULL, c->stream) ==
+                                   FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "overlaps send") != NULL,
+                        "reduce_scatter into its own send: %s", fsdp2_last_error());
     char bytes[4 * 8 + 8];
     fsdp2_iov_t pieces[4];
     size_t offsets[5] = {0};
