@@ -17,8 +17,8 @@
  * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
  * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
  * the results are gathered from, or in place and then streamed into it), or, up to
- * 16 KiB, has every rank post its whole buffer and reduce everything itself (one step
- * instead of two). How a rank writes its slots and its output (plain or non-temporal
+ * 16 KiB (at 2 ranks also from 192 KiB up to a slot), has every rank post its whole
+ * buffer and reduce everything itself (one step instead of two). How a rank writes its slots and its output (plain or non-temporal
  * stores, shm_stores.c) is its own choice and never changes the steps (slot_copy,
  * out_copy).
  *
@@ -514,7 +514,8 @@ static fsdp2_status_t run_reduce_scatter(run_t *x, const coll_op_t *op)
     return reduce_ranges(x, op, lo, hi, op->recv);
 }
 
-/* Up to one slot: every rank posts its whole buffer and reduces all of them itself. */
+/* Up to one slot (shm_all_reduce_one_step says when): every rank posts its whole buffer
+ * and reduces all of them itself. */
 static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
 {
     size_t bytes = op->count * op->elem_size;
@@ -603,7 +604,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
 static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
 {
     size_t es = op->elem_size;
-    if (op->count * es <= SHM_ONE_STEP_MAX)
+    if (shm_all_reduce_one_step(x->n, op->count * es))
         return all_reduce_one_step(x, op);
     size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
     sink_t sinks[FSDP2_SHM_MAX_RANKS];

@@ -71,12 +71,12 @@ void fsdp2_shm_fence_streams(void)
 }
 
 /* op's size class for auto (x4 each from SHM_STREAM_MIN), or -1: always memcpy. */
-static int store_class(const coll_op_t *op)
+static int store_class(const shm_group_t *sg, const coll_op_t *op)
 {
     size_t bytes = op->count * op->elem_size;
     if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
-        (op->kind == COLL_ALL_REDUCE && bytes <= SHM_ONE_STEP_MAX)) /* one step: memcpy */
-        return -1;
+        (op->kind == COLL_ALL_REDUCE && shm_all_reduce_one_step(sg->g->size, bytes)))
+        return -1; /* one step: memcpy */
     int c = 0;
     for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
         c++;
@@ -85,7 +85,7 @@ static int store_class(const coll_op_t *op)
 
 int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
 {
-    int c = store_class(op);
+    int c = store_class(sg, op);
 #if !defined(__SSE2__)
     c = -1; /* no non-temporal stores to use */
 #endif
@@ -113,7 +113,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
  * the other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
 void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
 {
-    int c = store_class(op);
+    int c = store_class(sg, op);
     if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
         return;
     shm_store_class_t *k = &sg->stores[op->kind][c];

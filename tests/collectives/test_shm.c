@@ -75,6 +75,8 @@ typedef struct size_case {
 static const size_case_t cases[] = {
     {FSDP2_F32, SLOT / 4 - 1}, {FSDP2_F32, SLOT / 4},      {FSDP2_F32, SLOT / 4 + 1},
     {FSDP2_F32, 5 * SLOT / 4 + 3}, {FSDP2_BF16, 3 * SLOT / 2 + 5}, {FSDP2_F64, 2 * SLOT / 8 + 7},
+    /* at 2 ranks, all-reduces from 192 KiB up to a slot take one step; just below, two */
+    {FSDP2_F16, (192u << 10) / 2 - 1}, {FSDP2_F16, (192u << 10) / 2},
 };
 
 /* All-reduces from 16 MiB reduce straight into the slots (all_reduce_fused). */
