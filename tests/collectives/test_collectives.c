@@ -326,6 +326,20 @@ static int body_sixteen_bit_sums(rank_ctx_t *c)
  * 1 MiB pieces), dtypes, reduction cases and roots; the seed comes from the parent, so
  * every rank draws the same, and is printed so that a failure can be replayed with
  * FSDP2_TEST_SEED. */
+/* Broadcast of n elements from root into buf (root's pattern there, 0xab elsewhere),
+ * checked on every rank against root's pattern. */
+static int check_broadcast(rank_ctx_t *c, char *buf, fsdp2_dtype_t t, size_t n, int root,
+                           const char *what)
+{
+    if (c->rank == root)
+        fill_pattern(buf, t, root, n, 0);
+    else
+        memset(buf, 0xab, n * esize(t));
+    int fails = OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
+    fails += sync_ok(c);
+    return fails ? fails : expect_blocks(c, buf, t, n, root, 1, what);
+}
+
 static int body_random_sizes(rank_ctx_t *c)
 {
     int fails = 0;
@@ -365,14 +379,7 @@ static int body_random_sizes(rank_ctx_t *c)
                                                 exact),
                                 "draw %d all_reduce %s count %zu element %zu", draw,
                                 fsdp2_dtype_name(t), total, i);
-        /* broadcast */
-        if (c->rank == root)
-            fill_pattern(recv, t, root, total, 0);
-        else
-            memset(recv, 0xab, total * esize(t));
-        fails += OK(c, fsdp2_broadcast_async(c->world, recv, total, t, root, c->stream));
-        fails += sync_ok(c);
-        fails += fails ? 0 : expect_blocks(c, recv, t, total, root, 1, "random broadcast");
+        fails += check_broadcast(c, recv, t, total, root, "random broadcast");
         free(send);
         free(recv);
     }
@@ -389,13 +396,7 @@ static int body_broadcast_and_barrier(rank_ctx_t *c)
                 fsdp2_dtype_t t = dts[d];
                 size_t n = sizes[s];
                 char *buf = malloc(n * esize(t) + 1);
-                if (c->rank == root)
-                    fill_pattern(buf, t, root, n, 0);
-                else
-                    memset(buf, 0xab, n * esize(t));
-                fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
-                fails += sync_ok(c);
-                fails += fails ? 0 : expect_blocks(c, buf, t, n, root, 1, "broadcast");
+                fails += check_broadcast(c, buf, t, n, root, "broadcast");
                 free(buf);
             }
     /* After the barrier every rank must see every rank's arrival. */
