@@ -364,11 +364,16 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
     return enqueue(g, &op, stream, "barrier");
 }
 
-/* The keys "<group>/<what>/<r>" of every member r: list[r] points into one block. */
+void fsdp2_group_member_key(const fsdp2_group_t *g, const char *what, int r, char *key)
+{
+    snprintf(key, FSDP2_GROUP_KEY_MAX, "%s/%s/%d", g->name, what, r);
+}
+
+/* Every member's key for `what`: list[r] points into one block. */
 static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char **block,
                                   const char ***list)
 {
-    size_t key_len = FSDP2_GROUP_NAME_MAX + 64;
+    size_t key_len = FSDP2_GROUP_KEY_MAX;
     *block = malloc((size_t)g->size * key_len);
     *list = malloc((size_t)g->size * sizeof(**list));
     if (!*block || !*list) {
@@ -381,7 +386,7 @@ static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char
     }
     for (int r = 0; r < g->size; r++) {
         (*list)[r] = *block + (size_t)r * key_len;
-        snprintf(*block + (size_t)r * key_len, key_len, "%s/%s/%d", g->name, what, r);
+        fsdp2_group_member_key(g, what, r, *block + (size_t)r * key_len);
     }
     return FSDP2_SUCCESS;
 }
@@ -422,8 +427,8 @@ fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, 
 fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
                                            const char *what)
 {
-    char key[FSDP2_GROUP_NAME_MAX + 64], verb[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(key, sizeof(key), "%s/%s/%d", g->name, what, g->rank);
+    char key[FSDP2_GROUP_KEY_MAX], verb[FSDP2_GROUP_NAME_MAX + 32];
+    fsdp2_group_member_key(g, what, g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
     snprintf(verb, sizeof(verb), "reach '%s'", what);
     return fsdp2_group_wait_members(g, store, what, verb);

@@ -76,8 +76,13 @@ fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, co
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
-/* Waits until every member r has set "<group name>/<key>/<r>"; a timeout names the
- * members that have not: "members 2,3 did not <verb> in time". */
+/* Member r's store key for `what` during set-up: "<group name>/<what>/<r>". */
+#define FSDP2_GROUP_KEY_MAX (FSDP2_GROUP_NAME_MAX + 64)
+void fsdp2_group_member_key(const struct fsdp2_group *g, const char *what, int r, char *key);
+
+/* Waits until every member r has set its key for `key` (fsdp2_group_member_key), for
+ * the group's timeout; a timeout names the members that have not: "members 2,3 did
+ * not <verb> within 300.0 s". */
 fsdp2_status_t fsdp2_group_wait_members(struct fsdp2_group *g, fsdp2_store_t *store,
                                         const char *key, const char *verb);
 

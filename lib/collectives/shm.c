@@ -18,9 +18,9 @@
  * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
  * the results are gathered from, or in place and then streamed into it), or, up to
  * 16 KiB (at 2 ranks also from 192 KiB up to a slot), has every rank post its whole
- * buffer and reduce everything itself (one step instead of two). How a rank writes its slots and its output (plain or non-temporal
- * stores, shm_stores.c) is its own choice and never changes the steps (slot_copy,
- * out_copy).
+ * buffer and reduce everything itself (one step instead of two). How a rank writes its
+ * slots and its output (plain or non-temporal stores, shm_stores.c) is its own choice
+ * and never changes the steps (slot_copy, out_copy).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
  * its collective's turn), so concurrent collectives on different streams never compete

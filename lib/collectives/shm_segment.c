@@ -94,15 +94,18 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
 static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int mine, int *all,
                                  int *first_missing)
 {
-    char key[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, g->rank);
+    char key[FSDP2_GROUP_KEY_MAX];
+    fsdp2_group_member_key(g, "shm/mapped", g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
+    /* all at once first, so that a timeout names every member that never answered */
+    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "shm/mapped", "say whether it mapped the "
+                                         "shared-memory segment"));
     *all = 1;
     *first_missing = -1;
     for (int r = 0; r < g->size; r++) {
         char value[2] = "";
         size_t len = 0;
-        snprintf(key, sizeof(key), "%s/shm/mapped/%d", g->name, r);
+        fsdp2_group_member_key(g, "shm/mapped", r, key);
         FSDP2_CHECK(fsdp2_store_get(store, key, value, 1, &len));
         if (value[0] != '1' && *first_missing < 0)
             *first_missing = r;

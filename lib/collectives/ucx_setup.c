@@ -155,10 +155,10 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
                                           int *all_shm)
 {
     fsdp2_group_t *g = ug->g;
-    char key[FSDP2_GROUP_NAME_MAX + 64];
+    char key[FSDP2_GROUP_KEY_MAX];
     ucx_identity_t me, peer;
     identity_of_self(&me);
-    snprintf(key, sizeof(key), "%s/ucx/identity/%d", g->name, g->rank);
+    fsdp2_group_member_key(g, "ucx/identity", g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, &me, sizeof(me)));
     /* All at once first, so that a timeout names every member that never came. */
     FSDP2_CHECK(fsdp2_group_wait_members(g, store, "ucx/identity", "join"));
@@ -167,7 +167,7 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + k) % g->size;
         size_t len = 0;
-        snprintf(key, sizeof(key), "%s/ucx/identity/%d", g->name, r);
+        fsdp2_group_member_key(g, "ucx/identity", r, key);
         FSDP2_CHECK(fsdp2_store_get(store, key, &peer, sizeof(peer), &len));
         if (len != sizeof(peer))
             return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': rank %d's identity is %zu bytes, "
