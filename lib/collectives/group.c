@@ -325,10 +325,15 @@ fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *g, const void *send, vo
     FSDP2_CHECK(check_reduce(g, reduce, dtype, "reduce_scatter", &op.reduce));
     size_t bytes = 0;
     FSDP2_CHECK(block_bytes(g, recv_count, dtype, "reduce_scatter", &bytes));
-    /* peers' contributions are read from send while recv is written */
-    FSDP2_ARG_CHECK(!overlaps(recv, bytes, send, bytes * (size_t)g->size),
+    /* The other blocks of send are read while recv is written; this rank's own block is
+     * read only by this rank, each element before its result is written (in place, as
+     * NCCL allows). */
+    const char *own = send ? (const char *)send + (size_t)g->rank * bytes : NULL;
+    FSDP2_ARG_CHECK((const char *)recv == own ||
+                        !overlaps(recv, bytes, send, bytes * (size_t)g->size),
                     "reduce_scatter on group '%s': recv %p (%zu bytes) overlaps send %p (%zu "
-                    "bytes)", g->name, recv, bytes, send, bytes * (size_t)g->size);
+                    "bytes) but is not in place (this rank's block of send, %p)",
+                    g->name, recv, bytes, send, bytes * (size_t)g->size, (const void *)own);
     return enqueue(g, &op, stream, "reduce_scatter");
 }
 

@@ -223,6 +223,21 @@ static int close_enough(double got, double want, fsdp2_dtype_t t, int exact)
     return fabs(got - want) <= 2 * ulp * fmax(1.0, fabs(want));
 }
 
+/* This rank's reduce-scatter result, n elements at out, against the reference. */
+static int expect_reduced(rank_ctx_t *c, const reduce_case_t *rc, fsdp2_dtype_t t, size_t n,
+                          const void *out, int exact, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        double want = reference(rc, c->size, i, (size_t)c->rank * n);
+        if (RANK_CHECK(c, close_enough(get(out, t, i), want, t, exact),
+                       "%s %s %s n=%zu (pre %g, post %g) element %zu: %.9g, want %.9g", what,
+                       rc->op == FSDP2_REDUCE_SUM ? "sum" : "avg", fsdp2_dtype_name(t), n,
+                       rc->pre, rc->post, i, get(out, t, i), want))
+            return 1;
+    }
+    return 0;
+}
+
 static int body_reduce_scatter(rank_ctx_t *c)
 {
     int fails = 0;
@@ -240,12 +255,20 @@ static int body_reduce_scatter(rank_ctx_t *c)
                 fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, &red, c->stream));
                 fails += sync_ok(c);
                 int exact = rc->op == FSDP2_REDUCE_SUM || (c->size & (c->size - 1)) == 0;
-                for (size_t i = 0; i < n && !fails; i++) {
-                    double want = reference(rc, c->size, i, (size_t)c->rank * n);
-                    fails += RANK_CHECK(c, close_enough(get(recv, t, i), want, t, exact),
-                                        "%s n=%zu case %zu element %zu: %.9g, want %.9g",
-                                        fsdp2_dtype_name(t), n, k, i, get(recv, t, i), want);
-                }
+                fails += fails ? 0 : expect_reduced(c, rc, t, n, recv, exact, "reduce_scatter");
+                /* in place: the result lands in this rank's block of send, the other
+                 * blocks stay as they were */
+                char *own = send + (size_t)c->rank * n * esize(t);
+                fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, own, n, t, &red, c->stream));
+                fails += sync_ok(c);
+                fails += fails ? 0 : expect_reduced(c, rc, t, n, own, exact, "in place reduce_scatter");
+                for (size_t i = 0; i < total && !fails; i++)
+                    if (i / n != (size_t)c->rank)
+                        fails += RANK_CHECK(c, get(send, t, i) == pattern(c->rank, i),
+                                            "in place reduce_scatter %s n=%zu changed send "
+                                            "element %zu (block %zu): %g, want %g",
+                                            fsdp2_dtype_name(t), n, i, i / n, get(send, t, i),
+                                            pattern(c->rank, i));
                 free(send);
                 free(recv);
             }
@@ -610,11 +633,12 @@ static int body_bad_arguments(rank_ctx_t *c)
                                                   c->stream) == FSDP2_ERR_INVALID_ARGUMENT &&
                                strstr(fsdp2_last_error(), "overlaps recv") != NULL,
                         "all_gather send inside recv, off its block: %s", fsdp2_last_error());
-    fails += RANK_CHECK(c, fsdp2_reduce_scatter_async(c->world, g, g + 4 * c->rank, 4, FSDP2_F32,
-                                                      NULL, c->stream) ==
+    fails += RANK_CHECK(c, fsdp2_reduce_scatter_async(c->world, g, g + 4 * c->rank + 1, 4,
+                                                      FSDP2_F32, NULL, c->stream) ==
                                    FSDP2_ERR_INVALID_ARGUMENT &&
-                               strstr(fsdp2_last_error(), "overlaps send") != NULL,
-                        "reduce_scatter into its own send: %s", fsdp2_last_error());
+                               strstr(fsdp2_last_error(), "is not in place") != NULL,
+                        "reduce_scatter into its own block of send, shifted: %s",
+                        fsdp2_last_error());
     char bytes[4 * 8 + 8];
     fsdp2_iov_t pieces[4];
     size_t offsets[5] = {0};

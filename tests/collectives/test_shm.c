@@ -101,20 +101,30 @@ static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
     return fails;
 }
 
+/* Out of place, then in place (recv is this rank's block of send: the other blocks must
+ * come through unchanged). */
 static int check_reduce_scatter(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
-    size_t total = n * (size_t)c->size;
+    size_t total = n * (size_t)c->size, base = (size_t)c->rank * n;
     char *send = malloc(total * esize(t)), *recv = malloc(n * esize(t));
-    fill(send, t, c->rank, total, 0);
-    fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, recv, n, t, NULL, c->stream));
-    fails += sync_ok(c);
-    size_t base = (size_t)c->rank * n;
-    for (size_t i = 0; i < n && !fails; i++)
-        fails += RANK_CHECK(c, get(recv, t, i) == sum_over_ranks(c->size, base + i),
-                            "reduce_scatter %s n=%zu element %zu: %g, want %g",
-                            fsdp2_dtype_name(t), n, i, get(recv, t, i),
-                            sum_over_ranks(c->size, base + i));
+    for (int in_place = 0; in_place < 2 && !fails; in_place++) {
+        char *out = in_place ? send + base * esize(t) : recv;
+        fill(send, t, c->rank, total, 0);
+        fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, out, n, t, NULL, c->stream));
+        fails += sync_ok(c);
+        for (size_t i = 0; i < n && !fails; i++)
+            fails += RANK_CHECK(c, get(out, t, i) == sum_over_ranks(c->size, base + i),
+                                "reduce_scatter%s %s n=%zu element %zu: %g, want %g",
+                                in_place ? " in place" : "", fsdp2_dtype_name(t), n, i,
+                                get(out, t, i), sum_over_ranks(c->size, base + i));
+        for (size_t i = 0; in_place && i < total && !fails; i++)
+            if (i / n != (size_t)c->rank)
+                fails += RANK_CHECK(c, get(send, t, i) == pattern(c->rank, i),
+                                    "reduce_scatter in place %s n=%zu changed send element "
+                                    "%zu: %g, want %g", fsdp2_dtype_name(t), n, i,
+                                    get(send, t, i), pattern(c->rank, i));
+    }
     free(send);
     free(recv);
     return fails;
