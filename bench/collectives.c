@@ -4,12 +4,12 @@
  * the all-reduce buffer): time per call t (the slowest rank's mean over the timed
  * iterations, after warm-up, each iteration synchronized), algbw = S / t, and
  * busbw = algbw * (n - 1) / n for all-gather and reduce-scatter, * 2 (n - 1) / n for
- * all-reduce. Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and
+ * all-reduce; the gathers and reduce-scatters out of place and in place (coll_ops.h). Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and
  * Open MPI's twin (bench/mpi_collectives.c) and prints the ratios.
  *
  * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
  *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE]
- *   [--ops all_gather,reduce_scatter,all_reduce] (a comma list: only those) */
+ *   [--ops all_gather,reduce_scatter,...] (a comma list of coll_ops.h's names: only those) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +17,7 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "coll_ops.h"
 #include "memcpy_limit.h"
 
 #define CHECK(call)                                                                        \
@@ -28,9 +29,6 @@
             exit(1);                                                                       \
         }                                                                                  \
     } while (0)
-
-enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
 
 static double now(void)
 {
@@ -50,18 +48,7 @@ typedef struct bench {
 
 static void run_op(bench_t *b, int op, size_t bytes)
 {
-    size_t elems = bytes / b->esize, per_rank = elems / (size_t)b->n;
-    switch (op) {
-    case OP_AG:
-        CHECK(fsdp2_all_gather_async(b->group, b->a, b->b, per_rank, b->dtype, b->stream));
-        break;
-    case OP_RS:
-        CHECK(fsdp2_reduce_scatter_async(b->group, b->a, b->b, per_rank, b->dtype, NULL, b->stream));
-        break;
-    default:
-        CHECK(fsdp2_all_reduce_async(b->group, b->a, elems, b->dtype, NULL, b->stream));
-        break;
-    }
+    CHECK(op_ours(op, b->group, b->a, b->b, bytes, b->dtype, b->esize, b->rank, b->n, b->stream));
     CHECK(fsdp2_stream_synchronize(b->stream));
 }
 
@@ -93,7 +80,8 @@ static double time_op(bench_t *b, int op, size_t bytes)
 int main(int argc, char **argv)
 {
     size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
-    const char *json_path = NULL, *dtype_name = "f32", *stream_kind = "side", *ops = NULL;
+    const char *json_path = NULL, *dtype_name = "f32", *stream_kind = "side";
+    unsigned ops = (1u << OP_COUNT) - 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--min") == 0)
             min_bytes = strtoull(argv[i + 1], NULL, 10);
@@ -106,20 +94,12 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--stream") == 0)
             stream_kind = argv[i + 1];
         else if (strcmp(argv[i], "--ops") == 0) {
-            ops = argv[i + 1];
-            /* every name in the list must be an operation (a typo must not time nothing) */
-            char copy[256];
-            snprintf(copy, sizeof(copy), "%s", ops);
-            for (char *save = NULL, *w = strtok_r(copy, ",", &save); w;
-                 w = strtok_r(NULL, ",", &save)) {
-                int known = 0;
+            if (!(ops = op_mask_parse(argv[i + 1]))) {
+                fprintf(stderr, "--ops %s: want a comma list of", argv[i + 1]);
                 for (int op = 0; op < OP_COUNT; op++)
-                    known |= strcmp(w, op_names[op]) == 0;
-                if (!known) {
-                    fprintf(stderr, "--ops: '%s' is not all_gather, reduce_scatter or "
-                                    "all_reduce\n", w);
-                    return 2;
-                }
+                    fprintf(stderr, " %s", op_names[op]);
+                fprintf(stderr, "\n");
+                return 2;
             }
         }
         else {
@@ -153,7 +133,7 @@ int main(int argc, char **argv)
     if (b.rank == 0) {
         printf("# libfsdp2 ucx collectives, %d ranks, %s; memcpy %.2f GB/s\n", b.n, dtype_name,
                memcpy_gbps);
-        printf("%-15s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+        printf("%-23s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
         if (json_path && !(json = fopen(json_path, "w"))) {
             perror(json_path);
             return 1;
@@ -165,16 +145,16 @@ int main(int argc, char **argv)
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {
-        if (ops && !strstr(ops, op_names[op]))
+        if (!(ops & (1u << op)))
             continue;
         for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
             size_t unit = b.esize * (size_t)b.n;
             size_t s = bytes / unit * unit;
             double t = time_op(&b, op, s);
             double alg = (double)s / t / 1e9;
-            double bus = alg * (op == OP_AR ? 2.0 : 1.0) * (b.n - 1) / b.n;
+            double bus = alg * op_bus_factor(op, b.n);
             if (b.rank == 0) {
-                printf("%-15s %12zu %12.1f %12.3f %12.3f\n", op_names[op], s, t * 1e6, alg, bus);
+                printf("%-23s %12zu %12.1f %12.3f %12.3f\n", op_names[op], s, t * 1e6, alg, bus);
                 fflush(stdout);
                 if (json)
                     fprintf(json, "%s\n  {\"op\": \"%s\", \"bytes\": %zu, \"time_us\": %.3f, "

@@ -8,7 +8,10 @@
 # under mpirun with Open MPI's best configuration here: its UCX pml (Debian disables it
 # by default) and glibc malloc told not to give pages back between calls (without that
 # its large reduce-scatter is several times slower, which would flatter us). Prints
-# busbw side by side with the ratio ours / MPI and writes DIR/collectives.json.
+# busbw side by side with the ratio ours / MPI and ours as a share of one thread's
+# memcpy rate (the limit), and writes DIR/collectives.json. The all-gathers and
+# reduce-scatters run out of place and in place, as nccl-tests times them
+# (bench/coll_ops.h).
 # --repeat R runs the pair R times, alternating ours and MPI, and reports each cell's
 # median over the R runs (with its range): this machine's speed moves by 2-5x between
 # runs of the same program, so single runs decide little below 1 MiB.
@@ -97,15 +100,17 @@ for np in nps:
     limit = statistics.median(limits)
     print(f"\n{np} ranks (memcpy limit {limit:.2f} GB/s): busbw GB/s, median of {repeat} "
           f"run(s) [range]")
-    print(f"{'op':<15} {'bytes':>11} {'libfsdp2':>21} {'Open MPI':>21} {'ratio':>6}")
+    print(f"{'op':<23} {'bytes':>11} {'libfsdp2':>21} {'Open MPI':>21} {'ratio':>6} "
+          f"{'of memcpy':>9}")
     for (impl, op, size), ours in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         mpi = runs.get(("mpi", op, size))
         if impl != "ours" or not mpi:
             continue
         a, b = statistics.median(ours), statistics.median(mpi)
         ratio = a / b if b > 0 else float("inf")
-        print(f"{op:<15} {size:>11} {a:>8.3f} [{min(ours):.2f}-{max(ours):.2f}] "
-              f"{b:>8.3f} [{min(mpi):.2f}-{max(mpi):.2f}] {ratio:>6.2f}")
+        of_limit = a / limit if limit > 0 else 0.0
+        print(f"{op:<23} {size:>11} {a:>8.3f} [{min(ours):.2f}-{max(ours):.2f}] "
+              f"{b:>8.3f} [{min(mpi):.2f}-{max(mpi):.2f}] {ratio:>6.2f} {of_limit:>8.0%}")
         summary.append({"ranks": int(np), "op": op, "bytes": size, "runs": repeat,
                         "libfsdp2_busbw": a, "openmpi_busbw": b, "libfsdp2_runs": ours,
                         "openmpi_runs": mpi, "ratio": ratio, "memcpy_gbps": limit})
@@ -116,7 +121,7 @@ for np in nps:
         for r in data["results"]:
             interleaved.append(dict(r, ranks=int(np), stream=stream, pairs=data["pairs"]))
 print("\nInterleaved (same processes, alternating blocks): ratio ours/MPI, median over pairs")
-print(f"{'op':<15} {'bytes':>11} " + " ".join(f"{f'{np} side':>8} {f'{np} inline':>9}" for np in nps))
+print(f"{'op':<23} {'bytes':>11} " + " ".join(f"{f'{np} side':>8} {f'{np} inline':>9}" for np in nps))
 cells = {(r["op"], r["bytes"], r["ranks"], r["stream"]): r["ratio"] for r in interleaved}
 for op, size in sorted({(r["op"], r["bytes"]) for r in interleaved}):
     row = []
@@ -124,7 +129,7 @@ for op, size in sorted({(r["op"], r["bytes"]) for r in interleaved}):
         for stream, width in (("side", 8), ("current", 9)):
             v = cells.get((op, size, int(np), stream))
             row.append(f"{v:>{width}.2f}" if v is not None else " " * width)
-    print(f"{op:<15} {size:>11} " + " ".join(row))
+    print(f"{op:<23} {size:>11} " + " ".join(row))
 # The target: ratio >= 1.0 at every size from 64 KiB up.
 for name, rows in (("separate runs", summary), ("interleaved", interleaved)):
     cells = [r for r in rows if r["bytes"] >= 65536]

@@ -11,14 +11,15 @@
  *
  * Sizes, formulas and calls are those of bench/collectives.c and mpi_collectives.c:
  * S = the all-gather output, the reduce-scatter input, the all-reduce buffer (in
- * place); a block's time is the slowest rank's mean per call; algbw = S / t, busbw =
+ * place; the gathers and reduce-scatters both out of place and in place, coll_ops.h); a block's time is the slowest rank's mean per call; algbw = S / t, busbw =
  * algbw * (n - 1) / n (all-reduce: 2 (n - 1) / n). Ours runs on a side stream and
  * synchronizes after every call, as FSDP waits for a collective (--stream current:
  * inline on the caller).
  *
  * Built and run by bench/collectives.sh (mpicc against build/'s libfsdp2):
  *   mpirun -np N -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=P build/bench/interleaved
- *     [--min BYTES] [--max BYTES] [--pairs K] [--stream side|current] [--json FILE] */
+ *     [--min BYTES] [--max BYTES] [--pairs K] [--stream side|current] [--json FILE]
+ *     [--ops all_gather,...] (a comma list of coll_ops.h's names: only those) */
 #include <errno.h>
 #include <limits.h>
 #include <mpi.h>
@@ -29,6 +30,7 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "coll_ops.h"
 #include "memcpy_limit.h"
 
 #define CHECK(call)                                                                        \
@@ -41,10 +43,8 @@
         }                                                                                  \
     } while (0)
 
-enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
 enum { IMPL_OURS, IMPL_MPI, IMPLS };
 enum { PAIRS_DEFAULT = 15, PAIRS_MAX = 64 };
-static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
 
 typedef struct bench {
     fsdp2_group_t *group;
@@ -53,37 +53,15 @@ typedef struct bench {
     char *a, *b; /* max bytes each, shared by both implementations */
 } bench_t;
 
-static void run_ours(bench_t *b, int op, size_t bytes)
-{
-    size_t elems = bytes / sizeof(float), per_rank = elems / (size_t)b->n;
-    if (op == OP_AG)
-        CHECK(fsdp2_all_gather_async(b->group, b->a, b->b, per_rank, FSDP2_F32, b->stream));
-    else if (op == OP_RS)
-        CHECK(fsdp2_reduce_scatter_async(b->group, b->a, b->b, per_rank, FSDP2_F32, NULL,
-                                         b->stream));
-    else
-        CHECK(fsdp2_all_reduce_async(b->group, b->a, elems, FSDP2_F32, NULL, b->stream));
-    CHECK(fsdp2_stream_synchronize(b->stream));
-}
-
-static void run_mpi(bench_t *b, int op, size_t bytes)
-{
-    int per_rank = (int)(bytes / sizeof(float) / (size_t)b->n);
-    if (op == OP_AG)
-        MPI_Allgather(b->a, per_rank, MPI_FLOAT, b->b, per_rank, MPI_FLOAT, MPI_COMM_WORLD);
-    else if (op == OP_RS)
-        MPI_Reduce_scatter_block(b->a, b->b, per_rank, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    else
-        MPI_Allreduce(MPI_IN_PLACE, b->a, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM,
-                      MPI_COMM_WORLD);
-}
-
 static void run(bench_t *b, int impl, int op, size_t bytes)
 {
-    if (impl == IMPL_OURS)
-        run_ours(b, op, bytes);
-    else
-        run_mpi(b, op, bytes);
+    if (impl == IMPL_MPI) {
+        op_mpi(op, b->a, b->b, bytes, b->n);
+        return;
+    }
+    CHECK(op_ours(op, b->group, b->a, b->b, bytes, FSDP2_F32, sizeof(float), b->rank, b->n,
+                  b->stream));
+    CHECK(fsdp2_stream_synchronize(b->stream));
 }
 
 /* One block: the slowest rank's mean seconds per call over iters calls. */
@@ -121,7 +99,7 @@ static int usage(int rank, const char *why, const char *value)
 {
     if (rank == 0)
         fprintf(stderr, "interleaved: %s%s%s\nusage: interleaved [--min BYTES] [--max BYTES] "
-                        "[--pairs 1..%d, default %d] [--stream side|current] [--json FILE]\n",
+                        "[--pairs 1..%d, default %d] [--stream side|current] [--ops LIST] [--json FILE]\n",
                 why, value ? ": " : "", value ? value : "", PAIRS_MAX, PAIRS_DEFAULT);
     MPI_Finalize();
     return 2;
@@ -149,6 +127,7 @@ int main(int argc, char **argv)
     const long long max_limit = (long long)INT_MAX * (long long)sizeof(float);
     long long min_bytes = 4096, max_bytes = 256ll << 20, pairs = PAIRS_DEFAULT;
     const char *json_path = NULL, *stream_kind = "side";
+    unsigned ops = (1u << OP_COUNT) - 1;
     for (int i = 1; i < argc; i += 2) {
         const char *flag = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!value)
@@ -166,6 +145,9 @@ int main(int argc, char **argv)
             stream_kind = value;
         } else if (strcmp(flag, "--json") == 0) {
             json_path = value;
+        } else if (strcmp(flag, "--ops") == 0) {
+            if (!(ops = op_mask_parse(value)))
+                return usage(b.rank, "--ops is a comma list of coll_ops.h's names", value);
         } else {
             return usage(b.rank, "unknown flag", flag);
         }
@@ -192,7 +174,7 @@ int main(int argc, char **argv)
         printf("# libfsdp2 (stream %s) and Open MPI in the same %d processes, f32, %d "
                "alternating pairs of blocks per cell; memcpy %.2f GB/s\n",
                stream_kind, b.n, (int)pairs, limit);
-        printf("%-15s %11s %10s %10s %7s %13s\n", "op", "bytes", "ours_busbw", "mpi_busbw",
+        printf("%-23s %11s %10s %10s %7s %13s\n", "op", "bytes", "ours_busbw", "mpi_busbw",
                "ratio", "ratio_p25-p75");
         if (json_path && !(json = fopen(json_path, "w"))) {
             perror(json_path);
@@ -206,6 +188,8 @@ int main(int argc, char **argv)
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {
+        if (!(ops & (1u << op)))
+            continue;
         for (size_t bytes = (size_t)min_bytes; bytes <= (size_t)max_bytes; bytes *= 4) {
             size_t unit = sizeof(float) * (size_t)b.n, s = bytes / unit * unit;
             int iters = s <= (1 << 16) ? 50 : s <= (1 << 20) ? 20 : s <= (1 << 24) ? 4 : 1;
@@ -220,14 +204,14 @@ int main(int argc, char **argv)
                 t[!lead][k] = time_block(&b, !lead, op, s, iters);
                 ratio[k] = t[IMPL_MPI][k] / t[IMPL_OURS][k];
             }
-            double factor = (op == OP_AR ? 2.0 : 1.0) * (b.n - 1) / b.n;
+            double factor = op_bus_factor(op, b.n);
             double ours = (double)s / quantile(t[IMPL_OURS], k_pairs, 0.5) / 1e9 * factor;
             double mpi = (double)s / quantile(t[IMPL_MPI], k_pairs, 0.5) / 1e9 * factor;
             double lo = quantile(ratio, k_pairs, 0.25), hi = quantile(ratio, k_pairs, 0.75);
             double mid = quantile(ratio, k_pairs, 0.5);
             if (b.rank != 0)
                 continue;
-            printf("%-15s %11zu %10.3f %10.3f %7.2f %6.2f-%-6.2f\n", op_names[op], s, ours, mpi,
+            printf("%-23s %11zu %10.3f %10.3f %7.2f %6.2f-%-6.2f\n", op_names[op], s, ours, mpi,
                    mid, lo, hi);
             fflush(stdout);
             if (json) {

@@ -1,5 +1,6 @@
 /* Open MPI's side of bench/collectives: the same sizes, timing and bandwidth formulas as
- * bench/collectives.c, with MPI_Allgather, MPI_Reduce_scatter_block and MPI_Allreduce.
+ * bench/collectives.c, with MPI_Allgather, MPI_Reduce_scatter_block and MPI_Allreduce
+ * (in place too: coll_ops.h).
  * Built and run by bench/collectives.sh with mpicc / mpirun (the benchmark peer only;
  * libfsdp2 itself never uses MPI). */
 #include <mpi.h>
@@ -7,20 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OP_AG, OP_RS, OP_AR, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"all_gather", "reduce_scatter", "all_reduce"};
-
-static void run_op(int op, char *a, char *b, size_t bytes, int n)
-{
-    int per_rank = (int)(bytes / sizeof(float) / (size_t)n);
-    if (op == OP_AG)
-        MPI_Allgather(a, per_rank, MPI_FLOAT, b, per_rank, MPI_FLOAT, MPI_COMM_WORLD);
-    else if (op == OP_RS)
-        MPI_Reduce_scatter_block(a, b, per_rank, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    else
-        MPI_Allreduce(MPI_IN_PLACE, a, (int)(bytes / sizeof(float)), MPI_FLOAT, MPI_SUM,
-                      MPI_COMM_WORLD);
-}
+#include "coll_ops.h"
 
 int main(int argc, char **argv)
 {
@@ -30,6 +18,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     size_t min_bytes = 4096, max_bytes = (size_t)256 << 20;
     const char *json_path = NULL;
+    unsigned ops = (1u << OP_COUNT) - 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--min") == 0)
             min_bytes = strtoull(argv[i + 1], NULL, 10);
@@ -37,6 +26,12 @@ int main(int argc, char **argv)
             max_bytes = strtoull(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--json") == 0)
             json_path = argv[i + 1];
+        else if (strcmp(argv[i], "--ops") == 0 && !(ops = op_mask_parse(argv[i + 1]))) {
+            if (rank == 0)
+                fprintf(stderr, "--ops %s: not a comma list of coll_ops.h's names\n", argv[i + 1]);
+            MPI_Finalize();
+            return 2;
+        }
     }
     char *a = malloc(max_bytes), *b = malloc(max_bytes);
     memset(a, 0, max_bytes);
@@ -44,7 +39,7 @@ int main(int argc, char **argv)
     FILE *json = NULL;
     if (rank == 0) {
         printf("# Open MPI collectives, %d ranks, f32\n", n);
-        printf("%-15s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+        printf("%-23s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
         if (json_path)
             json = fopen(json_path, "w");
         if (json)
@@ -52,22 +47,24 @@ int main(int argc, char **argv)
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {
+        if (!(ops & (1u << op)))
+            continue;
         for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
             size_t unit = sizeof(float) * (size_t)n, s = bytes / unit * unit;
             int warm = s < (1 << 20) ? 20 : 3;
             int iters = s <= (1 << 16) ? 200 : s <= (1 << 22) ? 40 : s <= (1 << 26) ? 10 : 5;
             for (int i = 0; i < warm; i++)
-                run_op(op, a, b, s, n);
+                op_mpi(op, a, b, s, n);
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
             for (int i = 0; i < iters; i++)
-                run_op(op, a, b, s, n);
+                op_mpi(op, a, b, s, n);
             double t = (MPI_Wtime() - t0) / iters, worst;
             MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             double alg = (double)s / worst / 1e9;
-            double bus = alg * (op == OP_AR ? 2.0 : 1.0) * (n - 1) / n;
+            double bus = alg * op_bus_factor(op, n);
             if (rank == 0) {
-                printf("%-15s %12zu %12.1f %12.3f %12.3f\n", op_names[op], s, worst * 1e6, alg, bus);
+                printf("%-23s %12zu %12.1f %12.3f %12.3f\n", op_names[op], s, worst * 1e6, alg, bus);
                 fflush(stdout);
                 if (json)
                     fprintf(json, "%s\n  {\"op\": \"%s\", \"bytes\": %zu, \"time_us\": %.3f, "
