@@ -171,8 +171,7 @@ struct fsdp_root {
     fsdp2_event_t *send_free[2]; /* recorded on ag after the all-gather that sent it */
     fsdp2_event_t *copied[2];    /* recorded on ci after the cast into it */
     int next_send;
-    void *rs_input;  /* ws x the largest padded gradient shard */
-    void *rs_output; /* the largest padded gradient shard */
+    void *rs_input; /* ws x the largest padded gradient shard; the result in place */
     size_t rs_input_bytes;
     fsdp2_memory_plan_t plan;
     /* The forward order of the current and the previous step. */

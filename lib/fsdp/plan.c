@@ -13,7 +13,8 @@
  *   the reduce-scatter staging; a buffer of its own for a group that encloses other
  *   groups (the root with parameters: its backward spans theirs), and, on demand, a
  *   no-sync accumulator per group (the same buffer).
- * - Reduce-scatter staging: input (ws padded chunks) and output (one chunk).
+ * - Reduce-scatter staging: ws padded chunks. The reduce-scatter runs in place, so its
+ *   result lands in this rank's chunk and needs no buffer of its own.
  * On one rank the flat shard is the whole parameters (no padding), so a group there
  * gathers nothing and needs no buffer, and its gradients are added straight into the
  * sharded gradients. */
@@ -271,7 +272,6 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     if (rs_bytes) {
         r->rs_input_bytes = (size_t)ws * rs_bytes;
         FSDP2_CHECK(alloc(r, r->rs_input_bytes, &r->rs_input, &r->plan.reduce_scatter));
-        FSDP2_CHECK(alloc(r, rs_bytes, &r->rs_output, &r->plan.reduce_scatter));
     }
     return FSDP2_SUCCESS;
 }
@@ -426,7 +426,6 @@ void fsdp_root_free(fsdp_root_t *r)
         fsdp2_event_destroy(r->copied[k]);
     }
     fsdp2_device_free(r->device, r->rs_input);
-    fsdp2_device_free(r->device, r->rs_output);
     fsdp2_event_destroy(r->compute_mark);
     fsdp2_event_destroy(r->rs_done);
     fsdp2_event_destroy(r->ag_done);

@@ -569,7 +569,9 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
         return FSDP2_SUCCESS;
     }
     /* The staging hold ends on every path, so a failure leaves no bytes counted. */
-    trace_token_t staging = trace_staging(r, g, (size_t)(g->ws + 1) * n * g->re);
+    trace_token_t staging = trace_staging(r, g, (size_t)g->ws * n * g->re);
+    /* in place: this rank's result replaces its chunk of the staging */
+    char *out = (char *)r->rs_input + (size_t)g->rank * n * g->re;
     trace_token_t t = trace_begin(g, r->rs, TRACE_COPY_OUT, (size_t)g->ws * n * g->re, g->rdtype);
     status = chunk_cat(r, g, src);
     fsdp2_trace_stream_end(r->rs, t);
@@ -582,15 +584,15 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     }
     if (status == FSDP2_SUCCESS) {
         int labelled = trace_label(g, fqn, sizeof(fqn), g->rdtype);
-        status = fsdp2_reduce_scatter_async(g->pg, r->rs_input, r->rs_output, n, g->rdtype,
+        status = fsdp2_reduce_scatter_async(g->pg, r->rs_input, out, n, g->rdtype,
                                             &g->reduce, r->rs);
         /* HSDP: reduce-scatter over the shard dim, then all-reduce over the replicate dim. */
         if (status == FSDP2_SUCCESS && g->replicas > 1)
-            status = fsdp2_all_reduce_async(g->replicate, r->rs_output, n, g->rdtype, &avg, r->rs);
+            status = fsdp2_all_reduce_async(g->replicate, out, n, g->rdtype, &avg, r->rs);
         trace_unlabel(labelled);
     }
     if (status == FSDP2_SUCCESS)
-        status = accumulate(r, g, r->rs_output, g->rdtype, 1.0);
+        status = accumulate(r, g, out, g->rdtype, 1.0);
     fsdp2_trace_stream_end(r->rs, staging);
     FSDP2_CHECK(status);
     FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));

@@ -289,7 +289,7 @@ static fsdp2_memory_plan_t expected_plan(int ws, size_t pe, size_t re)
     else /* one rank: the shard is the parameters; cast, each group its own bf16 copy */
         p.unsharded_params = cast ? sum_full * pe : 0;
     p.unsharded_grads = 2 * max_full * pe;
-    p.reduce_scatter = ws > 1 ? (uint64_t)(ws + 1) * max_shard * re : 0;
+    p.reduce_scatter = ws > 1 ? (uint64_t)ws * max_shard * re : 0; /* in place */
     p.total = p.sharded_params + p.sharded_grads + p.unsharded_params + p.unsharded_grads +
               p.reduce_scatter;
     return p;
