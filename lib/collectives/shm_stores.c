@@ -138,7 +138,10 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
  * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between
  * calls, were faster plain. An all-reduce writes over lines it read moments before,
  * cached up to about the L3's size, so auto streams it only from SHM_OUT_STREAM_REDUCE.
- * Reduce-scatter results are written by the reduction kernel (plain stores). */
+ * A reduce-scatter's results stream from SHM_OUT_STREAM_GATHER (shm.c reduces them
+ * into an L1 block first), except in place: there each result line was read a moment
+ * before and is still cached, and streaming it made 64-256 MiB reduce-scatters at
+ * 2 ranks 1.3-1.6x slower. */
 int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
 {
 #if defined(__SSE2__)
@@ -148,8 +151,10 @@ int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
     switch (op->kind) {
     case COLL_ALL_GATHER:
     case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
-    case COLL_BROADCAST:
-    case COLL_REDUCE_SCATTER: return bytes >= SHM_OUT_STREAM_GATHER;
+    case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
+    case COLL_REDUCE_SCATTER: /* in place, the result goes over lines it just read */
+        return bytes >= SHM_OUT_STREAM_GATHER &&
+               (const char *)op->recv != (const char *)op->send + (size_t)sg->g->rank * bytes;
     case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
     default: return 0;
     }
