@@ -7,7 +7,10 @@
  * gathers: each rank's shard already sits in the flat buffer), the all-gather's input is
  * this rank's block of b, and the reduce-scatter writes its result into a: this rank's
  * block with libfsdp2 (recv == send + rank * count), the front of a with Open MPI
- * (MPI_IN_PLACE for MPI_Reduce_scatter_block). The all-reduce is always in place. */
+ * (MPI_IN_PLACE for MPI_Reduce_scatter_block). The all-reduce is always in place.
+ *
+ * An includer defines COLL_OPS_FSDP2 (after including <fsdp2/fsdp2.h>) for op_ours and
+ * COLL_OPS_MPI (after <mpi.h>) for op_mpi. */
 #ifndef FSDP2_BENCH_COLL_OPS_H
 #define FSDP2_BENCH_COLL_OPS_H
 
@@ -15,8 +18,8 @@
 
 enum { OP_AG, OP_AG_IN_PLACE, OP_RS, OP_RS_IN_PLACE, OP_AR, OP_COUNT };
 
-static const char *const op_names[OP_COUNT] = {"all_gather", "all_gather_inplace",
-                                               "reduce_scatter", "reduce_scatter_inplace",
+static const char *const op_names[OP_COUNT] = {"all_gather", "all_gather_in_place",
+                                               "reduce_scatter", "reduce_scatter_in_place",
                                                "all_reduce"};
 
 /* busbw = algbw * this (nccl-tests): (n - 1) / n, and twice that for an all-reduce. */
@@ -45,7 +48,7 @@ static inline unsigned op_mask_parse(const char *list)
     return mask;
 }
 
-#ifdef FSDP2_H
+#ifdef COLL_OPS_FSDP2
 /* libfsdp2's call for op on S bytes of elements of es bytes. */
 static inline fsdp2_status_t op_ours(int op, fsdp2_group_t *g, char *a, char *b, size_t bytes,
                                      fsdp2_dtype_t dtype, size_t es, int rank, int n,
@@ -62,7 +65,7 @@ static inline fsdp2_status_t op_ours(int op, fsdp2_group_t *g, char *a, char *b,
 }
 #endif
 
-#ifdef MPI_VERSION
+#ifdef COLL_OPS_MPI
 /* Open MPI's call for op on S bytes of f32. */
 static inline void op_mpi(int op, char *a, char *b, size_t bytes, int n)
 {

@@ -4,12 +4,14 @@
  * the all-reduce buffer): time per call t (the slowest rank's mean over the timed
  * iterations, after warm-up, each iteration synchronized), algbw = S / t, and
  * busbw = algbw * (n - 1) / n for all-gather and reduce-scatter, * 2 (n - 1) / n for
- * all-reduce; the gathers and reduce-scatters out of place and in place (coll_ops.h). Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and
- * Open MPI's twin (bench/mpi_collectives.c) and prints the ratios.
+ * all-reduce; the gathers and reduce-scatters out of place and in place (coll_ops.h).
+ * Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and Open MPI's
+ * twin (bench/mpi_collectives.c) and prints the ratios.
  *
  * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
  *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE]
- *   [--ops all_gather,reduce_scatter,...] (a comma list of coll_ops.h's names: only those) */
+ *   [--ops all_gather,reduce_scatter,...] (a comma list of coll_ops.h's names: only
+ *   those) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 
 #include <fsdp2/fsdp2.h>
 
+#define COLL_OPS_FSDP2
 #include "coll_ops.h"
 #include "memcpy_limit.h"
 

@@ -11,7 +11,8 @@
  *
  * Sizes, formulas and calls are those of bench/collectives.c and mpi_collectives.c:
  * S = the all-gather output, the reduce-scatter input, the all-reduce buffer (in
- * place; the gathers and reduce-scatters both out of place and in place, coll_ops.h); a block's time is the slowest rank's mean per call; algbw = S / t, busbw =
+ * place; the gathers and reduce-scatters both out of place and in place, coll_ops.h);
+ * a block's time is the slowest rank's mean per call; algbw = S / t, busbw =
  * algbw * (n - 1) / n (all-reduce: 2 (n - 1) / n). Ours runs on a side stream and
  * synchronizes after every call, as FSDP waits for a collective (--stream current:
  * inline on the caller).
@@ -30,6 +31,8 @@
 
 #include <fsdp2/fsdp2.h>
 
+#define COLL_OPS_FSDP2
+#define COLL_OPS_MPI
 #include "coll_ops.h"
 #include "memcpy_limit.h"
 
@@ -99,7 +102,8 @@ static int usage(int rank, const char *why, const char *value)
 {
     if (rank == 0)
         fprintf(stderr, "interleaved: %s%s%s\nusage: interleaved [--min BYTES] [--max BYTES] "
-                        "[--pairs 1..%d, default %d] [--stream side|current] [--ops LIST] [--json FILE]\n",
+                        "[--pairs 1..%d, default %d] [--stream side|current] [--ops LIST] "
+                        "[--json FILE]\n",
                 why, value ? ": " : "", value ? value : "", PAIRS_MAX, PAIRS_DEFAULT);
     MPI_Finalize();
     return 2;

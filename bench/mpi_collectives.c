@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define COLL_OPS_MPI
 #include "coll_ops.h"
 
 int main(int argc, char **argv)
@@ -27,8 +28,12 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--json") == 0)
             json_path = argv[i + 1];
         else if (strcmp(argv[i], "--ops") == 0 && !(ops = op_mask_parse(argv[i + 1]))) {
-            if (rank == 0)
-                fprintf(stderr, "--ops %s: not a comma list of coll_ops.h's names\n", argv[i + 1]);
+            if (rank == 0) {
+                fprintf(stderr, "--ops %s: want a comma list of", argv[i + 1]);
+                for (int op = 0; op < OP_COUNT; op++)
+                    fprintf(stderr, " %s", op_names[op]);
+                fprintf(stderr, "\n");
+            }
             MPI_Finalize();
             return 2;
         }

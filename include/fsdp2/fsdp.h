@@ -305,7 +305,7 @@ typedef struct fsdp2_memory_plan {
     uint64_t sharded_grads;     /* the same for parameters that require gradients */
     uint64_t unsharded_params;  /* the ring plus dedicated buffers */
     uint64_t unsharded_grads;   /* the gradient ring plus no-sync accumulators */
-    uint64_t reduce_scatter;    /* staging: input (ws chunks) and output */
+    uint64_t reduce_scatter;    /* staging: ws chunks; the reduce-scatter runs in place */
     uint64_t total;             /* every category, post_forward_params included */
     int ring_buffers;
     int groups;

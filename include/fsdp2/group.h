@@ -113,8 +113,9 @@ FSDP2_API fsdp2_status_t fsdp2_all_gather_pieces_async(fsdp2_group_t *group, con
 
 /* recv (recv_count elements) = reduction over ranks of send[rank * recv_count ..]
  * (send holds size * recv_count elements). recv is either apart from send or in place:
- * exactly this rank's block of send, which then holds the result; the other blocks are
- * left as they were. dtypes f32, f64, bf16, f16. */
+ * exactly this rank's block of send, which then holds the result (send is const, yet
+ * that block is written, as with NCCL); the other blocks are left as they were. dtypes
+ * f32, f64, bf16, f16. */
 FSDP2_API fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *group, const void *send,
                                                     void *recv, size_t recv_count,
                                                     fsdp2_dtype_t dtype,

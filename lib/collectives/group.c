@@ -328,12 +328,12 @@ fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *g, const void *send, vo
     /* The other blocks of send are read while recv is written; this rank's own block is
      * read only by this rank, each element before its result is written (in place, as
      * NCCL allows). */
-    const char *own = send ? (const char *)send + (size_t)g->rank * bytes : NULL;
-    FSDP2_ARG_CHECK((const char *)recv == own ||
+    FSDP2_ARG_CHECK(coll_in_place_block(send, recv, bytes, g->rank) ||
                         !overlaps(recv, bytes, send, bytes * (size_t)g->size),
                     "reduce_scatter on group '%s': recv %p (%zu bytes) overlaps send %p (%zu "
-                    "bytes) but is not in place (this rank's block of send, %p)",
-                    g->name, recv, bytes, send, bytes * (size_t)g->size, (const void *)own);
+                    "bytes) but is not in place (this rank's block of send, at offset %zu)",
+                    g->name, recv, bytes, send, bytes * (size_t)g->size,
+                    (size_t)g->rank * bytes);
     return enqueue(g, &op, stream, "reduce_scatter");
 }
 

@@ -36,6 +36,14 @@ typedef struct coll_op {
     const size_t *offsets;
 } coll_op_t;
 
+/* Whether a reduce-scatter's recv is exactly rank's block (block_bytes) of its send: in
+ * place, which the reduction paths allow (each rank reads its own block only itself). */
+static inline int coll_in_place_block(const void *send, const void *recv, size_t block_bytes,
+                                      int rank)
+{
+    return send && (const char *)recv == (const char *)send + (size_t)rank * block_bytes;
+}
+
 struct fsdp2_group;
 
 typedef struct fsdp2_group_ops {

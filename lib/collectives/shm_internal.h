@@ -17,6 +17,10 @@
 #define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
 #define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
 #define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
+/* Rows of a group's store choices: one per kind that moves bytes (a barrier moves none),
+ * and one for in-place reduce-scatters, whose outputs are written differently. */
+#define SHM_ROW_IN_PLACE_RS COLL_BARRIER
+#define SHM_STORE_ROWS (SHM_ROW_IN_PLACE_RS + 1)
 #define SHM_MAGIC 0x66736470326d6873ull
 #define LINE 64
 #define PAGE 4096
@@ -82,8 +86,7 @@ struct shm_group {
      * (one at a time, wait_turn). */
     shm_stores_t stores_policy;
     shm_stores_t output_policy;
-    shm_store_class_t stores[COLL_BARRIER][SHM_STORE_CLASSES]; /* by kind (a barrier moves
-                                                                  no bytes) */
+    shm_store_class_t stores[SHM_STORE_ROWS][SHM_STORE_CLASSES];
 };
 
 /* Whether an all-reduce of `bytes` over n ranks takes one step (every rank posts its

@@ -83,6 +83,16 @@ static int store_class(const shm_group_t *sg, const coll_op_t *op)
     return c;
 }
 
+/* op's row of sg->stores: its kind, except an in-place reduce-scatter (its results are
+ * not streamed, so its times would mislead the out-of-place ones' choice, and back). */
+static int store_row(const shm_group_t *sg, const coll_op_t *op)
+{
+    if (op->kind == COLL_REDUCE_SCATTER &&
+        coll_in_place_block(op->send, op->recv, op->count * op->elem_size, sg->g->rank))
+        return SHM_ROW_IN_PLACE_RS;
+    return (int)op->kind;
+}
+
 int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
 {
     int c = store_class(sg, op);
@@ -93,7 +103,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
         return 0;
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
-    const shm_store_class_t *k = &sg->stores[op->kind][c];
+    const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     int streaming = k->streaming;
     /* The far interval needs more than one run of each way: a single late peer in
      * either figure would otherwise hold a class in the wrong way for 32 runs. */
@@ -116,7 +126,7 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
     int c = store_class(sg, op);
     if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
         return;
-    shm_store_class_t *k = &sg->stores[op->kind][c];
+    shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     if (k->runs++ == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
@@ -152,9 +162,9 @@ int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
     case COLL_ALL_GATHER:
     case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
     case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
-    case COLL_REDUCE_SCATTER: /* in place, the result goes over lines it just read */
+    case COLL_REDUCE_SCATTER:
         return bytes >= SHM_OUT_STREAM_GATHER &&
-               (const char *)op->recv != (const char *)op->send + (size_t)sg->g->rank * bytes;
+               !coll_in_place_block(op->send, op->recv, bytes, sg->g->rank);
     case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
     default: return 0;
     }

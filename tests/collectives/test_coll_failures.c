@@ -1,0 +1,182 @@
+/* Collective failures with real processes: a dead peer, a hung peer, an abort, and an
+ * enqueue that can never proceed, each an error within the group's timeout on every
+ * rank concerned, never a hang.
+ *
+ * Ranks on one host use the shared-memory transport by default; meson runs this file a
+ * second time with FSDP2_SHM=off, so that every case also runs over UCX messages (the
+ * path across hosts). */
+#include <check.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/check_main.h"
+#include "ranks.h"
+
+#define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
+
+/* A stream held by a host function until this thread lets it go, after enqueueing a
+ * fifth reduction behind it: the first four hold the group's reduction places, so the
+ * fifth cannot be enqueued until they finish, which they never would. The enqueue must
+ * give up at the group's timeout (failing the group), not wait for ever. */
+static fsdp2_status_t hold_until_released(void *arg)
+{
+    struct timespec t = {0, 1000 * 1000};
+    while (!atomic_load((atomic_int *)arg))
+        nanosleep(&t, NULL);
+    return FSDP2_SUCCESS;
+}
+
+static int body_enqueue_behind_own_later_work(rank_ctx_t *c)
+{
+    int fails = 0;
+    static atomic_int released;
+    static float buf[5][16];
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_stream_t *s;
+    fails += OK(c, fsdp2_stream_create(cpu, "held", &s));
+    fails += OK(c, fsdp2_stream_launch_host(s, hold_until_released, &released));
+    for (int i = 0; i < 4; i++)
+        fails += OK(c, fsdp2_all_reduce_async(c->world, buf[i], 16, FSDP2_F32, NULL, s));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp2_status_t st = fsdp2_all_reduce_async(c->world, buf[4], 16, FSDP2_F32, NULL, s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    fails += RANK_CHECK(c, st == FSDP2_ERR_TIMEOUT, "fifth reduction: %s", fsdp2_status_name(st));
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "all_reduce") &&
+                               strstr(fsdp2_last_error(), "FSDP2_TIMEOUT"),
+                        "message: %s", fsdp2_last_error());
+    fails += RANK_CHECK(c, waited >= 1.0 && waited < 10.0, "gave up after %.2f s (timeout 1.5 s)",
+                        waited);
+    atomic_store(&released, 1);
+    fsdp2_stream_synchronize(s); /* the held reductions now run on a failed group */
+    fsdp2_stream_destroy(s);
+    return fails;
+}
+
+START_TEST(an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging)
+{
+    for (int size = 1; size <= 2; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_enqueue_behind_own_later_work, NULL, 1500, 60, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "world size %d: statuses %d %d", size,
+                      res.status[0], res.status[1]);
+    }
+}
+END_TEST
+
+static int body_peer_dies(rank_ctx_t *c)
+{
+    float buf[1024] = {0};
+    /* every rank's world group is up before one dies (a peer still connecting to it
+     * would fail in the runner's set-up, not in the collective under test) */
+    if (fsdp2_store_barrier(c->store, "connected") != FSDP2_SUCCESS)
+        return RANK_CHECK(c, 0, "barrier: %s", fsdp2_last_error());
+    if (c->rank == c->size - 1)
+        _exit(0); /* dies without a word after connecting */
+    fsdp2_status_t s = fsdp2_all_reduce_async(c->world, buf, 1024, FSDP2_F32, NULL, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_PEER_FAILED || s == FSDP2_ERR_TIMEOUT,
+                           "status %s", fsdp2_status_name(s));
+    /* the group stays failed: the next collective fails at once */
+    fails += RANK_CHECK(c, fsdp2_all_reduce_async(c->world, buf, 4, FSDP2_F32, NULL, c->stream) != FSDP2_SUCCESS ||
+                               fsdp2_stream_synchronize(c->stream) != FSDP2_SUCCESS,
+                        "later collective fails");
+    return fails;
+}
+
+START_TEST(a_dead_peer_is_an_error_on_every_survivor_not_a_hang)
+{
+    for (int size = 2; size <= 4; size++) {
+        ranks_result_t res;
+        run_ranks(size, body_peer_dies, NULL, 3000, 60, &res);
+        ck_assert_msg(!res.timed_out, "ranks hung");
+        for (int r = 0; r < size - 1; r++)
+            ck_assert_msg(res.status[r] == 0, "size %d rank %d: status %d", size, r, res.status[r]);
+    }
+}
+END_TEST
+
+static int body_hung_peer(rank_ctx_t *c)
+{
+    float buf[16] = {0};
+    if (c->rank == 0) {
+        /* never joins the collective; leaves once the others reported */
+        int64_t done = 0;
+        fsdp2_store_add(c->store, "reported", 0, &done);
+        const char *key = "all-reported";
+        return OK(c, fsdp2_store_wait(c->store, &key, 1));
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp2_status_t s = fsdp2_all_gather_async(c->world, buf + 4 * c->rank, buf, 4, FSDP2_F32, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    /* TIMEOUT, or PEER_FAILED when the other survivor timed out first and left */
+    int fails = RANK_CHECK(c, s == FSDP2_ERR_TIMEOUT || s == FSDP2_ERR_PEER_FAILED, "status %s",
+                           fsdp2_status_name(s));
+    /* about the group's 1.5 s timeout: not at once, and not much later */
+    fails += RANK_CHECK(c, waited > 1.0 && waited < 10.0, "failed after %.2f s", waited);
+    fails += RANK_CHECK(c, strstr(fsdp2_last_error(), "all_gather") != NULL, "message");
+    int64_t n = 0;
+    fsdp2_store_add(c->store, "reported", 1, &n);
+    if (n == c->size - 1)
+        fsdp2_store_set(c->store, "all-reported", "1", 1);
+    return fails;
+}
+
+START_TEST(a_hung_peer_times_out_with_a_message)
+{
+    ranks_result_t res;
+    int failed = run_ranks(3, body_hung_peer, NULL, 1500, 60, &res);
+    ck_assert_msg(failed == 0 && !res.timed_out, "statuses %d %d %d", res.status[0], res.status[1],
+                  res.status[2]);
+}
+END_TEST
+
+static int body_abort(rank_ctx_t *c)
+{
+    float buf[64] = {0};
+    int fails = 0;
+    if (c->rank == 1)
+        fails += OK(c, fsdp2_group_abort(c->world));
+    fsdp2_status_t s = fsdp2_all_reduce_async(c->world, buf, 64, FSDP2_F32, NULL, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    if (c->rank == 1)
+        fails += RANK_CHECK(c, s == FSDP2_ERR_ABORTED, "aborted rank: %s", fsdp2_status_name(s));
+    else
+        fails += RANK_CHECK(c, s != FSDP2_SUCCESS, "others fail too: %s", fsdp2_status_name(s));
+    return fails;
+}
+
+START_TEST(abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout)
+{
+    ranks_result_t res;
+    int failed = run_ranks(2, body_abort, NULL, 1500, 60, &res);
+    ck_assert_msg(failed == 0 && !res.timed_out, "statuses %d %d", res.status[0], res.status[1]);
+}
+END_TEST
+
+static Suite *failures_suite(void)
+{
+    Suite *s = suite_create("collective failures");
+    TCase *bad = tcase_create("failures");
+    tcase_set_timeout(bad, 300);
+    tcase_add_test(bad, a_dead_peer_is_an_error_on_every_survivor_not_a_hang);
+    tcase_add_test(bad, a_hung_peer_times_out_with_a_message);
+    tcase_add_test(bad, abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout);
+    tcase_add_test(bad, an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging);
+    suite_add_tcase(s, bad);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(failures_suite)
