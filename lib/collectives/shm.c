@@ -61,6 +61,7 @@ typedef struct run {
     uint64_t next; /* the step number the collective uses next */
     int streaming; /* this rank writes its slots with non-temporal stores (slot_copy) */
     int out_streaming; /* and its output (out_copy) */
+    int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     int64_t deadline_ms, liveness_ms;
 } run_t;
 
@@ -105,13 +106,34 @@ static void futex_wait(atomic_uint *word, unsigned value, long ms)
 
 static void wake_sleepers(rank_line_t *line)
 {
-    /* Pairs with wait_for: a sleeper announces itself before its last check, and a
-     * poster reads the announcement after its store (both sequentially consistent), so
-     * one of them sees the other. */
     if (atomic_load(&line->sleepers) > 0) {
         atomic_fetch_add(&line->bell, 1);
         syscall(SYS_futex, (unsigned *)&line->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
+}
+
+/* Counters advance with release stores (post, finish_step), which let this core go on
+ * while the peers' copies of the line are taken back; a sequentially consistent store
+ * would wait for that. A sleeper already seen is woken at once (advanced); one that may
+ * be announcing itself just now is woken here, before this rank waits itself (wait_for)
+ * and when its collective ends. Pairs with wait_for: a sleeper announces itself before
+ * its last check of the counter, and the fence here comes after the counter's store and
+ * before the announcement is read, so one of them sees the other. */
+static void pay_wake(run_t *x)
+{
+    if (!x->owed_wake)
+        return;
+    x->owed_wake = 0;
+    atomic_thread_fence(memory_order_seq_cst);
+    wake_sleepers(&x->sg->lines[x->me]);
+}
+
+/* One of this rank's counters was just advanced. */
+static void advanced(run_t *x)
+{
+    x->owed_wake = 1;
+    if (atomic_load_explicit(&x->sg->lines[x->me].sleepers, memory_order_relaxed) > 0)
+        pay_wake(x);
 }
 
 static counter_t *head_of(const run_t *x, int r) { return &x->sg->lines[r].head; }
@@ -219,12 +241,16 @@ static void move_off_peer_core(run_t *x, int peer, int cpu)
 /* Waits until *word >= target; peer is the rank that advances it. */
 static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
 {
+    if (atomic_load_explicit(word, memory_order_acquire) >= target)
+        return FSDP2_SUCCESS;
+    pay_wake(x); /* a peer asleep on our counters must not wait for us while we wait */
     rank_line_t *line = &x->sg->lines[peer]; /* peer advances word */
+    atomic_int *mine = &x->sg->lines[x->me].cpu; /* on our head's line: stored if changed */
     int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0;
     int64_t start = spinning ? fsdp2_now_ns() : 0;
     int cpu = spinning ? sched_getcpu() : -1;
-    if (spinning)
-        atomic_store_explicit(&x->sg->lines[x->me].cpu, cpu + 1, memory_order_relaxed);
+    if (spinning && atomic_load_explicit(mine, memory_order_relaxed) != cpu + 1)
+        atomic_store_explicit(mine, cpu + 1, memory_order_relaxed);
     for (int i = 0;; i++) {
         if (atomic_load_explicit(word, memory_order_acquire) >= target)
             return FSDP2_SUCCESS;
@@ -266,8 +292,8 @@ static void post(run_t *x, uint64_t t)
 {
     if (x->streaming)
         fsdp2_shm_fence_streams(); /* the slot before its head */
-    atomic_store(head_of(x, x->me), t + 1);
-    wake_sleepers(&x->sg->lines[x->me]);
+    atomic_store_explicit(head_of(x, x->me), t + 1, memory_order_release);
+    advanced(x);
 }
 
 static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
@@ -282,8 +308,9 @@ static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **sl
 static void finish_step(run_t *x, uint64_t t)
 {
     for (int k = 1; k < x->n; k++)
-        atomic_store(done_of(x, x->me, (x->me + k) % x->n), t + 1);
-    wake_sleepers(&x->sg->lines[x->me]);
+        atomic_store_explicit(done_of(x, x->me, (x->me + k) % x->n), t + 1,
+                              memory_order_release);
+    advanced(x);
 }
 
 /* ---- gathers ---- */
@@ -672,7 +699,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
         return status;
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
-               .deadline_ms = deadline, .liveness_ms = fsdp2_now_ms() + SHM_LIVENESS_MS};
+               .deadline_ms = deadline,
+               .liveness_ms = deadline - g->timeout_ms + SHM_LIVENESS_MS};
     x.streaming = fsdp2_shm_stores_choose(sg, op);
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int64_t start = fsdp2_now_ns();
@@ -684,6 +712,7 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     case COLL_BROADCAST: status = run_broadcast(&x, op); break;
     case COLL_BARRIER: status = run_barrier(&x); break;
     }
+    pay_wake(&x);
     if (x.out_streaming)
         fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
     if (status == FSDP2_SUCCESS)
