@@ -62,7 +62,7 @@ typedef struct run {
     int streaming; /* this rank writes its slots with non-temporal stores (slot_copy) */
     int out_streaming; /* and its output (out_copy) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
-    int64_t deadline_ms, liveness_ms;
+    int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
 } run_t;
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
@@ -192,6 +192,10 @@ static fsdp2_status_t check_health(run_t *x, int peer)
     if (atomic_load(&g->error) != FSDP2_SUCCESS)
         return fsdp2_group_check(g); /* another collective of the group failed here */
     int64_t now = fsdp2_now_ms();
+    if (!x->deadline_ms) /* the first idle wait: the collective's clock starts */
+        x->deadline_ms = now + g->timeout_ms;
+    if (!x->liveness_ms)
+        x->liveness_ms = now + SHM_LIVENESS_MS;
     if (now >= x->liveness_ms) {
         x->liveness_ms = now + SHM_LIVENESS_MS;
         if (x->sg->gone(x->sg->gone_arg, peer))
@@ -653,8 +657,9 @@ static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
 
 /* ---- turns ---- */
 
-/* Waits until the group's collectives before op's have finished here. */
-static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t deadline_ms,
+/* Waits until the group's collectives before op's have finished here; *deadline_ms (0:
+ * not started) starts the collective's clock if it has to wait. */
+static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t *deadline_ms,
                                 const char *what)
 {
     fsdp2_status_t status = FSDP2_SUCCESS;
@@ -663,7 +668,10 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t de
         status = fsdp2_group_check(sg->g);
         if (status != FSDP2_SUCCESS)
             break;
-        if (fsdp2_now_ms() >= deadline_ms) {
+        int64_t now = fsdp2_now_ms();
+        if (!*deadline_ms)
+            *deadline_ms = now + sg->g->timeout_ms;
+        if (now >= *deadline_ms) {
             pthread_mutex_unlock(&sg->lock);
             return fsdp2_group_fail(sg->g, FSDP2_ERR_TIMEOUT,
                                     "%s: the group's collective %llu (before this one) did not "
@@ -688,8 +696,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
 {
     fsdp2_group_t *g = sg->g;
     const char *what = fsdp2_coll_kind_name(op->kind);
-    int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
-    fsdp2_status_t status = wait_turn(sg, op, deadline, what);
+    int64_t deadline = 0; /* started by the first wait that goes idle (few collectives) */
+    fsdp2_status_t status = wait_turn(sg, op, &deadline, what);
     if (status == FSDP2_SUCCESS)
         status = fsdp2_group_check(g);
     if (status != FSDP2_SUCCESS) {
@@ -699,11 +707,11 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
         return status;
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
-               .deadline_ms = deadline,
-               .liveness_ms = deadline - g->timeout_ms + SHM_LIVENESS_MS};
+               .deadline_ms = deadline};
     x.streaming = fsdp2_shm_stores_choose(sg, op);
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
-    int64_t start = fsdp2_now_ns();
+    int timed = fsdp2_shm_stores_timed(sg, op);
+    int64_t start = timed ? fsdp2_now_ns() : 0;
     switch (op->kind) {
     case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
     case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
@@ -715,7 +723,7 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     pay_wake(&x);
     if (x.out_streaming)
         fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
-    if (status == FSDP2_SUCCESS)
+    if (status == FSDP2_SUCCESS && timed)
         fsdp2_shm_stores_learn(sg, op, x.streaming, fsdp2_now_ns() - start);
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;

@@ -110,6 +110,9 @@ void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n);
 void fsdp2_shm_fence_streams(void);
 /* Whether op's slot writes stream: the policy, and for auto the class's choice. */
 int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op);
+/* Whether auto learns from op's run time (fsdp2_shm_stores_learn): else it need not be
+ * timed. */
+int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op);
 /* Auto: folds a run's cost (ns) into its way's figure and keeps the cheaper way. */
 void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns);
 /* Whether this rank writes op's output with non-temporal stores. */

@@ -121,6 +121,11 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
  * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
  * be wrong for a while; it costs speed only (the steps are the same either way), and
  * the other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
+int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
+{
+    return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
+}
+
 void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
 {
     int c = store_class(sg, op);

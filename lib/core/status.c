@@ -51,5 +51,9 @@ fsdp2_status_t fsdp2_error(fsdp2_status_t status, const char *fmt, ...)
 
 void fsdp2_error_set_message(const char *msg)
 {
-    snprintf(last_error, sizeof(last_error), "%s", msg ? msg : "");
+    /* runs before every host task (cpu_stream.c): a copy, not a format */
+    size_t n = msg ? strnlen(msg, sizeof(last_error) - 1) : 0;
+    if (n)
+        memmove(last_error, msg, n); /* msg may be last_error itself */
+    last_error[n] = '\0';
 }
