@@ -250,17 +250,22 @@ static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int p
     pay_wake(x); /* a peer asleep on our counters must not wait for us while we wait */
     rank_line_t *line = &x->sg->lines[peer]; /* peer advances word */
     atomic_int *mine = &x->sg->lines[x->me].cpu; /* on our head's line: stored if changed */
-    int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0;
-    int64_t start = spinning ? fsdp2_now_ns() : 0;
-    int cpu = spinning ? sched_getcpu() : -1;
-    if (spinning && atomic_load_explicit(mine, memory_order_relaxed) != cpu + 1)
-        atomic_store_explicit(mine, cpu + 1, memory_order_relaxed);
+    int contended = 0, yields = 0, spinning = x->sg->spin_ns > 0, cpu = -1;
+    int64_t start = 0; /* a short wait reads no clock and leaves the cpu hint alone */
     for (int i = 0;; i++) {
         if (atomic_load_explicit(word, memory_order_acquire) >= target)
             return FSDP2_SUCCESS;
         if (spinning) {
             cpu_relax();
-            if ((i & 63) == 63 && fsdp2_now_ns() - start >= x->sg->spin_ns) {
+            if ((i & 63) != 63)
+                continue;
+            int64_t now = fsdp2_now_ns();
+            if (!start) { /* 64 spins: the spin budget starts, and where we wait is noted */
+                start = now;
+                cpu = sched_getcpu();
+                if (atomic_load_explicit(mine, memory_order_relaxed) != cpu + 1)
+                    atomic_store_explicit(mine, cpu + 1, memory_order_relaxed);
+            } else if (now - start >= x->sg->spin_ns) {
                 spinning = 0;
                 move_off_peer_core(x, peer, cpu);
             }

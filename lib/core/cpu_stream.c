@@ -529,7 +529,8 @@ static fsdp2_status_t stream_report(cpu_stream_t *s, int reporting)
     if (reporting)
         s->error_reported = 1;
     char message[sizeof(s->error_message)];
-    memcpy(message, s->error_message, sizeof(message));
+    if (status != FSDP2_SUCCESS) /* the first error is kept: copied only when there is one */
+        memcpy(message, s->error_message, sizeof(message));
     pthread_mutex_unlock(&s->lock);
     if (status != FSDP2_SUCCESS && (reporting || !seen))
         return fsdp2_error(status, "stream '%s': %s", s->name, message);
