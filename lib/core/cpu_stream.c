@@ -273,8 +273,11 @@ static void help_locked(cpu_stream_t *s)
      * functions touch it (kernels cannot fail), so only they pay for the copy. */
     int host = s->ring[s->head].kind == TASK_HOST;
     char saved[1024];
-    if (host)
-        snprintf(saved, sizeof(saved), "%s", fsdp2_last_error());
+    if (host) { /* a copy, not a format: this runs for every task a waiter helps with */
+        size_t n = strnlen(fsdp2_last_error(), sizeof(saved) - 1);
+        memcpy(saved, fsdp2_last_error(), n);
+        saved[n] = '\0';
+    }
     cpu_stream_t *outer = tls_helping;
     tls_helping = s;
     run_head_locked(s);
