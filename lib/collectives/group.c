@@ -250,13 +250,11 @@ fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *
                     g->name, send, recv, count);
     size_t bytes = 0;
     FSDP2_CHECK(block_bytes(g, count, dtype, "all_gather", &bytes));
-    if (bytes) {
-        const char *own = (const char *)recv + (size_t)g->rank * bytes;
-        FSDP2_ARG_CHECK(send == own || !overlaps(send, bytes, recv, bytes * (size_t)g->size),
-                        "all_gather on group '%s': send %p (%zu bytes) overlaps recv %p (%zu "
-                        "bytes) but is not this rank's block %p (in place)",
-                        g->name, send, bytes, recv, bytes * (size_t)g->size, (const void *)own);
-    }
+    FSDP2_ARG_CHECK(coll_in_place_block(recv, send, bytes, g->rank) ||
+                        !overlaps(send, bytes, recv, bytes * (size_t)g->size),
+                    "all_gather on group '%s': send %p (%zu bytes) overlaps recv %p (%zu bytes) "
+                    "but is not in place (this rank's block of recv, at offset %zu)",
+                    g->name, send, bytes, recv, bytes * (size_t)g->size, (size_t)g->rank * bytes);
     coll_op_t op = {.kind = COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
                     .dtype = dtype};
     return enqueue(g, &op, stream, "all_gather");

@@ -36,12 +36,12 @@ typedef struct coll_op {
     const size_t *offsets;
 } coll_op_t;
 
-/* Whether a reduce-scatter's recv is exactly rank's block (block_bytes) of its send: in
- * place, which the reduction paths allow (each rank reads its own block only itself). */
-static inline int coll_in_place_block(const void *send, const void *recv, size_t block_bytes,
+/* Whether part is exactly rank's block (block_bytes) of whole: an in-place all-gather's
+ * send in its recv, or an in-place reduce-scatter's recv in its send. */
+static inline int coll_in_place_block(const void *whole, const void *part, size_t block_bytes,
                                       int rank)
 {
-    return send && (const char *)recv == (const char *)send + (size_t)rank * block_bytes;
+    return whole && (const char *)part == (const char *)whole + (size_t)rank * block_bytes;
 }
 
 struct fsdp2_group;
