@@ -242,6 +242,22 @@ static fsdp2_status_t block_bytes(const fsdp2_group_t *g, size_t count, fsdp2_dt
     return FSDP2_SUCCESS;
 }
 
+/* part (one rank's block, bytes) is either exactly this rank's block of whole (size
+ * blocks: in place) or shares no byte with it. */
+static fsdp2_status_t check_in_place_or_apart(const fsdp2_group_t *g, const char *what,
+                                              const char *part_name, const void *part,
+                                              const char *whole_name, const void *whole,
+                                              size_t bytes)
+{
+    FSDP2_ARG_CHECK(coll_in_place_block(whole, part, bytes, g->rank) ||
+                        !overlaps(part, bytes, whole, bytes * (size_t)g->size),
+                    "%s on group '%s': %s %p (%zu bytes) overlaps %s %p (%zu bytes) but is not "
+                    "in place (this rank's block of %s, at offset %zu)",
+                    what, g->name, part_name, part, bytes, whole_name, whole,
+                    bytes * (size_t)g->size, whole_name, (size_t)g->rank * bytes);
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *recv, size_t count,
                                       fsdp2_dtype_t dtype, fsdp2_stream_t *stream)
 {
@@ -250,11 +266,7 @@ fsdp2_status_t fsdp2_all_gather_async(fsdp2_group_t *g, const void *send, void *
                     g->name, send, recv, count);
     size_t bytes = 0;
     FSDP2_CHECK(block_bytes(g, count, dtype, "all_gather", &bytes));
-    FSDP2_ARG_CHECK(coll_in_place_block(recv, send, bytes, g->rank) ||
-                        !overlaps(send, bytes, recv, bytes * (size_t)g->size),
-                    "all_gather on group '%s': send %p (%zu bytes) overlaps recv %p (%zu bytes) "
-                    "but is not in place (this rank's block of recv, at offset %zu)",
-                    g->name, send, bytes, recv, bytes * (size_t)g->size, (size_t)g->rank * bytes);
+    FSDP2_CHECK(check_in_place_or_apart(g, "all_gather", "send", send, "recv", recv, bytes));
     coll_op_t op = {.kind = COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
                     .dtype = dtype};
     return enqueue(g, &op, stream, "all_gather");
@@ -326,12 +338,7 @@ fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *g, const void *send, vo
     /* The other blocks of send are read while recv is written; this rank's own block is
      * read only by this rank, each element before its result is written (in place, as
      * NCCL allows). */
-    FSDP2_ARG_CHECK(coll_in_place_block(send, recv, bytes, g->rank) ||
-                        !overlaps(recv, bytes, send, bytes * (size_t)g->size),
-                    "reduce_scatter on group '%s': recv %p (%zu bytes) overlaps send %p (%zu "
-                    "bytes) but is not in place (this rank's block of send, at offset %zu)",
-                    g->name, recv, bytes, send, bytes * (size_t)g->size,
-                    (size_t)g->rank * bytes);
+    FSDP2_CHECK(check_in_place_or_apart(g, "reduce_scatter", "recv", recv, "send", send, bytes));
     return enqueue(g, &op, stream, "reduce_scatter");
 }
 
