@@ -48,6 +48,8 @@
 
 enum { IMPL_OURS, IMPL_MPI, IMPLS };
 enum { PAIRS_DEFAULT = 15, PAIRS_MAX = 64 };
+enum { PROBE_CALLS = 5, BLOCK_MAX_CALLS = 4000 };
+#define BLOCK_MIN_S 4e-3 /* seconds a block of small calls lasts at least */
 
 typedef struct bench {
     fsdp2_group_t *group;
@@ -77,6 +79,24 @@ static double time_block(bench_t *b, int impl, int op, size_t bytes, int iters)
     double t = (MPI_Wtime() - t0) / iters, worst;
     MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return worst;
+}
+
+/* Calls per block: at least a few per size, and enough that the slower implementation's
+ * block lasts BLOCK_MIN_S, so that a block of small calls is not one scheduler tick (a
+ * 64 KiB block of 50 calls lasted 0.3-1.5 ms, and one preempted call could set its
+ * mean). The same count for both, from one short block of each; every rank agrees. */
+static int block_iters(bench_t *b, int op, size_t bytes)
+{
+    int iters = bytes <= (1 << 16) ? 50 : bytes <= (1 << 20) ? 20 : bytes <= (1 << 24) ? 4 : 1;
+    double slowest = 0;
+    for (int impl = 0; impl < IMPLS; impl++) {
+        double t = time_block(b, impl, op, bytes, PROBE_CALLS);
+        slowest = t > slowest ? t : slowest;
+    }
+    double want = BLOCK_MIN_S / slowest; /* the same on every rank: time_block's maximum */
+    if (want > BLOCK_MAX_CALLS)
+        want = BLOCK_MAX_CALLS;
+    return want > iters ? (int)want : iters;
 }
 
 static int cmp_double(const void *x, const void *y)
@@ -196,10 +216,10 @@ int main(int argc, char **argv)
             continue;
         for (size_t bytes = (size_t)min_bytes; bytes <= (size_t)max_bytes; bytes *= 4) {
             size_t unit = sizeof(float) * (size_t)b.n, s = bytes / unit * unit;
-            int iters = s <= (1 << 16) ? 50 : s <= (1 << 20) ? 20 : s <= (1 << 24) ? 4 : 1;
             for (int impl = 0; impl < IMPLS; impl++) /* warm-up: connections, pages, caches */
                 for (int i = 0; i < (s < (1 << 20) ? 20 : 2); i++)
                     run(&b, impl, op, s);
+            int iters = block_iters(&b, op, s);
             double t[IMPLS][PAIRS_MAX], ratio[PAIRS_MAX];
             int k_pairs = (int)pairs;
             for (int k = 0; k < k_pairs; k++) {
