@@ -30,11 +30,15 @@ typedef _Atomic uint64_t counter_t;
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
 
-/* Auto slot stores, one kind and size class: the way in use, the runs seen, and each
- * way's recent cost (ns per byte of the collective; 0: not measured) and counted runs. */
+/* Auto slot stores, one kind and size class: the way in use, the runs seen, the run
+ * that last tried the other way and the runs to wait before trying it again while it
+ * costs more than twice as much (0: SHM_STREAM_EXPLORE_FAR), and each way's recent cost
+ * (ns per byte of the collective; 0: not measured) and counted runs. */
 typedef struct shm_store_class {
     int streaming;
     uint64_t runs;
+    uint64_t tried;
+    uint32_t far_every;
     double ns_per_byte[2];
     uint32_t counted[2];
 } shm_store_class_t;

@@ -12,10 +12,13 @@
  * the CPUs were close and was 2-3.6x faster when they were far
  * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
  * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
- * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then on one in
- * SHM_STREAM_EXPLORE (SHM_STREAM_EXPLORE_FAR while that way costs more than twice as
- * much), and keeps the cheaper. Only the writer's stores change, never the steps, so
- * ranks may choose differently.
+ * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then every
+ * SHM_STREAM_EXPLORE runs, and keeps the cheaper. While the other way costs more than
+ * twice as much, the wait between tries starts at SHM_STREAM_EXPLORE_FAR runs and
+ * doubles with every try that finds it so, up to SHM_STREAM_EXPLORE_FAR_MAX runs or
+ * about a second's worth (longer_far_wait): such a try costs 2-5 runs' time, and one in
+ * 32 made large all-reduces 10% slower than the better way alone. Only the writer's stores change, never the steps, so ranks may
+ * choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
  * each from memory (read for ownership): past the cache that is a third of the traffic.
@@ -33,8 +36,10 @@
 
 #define SHM_STREAM_MIN (16u << 10)  /* collectives from this many bytes may stream stores */
 #define SHM_STREAM_FIRST_TRY 2      /* auto: the run that first tries the other way */
-#define SHM_STREAM_EXPLORE 8        /* auto: then one collective in this many does, */
-#define SHM_STREAM_EXPLORE_FAR 32   /* or in this many while it cost more than twice as much */
+#define SHM_STREAM_EXPLORE 8        /* auto: then runs between tries, */
+#define SHM_STREAM_EXPLORE_FAR 32   /* or while the other way costs more than twice as much, */
+#define SHM_STREAM_EXPLORE_FAR_MAX 256 /* doubling with each such try up to this many, */
+#define SHM_STREAM_FAR_WAIT_NS 1e9  /* or up to about this long in runs of the way in use */
 #define SHM_STREAM_FAR_SAMPLES 2    /* (once each way has this many counted runs) */
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
@@ -93,6 +98,38 @@ static int store_row(const shm_group_t *sg, const coll_op_t *op)
     return (int)op->kind;
 }
 
+/* Whether the way not in use costs more than twice the way in use. It needs more than
+ * one run of each way: a single late peer in either figure would otherwise hold a class
+ * in the wrong way for the longer waits. */
+static int far_from_other(const shm_store_class_t *k)
+{
+    return k->counted[0] >= SHM_STREAM_FAR_SAMPLES && k->counted[1] >= SHM_STREAM_FAR_SAMPLES &&
+           k->ns_per_byte[!k->streaming] > 2 * k->ns_per_byte[k->streaming];
+}
+
+static uint64_t far_every(const shm_store_class_t *k)
+{
+    return k->far_every ? k->far_every : SHM_STREAM_EXPLORE_FAR;
+}
+
+/* The wait after a try that found the other way far costlier: twice the last, from
+ * SHM_STREAM_EXPLORE_FAR up to SHM_STREAM_EXPLORE_FAR_MAX runs, and to no more runs of
+ * the way in use than take SHM_STREAM_FAR_WAIT_NS (but SHM_STREAM_EXPLORE_FAR at
+ * least). A long wait costs when the CPUs move close again and the other way has become
+ * the cheaper (by 10-30% here): the time cap keeps that to about a second for large
+ * collectives, the host's CPUs moving every few seconds. */
+static uint32_t longer_far_wait(const shm_store_class_t *k, const coll_op_t *op)
+{
+    uint32_t wait = k->far_every ? 2 * k->far_every : SHM_STREAM_EXPLORE_FAR;
+    double run_ns = k->ns_per_byte[k->streaming] * (double)(op->count * op->elem_size);
+    double most = run_ns > 0 ? SHM_STREAM_FAR_WAIT_NS / run_ns : SHM_STREAM_EXPLORE_FAR_MAX;
+    if (most > SHM_STREAM_EXPLORE_FAR_MAX)
+        most = SHM_STREAM_EXPLORE_FAR_MAX;
+    if (most < SHM_STREAM_EXPLORE_FAR)
+        most = SHM_STREAM_EXPLORE_FAR;
+    return wait < most ? wait : (uint32_t)most;
+}
+
 int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
 {
     int c = store_class(sg, op);
@@ -104,23 +141,19 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
     const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
-    int streaming = k->streaming;
-    /* The far interval needs more than one run of each way: a single late peer in
-     * either figure would otherwise hold a class in the wrong way for 32 runs. */
-    int far = k->counted[0] >= SHM_STREAM_FAR_SAMPLES && k->counted[1] >= SHM_STREAM_FAR_SAMPLES &&
-              k->ns_per_byte[!streaming] > 2 * k->ns_per_byte[streaming];
-    uint64_t every = far ? SHM_STREAM_EXPLORE_FAR : SHM_STREAM_EXPLORE;
+    uint64_t every = far_from_other(k) ? far_every(k) : SHM_STREAM_EXPLORE;
     /* The first try comes early (after one counted run of the way in use): a large
      * collective in the wrong way costs 2-3x here. */
-    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->runs % every == every - 1;
-    return explore ? !streaming : streaming;
+    int explore = k->runs == SHM_STREAM_FIRST_TRY ||
+                  (k->runs > SHM_STREAM_FIRST_TRY && k->runs - k->tried >= every);
+    return explore ? !k->streaming : k->streaming;
 }
 
 /* The first run of a class is not counted (it pays for first use), and a try of the
  * other way stands alone, since it is seldom tried and an old figure says little about
  * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
  * be wrong for a while; it costs speed only (the steps are the same either way), and
- * the other way is tried again SHM_STREAM_EXPLORE (or _FAR) runs later. */
+ * the other way is tried again SHM_STREAM_EXPLORE (or the far wait's) runs later. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
@@ -132,7 +165,8 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
     if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
         return;
     shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
-    if (k->runs++ == 0)
+    uint64_t run = k->runs++;
+    if (run == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
     double *avg = k->ns_per_byte;
@@ -140,6 +174,10 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
                         ? 0.75 * avg[streamed] + 0.25 * cost
                         : cost;
     k->counted[streamed]++;
+    if (streamed != k->streaming) { /* a try: wait longer after each that found it far */
+        k->tried = run;
+        k->far_every = far_from_other(k) ? longer_far_wait(k, op) : 0;
+    }
     if (avg[0] > 0 && avg[1] > 0 && avg[!k->streaming] <= SHM_STREAM_SWITCH * avg[k->streaming]) {
         k->streaming = !k->streaming;
         FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",

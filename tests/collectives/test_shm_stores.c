@@ -1,0 +1,163 @@
+/* FSDP2_SHM_STREAM_STORES=auto's schedule (lib/collectives/shm_stores.c), driven in one
+ * process with made-up costs: which runs try the other way of writing the slots, when
+ * the way in use switches, and how the wait between tries grows while the other way
+ * costs more than twice as much and falls back once it does not. test_shm.c runs the
+ * real collectives in every mode. */
+#include <check.h>
+#include <string.h>
+
+#include "../core/check_main.h"
+#include "collectives/shm_internal.h"
+
+#define BYTES (16u << 20)
+#define MAX_TRIES 64
+
+typedef struct learner {
+    fsdp2_group_t g;
+    shm_group_t sg;
+    coll_op_t op;
+    double ns_scale; /* costs are cost[way] * ns_scale ns per byte */
+    /* runs that tried the way not in use, in order */
+    uint64_t tried[MAX_TRIES];
+    int n_tried;
+} learner_t;
+
+static void learner_init(learner_t *l)
+{
+    memset(l, 0, sizeof(*l));
+    strcpy(l->g.name, "stores");
+    l->g.size = 2;
+    l->sg.g = &l->g;
+    l->sg.stores_policy = SHM_STORES_AUTO;
+    l->sg.output_policy = SHM_STORES_AUTO;
+    l->op = (coll_op_t){.kind = COLL_ALL_GATHER, .count = BYTES / 4, .elem_size = 4,
+                        .dtype = FSDP2_F32};
+    l->ns_scale = 1e-3; /* runs of 17-67 us: the waits' time cap does not bind */
+}
+
+/* 16 MiB from 16 KiB in steps of x4: the schedule's size class 5 */
+#define CLASS 5
+
+static int in_use(const learner_t *l)
+{
+    return l->sg.stores[COLL_ALL_GATHER][CLASS].streaming;
+}
+
+/* One collective costing cost[way] (times ns_scale) ns per byte, times slow; a try is
+ * recorded. */
+static void run_once(learner_t *l, uint64_t run, const double cost[2], double slow)
+{
+    int way = fsdp2_shm_stores_choose(&l->sg, &l->op);
+    if (way != in_use(l) && l->n_tried < MAX_TRIES)
+        l->tried[l->n_tried++] = run;
+    fsdp2_shm_stores_learn(&l->sg, &l->op, way,
+                           (int64_t)(slow * cost[way] * l->ns_scale * BYTES));
+}
+
+static void assert_tries(const learner_t *l, const uint64_t *want, int n, int exact)
+{
+    if (exact)
+        ck_assert_int_eq(l->n_tried, n);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(l->tried[i] == want[i], "try %d at run %llu, want %llu", i,
+                      (unsigned long long)l->tried[i], (unsigned long long)want[i]);
+}
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Far CPUs: plain stores cost 4x streaming. The first try (run 2) switches to
+ * streaming; after the try that has seen plain twice, the waits double from 32 to 256. */
+START_TEST(tries_of_a_far_costlier_way_back_off_to_one_in_256)
+{
+    learner_t l;
+    learner_init(&l);
+    const double cost[2] = {4.0, 1.0};
+    for (uint64_t run = 0; run < 1100; run++)
+        run_once(&l, run, cost, 1.0);
+    ck_assert_int_eq(in_use(&l), 1);
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 746, 1002};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+/* Near CPUs: streaming costs 1.3x plain, less than twice: plain stays, and the other
+ * way is tried every 8 runs. */
+START_TEST(a_mildly_costlier_way_is_tried_every_8_runs)
+{
+    learner_t l;
+    learner_init(&l);
+    const double cost[2] = {1.0, 1.3};
+    for (uint64_t run = 0; run < 60; run++)
+        run_once(&l, run, cost, 1.0);
+    ck_assert_int_eq(in_use(&l), 0);
+    const uint64_t want[] = {2, 10, 18, 26, 34, 42, 50, 58};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+/* The CPUs move close after the waits reached 256: the next try (at most 256 runs
+ * later) finds plain cheaper and switches back, and the waits start over at 8. */
+START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over)
+{
+    learner_t l;
+    learner_init(&l);
+    const double far[2] = {4.0, 1.0}, near[2] = {1.0, 1.3};
+    for (uint64_t run = 0; run < 1100; run++) {
+        run_once(&l, run, run < 600 ? far : near, 1.0);
+        if (run == 745)
+            ck_assert_int_eq(in_use(&l), 1);
+        if (run == 746) /* the first try after the move: plain is cheaper again */
+            ck_assert_int_eq(in_use(&l), 0);
+    }
+    ck_assert_int_eq(in_use(&l), 0);
+    /* far: 2, 10, 42, 106, 234, 490; the move at 600; 746 switches back to plain; then
+     * streaming (1.3x) is tried every 8 runs */
+    const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 754, 762};
+    assert_tries(&l, head, COUNT(head), 0);
+}
+END_TEST
+
+/* One late run of the other way (a peer arrived late) must not start the long waits:
+ * the far wait needs two counted runs of each way. */
+START_TEST(one_slow_try_does_not_start_the_long_waits)
+{
+    learner_t l;
+    learner_init(&l);
+    const double cost[2] = {1.0, 1.3};
+    for (uint64_t run = 0; run < 40; run++)
+        run_once(&l, run, cost, run == 2 ? 10.0 : 1.0); /* the first try ran 10x slow */
+    const uint64_t want[] = {2, 10, 18, 26, 34};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+/* Runs of 17 ms (the way in use) and 67 ms: the waits stop growing at a second's worth,
+ * 59 runs, so that a move of the CPUs back close is noticed within about a second. */
+START_TEST(the_waits_stop_at_about_a_second_of_runs)
+{
+    learner_t l;
+    learner_init(&l);
+    l.ns_scale = 1.0;
+    const double cost[2] = {4.0, 1.0};
+    for (uint64_t run = 0; run < 300; run++)
+        run_once(&l, run, cost, 1.0);
+    ck_assert_int_eq(in_use(&l), 1);
+    const uint64_t want[] = {2, 10, 42, 101, 160, 219, 278};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("shm_stores");
+    TCase *t = tcase_create("auto");
+    tcase_add_test(t, tries_of_a_far_costlier_way_back_off_to_one_in_256);
+    tcase_add_test(t, a_mildly_costlier_way_is_tried_every_8_runs);
+    tcase_add_test(t, after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over);
+    tcase_add_test(t, one_slow_try_does_not_start_the_long_waits);
+    tcase_add_test(t, the_waits_stop_at_about_a_second_of_runs);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(suite)
