@@ -31,14 +31,14 @@ typedef _Atomic uint64_t counter_t;
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
 
 /* Auto slot stores, one kind and size class: the way in use, the runs seen, the run
- * that last tried the other way and the runs to wait before trying it again while it
- * costs more than twice as much (0: SHM_STREAM_EXPLORE_FAR), and each way's recent cost
- * (ns per byte of the collective; 0: not measured) and counted runs. */
+ * that last tried the other way and the runs to wait before the next try when that one
+ * found it more than twice as costly (0: none found so, the usual wait), and each way's
+ * recent cost (ns per byte of the collective; 0: not measured) and counted runs. */
 typedef struct shm_store_class {
     int streaming;
     uint64_t runs;
-    uint64_t tried;
-    uint32_t far_every;
+    uint64_t last_try;
+    uint32_t far_wait;
     double ns_per_byte[2];
     uint32_t counted[2];
 } shm_store_class_t;

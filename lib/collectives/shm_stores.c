@@ -13,12 +13,10 @@
  * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
  * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
  * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then every
- * SHM_STREAM_EXPLORE runs, and keeps the cheaper. While the other way costs more than
- * twice as much, the wait between tries starts at SHM_STREAM_EXPLORE_FAR runs and
- * doubles with every try that finds it so, up to SHM_STREAM_EXPLORE_FAR_MAX runs or
- * about a second's worth (longer_far_wait): such a try costs 2-5 runs' time, and one in
- * 32 made large all-reduces 10% slower than the better way alone. Only the writer's stores change, never the steps, so ranks may
- * choose differently.
+ * SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the other way
+ * more than twice as costly the wait is longer (far_wait): such a try costs 2-5 runs'
+ * time, and one in 32 made large all-reduces 10% slower than the better way alone.
+ * Only the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
  * each from memory (read for ownership): past the cache that is a third of the traffic.
@@ -107,20 +105,16 @@ static int far_from_other(const shm_store_class_t *k)
            k->ns_per_byte[!k->streaming] > 2 * k->ns_per_byte[k->streaming];
 }
 
-static uint64_t far_every(const shm_store_class_t *k)
+/* The wait after a try that found the other way far costlier: SHM_STREAM_EXPLORE_FAR
+ * runs after the first such try, twice the last wait after each next one, up to
+ * SHM_STREAM_EXPLORE_FAR_MAX runs and to no more runs of the way in use than take
+ * SHM_STREAM_FAR_WAIT_NS (but SHM_STREAM_EXPLORE_FAR at least). A long wait costs when
+ * the CPUs move close again and the other way has become the cheaper (by 10-30% here):
+ * the time cap keeps that to about a second for large collectives, the host moving
+ * its CPUs every few seconds. */
+static uint32_t far_wait(const shm_store_class_t *k, const coll_op_t *op)
 {
-    return k->far_every ? k->far_every : SHM_STREAM_EXPLORE_FAR;
-}
-
-/* The wait after a try that found the other way far costlier: twice the last, from
- * SHM_STREAM_EXPLORE_FAR up to SHM_STREAM_EXPLORE_FAR_MAX runs, and to no more runs of
- * the way in use than take SHM_STREAM_FAR_WAIT_NS (but SHM_STREAM_EXPLORE_FAR at
- * least). A long wait costs when the CPUs move close again and the other way has become
- * the cheaper (by 10-30% here): the time cap keeps that to about a second for large
- * collectives, the host's CPUs moving every few seconds. */
-static uint32_t longer_far_wait(const shm_store_class_t *k, const coll_op_t *op)
-{
-    uint32_t wait = k->far_every ? 2 * k->far_every : SHM_STREAM_EXPLORE_FAR;
+    uint32_t wait = k->far_wait ? 2 * k->far_wait : SHM_STREAM_EXPLORE_FAR;
     double run_ns = k->ns_per_byte[k->streaming] * (double)(op->count * op->elem_size);
     double most = run_ns > 0 ? SHM_STREAM_FAR_WAIT_NS / run_ns : SHM_STREAM_EXPLORE_FAR_MAX;
     if (most > SHM_STREAM_EXPLORE_FAR_MAX)
@@ -141,11 +135,13 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
     const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
-    uint64_t every = far_from_other(k) ? far_every(k) : SHM_STREAM_EXPLORE;
+    /* The long wait holds while the other way still looks far costlier: should the way
+     * in use get dearer in the meantime, the next try comes SHM_STREAM_EXPLORE runs
+     * after the last, at once if those have passed. */
+    uint64_t every = k->far_wait && far_from_other(k) ? k->far_wait : SHM_STREAM_EXPLORE;
     /* The first try comes early (after one counted run of the way in use): a large
      * collective in the wrong way costs 2-3x here. */
-    int explore = k->runs == SHM_STREAM_FIRST_TRY ||
-                  (k->runs > SHM_STREAM_FIRST_TRY && k->runs - k->tried >= every);
+    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->runs - k->last_try >= every;
     return explore ? !k->streaming : k->streaming;
 }
 
@@ -153,7 +149,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
  * other way stands alone, since it is seldom tried and an old figure says little about
  * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
  * be wrong for a while; it costs speed only (the steps are the same either way), and
- * the other way is tried again SHM_STREAM_EXPLORE (or the far wait's) runs later. */
+ * the other way is tried again SHM_STREAM_EXPLORE (or far_wait's) runs later. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
@@ -175,11 +171,14 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
                         : cost;
     k->counted[streamed]++;
     if (streamed != k->streaming) { /* a try: wait longer after each that found it far */
-        k->tried = run;
-        k->far_every = far_from_other(k) ? longer_far_wait(k, op) : 0;
+        k->last_try = run;
+        k->far_wait = far_from_other(k) ? far_wait(k, op) : 0;
     }
     if (avg[0] > 0 && avg[1] > 0 && avg[!k->streaming] <= SHM_STREAM_SWITCH * avg[k->streaming]) {
+        /* The way left behind was measured as the cheaper: no long wait before trying
+         * it again, whatever its figure now says (one late run can switch). */
         k->streaming = !k->streaming;
+        k->far_wait = 0;
         FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
                   sg->g->name, fsdp2_coll_kind_name(op->kind), op->count * op->elem_size,
                   k->streaming ? "streams its slot stores" : "uses memcpy",

@@ -312,7 +312,8 @@ END_TEST
  * mixed (rank 0 streams both, the others neither: each rank's choice is its own and
  * must never change the steps), and both auto: the slots' way is timed per run and the
  * other way tried on run 2 and then every 8 runs (here with a rank arriving late, which
- * skews the timings; test_shm_stores.c drives the schedule itself); outputs stream from 16 MiB (a 2-3 x 8 MiB all-gather). Odd sizes,
+ * skews the timings; test_shm_stores.c drives the schedule itself); outputs stream from
+ * 16 MiB (a 2-3 x 8 MiB all-gather). Odd sizes,
  * several slots, an all-reduce past 16 MiB (fused), pieces whose boundaries fall
  * inside slots, a broadcast. (A missing fence would not fail this on x86, where the
  * stream's locked instructions drain the write-combining buffers; the fences are

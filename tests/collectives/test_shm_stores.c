@@ -58,6 +58,8 @@ static void assert_tries(const learner_t *l, const uint64_t *want, int n, int ex
 {
     if (exact)
         ck_assert_int_eq(l->n_tried, n);
+    else
+        ck_assert_int_ge(l->n_tried, n);
     for (int i = 0; i < n; i++)
         ck_assert_msg(l->tried[i] == want[i], "try %d at run %llu, want %llu", i,
                       (unsigned long long)l->tried[i], (unsigned long long)want[i]);
@@ -147,6 +149,56 @@ START_TEST(the_waits_stop_at_about_a_second_of_runs)
 }
 END_TEST
 
+/* The other way stops being far costlier without a switch (plain goes from 4x to 1.5x
+ * streaming's cost): the long wait runs out, the try that sees 1.5x brings the tries
+ * back to every 8 runs. */
+START_TEST(a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait)
+{
+    learner_t l;
+    learner_init(&l);
+    const double far[2] = {4.0, 1.0}, nearer[2] = {1.5, 1.0};
+    for (uint64_t run = 0; run < 520; run++)
+        run_once(&l, run, run < 300 ? far : nearer, 1.0);
+    ck_assert_int_eq(in_use(&l), 1);
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 498, 506, 514};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+/* Runs of 50 ms: a second's worth is 20 runs, less than the shortest long wait, 32. */
+START_TEST(the_long_wait_is_32_runs_at_least)
+{
+    learner_t l;
+    learner_init(&l);
+    l.ns_scale = 3.0;
+    const double cost[2] = {4.0, 1.0};
+    for (uint64_t run = 0; run < 140; run++)
+        run_once(&l, run, cost, 1.0);
+    const uint64_t want[] = {2, 10, 42, 74, 106, 138};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
+/* One run of the way in use 40x late (a descheduled peer) switches to the far costlier
+ * way; that must not hold it there for the long wait: the way left behind is tried
+ * again at once (8 runs after the last try have passed), switches back, and the waits
+ * start over. */
+START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
+{
+    learner_t l;
+    learner_init(&l);
+    const double cost[2] = {4.0, 1.0};
+    for (uint64_t run = 0; run < 560; run++) {
+        run_once(&l, run, cost, run == 500 ? 40.0 : 1.0);
+        if (run == 500)
+            ck_assert_int_eq(in_use(&l), 0); /* switched on the late run */
+    }
+    ck_assert_int_eq(in_use(&l), 1);
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 501, 509, 541};
+    assert_tries(&l, want, COUNT(want), 1);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm_stores");
@@ -156,6 +208,9 @@ static Suite *suite(void)
     tcase_add_test(t, after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over);
     tcase_add_test(t, one_slow_try_does_not_start_the_long_waits);
     tcase_add_test(t, the_waits_stop_at_about_a_second_of_runs);
+    tcase_add_test(t, a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait);
+    tcase_add_test(t, the_long_wait_is_32_runs_at_least);
+    tcase_add_test(t, a_switch_on_one_late_run_does_not_keep_the_long_wait);
     suite_add_tcase(s, t);
     return s;
 }
