@@ -12,15 +12,10 @@
  * same steps in the same order), published with release stores and read with acquire
  * loads. A rank that has nothing for a step neither writes nor waits for it.
  *
- * Reductions read straight from the peers' slots: reduce-scatter has each rank copy the
- * pieces of its input the others own into its slot and sum its own piece from all slots
- * in rank order (identical bits on every rank); all-reduce does that over torch.chunk
- * ranges and then all-gathers the ranges (from 16 MiB, reducing straight into the slot
- * the results are gathered from, or in place and then streamed into it), or, up to
- * 16 KiB (at 2 ranks also from 192 KiB up to a slot), has every rank post its whole
- * buffer and reduce everything itself (one step instead of two). How a rank writes its
- * slots and its output (plain or non-temporal stores, shm_stores.c) is its own choice
- * and never changes the steps (slot_copy, out_copy).
+ * Reductions (shm_reduce.c) read straight from the peers' slots and sum in rank order.
+ * How a rank writes its slots and its output (plain or non-temporal stores,
+ * shm_stores.c) is its own choice and never changes the steps (fsdp2_shm_slot_copy,
+ * fsdp2_shm_out_copy).
  *
  * Collectives of a group run one at a time, in sequence order (a stream thread waits for
  * its collective's turn), so concurrent collectives on different streams never compete
@@ -41,37 +36,21 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "collectives/shm_internal.h"
+#include "collectives/shm_run.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
-#define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
-#define SHM_REDUCE_BLOCK (8u << 10)  /* bytes reduced at a time when the output streams */
 #define SHM_YIELDS 256        /* yields before it sleeps on the futex */
 #define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
 #define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
 #define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
 
-/* One collective's view: who we are, the next step, and the wait bookkeeping. */
-typedef struct run {
-    shm_group_t *sg;
-    const char *what;
-    int me, n;
-    uint64_t next; /* the step number the collective uses next */
-    int streaming; /* this rank writes its slots with non-temporal stores (slot_copy) */
-    int out_streaming; /* and its output (out_copy) */
-    int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
-    int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
-} run_t;
-
-static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
 /* ---- writing the slots and the output (choices in shm_stores.c) ---- */
 
 /* Copies n bytes into a slot, with non-temporal stores when this collective streams
- * (post() fences them before it publishes the step). */
-static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
+ * (fsdp2_shm_post fences them before it publishes the step). */
+void fsdp2_shm_slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 {
     if (x->streaming)
         fsdp2_shm_stream_copy(dst, src, n);
@@ -81,7 +60,7 @@ static void slot_copy(const run_t *x, char *dst, const char *src, size_t n)
 
 /* Copies n bytes into the caller's output, streamed when the output is too large to
  * stay in cache (out_streaming; fsdp2_shm_run fences before the collective returns). */
-static void out_copy(const run_t *x, char *dst, const char *src, size_t n)
+void fsdp2_shm_out_copy(const run_t *x, char *dst, const char *src, size_t n)
 {
     if (x->out_streaming)
         fsdp2_shm_stream_copy(dst, src, n);
@@ -287,7 +266,7 @@ static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int p
 }
 
 /* This rank's slot for step t, once every reader has finished with its previous use. */
-static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
+fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot)
 {
     for (int k = 1; k < x->n && t >= SHM_SLOTS; k++) {
         int p = (x->me + k) % x->n;
@@ -297,7 +276,7 @@ static fsdp2_status_t slot_for_write(run_t *x, uint64_t t, char **slot)
     return FSDP2_SUCCESS;
 }
 
-static void post(run_t *x, uint64_t t)
+void fsdp2_shm_post(run_t *x, uint64_t t)
 {
     if (x->streaming)
         fsdp2_shm_fence_streams(); /* the slot before its head */
@@ -305,7 +284,7 @@ static void post(run_t *x, uint64_t t)
     advanced(x);
 }
 
-static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
+fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
 {
     FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
     *slot = slot_of(x, r, t);
@@ -314,7 +293,7 @@ static fsdp2_status_t slot_for_read(run_t *x, int r, uint64_t t, const char **sl
 
 /* Every peer's slot of step t is free as far as this rank is concerned (read, or never
  * needed: a reader may mark a step it skips before the writer has even posted it). */
-static void finish_step(run_t *x, uint64_t t)
+void fsdp2_shm_finish_step(run_t *x, uint64_t t)
 {
     for (int k = 1; k < x->n; k++)
         atomic_store_explicit(done_of(x, x->me, (x->me + k) % x->n), t + 1,
@@ -324,17 +303,10 @@ static void finish_step(run_t *x, uint64_t t)
 
 /* ---- gathers ---- */
 
-/* Where a rank's gathered bytes go: a buffer, or the pieces of all_gather_pieces. */
-typedef struct sink {
-    char *buf;
-    const fsdp2_iov_t *piece; /* the current piece, and how much of it is written */
-    size_t at;
-} sink_t;
-
 static void sink_write(const run_t *x, sink_t *s, size_t off, const char *src, size_t m)
 {
     if (s->buf) {
-        out_copy(x, s->buf + off, src, m);
+        fsdp2_shm_out_copy(x, s->buf + off, src, m);
         return;
     }
     while (m) { /* pieces are filled in order, so off is always the cursor */
@@ -345,7 +317,7 @@ static void sink_write(const run_t *x, sink_t *s, size_t off, const char *src, s
             continue;
         }
         size_t k = min_size(room, m);
-        out_copy(x, (char *)s->piece->data + s->at, src, k);
+        fsdp2_shm_out_copy(x, (char *)s->piece->data + s->at, src, k);
         s->at += k;
         src += k;
         m -= k;
@@ -356,8 +328,8 @@ static void sink_write(const run_t *x, sink_t *s, size_t off, const char *src, s
  * mine, and reach its own sink too when own is set: a slot's worth at a time, right after
  * that piece went into the slot, so it is read from memory once (copying all of it first
  * read a large input twice). */
-static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,
-                             int own)
+fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,
+                                int own)
 {
     size_t most = 0;
     for (int r = 0; r < x->n; r++)
@@ -366,10 +338,10 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
         uint64_t t = x->next++;
         if (off < len[x->me]) {
             char *slot;
-            FSDP2_CHECK(slot_for_write(x, t, &slot));
+            FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t, &slot));
             size_t m = min_size(SHM_SLOT, len[x->me] - off);
-            slot_copy(x, slot, mine + off, m);
-            post(x, t);
+            fsdp2_shm_slot_copy(x, slot, mine + off, m);
+            fsdp2_shm_post(x, t);
             if (own) /* from mine, still in cache (the slot may have been streamed) */
                 sink_write(x, &sinks[x->me], off, mine + off, m);
         }
@@ -392,7 +364,7 @@ static fsdp2_status_t gather(run_t *x, const char *mine, const size_t *len, sink
             pending[ready] = pending[--np];
             sink_write(x, &sinks[r], off, slot_of(x, r, t), min_size(SHM_SLOT, len[r] - off));
         }
-        finish_step(x, t);
+        fsdp2_shm_finish_step(x, t);
     }
     return FSDP2_SUCCESS;
 }
@@ -407,7 +379,7 @@ static fsdp2_status_t run_all_gather(run_t *x, const coll_op_t *op)
         sinks[r] = (sink_t){.buf = recv + (size_t)r * bytes};
     }
     char *mine = recv + (size_t)x->me * bytes;
-    return gather(x, op->send, len, sinks, mine != (const char *)op->send);
+    return fsdp2_shm_gather(x, op->send, len, sinks, mine != (const char *)op->send);
 }
 
 static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
@@ -433,7 +405,7 @@ static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
             memcpy(op->pieces[k].data, src, op->pieces[k].bytes);
         src += op->pieces[k].bytes;
     }
-    return gather(x, op->send, len, sinks, !in_place);
+    return fsdp2_shm_gather(x, op->send, len, sinks, !in_place);
 }
 
 static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
@@ -442,222 +414,19 @@ static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
     sink_t sinks[FSDP2_SHM_MAX_RANKS] = {{0}};
     len[op->root] = op->count * op->elem_size;
     sinks[op->root].buf = op->recv;
-    return gather(x, op->send, len, sinks, 0);
+    return fsdp2_shm_gather(x, op->send, len, sinks, 0);
 }
 
 static fsdp2_status_t run_barrier(run_t *x)
 {
     uint64_t t = x->next++;
-    post(x, t);
+    fsdp2_shm_post(x, t);
     for (int k = 1; k < x->n; k++) {
         int r = (x->me + k) % x->n;
         FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
     }
-    finish_step(x, t);
+    fsdp2_shm_finish_step(x, t);
     return FSDP2_SUCCESS;
-}
-
-/* ---- reductions ---- */
-
-/* Step t of a pipelined reduction: the piece at `off` of every peer's range of base
- * ([lo[p], hi[p]) elements, piece elements of es bytes at most) goes into this rank's
- * slot, peer by peer in ring order, and the slot is posted; nothing is posted when no
- * peer has rows left at off. */
-static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, const size_t *lo,
-                                       const size_t *hi, size_t off, size_t piece, size_t es)
-{
-    int n = x->n, me = x->me;
-    char *slot = NULL;
-    for (int k = 1; k < n; k++) {
-        int p = (me + k) % n;
-        size_t len = hi[p] - lo[p];
-        if (off >= len)
-            continue;
-        if (!slot)
-            FSDP2_CHECK(slot_for_write(x, t, &slot));
-        slot_copy(x, slot + (size_t)(k - 1) * piece * es, base + (lo[p] + off) * es,
-                  min_size(piece, len - off) * es);
-    }
-    if (slot)
-        post(x, t);
-    return FSDP2_SUCCESS;
-}
-
-/* Reduces m elements of the sources into out: straight, or when the output streams,
- * block by block into a buffer that stays in L1 and from there out with non-temporal
- * stores (the kernel's own stores are plain, and each would first read its line). */
-static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const void *const *src,
-                       size_t m)
-{
-    double pre = op->reduce.pre_divide, post = op->reduce.post_divide;
-    if (!x->out_streaming) {
-        fsdp2_reduce_rank_order(out, op->dtype, src, x->n, m, pre, post);
-        return;
-    }
-    _Alignas(LINE) char block[SHM_REDUCE_BLOCK];
-    size_t es = op->elem_size, per = sizeof(block) / es;
-    const void *at[FSDP2_SHM_MAX_RANKS];
-    for (size_t done = 0; done < m; done += per) {
-        size_t k = min_size(per, m - done);
-        for (int r = 0; r < x->n; r++)
-            at[r] = (const char *)src[r] + done * es;
-        fsdp2_reduce_rank_order(block, op->dtype, at, x->n, k, pre, post);
-        out_copy(x, out + done * es, block, k * es);
-    }
-}
-
-/* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
- * to out. In each step a writer's slot holds one piece for each peer, in the order of
- * the peers after it. */
-static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t *lo,
-                                    const size_t *hi, char *out)
-{
-    int n = x->n, me = x->me;
-    size_t es = op->elem_size;
-    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
-    size_t most = 0, mine = hi[me] - lo[me];
-    for (int r = 0; r < n; r++)
-        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
-    const char *send = op->send;
-    const void *src[FSDP2_SHM_MAX_RANKS];
-    for (size_t off = 0; off < most; off += piece) {
-        uint64_t t = x->next++;
-        FSDP2_CHECK(post_peer_pieces(x, t, send, lo, hi, off, piece, es));
-        if (off < mine) {
-            for (int r = 0; r < n; r++) {
-                if (r == me) {
-                    src[r] = send + (lo[me] + off) * es;
-                    continue;
-                }
-                const char *peer_slot;
-                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
-                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
-            }
-            reduce_out(x, op, out + off * es, src, min_size(piece, mine - off));
-        }
-        finish_step(x, t);
-    }
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t run_reduce_scatter(run_t *x, const coll_op_t *op)
-{
-    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS];
-    for (int r = 0; r < x->n; r++) {
-        lo[r] = (size_t)r * op->count;
-        hi[r] = lo[r] + op->count;
-    }
-    return reduce_ranges(x, op, lo, hi, op->recv);
-}
-
-/* Up to one slot (shm_all_reduce_one_step says when): every rank posts its whole buffer
- * and reduces all of them itself. */
-static fsdp2_status_t all_reduce_one_step(run_t *x, const coll_op_t *op)
-{
-    size_t bytes = op->count * op->elem_size;
-    const void *src[FSDP2_SHM_MAX_RANKS];
-    uint64_t t = x->next++;
-    char *slot;
-    FSDP2_CHECK(slot_for_write(x, t, &slot));
-    if (bytes) /* count 0: recv may be NULL */
-        memcpy(slot, op->recv, bytes);
-    post(x, t);
-    for (int r = 0; r < x->n; r++) {
-        const char *peer_slot = op->recv;
-        if (r != x->me)
-            FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
-        src[r] = peer_slot;
-    }
-    /* the result overwrites our own contribution block by block, after reading it */
-    fsdp2_reduce_rank_order(op->recv, op->dtype, src, x->n, op->count, op->reduce.pre_divide,
-                            op->reduce.post_divide);
-    finish_step(x, t);
-    return FSDP2_SUCCESS;
-}
-
-/* All-reduce of large buffers, in two steps per piece: the pieces of the peers' ranges go
- * out (as in reduce_ranges), then each rank reduces its own piece straight into its next
- * slot, and every rank, itself included, copies the results out of the slots. Writing
- * the result once into a slot that stays in cache saves writing it to the buffer and
- * reading it back to send it. */
-static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size_t *lo,
-                                       const size_t *hi)
-{
-    int n = x->n, me = x->me;
-    size_t es = op->elem_size;
-    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
-    size_t most = 0, mine = hi[me] - lo[me];
-    for (int r = 0; r < n; r++)
-        most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
-    char *buf = op->recv;
-    const void *src[FSDP2_SHM_MAX_RANKS];
-    for (size_t off = 0; off < most; off += piece) {
-        uint64_t t = x->next++, t_result = x->next++;
-        FSDP2_CHECK(post_peer_pieces(x, t, buf, lo, hi, off, piece, es));
-        if (off < mine) {
-            size_t m = min_size(piece, mine - off);
-            for (int r = 0; r < n; r++) {
-                if (r == me) {
-                    src[r] = buf + (lo[me] + off) * es;
-                    continue;
-                }
-                const char *peer_slot;
-                FSDP2_CHECK(slot_for_read(x, r, t, &peer_slot));
-                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
-            }
-            char *result, *own = buf + (lo[me] + off) * es;
-            FSDP2_CHECK(slot_for_write(x, t_result, &result));
-            if (x->streaming) { /* the kernel's stores are plain: reduce in place, stream */
-                fsdp2_reduce_rank_order(own, op->dtype, src, n, m, op->reduce.pre_divide,
-                                        op->reduce.post_divide);
-                finish_step(x, t); /* done with the peers' pieces */
-                slot_copy(x, result, own, m * es);
-                post(x, t_result);
-            } else {
-                fsdp2_reduce_rank_order(result, op->dtype, src, n, m, op->reduce.pre_divide,
-                                        op->reduce.post_divide);
-                post(x, t_result);
-                finish_step(x, t); /* done with the peers' pieces */
-                out_copy(x, own, result, m * es);
-            }
-        } else {
-            finish_step(x, t);
-        }
-        for (int k = 1; k < n; k++) {
-            int r = (me + k) % n;
-            if (off >= hi[r] - lo[r])
-                continue;
-            const char *peer_slot;
-            FSDP2_CHECK(slot_for_read(x, r, t_result, &peer_slot));
-            out_copy(x, buf + (lo[r] + off) * es, peer_slot,
-                     min_size(piece, hi[r] - lo[r] - off) * es);
-        }
-        finish_step(x, t_result);
-    }
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t run_all_reduce(run_t *x, const coll_op_t *op)
-{
-    size_t es = op->elem_size;
-    if (shm_all_reduce_one_step(x->n, op->count * es))
-        return all_reduce_one_step(x, op);
-    size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
-    sink_t sinks[FSDP2_SHM_MAX_RANKS];
-    size_t chunk = (op->count + (size_t)x->n - 1) / (size_t)x->n; /* torch.chunk */
-    char *buf = op->recv;
-    for (int r = 0; r < x->n; r++) {
-        lo[r] = min_size(chunk * (size_t)r, op->count);
-        hi[r] = min_size(chunk * (size_t)(r + 1), op->count);
-        len[r] = (hi[r] - lo[r]) * es;
-        sinks[r] = (sink_t){.buf = buf + lo[r] * es};
-    }
-    if (op->count * es >= SHM_FUSED_MIN) /* every rank runs the same steps: never per rank */
-        return all_reduce_fused(x, op, lo, hi);
-    /* Peers read our buffer only through our slots, so our range can take the result
-     * while they still reduce theirs. */
-    FSDP2_CHECK(reduce_ranges(x, op, lo, hi, buf + lo[x->me] * es));
-    return gather(x, buf + lo[x->me] * es, len, sinks, 0);
 }
 
 /* ---- turns ---- */
@@ -720,8 +489,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     switch (op->kind) {
     case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
     case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
-    case COLL_REDUCE_SCATTER: status = run_reduce_scatter(&x, op); break;
-    case COLL_ALL_REDUCE: status = run_all_reduce(&x, op); break;
+    case COLL_REDUCE_SCATTER: status = fsdp2_shm_run_reduce_scatter(&x, op); break;
+    case COLL_ALL_REDUCE: status = fsdp2_shm_run_all_reduce(&x, op); break;
     case COLL_BROADCAST: status = run_broadcast(&x, op); break;
     case COLL_BARRIER: status = run_barrier(&x); break;
     }

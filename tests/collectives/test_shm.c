@@ -9,6 +9,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,6 +377,44 @@ START_TEST(streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_
 }
 END_TEST
 
+/* The fused all-reduce pairs a piece's copies out with the next piece's copy-in only on a
+ * rank whose group has a core per rank (what its affinity mask allows when the group is
+ * created). Ranks may differ: rank 0 pins itself to one CPU first (so it keeps the
+ * phases apart), the others do not; the steps are the same either way. */
+static int body_fused_phases_differ(rank_ctx_t *c)
+{
+    int fails = 0;
+    cpu_set_t all, one;
+    fails += RANK_CHECK(c, sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
+    if (c->rank == 0 && !fails) {
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu(), &one);
+        fails += RANK_CHECK(c, sched_setaffinity(0, sizeof(one), &one) == 0, "pin");
+    }
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    fsdp2_group_t *g = NULL, *world = c->world;
+    fails += OK(c, fsdp2_group_create(c->store, "fused-phases", c->rank, c->size, &go, &g));
+    if (c->rank == 0)
+        sched_setaffinity(0, sizeof(all), &all); /* the group keeps its choice */
+    c->world = g;
+    for (int i = 0; i < 3 && !fails; i++) {
+        if (c->rank == 1 && i == 1)
+            usleep(50 * 1000);
+        for (size_t k = 0; k < COUNT(large_all_reduces) && !fails; k++)
+            fails += check_all_reduce(c, large_all_reduces[k].dtype, large_all_reduces[k].count);
+    }
+    c->world = world;
+    fsdp2_group_destroy(g);
+    return fails;
+}
+
+START_TEST(fused_all_reduce_ranks_may_pair_its_phases_or_not)
+{
+    passes_on_ranks(2, 2, body_fused_phases_differ);
+}
+END_TEST
+
 /* ---- the same bits as UCX ---- */
 
 static double wavy(int rank, size_t i)
@@ -555,6 +594,7 @@ static Suite *shm_suite(void)
     tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
     tcase_add_test(ok, streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks);
+    tcase_add_test(ok, fused_all_reduce_ranks_may_pair_its_phases_or_not);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);

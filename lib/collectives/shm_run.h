@@ -1,0 +1,57 @@
+/* One collective of the shared-memory transport as it runs on this rank, and the step
+ * protocol the collectives are written in: shared by shm.c (the protocol, waiting, the
+ * gathers, turns) and shm_reduce.c (reduce-scatter and all-reduce). */
+#ifndef FSDP2_COLLECTIVES_SHM_RUN_H
+#define FSDP2_COLLECTIVES_SHM_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "collectives/shm_internal.h"
+
+/* One collective's view: who we are, the next step, and the wait bookkeeping. */
+typedef struct run {
+    shm_group_t *sg;
+    const char *what;
+    int me, n;
+    uint64_t next; /* the step number the collective uses next */
+    int streaming; /* this rank writes its slots with non-temporal stores */
+    int out_streaming; /* and its output (fsdp2_shm_out_copy) */
+    int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
+    int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
+} run_t;
+
+static inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Where a rank's gathered bytes go: a buffer, or the pieces of all_gather_pieces. */
+typedef struct sink {
+    char *buf;
+    const fsdp2_iov_t *piece; /* the current piece, and how much of it is written */
+    size_t at;
+} sink_t;
+
+/* ---- shm.c: the step protocol ---- */
+
+/* Copies n bytes into a slot (non-temporal stores when x->streaming), or into the
+ * caller's output (when x->out_streaming). */
+void fsdp2_shm_slot_copy(const run_t *x, char *dst, const char *src, size_t n);
+void fsdp2_shm_out_copy(const run_t *x, char *dst, const char *src, size_t n);
+/* This rank's slot for step t, once every reader has finished with its previous use. */
+fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot);
+/* Publishes this rank's slot of step t. */
+void fsdp2_shm_post(run_t *x, uint64_t t);
+/* Rank r's slot of step t, once r has posted it. */
+fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot);
+/* Every peer's slot of step t is free as far as this rank is concerned. */
+void fsdp2_shm_finish_step(run_t *x, uint64_t t);
+/* Rank r's len[r] bytes reach sinks[r] on every other rank (and this rank's own sink
+ * when own is set), from mine on this rank. */
+fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,
+                                int own);
+
+/* ---- shm_reduce.c ---- */
+
+fsdp2_status_t fsdp2_shm_run_reduce_scatter(run_t *x, const coll_op_t *op);
+fsdp2_status_t fsdp2_shm_run_all_reduce(run_t *x, const coll_op_t *op);
+
+#endif
