@@ -1,6 +1,6 @@
-/* The shared-memory transport of the ucx backend (lib/collectives/shm.c): collectives of
- * a group whose members all run on one host go through one shared segment instead of
- * UCX messages. */
+/* The shared-memory transport of the ucx backend (lib/collectives/shm.c, shm_reduce.c):
+ * collectives of a group whose members all run on one host go through one shared
+ * segment instead of UCX messages. */
 #ifndef FSDP2_COLLECTIVES_SHM_H
 #define FSDP2_COLLECTIVES_SHM_H
 

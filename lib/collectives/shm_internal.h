@@ -1,5 +1,6 @@
 /* The shared-memory transport's segment layout and per-group state, shared by the
- * protocol (lib/collectives/shm.c) and the segment's set-up (shm_segment.c).
+ * protocol (lib/collectives/shm.c, shm_reduce.c; one collective's state: shm_run.h) and
+ * the segment's set-up (shm_segment.c).
  *
  * Segment: a page of header (shm_header_t), then one cache line per rank (rank_line_t),
  * then per reader a row of `row` done counters (one per writer), padded to a page, then
@@ -83,6 +84,7 @@ struct shm_group {
      * idle core. With more ranks than cores, yield at once and never count. */
     int64_t spin_ns;
     int contended_max;
+    int core_per_rank; /* the group's size <= this process's cores (all_reduce_fused) */
     int nudge; /* move_off_peer_core may act */
     /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
      * and _OUTPUT, and for auto slot stores, per kind and class of collective size, the

@@ -17,25 +17,51 @@
 #define SHM_REDUCE_BLOCK (8u << 10)  /* bytes reduced at a time when the output streams */
 #define SHM_PAIR_CHUNK (16u << 10)   /* bytes per copy in turn when the fused all-reduce pairs */
 
-/* Step t of a pipelined reduction: the piece at `off` of every peer's range of base
- * ([lo[p], hi[p]) elements, piece elements of es bytes at most) goes into this rank's
- * slot, peer by peer in ring order, and the slot is posted; nothing is posted when no
- * peer has rows left at off. */
-static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, const size_t *lo,
-                                       const size_t *hi, size_t off, size_t piece, size_t es)
+/* A copy of a reduction: a piece of a peer's range into this rank's slot (to_slot), or
+ * a peer's result out of its slot into the buffer. */
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t n;
+    int to_slot;
+} copy_job_t;
+
+/* The copies of step t of a pipelined reduction that put the piece at `off` of every
+ * peer's range of base ([lo[p], hi[p]) elements, piece elements of es bytes at most)
+ * into this rank's slot, peer by peer in ring order (reduce_ranges and reduce_own_piece
+ * read them from there), appended to job[*jobs]; *slot stays NULL when no peer has rows
+ * left at off (then nothing is posted). */
+static fsdp2_status_t peer_piece_jobs(run_t *x, uint64_t t, const char *base, const size_t *lo,
+                                      const size_t *hi, size_t off, size_t piece, size_t es,
+                                      copy_job_t *job, int *jobs, char **slot)
 {
     int n = x->n, me = x->me;
-    char *slot = NULL;
+    *slot = NULL;
     for (int k = 1; k < n; k++) {
         int p = (me + k) % n;
         size_t len = hi[p] - lo[p];
         if (off >= len)
             continue;
-        if (!slot)
-            FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t, &slot));
-        fsdp2_shm_slot_copy(x, slot + (size_t)(k - 1) * piece * es, base + (lo[p] + off) * es,
-                  min_size(piece, len - off) * es);
+        if (!*slot)
+            FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t, slot));
+        job[(*jobs)++] = (copy_job_t){*slot + (size_t)(k - 1) * piece * es,
+                                      base + (lo[p] + off) * es, min_size(piece, len - off) * es,
+                                      1};
     }
+    return FSDP2_SUCCESS;
+}
+
+/* Step t of a pipelined reduction: peer_piece_jobs' copies, one after the other, and the
+ * slot posted. */
+static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, const size_t *lo,
+                                       const size_t *hi, size_t off, size_t piece, size_t es)
+{
+    copy_job_t job[FSDP2_SHM_MAX_RANKS];
+    int jobs = 0;
+    char *slot;
+    FSDP2_CHECK(peer_piece_jobs(x, t, base, lo, hi, off, piece, es, job, &jobs, &slot));
+    for (int j = 0; j < jobs; j++)
+        fsdp2_shm_slot_copy(x, job[j].dst, job[j].src, job[j].n);
     if (slot)
         fsdp2_shm_post(x, t);
     return FSDP2_SUCCESS;
@@ -197,21 +223,12 @@ static fsdp2_status_t results_out(run_t *x, const fused_t *f, size_t off, uint64
     return FSDP2_SUCCESS;
 }
 
-/* A copy of results_out_next_in: a peer's result out of its slot, or the next piece of a
- * peer's range into this rank's slot. */
-typedef struct copy_job {
-    char *dst;
-    const char *src;
-    size_t n;
-    int to_slot;
-} copy_job_t;
-
-/* The peers' results at off (step t_result) out, together with the next piece's copy-in
+/* The peers' results at off (step t_result) out, paired with the next piece's copy-in
  * at off_next (step t_next; 0: none), SHM_PAIR_CHUNK bytes of each copy in turn: the
  * copies out read the other cores' caches and the copies in read memory, and a core
  * does both at once faster than one after the other. */
-static fsdp2_status_t results_out_next_in(run_t *x, const fused_t *f, size_t off,
-                                          uint64_t t_result, size_t off_next, uint64_t t_next)
+static fsdp2_status_t results_out_paired(run_t *x, const fused_t *f, size_t off,
+                                         uint64_t t_result, size_t off_next, uint64_t t_next)
 {
     int n = x->n, me = x->me, jobs = 0;
     size_t es = f->es, most = 0;
@@ -227,17 +244,9 @@ static fsdp2_status_t results_out_next_in(run_t *x, const fused_t *f, size_t off
                                    min_size(f->piece, len - off) * es, 0};
     }
     char *slot = NULL;
-    for (int k = 1; k < n && t_next; k++) {
-        int p = (me + k) % n;
-        size_t len = f->hi[p] - f->lo[p];
-        if (off_next >= len)
-            continue;
-        if (!slot)
-            FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t_next, &slot));
-        job[jobs++] = (copy_job_t){slot + (size_t)(k - 1) * f->piece * es,
-                                   f->buf + (f->lo[p] + off_next) * es,
-                                   min_size(f->piece, len - off_next) * es, 1};
-    }
+    if (t_next)
+        FSDP2_CHECK(peer_piece_jobs(x, t_next, f->buf, f->lo, f->hi, off_next, f->piece, es,
+                                    job, &jobs, &slot));
     for (int j = 0; j < jobs; j++)
         most = job[j].n > most ? job[j].n : most;
     for (size_t c = 0; c < most; c += SHM_PAIR_CHUNK)
@@ -262,23 +271,24 @@ static fsdp2_status_t results_out_next_in(run_t *x, const fused_t *f, size_t off
  * the result once into a slot that stays in cache saves writing it to the buffer and
  * reading it back to send it.
  *
- * With a core per rank, the peers' results of one piece go out together with the next
- * piece's copy-in (results_out_next_in): 2 ranks with a core each were 4-8% faster so
- * at 64-256 MiB in the same processes (neutral at 16 MiB), while 4 ranks on 2 cores
- * were 3-9% slower, and keep the two apart. Ranks may differ (the core count is each
- * process's own); the steps are the same either way. */
+ * With a core per rank, the peers' results of one piece go out paired with the next
+ * piece's copy-in (results_out_paired): with 2 ranks on a core each that was 4-8%
+ * faster at 64-256 MiB in the same processes (neutral at 16 MiB), while 4 ranks on 2
+ * cores were 3-9% slower, and keep the two apart. Ranks may differ (the core count is
+ * each process's own); the steps are the same either way. */
 static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size_t *lo,
                                        const size_t *hi)
 {
-    int n = x->n, together = x->sg->spin_ns > 0;
+    int n = x->n, pair = x->sg->core_per_rank;
     size_t es = op->elem_size, most = 0;
     fused_t f = {op, op->recv, lo, hi, SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es, es};
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
+    if (!most) /* no steps (the fused path starts at 16 MiB, so never) */
+        return FSDP2_SUCCESS;
     /* piece k's steps: t (its copy-in) and t_result; every rank numbers them the same */
     uint64_t t = x->next++;
-    if (most)
-        FSDP2_CHECK(post_peer_pieces(x, t, f.buf, lo, hi, 0, f.piece, es));
+    FSDP2_CHECK(post_peer_pieces(x, t, f.buf, lo, hi, 0, f.piece, es));
     for (size_t off = 0; off < most; off += f.piece) {
         uint64_t t_result = x->next++;
         size_t off_next = off + f.piece;
@@ -287,8 +297,8 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
             FSDP2_CHECK(reduce_own_piece(x, &f, off, t, t_result));
         else
             fsdp2_shm_finish_step(x, t);
-        if (together) {
-            FSDP2_CHECK(results_out_next_in(x, &f, off, t_result, off_next, t_next));
+        if (pair) {
+            FSDP2_CHECK(results_out_paired(x, &f, off, t_result, off_next, t_next));
         } else {
             FSDP2_CHECK(results_out(x, &f, off, t_result));
             if (t_next)

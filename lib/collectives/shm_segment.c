@@ -1,6 +1,6 @@
 /* The shared-memory transport's segment: created by rank 0, mapped by every member,
  * unlinked as soon as all have answered, or given up on by all when one cannot map it.
- * The protocol that runs over it is lib/collectives/shm.c. */
+ * The protocol that runs over it is lib/collectives/shm.c (and shm_reduce.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -129,6 +129,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->gone_arg = gone_arg;
     cpu_set_t cpus;
     int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    sg->core_per_rank = g->size <= cores;
     sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
     sg->contended_max = g->size <= cores ? 2 : INT_MAX;
     sg->nudge = g->size <= cores && cores > 1;
