@@ -67,18 +67,27 @@ static void assert_tries(const learner_t *l, const uint64_t *want, int n, int ex
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* `runs` collectives at fixed costs (cost[way] * ns_scale ns per byte): the way in use
+ * at the end must be `way`, and the tries exactly want[0..n). */
+static void check_steady(double ns_scale, const double cost[2], uint64_t runs, int way,
+                         const uint64_t *want, int n)
+{
+    learner_t l;
+    learner_init(&l);
+    l.ns_scale = ns_scale;
+    for (uint64_t run = 0; run < runs; run++)
+        run_once(&l, run, cost, 1.0);
+    ck_assert_int_eq(in_use(&l), way);
+    assert_tries(&l, want, n, 1);
+}
+
 /* Far CPUs: plain stores cost 4x streaming. The first try (run 2) switches to
  * streaming; after the try that has seen plain twice, the waits double from 32 to 256. */
 START_TEST(tries_of_a_far_costlier_way_back_off_to_one_in_256)
 {
-    learner_t l;
-    learner_init(&l);
     const double cost[2] = {4.0, 1.0};
-    for (uint64_t run = 0; run < 1100; run++)
-        run_once(&l, run, cost, 1.0);
-    ck_assert_int_eq(in_use(&l), 1);
     const uint64_t want[] = {2, 10, 42, 106, 234, 490, 746, 1002};
-    assert_tries(&l, want, COUNT(want), 1);
+    check_steady(1e-3, cost, 1100, 1, want, COUNT(want));
 }
 END_TEST
 
@@ -86,14 +95,9 @@ END_TEST
  * way is tried every 8 runs. */
 START_TEST(a_mildly_costlier_way_is_tried_every_8_runs)
 {
-    learner_t l;
-    learner_init(&l);
     const double cost[2] = {1.0, 1.3};
-    for (uint64_t run = 0; run < 60; run++)
-        run_once(&l, run, cost, 1.0);
-    ck_assert_int_eq(in_use(&l), 0);
     const uint64_t want[] = {2, 10, 18, 26, 34, 42, 50, 58};
-    assert_tries(&l, want, COUNT(want), 1);
+    check_steady(1e-3, cost, 60, 0, want, COUNT(want));
 }
 END_TEST
 
@@ -137,15 +141,9 @@ END_TEST
  * 59 runs, so that a move of the CPUs back close is noticed within about a second. */
 START_TEST(the_waits_stop_at_about_a_second_of_runs)
 {
-    learner_t l;
-    learner_init(&l);
-    l.ns_scale = 1.0;
     const double cost[2] = {4.0, 1.0};
-    for (uint64_t run = 0; run < 300; run++)
-        run_once(&l, run, cost, 1.0);
-    ck_assert_int_eq(in_use(&l), 1);
     const uint64_t want[] = {2, 10, 42, 101, 160, 219, 278};
-    assert_tries(&l, want, COUNT(want), 1);
+    check_steady(1.0, cost, 300, 1, want, COUNT(want));
 }
 END_TEST
 
@@ -168,14 +166,9 @@ END_TEST
 /* Runs of 50 ms: a second's worth is 20 runs, less than the shortest long wait, 32. */
 START_TEST(the_long_wait_is_32_runs_at_least)
 {
-    learner_t l;
-    learner_init(&l);
-    l.ns_scale = 3.0;
     const double cost[2] = {4.0, 1.0};
-    for (uint64_t run = 0; run < 140; run++)
-        run_once(&l, run, cost, 1.0);
     const uint64_t want[] = {2, 10, 42, 74, 106, 138};
-    assert_tries(&l, want, COUNT(want), 1);
+    check_steady(3.0, cost, 140, 1, want, COUNT(want));
 }
 END_TEST
 
