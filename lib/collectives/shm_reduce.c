@@ -51,6 +51,25 @@ static fsdp2_status_t peer_piece_jobs(run_t *x, uint64_t t, const char *base, co
     return FSDP2_SUCCESS;
 }
 
+/* The sources of this rank's piece at `off` in step t: its own elements of base, and
+ * each peer's piece for it in that peer's slot (the reader's side of peer_piece_jobs'
+ * layout: in a writer's slot, this rank's piece is the (me - writer - 1)-th, mod n). */
+static fsdp2_status_t piece_sources(run_t *x, uint64_t t, const char *base, size_t lo_me,
+                                    size_t off, size_t piece, size_t es, const void **src)
+{
+    int n = x->n, me = x->me;
+    for (int r = 0; r < n; r++) {
+        if (r == me) {
+            src[r] = base + (lo_me + off) * es;
+            continue;
+        }
+        const char *peer_slot;
+        FSDP2_CHECK(fsdp2_shm_slot_for_read(x, r, t, &peer_slot));
+        src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
+    }
+    return FSDP2_SUCCESS;
+}
+
 /* Step t of a pipelined reduction: peer_piece_jobs' copies, one after the other, and the
  * slot posted. */
 static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, const size_t *lo,
@@ -108,15 +127,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
         uint64_t t = x->next++;
         FSDP2_CHECK(post_peer_pieces(x, t, send, lo, hi, off, piece, es));
         if (off < mine) {
-            for (int r = 0; r < n; r++) {
-                if (r == me) {
-                    src[r] = send + (lo[me] + off) * es;
-                    continue;
-                }
-                const char *peer_slot;
-                FSDP2_CHECK(fsdp2_shm_slot_for_read(x, r, t, &peer_slot));
-                src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * piece * es;
-            }
+            FSDP2_CHECK(piece_sources(x, t, send, lo[me], off, piece, es, src));
             reduce_out(x, op, out + off * es, src, min_size(piece, mine - off));
         }
         fsdp2_shm_finish_step(x, t);
@@ -178,15 +189,7 @@ static fsdp2_status_t reduce_own_piece(run_t *x, const fused_t *f, size_t off, u
     size_t es = f->es, m = min_size(f->piece, f->hi[me] - f->lo[me] - off);
     const coll_op_t *op = f->op;
     const void *src[FSDP2_SHM_MAX_RANKS];
-    for (int r = 0; r < n; r++) {
-        if (r == me) {
-            src[r] = f->buf + (f->lo[me] + off) * es;
-            continue;
-        }
-        const char *peer_slot;
-        FSDP2_CHECK(fsdp2_shm_slot_for_read(x, r, t, &peer_slot));
-        src[r] = peer_slot + (size_t)((me - r + n) % n - 1) * f->piece * es;
-    }
+    FSDP2_CHECK(piece_sources(x, t, f->buf, f->lo[me], off, f->piece, es, src));
     char *result, *own = f->buf + (f->lo[me] + off) * es;
     FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t_result, &result));
     if (x->streaming) {
