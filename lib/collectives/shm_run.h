@@ -16,6 +16,8 @@ typedef struct run {
     int me, n;
     uint64_t next; /* the step number the collective uses next */
     int streaming; /* this rank writes its slots with non-temporal stores */
+    int streamed;  /* it has in this collective: each post fences */
+    uint64_t part_end; /* a part try: the step from which the stores change way (or 0) */
     int out_streaming; /* and its output (fsdp2_shm_out_copy) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */

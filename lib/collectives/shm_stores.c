@@ -15,7 +15,10 @@
  * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then every
  * SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the other way
  * more than twice as costly the wait is longer (far_wait): such a try costs 2-5 runs'
- * time, and one in 32 made large all-reduces 10% slower than the better way alone.
+ * time, and one in 32 made large all-reduces 10% slower than the better way alone. And
+ * such a try takes only the first eighth of the run's steps (a part try; fsdp2_shm_post
+ * changes the way after them): a 64 MiB all-reduce's try of plain stores went from
+ * 33 ms to 10 (6.4 the usual way) while the CPUs were far.
  * Only the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
@@ -39,6 +42,8 @@
 #define SHM_STREAM_EXPLORE_FAR_MAX 256 /* doubling with each such try up to this many, */
 #define SHM_STREAM_FAR_WAIT_NS 1e9  /* or up to about this long in runs of the way in use */
 #define SHM_STREAM_FAR_SAMPLES 2    /* (once each way has this many counted runs) */
+#define SHM_STREAM_FAR 2.0          /* "far costlier": more than this times the way in use */
+#define SHM_STREAM_PART 8           /* a try of a way found far costlier takes 1/8 of the run */
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
 #define SHM_OUT_STREAM_GATHER (16u << 20) /* auto: gathers stream outputs from this many bytes */
@@ -102,7 +107,7 @@ static int store_row(const shm_group_t *sg, const coll_op_t *op)
 static int far_from_other(const shm_store_class_t *k)
 {
     return k->counted[0] >= SHM_STREAM_FAR_SAMPLES && k->counted[1] >= SHM_STREAM_FAR_SAMPLES &&
-           k->ns_per_byte[!k->streaming] > 2 * k->ns_per_byte[k->streaming];
+           k->ns_per_byte[!k->streaming] > SHM_STREAM_FAR * k->ns_per_byte[k->streaming];
 }
 
 /* The wait after a try that found the other way far costlier: SHM_STREAM_EXPLORE_FAR
@@ -124,8 +129,9 @@ static uint32_t far_wait(const shm_store_class_t *k, const coll_op_t *op)
     return wait < most ? wait : (uint32_t)most;
 }
 
-int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
+int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part_steps)
 {
+    *part_steps = 0;
     int c = store_class(sg, op);
 #if !defined(__SSE2__)
     c = -1; /* no non-temporal stores to use */
@@ -141,8 +147,16 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
     uint64_t every = k->far_wait && far_from_other(k) ? k->far_wait : SHM_STREAM_EXPLORE;
     /* The first try comes early (after one counted run of the way in use): a large
      * collective in the wrong way costs 2-3x here. */
-    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->runs - k->last_try >= every;
-    return explore ? !k->streaming : k->streaming;
+    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->confirm || k->runs - k->last_try >= every;
+    if (!explore)
+        return k->streaming;
+    /* The last figure of the other way is far costlier: try it on part of the run only.
+     * Such a try cost 2-5 runs' time when whole; a part try tells whether the other way
+     * is still far costlier, and one that finds it not has the next run try it whole. */
+    const double *avg = k->ns_per_byte;
+    if (!k->confirm && avg[k->streaming] > 0 && avg[!k->streaming] > SHM_STREAM_FAR * avg[k->streaming])
+        *part_steps = k->steps / SHM_STREAM_PART ? k->steps / SHM_STREAM_PART : 1;
+    return !k->streaming;
 }
 
 /* The first run of a class is not counted (it pays for first use), and a try of the
@@ -155,17 +169,44 @@ int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
 }
 
-void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
+/* A part try: the other way's cost per byte, as if it had taken the whole run, from
+ * what the run cost beyond the way in use's figure for the rest. Far costlier still, it
+ * stands as that way's figure and the long waits go on; else the next run tries it
+ * whole (a figure from 1/8 of a run is too rough to switch on). */
+static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
+                       double cost)
+{
+    double *avg = k->ns_per_byte;
+    double other = (cost - (1 - share) * avg[k->streaming]) / share;
+    k->last_try = run;
+    if (other > SHM_STREAM_FAR * avg[k->streaming]) {
+        avg[!k->streaming] = other;
+        k->counted[!k->streaming]++;
+        k->far_wait = far_from_other(k) ? far_wait(k, op) : 0;
+    } else {
+        k->confirm = 1;
+        k->far_wait = 0;
+    }
+}
+
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, double share,
+                            uint64_t steps, int64_t ns)
 {
     int c = store_class(sg, op);
     if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
         return;
     shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     uint64_t run = k->runs++;
+    k->steps = steps < UINT32_MAX ? (uint32_t)steps : UINT32_MAX;
     if (run == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
+    if (share < 1 && streamed != k->streaming) {
+        learn_part(k, op, run, share, cost);
+        return;
+    }
     double *avg = k->ns_per_byte;
+    k->confirm = 0;
     avg[streamed] = avg[streamed] > 0 && streamed == k->streaming
                         ? 0.75 * avg[streamed] + 0.25 * cost
                         : cost;

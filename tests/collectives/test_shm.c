@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "../core/check_main.h"
+#include "collectives/shm_internal.h"
+#include "collectives/ucx_internal.h"
 #include "core/env_internal.h"
 #include "ranks.h"
 
@@ -423,6 +425,88 @@ START_TEST(fused_all_reduce_ranks_may_pair_its_phases_or_not)
 }
 END_TEST
 
+/* ---- auto stores: a part try changes way inside a collective ---- */
+
+#define ARMED_RUNS 100
+
+/* Every kind and size class of sg set up so that its next run is a part try of a way
+ * whose last figure is 10x the way in use: the first of 8 steps one way, the rest the
+ * other (rank 0 streams first, the others write plainly first). */
+static void arm_part_tries(shm_group_t *sg, int rank)
+{
+    for (int row = 0; row < SHM_STORE_ROWS; row++)
+        for (int c = 0; c < SHM_STORE_CLASSES; c++) {
+            int in_use = rank != 0;
+            sg->stores[row][c] = (shm_store_class_t){
+                .streaming = in_use, .runs = ARMED_RUNS, .last_try = 0, .steps = 8,
+                .counted = {5, 5}};
+            sg->stores[row][c].ns_per_byte[in_use] = 1e3; /* far above any real run */
+            sg->stores[row][c].ns_per_byte[!in_use] = 1e4;
+        }
+}
+
+/* The collectives that ran since arm_part_tries each made a part try that ended before
+ * their last step: a confirm is pending (their cost, far below the made-up figures,
+ * put the other way within 2x), and none was a whole try. */
+static int part_tries_ran(rank_ctx_t *c, const shm_group_t *sg, const char *what)
+{
+    int ran = 0, fails = 0;
+    for (int row = 0; row < SHM_STORE_ROWS; row++)
+        for (int k = 0; k < SHM_STORE_CLASSES; k++) {
+            const shm_store_class_t *s = &sg->stores[row][k];
+            if (s->runs == ARMED_RUNS)
+                continue;
+            ran++;
+            fails += RANK_CHECK(c, s->runs == ARMED_RUNS + 1 && s->confirm && s->steps > 1,
+                                "%s: row %d class %d: runs %llu confirm %d steps %u", what, row,
+                                k, (unsigned long long)s->runs, s->confirm, s->steps);
+        }
+    return fails + RANK_CHECK(c, ran > 0, "%s: no part try ran", what);
+}
+
+static int body_part_tries(rank_ctx_t *c)
+{
+    int fails = 0;
+    setenv("FSDP2_SHM_STREAM_STORES", "auto", 1);
+    fails += OK(c, fsdp2_env_reload());
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    fsdp2_group_t *g = NULL, *world = c->world;
+    fails += OK(c, fsdp2_group_create(c->store, "part-tries", c->rank, c->size, &go, &g));
+    shm_group_t *sg = g ? ((ucx_group_t *)g->backend)->shm : NULL;
+    fails += RANK_CHECK(c, sg != NULL, "the group is not on shared memory");
+    c->world = g;
+    /* (in a broadcast only the root writes slots) */
+#define PART_TRY(writes, call)                                                              \
+    do {                                                                                    \
+        if (!fails) {                                                                       \
+            arm_part_tries(sg, c->rank);                                                    \
+            fails += (call);                                                                \
+            fails += fails || !(writes) ? 0 : part_tries_ran(c, sg, #call);                 \
+        }                                                                                   \
+    } while (0)
+    PART_TRY(1, check_all_gather(c, FSDP2_F32, SLOT / 4 + 1));
+    PART_TRY(1, check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5));
+    PART_TRY(1, check_reduce_scatter(c, FSDP2_F32, 5 * SLOT / 4 + 3)); /* and in place */
+    PART_TRY(1, check_reduce_scatter(c, FSDP2_BF16, (8u << 20) + 3));
+    PART_TRY(1, check_all_reduce(c, FSDP2_F64, SLOT / 8 + 3));
+    PART_TRY(1, check_all_reduce(c, FSDP2_F32, (4u << 20) + 5)); /* fused */
+    PART_TRY(1, check_all_gather_pieces(c));
+    PART_TRY(c->rank == c->size - 1, check_broadcast(c, FSDP2_F64, 2 * SLOT / 8 + 7));
+#undef PART_TRY
+    c->world = world;
+    fsdp2_group_destroy(g);
+    unsetenv("FSDP2_SHM_STREAM_STORES");
+    fails += OK(c, fsdp2_env_reload());
+    return fails;
+}
+
+START_TEST(a_part_try_changes_the_way_of_stores_inside_a_collective_on_2_and_3_ranks)
+{
+    passes_on_ranks(2, 3, body_part_tries);
+}
+END_TEST
+
 /* ---- the same bits as UCX ---- */
 
 static double wavy(int rank, size_t i)
@@ -603,6 +687,7 @@ static Suite *shm_suite(void)
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
     tcase_add_test(ok, streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks);
     tcase_add_test(ok, fused_all_reduce_ranks_may_pair_its_phases_or_not);
+    tcase_add_test(ok, a_part_try_changes_the_way_of_stores_inside_a_collective_on_2_and_3_ranks);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);
