@@ -171,8 +171,12 @@ int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 
 /* A part try: the other way's cost per byte, as if it had taken the whole run, from
  * what the run cost beyond the way in use's figure for the rest. Far costlier still, it
- * stands as that way's figure and the long waits go on; else the next run tries it
- * whole (a figure from 1/8 of a run is too rough to switch on). */
+ * lowers that way's figure (never raises it) and the long waits go on; else the next
+ * run tries it whole (a figure from 1/8 of a run is too rough to switch on). Never
+ * raised: when the way in use has just become dearer, its figure lags and the estimate
+ * comes out 8 times the lag too high; the old figure lets the way in use's rising one
+ * switch as soon as it passes (a raised one held a 1 MiB all-gather in plain stores at
+ * 4x the cost for its whole long wait). */
 static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
                        double cost)
 {
@@ -180,7 +184,8 @@ static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, 
     double other = (cost - (1 - share) * avg[k->streaming]) / share;
     k->last_try = run;
     if (other > SHM_STREAM_FAR * avg[k->streaming]) {
-        avg[!k->streaming] = other;
+        if (other < avg[!k->streaming])
+            avg[!k->streaming] = other;
         k->counted[!k->streaming]++;
         k->far_wait = far_from_other(k) ? far_wait(k, op) : 0;
     } else {

@@ -232,6 +232,32 @@ START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
 }
 END_TEST
 
+/* Plain in use, streaming 3x dearer (part tries), when the CPUs move far apart at
+ * run 490, a part try: plain is 4x what it was, streaming a quarter of plain. The way in
+ * use's figure still says 1, so the part's estimate of streaming comes out at 22; it
+ * must not replace the figure of 3, which plain's rising figure passes within a few
+ * runs: the switch comes then, not at the next long wait's end (run 746). */
+START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it)
+{
+    learner_t l;
+    learner_init(&l);
+    const double near[2] = {1.0, 3.0}, far[2] = {4.0, 1.0};
+    int switched_at = -1;
+    for (uint64_t run = 0; run < 520; run++) {
+        run_once(&l, run, run < 490 ? near : far, 1.0);
+        if (switched_at < 0 && in_use(&l) == 1)
+            switched_at = (int)run;
+    }
+    /* then plain, now the far costlier, is tried whole 8 runs after 490, in parts after */
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 498, 506};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 0, 8};
+    assert_tries(&l, want, COUNT(want), 1);
+    assert_parts(&l, part, COUNT(part));
+    /* plain's figure after k runs at 4: 4 - 3 * 0.75^k, past 3 / 0.9 at k = 6 */
+    ck_assert_int_eq(switched_at, 496);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm_stores");
@@ -244,6 +270,7 @@ static Suite *suite(void)
     tcase_add_test(t, a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait);
     tcase_add_test(t, the_long_wait_is_32_runs_at_least);
     tcase_add_test(t, a_switch_on_one_late_run_does_not_keep_the_long_wait);
+    tcase_add_test(t, a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it);
     suite_add_tcase(s, t);
     return s;
 }
