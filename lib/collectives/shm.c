@@ -278,14 +278,14 @@ fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot)
 
 void fsdp2_shm_post(run_t *x, uint64_t t)
 {
-    if (x->streamed)
+    if (x->fence_posts)
         fsdp2_shm_fence_streams(); /* the slot before its head */
     atomic_store_explicit(head_of(x, x->me), t + 1, memory_order_release);
     advanced(x);
-    if (x->part_end && t + 1 >= x->part_end) { /* a part try ends with this step */
+    if (++x->posts == x->part_steps) { /* a part try ends with this step */
         x->streaming = !x->streaming;
-        x->streamed = 1;
-        x->part_end = 0;
+        x->fence_posts = 1; /* whichever way: streamed lines may follow */
+        x->part_posts = x->posts;
     }
 }
 
@@ -487,9 +487,7 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline};
-    uint64_t part_steps;
-    x.streaming = x.streamed = fsdp2_shm_stores_choose(sg, op, &part_steps);
-    x.part_end = part_steps ? sg->steps + part_steps : 0;
+    x.streaming = x.fence_posts = fsdp2_shm_stores_choose(sg, op, &x.part_steps);
     int first_way = x.streaming;
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int timed = fsdp2_shm_stores_timed(sg, op);
@@ -505,10 +503,10 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     pay_wake(&x);
     if (x.out_streaming)
         fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
-    if (status == FSDP2_SUCCESS && timed) {
-        uint64_t steps = x.next - sg->steps;
-        double share = part_steps && x.part_end == 0 && steps ? (double)part_steps / steps : 1;
-        fsdp2_shm_stores_learn(sg, op, first_way, share, steps, fsdp2_now_ns() - start);
+    /* A rank that posted nothing (a broadcast's readers) wrote no slot either way. */
+    if (status == FSDP2_SUCCESS && timed && x.posts > 0) {
+        double share = x.part_posts ? (double)x.part_posts / (double)x.posts : 1;
+        fsdp2_shm_stores_learn(sg, op, first_way, share, x.posts, fsdp2_now_ns() - start);
     }
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;

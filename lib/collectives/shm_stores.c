@@ -16,9 +16,9 @@
  * SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the other way
  * more than twice as costly the wait is longer (far_wait): such a try costs 2-5 runs'
  * time, and one in 32 made large all-reduces 10% slower than the better way alone. And
- * such a try takes only the first eighth of the run's steps (a part try; fsdp2_shm_post
- * changes the way after them): a 64 MiB all-reduce's try of plain stores went from
- * 33 ms to 10 (6.4 the usual way) while the CPUs were far.
+ * such a try writes only the first eighth of the steps (at least one) the other way (a
+ * part try; fsdp2_shm_post changes the way after them): a 64 MiB all-reduce's try of
+ * plain stores went from 33 ms to 10 (6.4 the usual way) while the CPUs were far.
  * Only the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
@@ -81,6 +81,10 @@ void fsdp2_shm_fence_streams(void)
 /* op's size class for auto (x4 each from SHM_STREAM_MIN), or -1: always memcpy. */
 static int store_class(const shm_group_t *sg, const coll_op_t *op)
 {
+#if !defined(__SSE2__)
+    (void)sg, (void)op;
+    return -1; /* no non-temporal stores to use */
+#endif
     size_t bytes = op->count * op->elem_size;
     if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
         (op->kind == COLL_ALL_REDUCE && shm_all_reduce_one_step(sg->g->size, bytes)))
@@ -133,9 +137,6 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
 {
     *part_steps = 0;
     int c = store_class(sg, op);
-#if !defined(__SSE2__)
-    c = -1; /* no non-temporal stores to use */
-#endif
     if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
         return 0;
     if (sg->stores_policy == SHM_STORES_STREAM)
@@ -147,23 +148,26 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
     uint64_t every = k->far_wait && far_from_other(k) ? k->far_wait : SHM_STREAM_EXPLORE;
     /* The first try comes early (after one counted run of the way in use): a large
      * collective in the wrong way costs 2-3x here. */
-    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->confirm || k->runs - k->last_try >= every;
-    if (!explore)
+    if (!(k->runs == SHM_STREAM_FIRST_TRY || k->try_whole || k->runs - k->last_try >= every))
         return k->streaming;
     /* The last figure of the other way is far costlier: try it on part of the run only.
      * Such a try cost 2-5 runs' time when whole; a part try tells whether the other way
      * is still far costlier, and one that finds it not has the next run try it whole. */
     const double *avg = k->ns_per_byte;
-    if (!k->confirm && avg[k->streaming] > 0 && avg[!k->streaming] > SHM_STREAM_FAR * avg[k->streaming])
-        *part_steps = k->steps / SHM_STREAM_PART ? k->steps / SHM_STREAM_PART : 1;
+    if (!k->try_whole && avg[k->streaming] > 0 &&
+        avg[!k->streaming] > SHM_STREAM_FAR * avg[k->streaming]) {
+        uint32_t part = k->last_run_steps / SHM_STREAM_PART;
+        *part_steps = part ? part : 1;
+    }
     return !k->streaming;
 }
 
-/* The first run of a class is not counted (it pays for first use), and a try of the
- * other way stands alone, since it is seldom tried and an old figure says little about
- * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
- * be wrong for a while; it costs speed only (the steps are the same either way), and
- * the other way is tried again SHM_STREAM_EXPLORE (or far_wait's) runs later. */
+/* The first run of a class is not counted (it pays for first use), and a whole try of
+ * the other way stands alone, since it is seldom tried and an old figure says little
+ * about where the CPUs are now (a part try only lowers the figure, learn_part). A
+ * run's time includes waiting for late peers, so a choice can be wrong for a while; it
+ * costs speed only (the steps are the same either way), and the other way is tried
+ * again SHM_STREAM_EXPLORE (or far_wait's) runs later. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
@@ -171,12 +175,14 @@ int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 
 /* A part try: the other way's cost per byte, as if it had taken the whole run, from
  * what the run cost beyond the way in use's figure for the rest. Far costlier still, it
- * lowers that way's figure (never raises it) and the long waits go on; else the next
- * run tries it whole (a figure from 1/8 of a run is too rough to switch on). Never
- * raised: when the way in use has just become dearer, its figure lags and the estimate
- * comes out 8 times the lag too high; the old figure lets the way in use's rising one
- * switch as soon as it passes (a raised one held a 1 MiB all-gather in plain stores at
- * 4x the cost for its whole long wait). */
+ * may lower that way's figure and the long waits go on; else the next run tries it
+ * whole (a figure from a part of a run is too rough to switch on).
+ *
+ * It never raises the figure. When the way in use has just become dearer, its own
+ * figure lags behind, and the estimate comes out too high by the lag divided by the
+ * part's share (up to 8 times). Kept, the lower old figure lets the switch come as soon
+ * as the way in use's rising figure passes it. Raised, it held a 1 MiB all-gather in
+ * plain stores at 4x the cost for its whole long wait. */
 static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
                        double cost)
 {
@@ -189,12 +195,12 @@ static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, 
         k->counted[!k->streaming]++;
         k->far_wait = far_from_other(k) ? far_wait(k, op) : 0;
     } else {
-        k->confirm = 1;
+        k->try_whole = 1;
         k->far_wait = 0;
     }
 }
 
-void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, double share,
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way, double share,
                             uint64_t steps, int64_t ns)
 {
     int c = store_class(sg, op);
@@ -202,16 +208,17 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, 
         return;
     shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     uint64_t run = k->runs++;
-    k->steps = steps < UINT32_MAX ? (uint32_t)steps : UINT32_MAX;
+    k->last_run_steps = steps < UINT32_MAX ? (uint32_t)steps : UINT32_MAX;
     if (run == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
-    if (share < 1 && streamed != k->streaming) {
+    if (share < 1 && first_way != k->streaming) {
         learn_part(k, op, run, share, cost);
         return;
     }
+    int streamed = first_way; /* the whole run */
     double *avg = k->ns_per_byte;
-    k->confirm = 0;
+    k->try_whole = 0;
     avg[streamed] = avg[streamed] > 0 && streamed == k->streaming
                         ? 0.75 * avg[streamed] + 0.25 * cost
                         : cost;

@@ -100,6 +100,7 @@ static void check_steady(double ns_scale, const double cost[2], uint64_t runs, i
     assert_tries(&l, want, n, 1);
 }
 
+#if defined(__SSE2__)
 /* Far CPUs: plain stores cost 4x streaming. The first try (run 2) switches to
  * streaming; after the try that has seen plain twice, the waits double from 32 to 256.
  * Every try after the switch takes 1/8 of its run, and what it costs beyond streaming's
@@ -258,10 +259,27 @@ START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_i
 }
 END_TEST
 
+#else
+/* Without SSE2 there are no non-temporal stores: auto writes plainly, and learns nothing. */
+START_TEST(without_sse2_auto_always_writes_plainly)
+{
+    const double cost[2] = {4.0, 1.0};
+    check_steady(1e-3, cost, 100, 0, NULL, 0);
+    learner_t l;
+    learner_init(&l);
+    run_once(&l, 0, cost, 1.0);
+    assert_parts(&l, NULL, 0);
+}
+END_TEST
+#endif
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("shm_stores");
     TCase *t = tcase_create("auto");
+#if !defined(__SSE2__)
+    tcase_add_test(t, without_sse2_auto_always_writes_plainly);
+#else
     tcase_add_test(t, tries_of_a_far_costlier_way_back_off_to_one_in_256);
     tcase_add_test(t, a_mildly_costlier_way_is_tried_every_8_runs);
     tcase_add_test(t, after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over);
@@ -271,6 +289,7 @@ static Suite *suite(void)
     tcase_add_test(t, the_long_wait_is_32_runs_at_least);
     tcase_add_test(t, a_switch_on_one_late_run_does_not_keep_the_long_wait);
     tcase_add_test(t, a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it);
+#endif
     suite_add_tcase(s, t);
     return s;
 }
