@@ -32,8 +32,8 @@ typedef _Atomic uint64_t counter_t;
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
 
 /* Auto slot stores, one kind and size class: the way in use, the runs seen, the run
- * that last tried the other way and the runs to wait before the next try when that one
- * found it more than twice as costly (0: none found so, the usual wait), whether the
+ * that last tried the other way and the runs to wait before the next try while that
+ * way stays costlier (0: the usual wait), whether the
  * next run tries the other way whole (a part try found it no longer far costlier), the
  * steps this rank posted in the last run, and each way's recent cost (ns per byte of
  * the collective; 0: not measured) and counted runs. */
@@ -42,7 +42,7 @@ typedef struct shm_store_class {
     int try_whole;
     uint64_t runs;
     uint64_t last_try;
-    uint32_t far_wait;
+    uint32_t wait;
     uint32_t last_run_steps;
     double ns_per_byte[2];
     uint32_t counted[2];

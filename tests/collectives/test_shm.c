@@ -483,7 +483,7 @@ static int part_tries_ran(rank_ctx_t *c, const shm_group_t *sg, const part_armin
             if (s->runs == ARMED_RUNS)
                 continue;
             ran++;
-            int learnt_part = a->far ? !s->try_whole && s->far_wait > 0 &&
+            int learnt_part = a->far ? !s->try_whole && s->wait > 0 &&
                                            s->counted[!in_use] == 6 && s->counted[in_use] == 5 &&
                                            s->ns_per_byte[!in_use] == 10 * a->in_use_ns_per_byte
                                      : s->try_whole && s->counted[!in_use] == 5;
@@ -492,7 +492,7 @@ static int part_tries_ran(rank_ctx_t *c, const shm_group_t *sg, const part_armin
                                 "%s (%u steps): row %d class %d: runs %llu, try_whole %d, far "
                                 "wait %u, counted %u/%u, steps %u",
                                 what, a->last_run_steps, row, k, (unsigned long long)s->runs,
-                                s->try_whole, s->far_wait, s->counted[0], s->counted[1],
+                                s->try_whole, s->wait, s->counted[0], s->counted[1],
                                 s->last_run_steps);
         }
     return fails + RANK_CHECK(c, ran > 0, "%s: no part try ran", what);

@@ -124,18 +124,25 @@ START_TEST(tries_of_a_far_costlier_way_back_off_to_one_in_256)
 END_TEST
 
 /* Near CPUs: streaming costs 1.3x plain, less than twice: plain stays, and the other
- * way is tried every 8 runs. */
-START_TEST(a_mildly_costlier_way_is_tried_every_8_runs)
+ * way is tried whole after waits that double from 16 runs to 64. */
+START_TEST(a_mildly_costlier_way_is_tried_after_waits_growing_to_64_runs)
 {
     const double cost[2] = {1.0, 1.3};
-    const uint64_t want[] = {2, 10, 18, 26, 34, 42, 50, 58};
-    check_steady(1e-3, cost, 60, 0, want, COUNT(want));
+    const uint64_t want[] = {2, 18, 50, 114, 178, 242};
+    check_steady(1e-3, cost, 250, 0, want, COUNT(want));
+    learner_t l;
+    learner_init(&l);
+    for (uint64_t run = 0; run < 250; run++)
+        run_once(&l, run, cost, 1.0);
+    const uint64_t part[] = {0, 0, 0, 0, 0, 0};
+    assert_parts(&l, part, COUNT(part));
 }
 END_TEST
 
 /* The CPUs move close after the waits reached 256: the next try (at most 256 runs
  * later, on 1/8 of its run) finds plain no longer far costlier, the run after tries it
- * whole and switches back (a part never switches), and the waits start over at 8. */
+ * whole and switches back (a part never switches), and the waits start over at 8 and
+ * grow again, streaming being costlier. */
 START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over)
 {
     learner_t l;
@@ -150,17 +157,18 @@ START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_ov
     }
     ck_assert_int_eq(in_use(&l), 0);
     /* far: 2, 10, 42, 106, 234, 490; the move at 600; 746 (a part) and 747 switch back
-     * to plain; then streaming (1.3x) is tried whole every 8 runs */
-    const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 747, 755, 763};
-    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 0, 0};
+     * to plain; then streaming (1.3x) is tried whole after 8, 16, 32, then 64 runs */
+    const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 747, 755, 771, 803, 867, 931};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0};
     assert_tries(&l, head, COUNT(head), 0);
     assert_parts(&l, part, COUNT(part));
 }
 END_TEST
 
 /* One late run of the other way (a peer arrived late) must not start the long waits:
- * the far wait needs two counted runs of each way. Its figure makes the next try a
- * part, which finds streaming within 2x, so the run after tries it whole. */
+ * the far wait needs two counted runs of each way (the wait after it is 16, streaming
+ * looking costlier). Its figure makes the next try a part, which finds streaming within
+ * 2x, so the run after tries it whole, and the waits grow from 16 again. */
 START_TEST(one_slow_try_does_not_start_the_long_waits)
 {
     learner_t l;
@@ -168,8 +176,8 @@ START_TEST(one_slow_try_does_not_start_the_long_waits)
     const double cost[2] = {1.0, 1.3};
     for (uint64_t run = 0; run < 40; run++)
         run_once(&l, run, cost, run == 2 ? 10.0 : 1.0); /* the first try ran 10x slow */
-    const uint64_t want[] = {2, 10, 11, 19, 27, 35};
-    const uint64_t part[] = {0, 8, 0, 0, 0, 0};
+    const uint64_t want[] = {2, 18, 19, 35};
+    const uint64_t part[] = {0, 8, 0, 0};
     assert_tries(&l, want, COUNT(want), 1);
     assert_parts(&l, part, COUNT(part));
 }
@@ -187,7 +195,7 @@ END_TEST
 
 /* The other way stops being far costlier without a switch (plain goes from 4x to 1.5x
  * streaming's cost): the long wait runs out, the part try that sees 1.5x has the next
- * run try plain whole, and that brings the tries back to every 8 runs. */
+ * run try plain whole, and that brings the wait back to 16 runs. */
 START_TEST(a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait)
 {
     learner_t l;
@@ -196,7 +204,7 @@ START_TEST(a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wa
     for (uint64_t run = 0; run < 520; run++)
         run_once(&l, run, run < 300 ? far : nearer, 1.0);
     ck_assert_int_eq(in_use(&l), 1);
-    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 491, 499, 507, 515};
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 491, 507};
     assert_tries(&l, want, COUNT(want), 1);
     ck_assert_uint_eq(l.part[6], 0);
 }
@@ -234,10 +242,10 @@ START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
 END_TEST
 
 /* Plain in use, streaming 3x dearer (part tries), when the CPUs move far apart at
- * run 490, a part try: plain is 4x what it was, streaming a quarter of plain. The way in
+ * run 498, a part try: plain is 4x what it was, streaming a quarter of plain. The way in
  * use's figure still says 1, so the part's estimate of streaming comes out at 22; it
  * must not replace the figure of 3, which plain's rising figure passes within a few
- * runs: the switch comes then, not at the next long wait's end (run 746). */
+ * runs: the switch comes then, not at the next long wait's end (run 754). */
 START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it)
 {
     learner_t l;
@@ -245,17 +253,17 @@ START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_i
     const double near[2] = {1.0, 3.0}, far[2] = {4.0, 1.0};
     int switched_at = -1;
     for (uint64_t run = 0; run < 520; run++) {
-        run_once(&l, run, run < 490 ? near : far, 1.0);
+        run_once(&l, run, run < 498 ? near : far, 1.0);
         if (switched_at < 0 && in_use(&l) == 1)
             switched_at = (int)run;
     }
-    /* then plain, now the far costlier, is tried whole 8 runs after 490, in parts after */
-    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 498, 506};
-    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 0, 8};
+    /* then plain is tried whole 8 runs after the last try (streaming's figure still high) */
+    const uint64_t want[] = {2, 18, 50, 114, 242, 498, 506};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 0};
     assert_tries(&l, want, COUNT(want), 1);
     assert_parts(&l, part, COUNT(part));
     /* plain's figure after k runs at 4: 4 - 3 * 0.75^k, past 3 / 0.9 at k = 6 */
-    ck_assert_int_eq(switched_at, 496);
+    ck_assert_int_eq(switched_at, 504);
 }
 END_TEST
 
@@ -281,7 +289,7 @@ static Suite *suite(void)
     tcase_add_test(t, without_sse2_auto_always_writes_plainly);
 #else
     tcase_add_test(t, tries_of_a_far_costlier_way_back_off_to_one_in_256);
-    tcase_add_test(t, a_mildly_costlier_way_is_tried_every_8_runs);
+    tcase_add_test(t, a_mildly_costlier_way_is_tried_after_waits_growing_to_64_runs);
     tcase_add_test(t, after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over);
     tcase_add_test(t, one_slow_try_does_not_start_the_long_waits);
     tcase_add_test(t, the_waits_stop_at_about_a_second_of_runs);
