@@ -278,11 +278,15 @@ fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot)
 
 void fsdp2_shm_post(run_t *x, uint64_t t)
 {
-    if (x->streaming)
+    if (x->fence_posts)
         fsdp2_shm_fence_streams(); /* the slot before its head */
     atomic_store_explicit(head_of(x, x->me), t + 1, memory_order_release);
     advanced(x);
-    x->posts++;
+    if (++x->posts == x->part_steps) { /* a part try ends with this step */
+        x->streaming = !x->streaming;
+        x->fence_posts = 1; /* whichever way: streamed lines may follow */
+        x->part_posts = x->posts;
+    }
 }
 
 fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
@@ -483,7 +487,8 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     }
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
                .deadline_ms = deadline};
-    x.streaming = fsdp2_shm_stores_choose(sg, op);
+    x.streaming = x.fence_posts = fsdp2_shm_stores_choose(sg, op, &x.part_steps);
+    int first_way = x.streaming;
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int timed = fsdp2_shm_stores_timed(sg, op);
     int64_t start = timed ? fsdp2_now_ns() : 0;
@@ -499,8 +504,10 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     if (x.out_streaming)
         fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
     /* A rank that posted nothing (a broadcast's readers) wrote no slot either way. */
-    if (status == FSDP2_SUCCESS && timed && x.posts > 0)
-        fsdp2_shm_stores_learn(sg, op, x.streaming, fsdp2_now_ns() - start);
+    if (status == FSDP2_SUCCESS && timed && x.posts > 0) {
+        double share = x.part_posts ? (double)x.part_posts / (double)x.posts : 1;
+        fsdp2_shm_stores_learn(sg, op, first_way, share, x.posts, fsdp2_now_ns() - start);
+    }
     pthread_mutex_lock(&sg->lock);
     sg->steps = x.next;
     sg->turn++;

@@ -32,14 +32,18 @@ typedef _Atomic uint64_t counter_t;
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
 
 /* Auto slot stores, one kind and size class: the way in use, the runs seen, the run
- * that last tried the other way and the runs to wait before the next try when that one
- * found it more than twice as costly (0: none found so, the usual wait), and each way's
- * recent cost (ns per byte of the collective; 0: not measured) and counted runs. */
+ * that last tried the other way and the runs to wait before the next try while that
+ * way stays costlier (0: the usual wait), whether the
+ * next run tries the other way whole (a part try found it no longer far costlier), the
+ * steps this rank posted in the last run, and each way's recent cost (ns per byte of
+ * the collective; 0: not measured) and counted runs. */
 typedef struct shm_store_class {
     int streaming;
+    int try_whole;
     uint64_t runs;
     uint64_t last_try;
-    uint32_t far_wait;
+    uint32_t wait;
+    uint32_t last_run_steps;
     double ns_per_byte[2];
     uint32_t counted[2];
 } shm_store_class_t;
@@ -114,13 +118,18 @@ static inline int shm_all_reduce_one_step(int n, size_t bytes)
  * fsdp2_shm_fence_streams before anyone else may read dst. */
 void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n);
 void fsdp2_shm_fence_streams(void);
-/* Whether op's slot writes stream: the policy, and for auto the class's choice. */
-int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op);
+/* Whether op's slot writes stream: the policy, and for auto the class's choice. A try
+ * of a way found far costlier takes only the first *part_steps steps this rank posts
+ * (0: the whole run), after which the run writes the other way. */
+int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part_steps);
 /* Whether auto learns from op's run time (fsdp2_shm_stores_learn): else it need not be
  * timed. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op);
-/* Auto: folds a run's cost (ns) into its way's figure and keeps the cheaper way. */
-void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns);
+/* Auto: folds a run's cost (ns) into its way's figure and keeps the cheaper way. This
+ * rank posted `steps` steps (at least one), the first `share` of them (1: all) written
+ * the way `first_way` (1: streaming). */
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way, double share,
+                            uint64_t steps, int64_t ns);
 /* Whether this rank writes op's output with non-temporal stores. */
 int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op);
 

@@ -16,7 +16,10 @@ typedef struct run {
     int me, n;
     uint64_t next; /* the step number the collective uses next */
     int streaming; /* this rank writes its slots with non-temporal stores */
-    uint64_t posts; /* steps this rank has posted in this collective */
+    int fence_posts; /* set whenever streaming is: each post fences (streaming may change) */
+    uint64_t posts;      /* steps this rank has posted in this collective */
+    uint64_t part_steps; /* a part try: the way changes after this many posts (0: none) */
+    uint64_t part_posts; /* the posts before it changed (0: it did not) */
     int out_streaming; /* and its output (fsdp2_shm_out_copy) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
@@ -39,7 +42,9 @@ void fsdp2_shm_slot_copy(const run_t *x, char *dst, const char *src, size_t n);
 void fsdp2_shm_out_copy(const run_t *x, char *dst, const char *src, size_t n);
 /* This rank's slot for step t, once every reader has finished with its previous use. */
 fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot);
-/* Publishes this rank's slot of step t. */
+/* Publishes this rank's slot of step t, fencing streamed stores first. On a part try
+ * (shm_stores.c) the x->part_steps-th post then changes x->streaming for the rest of
+ * the collective: read it afresh for each slot, never across a post. */
 void fsdp2_shm_post(run_t *x, uint64_t t);
 /* Rank r's slot of step t, once r has posted it. */
 fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot);

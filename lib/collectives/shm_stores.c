@@ -14,8 +14,12 @@
  * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
  * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then every
  * SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the other way
- * more than twice as costly the wait is longer (far_wait): such a try costs 2-5 runs'
- * time, and one in 32 made large all-reduces 10% slower than the better way alone.
+ * more than twice as costly the wait is longer (next_wait): such a try costs 2-5 runs'
+ * time, and one in 32 made large all-reduces 10% slower than the better way alone
+ * (after a try that found it costlier at all the wait grows too, to 64 runs). And
+ * such a try writes only the first eighth of the steps (at least one) the other way (a
+ * part try; fsdp2_shm_post changes the way after them): a 64 MiB all-reduce's try of
+ * plain stores went from 33 ms to 10 (6.4 the usual way) while the CPUs were far.
  * Only the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
@@ -35,10 +39,14 @@
 #define SHM_STREAM_MIN (16u << 10)  /* collectives from this many bytes may stream stores */
 #define SHM_STREAM_FIRST_TRY 2      /* auto: the run that first tries the other way */
 #define SHM_STREAM_EXPLORE 8        /* auto: then runs between tries, */
+#define SHM_STREAM_EXPLORE_MILD_MAX 64 /* or while the other way costs more, from twice that */
+                                    /* doubling with each try up to this many, */
 #define SHM_STREAM_EXPLORE_FAR 32   /* or while the other way costs more than twice as much, */
 #define SHM_STREAM_EXPLORE_FAR_MAX 256 /* doubling with each such try up to this many, */
-#define SHM_STREAM_FAR_WAIT_NS 1e9  /* or up to about this long in runs of the way in use */
+#define SHM_STREAM_WAIT_NS 1e9      /* or up to about this long in runs of the way in use */
 #define SHM_STREAM_FAR_SAMPLES 2    /* (once each way has this many counted runs) */
+#define SHM_STREAM_FAR 2.0          /* "far costlier": more than this times the way in use */
+#define SHM_STREAM_PART 8           /* a try of a way found far costlier takes 1/8 of the run */
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
 #define SHM_OUT_STREAM_GATHER (16u << 20) /* auto: gathers stream outputs from this many bytes */
@@ -106,80 +114,151 @@ static int store_row(const shm_group_t *sg, const coll_op_t *op)
 static int far_from_other(const shm_store_class_t *k)
 {
     return k->counted[0] >= SHM_STREAM_FAR_SAMPLES && k->counted[1] >= SHM_STREAM_FAR_SAMPLES &&
-           k->ns_per_byte[!k->streaming] > 2 * k->ns_per_byte[k->streaming];
+           k->ns_per_byte[!k->streaming] > SHM_STREAM_FAR * k->ns_per_byte[k->streaming];
 }
 
-/* The wait after a try that found the other way far costlier: SHM_STREAM_EXPLORE_FAR
- * runs after the first such try, twice the last wait after each next one, up to
- * SHM_STREAM_EXPLORE_FAR_MAX runs and to no more runs of the way in use than take
- * SHM_STREAM_FAR_WAIT_NS (but SHM_STREAM_EXPLORE_FAR at least). A long wait costs when
- * the CPUs move close again and the other way has become the cheaper (by 10-30% here):
- * the time cap keeps that to about a second for large collectives, the host moving
- * its CPUs every few seconds. */
-static uint32_t far_wait(const shm_store_class_t *k, const coll_op_t *op)
+/* Whether the way not in use costs more than the way in use (by its last figure). */
+static int other_costlier(const shm_store_class_t *k)
 {
-    uint32_t wait = k->far_wait ? 2 * k->far_wait : SHM_STREAM_EXPLORE_FAR;
+    return k->ns_per_byte[!k->streaming] > k->ns_per_byte[k->streaming];
+}
+
+/* The wait after a try that did not switch, longer after each while the other way stays
+ * costlier: far costlier, SHM_STREAM_EXPLORE_FAR runs after the first such try, twice
+ * the last wait after each next one, up to SHM_STREAM_EXPLORE_FAR_MAX runs; costlier,
+ * from 2 * SHM_STREAM_EXPLORE up to SHM_STREAM_EXPLORE_MILD_MAX; either to no more runs
+ * of the way in use than take SHM_STREAM_WAIT_NS (but the first wait at least); 0 (the
+ * usual SHM_STREAM_EXPLORE) when the other way is no costlier.
+ *
+ * A try of a costlier way costs what it costs more: every 8 runs, a way 1.36x dearer
+ * (streaming for a 64 MiB all-reduce with the CPUs close) took 4.5% of the time, and so
+ * would on any host whose ranks share a cache. A long wait costs when the other way
+ * has become the cheaper without the way in use getting dearer (the CPUs moving close
+ * again while streaming: plain 10-30% cheaper here); the time cap keeps that to about
+ * a second for large collectives, the host moving its CPUs every few seconds. */
+static uint32_t next_wait(const shm_store_class_t *k, const coll_op_t *op)
+{
+    uint32_t first, max;
+    if (far_from_other(k))
+        first = SHM_STREAM_EXPLORE_FAR, max = SHM_STREAM_EXPLORE_FAR_MAX;
+    else if (other_costlier(k))
+        first = 2 * SHM_STREAM_EXPLORE, max = SHM_STREAM_EXPLORE_MILD_MAX;
+    else
+        return 0;
+    uint32_t wait = k->wait ? 2 * k->wait : first;
     double run_ns = k->ns_per_byte[k->streaming] * (double)(op->count * op->elem_size);
-    double most = run_ns > 0 ? SHM_STREAM_FAR_WAIT_NS / run_ns : SHM_STREAM_EXPLORE_FAR_MAX;
-    if (most > SHM_STREAM_EXPLORE_FAR_MAX)
-        most = SHM_STREAM_EXPLORE_FAR_MAX;
-    if (most < SHM_STREAM_EXPLORE_FAR)
-        most = SHM_STREAM_EXPLORE_FAR;
+    double most = run_ns > 0 ? SHM_STREAM_WAIT_NS / run_ns : max;
+    if (most > max)
+        most = max;
+    if (most < first)
+        most = first;
     return wait < most ? wait : (uint32_t)most;
 }
 
-int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op)
+int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part_steps)
 {
+    *part_steps = 0;
     int c = store_class(sg, op);
     if (c < 0 || sg->stores_policy == SHM_STORES_PLAIN)
         return 0;
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
     const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
-    /* The long wait holds while the other way still looks far costlier: should the way
-     * in use get dearer in the meantime, the next try comes SHM_STREAM_EXPLORE runs
-     * after the last, at once if those have passed. */
-    uint64_t every = k->far_wait && far_from_other(k) ? k->far_wait : SHM_STREAM_EXPLORE;
+    /* A long wait holds while the other way still looks far costlier, a shorter one
+     * while it looks costlier: should the way in use get dearer in the meantime, the
+     * next try comes that many (or SHM_STREAM_EXPLORE) runs after the last, at once if
+     * those have passed. */
+    uint64_t every = SHM_STREAM_EXPLORE;
+    if (k->wait && far_from_other(k))
+        every = k->wait;
+    else if (k->wait && other_costlier(k))
+        every = k->wait < SHM_STREAM_EXPLORE_MILD_MAX ? k->wait : SHM_STREAM_EXPLORE_MILD_MAX;
     /* The first try comes early (after one counted run of the way in use): a large
      * collective in the wrong way costs 2-3x here. */
-    int explore = k->runs == SHM_STREAM_FIRST_TRY || k->runs - k->last_try >= every;
-    return explore ? !k->streaming : k->streaming;
+    if (!(k->runs == SHM_STREAM_FIRST_TRY || k->try_whole || k->runs - k->last_try >= every))
+        return k->streaming;
+    /* The last figure of the other way is far costlier: try it on part of the run only.
+     * Such a try cost 2-5 runs' time when whole; a part try tells whether the other way
+     * is still far costlier, and one that finds it not has the next run try it whole. */
+    const double *avg = k->ns_per_byte;
+    if (!k->try_whole && avg[k->streaming] > 0 &&
+        avg[!k->streaming] > SHM_STREAM_FAR * avg[k->streaming]) {
+        uint32_t part = k->last_run_steps / SHM_STREAM_PART;
+        *part_steps = part ? part : 1;
+    }
+    return !k->streaming;
 }
 
-/* The first run of a class is not counted (it pays for first use), and a try of the
- * other way stands alone, since it is seldom tried and an old figure says little about
- * where the CPUs are now. A run's time includes waiting for late peers, so a choice can
- * be wrong for a while; it costs speed only (the steps are the same either way), and
- * the other way is tried again SHM_STREAM_EXPLORE (or far_wait's) runs later. */
+/* The first run of a class is not counted (it pays for first use), and a whole try of
+ * the other way stands alone, since it is seldom tried and an old figure says little
+ * about where the CPUs are now (a part try only lowers the figure, learn_part). A
+ * run's time includes waiting for late peers, so a choice can be wrong for a while; it
+ * costs speed only (the steps are the same either way), and the other way is tried
+ * again SHM_STREAM_EXPLORE (or next_wait's) runs later. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
 }
 
-void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int streamed, int64_t ns)
+/* A part try: the other way's cost per byte, as if it had taken the whole run, from
+ * what the run cost beyond the way in use's figure for the rest. Far costlier still, it
+ * may lower that way's figure and the long waits go on; else the next run tries it
+ * whole (a figure from a part of a run is too rough to switch on).
+ *
+ * It never raises the figure. When the way in use has just become dearer, its own
+ * figure lags behind, and the estimate comes out too high by the lag divided by the
+ * part's share (up to 8 times). Kept, the lower old figure lets the switch come as soon
+ * as the way in use's rising figure passes it. Raised, it held a 1 MiB all-gather in
+ * plain stores at 4x the cost for its whole long wait. */
+static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
+                       double cost)
+{
+    double *avg = k->ns_per_byte;
+    double other = (cost - (1 - share) * avg[k->streaming]) / share;
+    k->last_try = run;
+    if (other > SHM_STREAM_FAR * avg[k->streaming]) {
+        if (other < avg[!k->streaming])
+            avg[!k->streaming] = other;
+        k->counted[!k->streaming]++;
+        k->wait = next_wait(k, op);
+    } else {
+        k->try_whole = 1;
+        k->wait = 0;
+    }
+}
+
+void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way, double share,
+                            uint64_t steps, int64_t ns)
 {
     int c = store_class(sg, op);
     if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
         return;
     shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     uint64_t run = k->runs++;
+    k->last_run_steps = steps < UINT32_MAX ? (uint32_t)steps : UINT32_MAX;
     if (run == 0)
         return;
     double cost = (double)ns / (double)(op->count * op->elem_size);
+    if (share < 1 && first_way != k->streaming) {
+        learn_part(k, op, run, share, cost);
+        return;
+    }
+    int streamed = first_way; /* the whole run */
     double *avg = k->ns_per_byte;
+    k->try_whole = 0;
     avg[streamed] = avg[streamed] > 0 && streamed == k->streaming
                         ? 0.75 * avg[streamed] + 0.25 * cost
                         : cost;
     k->counted[streamed]++;
-    if (streamed != k->streaming) { /* a try: wait longer after each that found it far */
+    if (streamed != k->streaming) { /* a try: wait longer after each that found it dearer */
         k->last_try = run;
-        k->far_wait = far_from_other(k) ? far_wait(k, op) : 0;
+        k->wait = next_wait(k, op);
     }
     if (avg[0] > 0 && avg[1] > 0 && avg[!k->streaming] <= SHM_STREAM_SWITCH * avg[k->streaming]) {
         /* The way left behind was measured as the cheaper: no long wait before trying
          * it again, whatever its figure now says (one late run can switch). */
         k->streaming = !k->streaming;
-        k->far_wait = 0;
+        k->wait = 0;
         FSDP2_LOG(DEBUG, COLL, "group '%s': %s of %zu bytes now %s (%.3f against %.3f ns/byte)",
                   sg->g->name, fsdp2_coll_kind_name(op->kind), op->count * op->elem_size,
                   k->streaming ? "streams its slot stores" : "uses memcpy",

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "../core/check_main.h"
+#include "collectives/shm_internal.h"
+#include "collectives/ucx_internal.h"
 #include "core/env_internal.h"
 #include "ranks.h"
 
@@ -377,22 +379,15 @@ START_TEST(streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_
 }
 END_TEST
 
-/* The fused all-reduce pairs a piece's copies out with the next piece's copy-in only on a
- * rank whose group has a core per rank (what its affinity mask allows when the group is
- * created). Ranks may differ: rank 0 pins itself to one CPU first (so it keeps the
- * phases apart), rank 1 does not (this needs 2 CPUs). The steps are the same either
- * way. (4 Mi + 1) f32 leaves rank 1 nothing in the last piece. */
-static int body_fused_phases_differ(rank_ctx_t *c)
+/* Creates group `name` with rank 0 pinned to one CPU meanwhile: the fused all-reduce
+ * pairs a piece's copies out with the next piece's copy-in only on a rank whose group
+ * has a core per rank (what its affinity mask allows when the group is created), so
+ * rank 0 keeps the phases apart and, given 2 CPUs, rank 1 pairs them. */
+static int create_with_rank0_pinned(rank_ctx_t *c, const char *name, fsdp2_group_t **g)
 {
-    static const size_case_t sizes[] = {
-        {FSDP2_F32, (4u << 20) + 5}, {FSDP2_F32, (4u << 20) + 1}, {FSDP2_BF16, 8u << 20}};
     int fails = 0, cpu = sched_getcpu();
     cpu_set_t all, one;
     fails += RANK_CHECK(c, sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
-    if (c->rank == 1)
-        fails += RANK_CHECK(c, CPU_COUNT(&all) >= 2,
-                            "rank 1 may run on %d CPU: it would not pair its copies",
-                            CPU_COUNT(&all));
     if (c->rank == 0 && !fails) {
         fails += RANK_CHECK(c, cpu >= 0, "sched_getcpu: %d", cpu);
         CPU_ZERO(&one);
@@ -401,10 +396,29 @@ static int body_fused_phases_differ(rank_ctx_t *c)
     }
     fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
     go.timeout_ms = 30000;
-    fsdp2_group_t *g = NULL, *world = c->world;
-    fails += OK(c, fsdp2_group_create(c->store, "fused-phases", c->rank, c->size, &go, &g));
+    fails += OK(c, fsdp2_group_create(c->store, name, c->rank, c->size, &go, g));
     if (c->rank == 0) /* the group keeps the choice it made at creation */
         fails += RANK_CHECK(c, sched_setaffinity(0, sizeof(all), &all) == 0, "unpin");
+    return fails;
+}
+
+/* Ranks may differ in pairing the fused all-reduce's phases (rank 0 pinned when the
+ * group is created, rank 1 not: this needs 2 CPUs). The steps are the same either way.
+ * (4 Mi + 1) f32 leaves rank 1 nothing in the last piece. */
+static int body_fused_phases_differ(rank_ctx_t *c)
+{
+    static const size_case_t sizes[] = {
+        {FSDP2_F32, (4u << 20) + 5}, {FSDP2_F32, (4u << 20) + 1}, {FSDP2_BF16, 8u << 20}};
+    int fails = 0;
+    cpu_set_t all;
+    fails += RANK_CHECK(c, sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
+    if (c->rank == 1)
+        fails += RANK_CHECK(c, CPU_COUNT(&all) >= 2,
+                            "rank 1 may run on %d CPU: it would not pair its copies",
+                            CPU_COUNT(&all));
+    fsdp2_group_t *g = NULL, *world = c->world;
+    if (!fails)
+        fails += create_with_rank0_pinned(c, "fused-phases", &g);
     c->world = g;
     for (int i = 0; i < 2 && !fails; i++) {
         if (c->rank == 1 && i == 1)
@@ -420,6 +434,117 @@ static int body_fused_phases_differ(rank_ctx_t *c)
 START_TEST(fused_all_reduce_ranks_may_pair_its_phases_or_not)
 {
     passes_on_ranks(2, 2, body_fused_phases_differ);
+}
+END_TEST
+
+/* ---- auto stores: a part try changes way inside a collective ---- */
+
+#define ARMED_RUNS 100
+
+/* How arm_part_tries sets the classes up: the steps of their last run (the part is an
+ * eighth: 1 or 3 steps) and the way in use's made-up figure, the other way's 10 times
+ * that. Far above any real run's cost, the part's estimate comes out far below and the
+ * next run must try whole; far below, the estimate is far costlier still and must
+ * leave the figure as it was (never raised) and the long wait going. */
+typedef struct part_arming {
+    uint32_t last_run_steps;
+    double in_use_ns_per_byte;
+    int far; /* the estimate comes out far costlier */
+} part_arming_t;
+
+static const part_arming_t armings[] = {{8, 1e3, 0}, {24, 1e-6, 1}};
+
+/* Every kind and size class of sg set up so that its next run is a part try of a way
+ * whose last figure is 10x the way in use's (rank 0 streams first, the others write
+ * plainly first). */
+static void arm_part_tries(shm_group_t *sg, int rank, const part_arming_t *a)
+{
+    for (int row = 0; row < SHM_STORE_ROWS; row++)
+        for (int c = 0; c < SHM_STORE_CLASSES; c++) {
+            int in_use = rank != 0;
+            sg->stores[row][c] = (shm_store_class_t){
+                .streaming = in_use, .runs = ARMED_RUNS, .last_try = 0,
+                .last_run_steps = a->last_run_steps, .counted = {5, 5}};
+            sg->stores[row][c].ns_per_byte[in_use] = a->in_use_ns_per_byte;
+            sg->stores[row][c].ns_per_byte[!in_use] = 10 * a->in_use_ns_per_byte;
+        }
+}
+
+/* The collectives that ran since arm_part_tries each made a part try that ended before
+ * this rank's last post (learn_part ran, not a whole try's learning): within 2x, a
+ * whole try is due; far costlier, the figure is the same and the long wait began. */
+static int part_tries_ran(rank_ctx_t *c, const shm_group_t *sg, const part_arming_t *a,
+                          const char *what)
+{
+    int ran = 0, fails = 0, in_use = c->rank != 0;
+    for (int row = 0; row < SHM_STORE_ROWS; row++)
+        for (int k = 0; k < SHM_STORE_CLASSES; k++) {
+            const shm_store_class_t *s = &sg->stores[row][k];
+            if (s->runs == ARMED_RUNS)
+                continue;
+            ran++;
+            int learnt_part = a->far ? !s->try_whole && s->wait > 0 &&
+                                           s->counted[!in_use] == 6 && s->counted[in_use] == 5 &&
+                                           s->ns_per_byte[!in_use] == 10 * a->in_use_ns_per_byte
+                                     : s->try_whole && s->counted[!in_use] == 5;
+            fails += RANK_CHECK(c, s->runs == ARMED_RUNS + 1 && s->last_try == ARMED_RUNS &&
+                                       s->streaming == in_use && learnt_part,
+                                "%s (%u steps): row %d class %d: runs %llu, try_whole %d, far "
+                                "wait %u, counted %u/%u, steps %u",
+                                what, a->last_run_steps, row, k, (unsigned long long)s->runs,
+                                s->try_whole, s->wait, s->counted[0], s->counted[1],
+                                s->last_run_steps);
+        }
+    return fails + RANK_CHECK(c, ran > 0, "%s: no part try ran", what);
+}
+
+static int body_part_tries(rank_ctx_t *c)
+{
+    int fails = 0;
+    setenv("FSDP2_SHM_STREAM_STORES", "auto", 1);
+    fails += OK(c, fsdp2_env_reload());
+    fsdp2_group_t *g = NULL, *world = c->world;
+    /* rank 0 keeps the fused all-reduce's phases apart, rank 1 pairs them (2 CPUs) */
+    fails += create_with_rank0_pinned(c, "part-tries", &g);
+    shm_group_t *sg = g ? ((ucx_group_t *)g->backend)->shm : NULL;
+    fails += RANK_CHECK(c, sg != NULL, "the group is not on shared memory");
+    c->world = g;
+    /* (in a broadcast only the root writes slots; the others do not learn) */
+#define PART_TRY(writes, call)                                                              \
+    do {                                                                                    \
+        if (!fails) {                                                                       \
+            arm_part_tries(sg, c->rank, a);                                                 \
+            fails += (call);                                                                \
+            fails += fails || !(writes) ? 0 : part_tries_ran(c, sg, a, #call);              \
+        }                                                                                   \
+    } while (0)
+    for (size_t m = 0; m < COUNT(armings) && !fails; m++) {
+        const part_arming_t *a = &armings[m];
+        /* (each posts at least 4 steps: a part of 3 ends before the last) */
+        PART_TRY(1, check_all_gather(c, FSDP2_F32, SLOT + 1));
+        PART_TRY(1, check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5));
+        PART_TRY(1, check_reduce_scatter(c, FSDP2_F32, 5 * SLOT / 4 + 3)); /* and in place */
+        PART_TRY(1, check_reduce_scatter(c, FSDP2_BF16, (8u << 20) + 3));
+        PART_TRY(1, check_all_reduce(c, FSDP2_F64, SLOT + 3));
+        PART_TRY(1, check_all_reduce(c, FSDP2_F32, (4u << 20) + 5)); /* fused */
+        PART_TRY(1, check_all_gather_pieces(c));
+        PART_TRY(c->rank == c->size - 1, check_broadcast(c, FSDP2_F64, SLOT / 2 + 7));
+    }
+#undef PART_TRY
+    c->world = world;
+    fsdp2_group_destroy(g);
+    unsetenv("FSDP2_SHM_STREAM_STORES");
+    fails += OK(c, fsdp2_env_reload());
+    return fails;
+}
+
+START_TEST(a_part_try_changes_the_way_of_stores_inside_a_collective_on_2_and_3_ranks)
+{
+#if defined(__SSE2__)
+    passes_on_ranks(2, 3, body_part_tries);
+#else
+    (void)body_part_tries; /* no streaming stores: auto never tries them */
+#endif
 }
 END_TEST
 
@@ -603,6 +728,7 @@ static Suite *shm_suite(void)
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
     tcase_add_test(ok, streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks);
     tcase_add_test(ok, fused_all_reduce_ranks_may_pair_its_phases_or_not);
+    tcase_add_test(ok, a_part_try_changes_the_way_of_stores_inside_a_collective_on_2_and_3_ranks);
     suite_add_tcase(s, ok);
     TCase *bad = tcase_create("failures");
     tcase_set_timeout(bad, 300);

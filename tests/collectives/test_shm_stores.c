@@ -10,6 +10,7 @@
 #include "collectives/shm_internal.h"
 
 #define BYTES (16u << 20)
+#define STEPS 64 /* a run's steps: a part try takes 8 */
 #define MAX_TRIES 64
 
 typedef struct learner {
@@ -19,6 +20,7 @@ typedef struct learner {
     double ns_scale; /* costs are cost[way] * ns_scale ns per byte */
     /* runs that tried the way not in use, in order */
     uint64_t tried[MAX_TRIES];
+    uint64_t part[MAX_TRIES]; /* and the steps each tried it for (0: the whole run) */
     int n_tried;
 } learner_t;
 
@@ -43,15 +45,22 @@ static int in_use(const learner_t *l)
     return l->sg.stores[COLL_ALL_GATHER][CLASS].streaming;
 }
 
-/* One collective costing cost[way] (times ns_scale) ns per byte, times slow; a try is
- * recorded. */
+/* One collective of STEPS steps costing cost[way] (times ns_scale) ns per byte, times
+ * slow; a part try costs its share of each way. A try is recorded, with its part. */
 static void run_once(learner_t *l, uint64_t run, const double cost[2], double slow)
 {
-    int way = fsdp2_shm_stores_choose(&l->sg, &l->op);
-    if (way != in_use(l) && l->n_tried < MAX_TRIES)
+    uint64_t part = 0;
+    int way = fsdp2_shm_stores_choose(&l->sg, &l->op, &part);
+    if (way != in_use(l) && l->n_tried < MAX_TRIES) {
+        l->part[l->n_tried] = part;
         l->tried[l->n_tried++] = run;
-    fsdp2_shm_stores_learn(&l->sg, &l->op, way,
-                           (int64_t)(slow * cost[way] * l->ns_scale * BYTES));
+    } else {
+        ck_assert_uint_eq(part, 0); /* only tries have parts */
+    }
+    double share = part ? (double)part / STEPS : 1;
+    double per_byte = share * cost[way] + (1 - share) * cost[!way];
+    fsdp2_shm_stores_learn(&l->sg, &l->op, way, share, STEPS,
+                           (int64_t)(slow * per_byte * l->ns_scale * BYTES));
 }
 
 static void assert_tries(const learner_t *l, const uint64_t *want, int n, int exact)
@@ -66,6 +75,16 @@ static void assert_tries(const learner_t *l, const uint64_t *want, int n, int ex
 }
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* The first n tries took part[i] steps each (0: the whole run). */
+static void assert_parts(const learner_t *l, const uint64_t *part, int n)
+{
+    ck_assert_int_ge(l->n_tried, n);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(l->part[i] == part[i], "try %d at run %llu took %llu steps, want %llu", i,
+                      (unsigned long long)l->tried[i], (unsigned long long)l->part[i],
+                      (unsigned long long)part[i]);
+}
 
 /* `runs` collectives at fixed costs (cost[way] * ns_scale ns per byte): the way in use
  * at the end must be `way`, and the tries exactly want[0..n). */
@@ -83,27 +102,47 @@ static void check_steady(double ns_scale, const double cost[2], uint64_t runs, i
 
 #if defined(__SSE2__)
 /* Far CPUs: plain stores cost 4x streaming. The first try (run 2) switches to
- * streaming; after the try that has seen plain twice, the waits double from 32 to 256. */
+ * streaming; after the try that has seen plain twice, the waits double from 32 to 256.
+ * Every try after the switch takes 1/8 of its run, and what it costs beyond streaming's
+ * figure puts plain's at 4x again. */
 START_TEST(tries_of_a_far_costlier_way_back_off_to_one_in_256)
 {
     const double cost[2] = {4.0, 1.0};
     const uint64_t want[] = {2, 10, 42, 106, 234, 490, 746, 1002};
     check_steady(1e-3, cost, 1100, 1, want, COUNT(want));
+    learner_t l;
+    learner_init(&l);
+    for (uint64_t run = 0; run < 1100; run++)
+        run_once(&l, run, cost, 1.0);
+    const uint64_t part[] = {0, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8};
+    assert_parts(&l, part, COUNT(part));
+    const shm_store_class_t *k = &l.sg.stores[COLL_ALL_GATHER][CLASS];
+    /* (within what whole ns of a run, times 8, allow) */
+    ck_assert_double_eq_tol(k->ns_per_byte[0], 4.0 * l.ns_scale, 1e-3 * l.ns_scale);
+    ck_assert_double_eq_tol(k->ns_per_byte[1], 1.0 * l.ns_scale, 1e-3 * l.ns_scale);
 }
 END_TEST
 
 /* Near CPUs: streaming costs 1.3x plain, less than twice: plain stays, and the other
- * way is tried every 8 runs. */
-START_TEST(a_mildly_costlier_way_is_tried_every_8_runs)
+ * way is tried whole after waits that double from 16 runs to 64. */
+START_TEST(a_mildly_costlier_way_is_tried_after_waits_growing_to_64_runs)
 {
     const double cost[2] = {1.0, 1.3};
-    const uint64_t want[] = {2, 10, 18, 26, 34, 42, 50, 58};
-    check_steady(1e-3, cost, 60, 0, want, COUNT(want));
+    const uint64_t want[] = {2, 18, 50, 114, 178, 242};
+    check_steady(1e-3, cost, 250, 0, want, COUNT(want));
+    learner_t l;
+    learner_init(&l);
+    for (uint64_t run = 0; run < 250; run++)
+        run_once(&l, run, cost, 1.0);
+    const uint64_t part[] = {0, 0, 0, 0, 0, 0};
+    assert_parts(&l, part, COUNT(part));
 }
 END_TEST
 
 /* The CPUs move close after the waits reached 256: the next try (at most 256 runs
- * later) finds plain cheaper and switches back, and the waits start over at 8. */
+ * later, on 1/8 of its run) finds plain no longer far costlier, the run after tries it
+ * whole and switches back (a part never switches), and the waits start over at 8 and
+ * grow again, streaming being costlier. */
 START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over)
 {
     learner_t l;
@@ -111,21 +150,25 @@ START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_ov
     const double far[2] = {4.0, 1.0}, near[2] = {1.0, 1.3};
     for (uint64_t run = 0; run < 1100; run++) {
         run_once(&l, run, run < 600 ? far : near, 1.0);
-        if (run == 745)
+        if (run == 746) /* the first try after the move, a part: no switch */
             ck_assert_int_eq(in_use(&l), 1);
-        if (run == 746) /* the first try after the move: plain is cheaper again */
+        if (run == 747) /* the whole try: plain is cheaper again */
             ck_assert_int_eq(in_use(&l), 0);
     }
     ck_assert_int_eq(in_use(&l), 0);
-    /* far: 2, 10, 42, 106, 234, 490; the move at 600; 746 switches back to plain; then
-     * streaming (1.3x) is tried every 8 runs */
-    const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 754, 762};
+    /* far: 2, 10, 42, 106, 234, 490; the move at 600; 746 (a part) and 747 switch back
+     * to plain; then streaming (1.3x) is tried whole after 8, 16, 32, then 64 runs */
+    const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 747, 755, 771, 803, 867, 931};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0};
     assert_tries(&l, head, COUNT(head), 0);
+    assert_parts(&l, part, COUNT(part));
 }
 END_TEST
 
 /* One late run of the other way (a peer arrived late) must not start the long waits:
- * the far wait needs two counted runs of each way. */
+ * the far wait needs two counted runs of each way (the wait after it is 16, streaming
+ * looking costlier). Its figure makes the next try a part, which finds streaming within
+ * 2x, so the run after tries it whole, and the waits grow from 16 again. */
 START_TEST(one_slow_try_does_not_start_the_long_waits)
 {
     learner_t l;
@@ -133,8 +176,10 @@ START_TEST(one_slow_try_does_not_start_the_long_waits)
     const double cost[2] = {1.0, 1.3};
     for (uint64_t run = 0; run < 40; run++)
         run_once(&l, run, cost, run == 2 ? 10.0 : 1.0); /* the first try ran 10x slow */
-    const uint64_t want[] = {2, 10, 18, 26, 34};
+    const uint64_t want[] = {2, 18, 19, 35};
+    const uint64_t part[] = {0, 8, 0, 0};
     assert_tries(&l, want, COUNT(want), 1);
+    assert_parts(&l, part, COUNT(part));
 }
 END_TEST
 
@@ -149,8 +194,8 @@ START_TEST(the_waits_stop_at_about_a_second_of_runs)
 END_TEST
 
 /* The other way stops being far costlier without a switch (plain goes from 4x to 1.5x
- * streaming's cost): the long wait runs out, the try that sees 1.5x brings the tries
- * back to every 8 runs. */
+ * streaming's cost): the long wait runs out, the part try that sees 1.5x has the next
+ * run try plain whole, and that brings the wait back to 16 runs. */
 START_TEST(a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait)
 {
     learner_t l;
@@ -159,8 +204,9 @@ START_TEST(a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wa
     for (uint64_t run = 0; run < 520; run++)
         run_once(&l, run, run < 300 ? far : nearer, 1.0);
     ck_assert_int_eq(in_use(&l), 1);
-    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 498, 506, 514};
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 491, 507};
     assert_tries(&l, want, COUNT(want), 1);
+    ck_assert_uint_eq(l.part[6], 0);
 }
 END_TEST
 
@@ -175,8 +221,8 @@ END_TEST
 
 /* One run of the way in use 40x late (a descheduled peer) switches to the far costlier
  * way; that must not hold it there for the long wait: the way left behind is tried
- * again at once (8 runs after the last try have passed), switches back, and the waits
- * start over. */
+ * again at once (8 runs after the last try have passed; on a part, its figure being the
+ * late run's), whole on the run after, switches back, and the waits start over. */
 START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
 {
     learner_t l;
@@ -188,8 +234,36 @@ START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
             ck_assert_int_eq(in_use(&l), 0); /* switched on the late run */
     }
     ck_assert_int_eq(in_use(&l), 1);
-    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 501, 509, 541};
+    const uint64_t want[] = {2, 10, 42, 106, 234, 490, 501, 502, 510, 542};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 8, 8};
     assert_tries(&l, want, COUNT(want), 1);
+    assert_parts(&l, part, COUNT(part));
+}
+END_TEST
+
+/* Plain in use, streaming 3x dearer (part tries), when the CPUs move far apart at
+ * run 498, a part try: plain is 4x what it was, streaming a quarter of plain. The way in
+ * use's figure still says 1, so the part's estimate of streaming comes out at 22; it
+ * must not replace the figure of 3, which plain's rising figure passes within a few
+ * runs: the switch comes then, not at the next long wait's end (run 754). */
+START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it)
+{
+    learner_t l;
+    learner_init(&l);
+    const double near[2] = {1.0, 3.0}, far[2] = {4.0, 1.0};
+    int switched_at = -1;
+    for (uint64_t run = 0; run < 520; run++) {
+        run_once(&l, run, run < 498 ? near : far, 1.0);
+        if (switched_at < 0 && in_use(&l) == 1)
+            switched_at = (int)run;
+    }
+    /* then plain is tried whole 8 runs after the last try (streaming's figure still high) */
+    const uint64_t want[] = {2, 18, 50, 114, 242, 498, 506};
+    const uint64_t part[] = {0, 8, 8, 8, 8, 8, 0};
+    assert_tries(&l, want, COUNT(want), 1);
+    assert_parts(&l, part, COUNT(part));
+    /* plain's figure after k runs at 4: 4 - 3 * 0.75^k, past 3 / 0.9 at k = 6 */
+    ck_assert_int_eq(switched_at, 504);
 }
 END_TEST
 
@@ -199,6 +273,10 @@ START_TEST(without_sse2_auto_always_writes_plainly)
 {
     const double cost[2] = {4.0, 1.0};
     check_steady(1e-3, cost, 100, 0, NULL, 0);
+    learner_t l;
+    learner_init(&l);
+    run_once(&l, 0, cost, 1.0);
+    assert_parts(&l, NULL, 0);
 }
 END_TEST
 #endif
@@ -211,13 +289,14 @@ static Suite *suite(void)
     tcase_add_test(t, without_sse2_auto_always_writes_plainly);
 #else
     tcase_add_test(t, tries_of_a_far_costlier_way_back_off_to_one_in_256);
-    tcase_add_test(t, a_mildly_costlier_way_is_tried_every_8_runs);
+    tcase_add_test(t, a_mildly_costlier_way_is_tried_after_waits_growing_to_64_runs);
     tcase_add_test(t, after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_over);
     tcase_add_test(t, one_slow_try_does_not_start_the_long_waits);
     tcase_add_test(t, the_waits_stop_at_about_a_second_of_runs);
     tcase_add_test(t, a_try_that_finds_the_other_way_no_longer_far_brings_back_the_short_wait);
     tcase_add_test(t, the_long_wait_is_32_runs_at_least);
     tcase_add_test(t, a_switch_on_one_late_run_does_not_keep_the_long_wait);
+    tcase_add_test(t, a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it);
 #endif
     suite_add_tcase(s, t);
     return s;
