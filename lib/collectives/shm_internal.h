@@ -19,9 +19,11 @@
 #define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
 #define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
 /* Rows of a group's store choices: one per kind that moves bytes (a barrier moves none),
- * and one for in-place reduce-scatters, whose outputs are written differently. */
+ * and one each for in-place reduce-scatters and all-gathers, whose outputs are written
+ * differently. */
 #define SHM_ROW_IN_PLACE_RS COLL_BARRIER
-#define SHM_STORE_ROWS (SHM_ROW_IN_PLACE_RS + 1)
+#define SHM_ROW_IN_PLACE_AG (SHM_ROW_IN_PLACE_RS + 1)
+#define SHM_STORE_ROWS (SHM_ROW_IN_PLACE_AG + 1)
 #define SHM_MAGIC 0x66736470326d6873ull
 #define LINE 64
 #define PAGE 4096

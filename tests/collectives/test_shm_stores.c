@@ -40,9 +40,11 @@ static void learner_init(learner_t *l)
 /* 16 MiB from 16 KiB in steps of x4: the schedule's size class 5 */
 #define CLASS 5
 
+/* The way in use of the class the learner's op falls in (in place: rank 0's block). */
 static int in_use(const learner_t *l)
 {
-    return l->sg.stores[COLL_ALL_GATHER][CLASS].streaming;
+    int row = l->op.recv && l->op.send == l->op.recv ? SHM_ROW_IN_PLACE_AG : COLL_ALL_GATHER;
+    return l->sg.stores[row][CLASS].streaming;
 }
 
 /* One collective of STEPS steps costing cost[way] (times ns_scale) ns per byte, times
@@ -267,6 +269,30 @@ START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_i
 }
 END_TEST
 
+/* An in-place all-gather learns in a row of its own: its runs, far cheaper plain here,
+ * leave the out-of-place all-gathers' class as it was (streaming, plain 4x dearer). */
+START_TEST(in_place_all_gathers_learn_apart_from_out_of_place_ones)
+{
+    learner_t l;
+    learner_init(&l);
+    const double far[2] = {4.0, 1.0}, near[2] = {1.0, 3.0};
+    for (uint64_t run = 0; run < 20; run++)
+        run_once(&l, run, far, 1.0);
+    static char out[2 * BYTES];
+    l.op.recv = out;
+    l.op.send = out; /* rank 0's block of the output */
+    for (uint64_t run = 0; run < 20; run++)
+        run_once(&l, run, near, 1.0);
+    const shm_store_class_t *oop = &l.sg.stores[COLL_ALL_GATHER][CLASS];
+    const shm_store_class_t *inp = &l.sg.stores[SHM_ROW_IN_PLACE_AG][CLASS];
+    ck_assert_int_eq(oop->runs, 20);
+    ck_assert_int_eq(oop->streaming, 1);
+    ck_assert_int_eq(inp->runs, 20);
+    ck_assert_int_eq(inp->streaming, 0);
+    ck_assert_double_eq_tol(inp->ns_per_byte[0], 1.0 * l.ns_scale, 1e-3 * l.ns_scale);
+}
+END_TEST
+
 #else
 /* Without SSE2 there are no non-temporal stores: auto writes plainly, and learns nothing. */
 START_TEST(without_sse2_auto_always_writes_plainly)
@@ -297,6 +323,7 @@ static Suite *suite(void)
     tcase_add_test(t, the_long_wait_is_32_runs_at_least);
     tcase_add_test(t, a_switch_on_one_late_run_does_not_keep_the_long_wait);
     tcase_add_test(t, a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_it);
+    tcase_add_test(t, in_place_all_gathers_learn_apart_from_out_of_place_ones);
 #endif
     suite_add_tcase(s, t);
     return s;
