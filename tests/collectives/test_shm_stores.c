@@ -88,6 +88,14 @@ static void assert_parts(const learner_t *l, const uint64_t *part, int n)
                       (unsigned long long)part[i]);
 }
 
+/* The tries exactly (exact) or at least want[0..n), each taking part[i] steps. */
+static void assert_schedule(const learner_t *l, const uint64_t *want, const uint64_t *part, int n,
+                            int exact)
+{
+    assert_tries(l, want, n, exact);
+    assert_parts(l, part, n);
+}
+
 /* `runs` collectives at fixed costs (cost[way] * ns_scale ns per byte): the way in use
  * at the end must be `way`, and the tries exactly want[0..n). */
 static void check_steady(double ns_scale, const double cost[2], uint64_t runs, int way,
@@ -162,8 +170,7 @@ START_TEST(after_the_cpus_move_the_next_try_switches_back_and_the_waits_start_ov
      * to plain; then streaming (1.3x) is tried whole after 8, 16, 32, then 64 runs */
     const uint64_t head[] = {2, 10, 42, 106, 234, 490, 746, 747, 755, 771, 803, 867, 931};
     const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0};
-    assert_tries(&l, head, COUNT(head), 0);
-    assert_parts(&l, part, COUNT(part));
+    assert_schedule(&l, head, part, COUNT(head), 0);
 }
 END_TEST
 
@@ -180,8 +187,7 @@ START_TEST(one_slow_try_does_not_start_the_long_waits)
         run_once(&l, run, cost, run == 2 ? 10.0 : 1.0); /* the first try ran 10x slow */
     const uint64_t want[] = {2, 18, 19, 35};
     const uint64_t part[] = {0, 8, 0, 0};
-    assert_tries(&l, want, COUNT(want), 1);
-    assert_parts(&l, part, COUNT(part));
+    assert_schedule(&l, want, part, COUNT(want), 1);
 }
 END_TEST
 
@@ -238,8 +244,7 @@ START_TEST(a_switch_on_one_late_run_does_not_keep_the_long_wait)
     ck_assert_int_eq(in_use(&l), 1);
     const uint64_t want[] = {2, 10, 42, 106, 234, 490, 501, 502, 510, 542};
     const uint64_t part[] = {0, 8, 8, 8, 8, 8, 8, 0, 8, 8};
-    assert_tries(&l, want, COUNT(want), 1);
-    assert_parts(&l, part, COUNT(part));
+    assert_schedule(&l, want, part, COUNT(want), 1);
 }
 END_TEST
 
@@ -262,8 +267,7 @@ START_TEST(a_part_try_as_the_way_in_use_gets_dearer_does_not_hold_the_class_in_i
     /* then plain is tried whole 8 runs after the last try (streaming's figure still high) */
     const uint64_t want[] = {2, 18, 50, 114, 242, 498, 506};
     const uint64_t part[] = {0, 8, 8, 8, 8, 8, 0};
-    assert_tries(&l, want, COUNT(want), 1);
-    assert_parts(&l, part, COUNT(part));
+    assert_schedule(&l, want, part, COUNT(want), 1);
     /* plain's figure after k runs at 4: 4 - 3 * 0.75^k, past 3 / 0.9 at k = 6 */
     ck_assert_int_eq(switched_at, 504);
 }
@@ -302,7 +306,7 @@ START_TEST(without_sse2_auto_always_writes_plainly)
     learner_t l;
     learner_init(&l);
     run_once(&l, 0, cost, 1.0);
-    assert_parts(&l, NULL, 0);
+    assert_schedule(&l, NULL, NULL, 0, 1);
 }
 END_TEST
 #endif
