@@ -16,11 +16,11 @@ typedef struct run {
     int me, n;
     uint64_t next; /* the step number the collective uses next */
     int streaming; /* this rank writes its slots with non-temporal stores */
+    int out_streaming; /* and its output (fsdp2_shm_out_copy) */
     int fence_posts; /* set whenever streaming is: each post fences (streaming may change) */
     uint64_t posts;      /* steps this rank has posted in this collective */
     uint64_t part_steps; /* a part try: the way changes after this many posts (0: none) */
     uint64_t part_posts; /* the posts before it changed (0: it did not) */
-    int out_streaming; /* and its output (fsdp2_shm_out_copy) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
 } run_t;
