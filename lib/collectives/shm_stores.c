@@ -11,22 +11,22 @@
  * bytes go past the writer's caches to memory, which cost the all-gather 12-20% when
  * the CPUs were close and was 2-3.6x faster when they were far
  * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
- * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size
- * class, tries the other way on its SHM_STREAM_FIRST_TRY-th run and then every
- * SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the other way
- * more than twice as costly the wait is longer (next_wait): such a try costs 2-5 runs'
- * time, and one in 32 made large all-reduces 10% slower than the better way alone
- * (after a try that found it costlier at all the wait grows too, to 64 runs). And
+ * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size class,
+ * tries the other way on its third run (SHM_STREAM_FIRST_TRY counts from 0) and then
+ * every SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the
+ * other way more than twice as costly the wait is longer (next_wait): such a try costs
+ * 2-5 runs' time, and one in 32 made large all-reduces 10% slower than the better way
+ * alone (after a try that found it costlier at all the wait grows too, to 64 runs). And
  * such a try writes only the first eighth of the steps (at least one) the other way (a
  * part try; fsdp2_shm_post changes the way after them): a 64 MiB all-reduce's try of
- * plain stores went from 33 ms to 10 (6.4 the usual way) while the CPUs were far.
- * Only the writer's stores change, never the steps, so ranks may choose differently.
+ * plain stores went from 33 ms to 10 (6.4 the usual way) while the CPUs were far. Only
+ * the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
  * each from memory (read for ownership): past the cache that is a third of the traffic.
- * A reduce-scatter's results are the same (shm.c reduces them into an L1 block and
- * streams that). FSDP2_SHM_STREAM_OUTPUT=auto streams the outputs too large to stay
- * cached. */
+ * A reduce-scatter's results are the same (shm_reduce.c's reduce_out reduces them into
+ * an L1 block and streams that). FSDP2_SHM_STREAM_OUTPUT=auto streams the outputs too
+ * large to stay cached. */
 #include <string.h>
 
 #if defined(__SSE2__)
@@ -37,15 +37,19 @@
 #include "core/log_internal.h"
 
 #define SHM_STREAM_MIN (16u << 10)  /* collectives from this many bytes may stream stores */
-#define SHM_STREAM_FIRST_TRY 2      /* auto: the run that first tries the other way */
-#define SHM_STREAM_EXPLORE 8        /* auto: then runs between tries, */
-#define SHM_STREAM_EXPLORE_MILD_MAX 64 /* or while the other way costs more, from twice that */
-                                    /* doubling with each try up to this many, */
-#define SHM_STREAM_EXPLORE_FAR 32   /* or while the other way costs more than twice as much, */
-#define SHM_STREAM_EXPLORE_FAR_MAX 256 /* doubling with each such try up to this many, */
-#define SHM_STREAM_WAIT_NS 1e9      /* or up to about this long in runs of the way in use */
-#define SHM_STREAM_FAR_SAMPLES 2    /* (once each way has this many counted runs) */
-#define SHM_STREAM_FAR 2.0          /* "far costlier": more than this times the way in use */
+#define SHM_STREAM_FIRST_TRY 2      /* auto: the run (from 0) that first tries the other way */
+#define SHM_STREAM_EXPLORE 8        /* auto: then runs between tries */
+/* While the other way costs more, the wait starts at 2 * SHM_STREAM_EXPLORE and doubles
+ * with each try up to SHM_STREAM_EXPLORE_MILD_MAX runs; while it costs more than
+ * SHM_STREAM_FAR times as much (with SHM_STREAM_FAR_SAMPLES counted runs of each way),
+ * from SHM_STREAM_EXPLORE_FAR up to SHM_STREAM_EXPLORE_FAR_MAX; either way no longer
+ * than about SHM_STREAM_WAIT_NS of runs of the way in use (next_wait). */
+#define SHM_STREAM_EXPLORE_MILD_MAX 64
+#define SHM_STREAM_EXPLORE_FAR 32
+#define SHM_STREAM_EXPLORE_FAR_MAX 256
+#define SHM_STREAM_WAIT_NS 1e9
+#define SHM_STREAM_FAR_SAMPLES 2
+#define SHM_STREAM_FAR 2.0
 #define SHM_STREAM_PART 8           /* a try of a way found far costlier takes 1/8 of the run */
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
@@ -196,12 +200,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
     return !k->streaming;
 }
 
-/* The first run of a class is not counted (it pays for first use), and a whole try of
- * the other way stands alone, since it is seldom tried and an old figure says little
- * about where the CPUs are now (a part try only lowers the figure, learn_part). A
- * run's time includes waiting for late peers, so a choice can be wrong for a while; it
- * costs speed only (the steps are the same either way), and the other way is tried
- * again SHM_STREAM_EXPLORE (or next_wait's) runs later. */
+/* Whether op's run is timed for fsdp2_shm_stores_learn. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
     return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
@@ -214,9 +213,10 @@ int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
  *
  * It never raises the figure. When the way in use has just become dearer, its own
  * figure lags behind, and the estimate comes out too high by the lag divided by the
- * part's share (up to 8 times). Kept, the lower old figure lets the switch come as soon
- * as the way in use's rising figure passes it. Raised, it held a 1 MiB all-gather in
- * plain stores at 4x the cost for its whole long wait. */
+ * part's share of the run's steps (about 1/8, but the steps of the class's last run may
+ * differ from this one's up to 4x). Kept, the lower old figure lets the switch come as
+ * soon as the way in use's rising figure passes it. Raised, it held a 1 MiB all-gather
+ * in plain stores at 4x the cost for its whole long wait. */
 static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
                        double cost)
 {
@@ -234,6 +234,12 @@ static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, 
     }
 }
 
+/* The first run of a class is not counted (it pays for first use), and a whole try of
+ * the other way stands alone, since it is seldom tried and an old figure says little
+ * about where the CPUs are now (a part try only lowers the figure, learn_part). A
+ * run's time includes waiting for late peers, so a choice can be wrong for a while; it
+ * costs speed only (the steps are the same either way), and the other way is tried
+ * again SHM_STREAM_EXPLORE (or next_wait's) runs later. */
 void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way, double share,
                             uint64_t steps, int64_t ns)
 {
@@ -274,13 +280,13 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way,
 }
 
 /* A gather writes output lines it never read: streaming the output made 16-256 MiB
- * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between
- * calls, were faster plain. An all-reduce writes over lines it read moments before,
- * cached up to about the L3's size, so auto streams it only from SHM_OUT_STREAM_REDUCE.
- * A reduce-scatter's results stream from SHM_OUT_STREAM_GATHER (shm.c reduces them
- * into an L1 block first), except in place: there each result line was read a moment
- * before and is still cached, and streaming it made 64-256 MiB reduce-scatters at
- * 2 ranks 1.3-1.6x slower. */
+ * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between calls,
+ * were faster plain. An all-reduce writes over lines it read moments before, cached up
+ * to about the L3's size, so auto streams it only from SHM_OUT_STREAM_REDUCE. A
+ * reduce-scatter's results stream from SHM_OUT_STREAM_GATHER (shm_reduce.c's reduce_out
+ * reduces them into an L1 block first), except in place: there each result line was
+ * read a moment before and is still cached, and streaming it made 64-256 MiB
+ * reduce-scatters at 2 ranks 1.3-1.6x slower. */
 int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
 {
 #if defined(__SSE2__)
