@@ -109,6 +109,13 @@ static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const voi
     }
 }
 
+/* Elements of es bytes per peer in one step's slot of a reduction over n ranks: a writer's
+ * slot holds one piece for each peer, each a whole number of cache lines. */
+static size_t piece_elements(int n, size_t es)
+{
+    return SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es;
+}
+
 /* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
  * to out. In each step a writer's slot holds one piece for each peer, in the order of
  * the peers after it. */
@@ -117,7 +124,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
 {
     int n = x->n, me = x->me;
     size_t es = op->elem_size;
-    size_t piece = SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es; /* elements per peer */
+    size_t piece = piece_elements(n, es);
     size_t most = 0, mine = hi[me] - lo[me];
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
@@ -284,7 +291,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
 {
     int n = x->n, pair = x->sg->core_per_rank;
     size_t es = op->elem_size, most = 0;
-    fused_t f = {op, op->recv, lo, hi, SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es, es};
+    fused_t f = {op, op->recv, lo, hi, piece_elements(n, es), es};
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
     if (!most) /* no steps (the fused path starts at 16 MiB, so never) */
