@@ -265,7 +265,6 @@ static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int p
     }
 }
 
-/* This rank's slot for step t, once every reader has finished with its previous use. */
 fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot)
 {
     for (int k = 1; k < x->n && t >= SHM_SLOTS; k++) {
@@ -296,8 +295,6 @@ fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char *
     return FSDP2_SUCCESS;
 }
 
-/* Every peer's slot of step t is free as far as this rank is concerned (read, or never
- * needed: a reader may mark a step it skips before the writer has even posted it). */
 void fsdp2_shm_finish_step(run_t *x, uint64_t t)
 {
     for (int k = 1; k < x->n; k++)

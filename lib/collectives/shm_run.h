@@ -48,7 +48,8 @@ fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot);
 void fsdp2_shm_post(run_t *x, uint64_t t);
 /* Rank r's slot of step t, once r has posted it. */
 fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot);
-/* Every peer's slot of step t is free as far as this rank is concerned. */
+/* Every peer's slot of step t is free as far as this rank is concerned: read, or never
+ * needed (a reader may mark a step it skips before the writer has posted it). */
 void fsdp2_shm_finish_step(run_t *x, uint64_t t);
 /* Rank r's len[r] bytes reach sinks[r] on every other rank (and this rank's own sink
  * when own is set), from mine on this rank. */
