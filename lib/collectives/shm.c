@@ -115,9 +115,9 @@ static void advanced(run_t *x)
         pay_wake(x);
 }
 
-static counter_t *head_of(const run_t *x, int r) { return &x->sg->lines[r].head; }
+static shm_counter_t *head_of(const run_t *x, int r) { return &x->sg->lines[r].head; }
 
-static counter_t *done_of(const run_t *x, int reader, int writer)
+static shm_counter_t *done_of(const run_t *x, int reader, int writer)
 {
     return x->sg->done + (size_t)reader * x->sg->row + (size_t)writer;
 }
@@ -222,7 +222,7 @@ static void move_off_peer_core(run_t *x, int peer, int cpu)
 }
 
 /* Waits until *word >= target; peer is the rank that advances it. */
-static fsdp2_status_t wait_for(run_t *x, counter_t *word, uint64_t target, int peer)
+static fsdp2_status_t wait_for(run_t *x, shm_counter_t *word, uint64_t target, int peer)
 {
     if (atomic_load_explicit(word, memory_order_acquire) >= target)
         return FSDP2_SUCCESS;

@@ -25,10 +25,10 @@
 #define SHM_ROW_IN_PLACE_AG (SHM_ROW_IN_PLACE_RS + 1)
 #define SHM_STORE_ROWS (SHM_ROW_IN_PLACE_AG + 1)
 #define SHM_MAGIC 0x66736470326d6873ull
-#define LINE 64
-#define PAGE 4096
+#define SHM_LINE 64
+#define SHM_PAGE 4096
 
-typedef _Atomic uint64_t counter_t;
+typedef _Atomic uint64_t shm_counter_t;
 
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
@@ -56,25 +56,26 @@ typedef enum shm_stores { SHM_STORES_AUTO, SHM_STORES_STREAM, SHM_STORES_PLAIN }
 typedef struct shm_header {
     uint64_t magic;
     int64_t size;
-    _Alignas(LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
+    _Alignas(SHM_LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
 } shm_header_t;
 
 /* A rank's line: what it publishes, and where those waiting for it sleep. */
 typedef struct rank_line {
-    counter_t head;      /* steps this rank has posted */
+    shm_counter_t head;  /* steps this rank has posted */
     atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
     atomic_int sleepers; /* threads asleep on bell */
     atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
-    char pad[LINE - 20];
+    char pad[SHM_LINE - 20];
 } rank_line_t;
-_Static_assert(sizeof(rank_line_t) == LINE, "a rank's line is one cache line");
+_Static_assert(sizeof(rank_line_t) == SHM_LINE, "a rank's line is one cache line");
 
 struct shm_group {
     fsdp2_group_t *g;
     shm_header_t *hdr;
     size_t map_bytes;
     rank_line_t *lines; /* [size] */
-    counter_t *done; /* reader p's row at done[p * row]: steps of each writer it is done with */
+    /* reader p's row at done[p * row]: steps of each writer it is done with */
+    shm_counter_t *done;
     size_t row;      /* counters per done row */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
     shm_peer_gone_fn gone;

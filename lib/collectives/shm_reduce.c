@@ -97,7 +97,7 @@ static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const voi
         fsdp2_reduce_rank_order(out, op->dtype, src, x->n, m, pre, post);
         return;
     }
-    _Alignas(LINE) char block[SHM_REDUCE_BLOCK];
+    _Alignas(SHM_LINE) char block[SHM_REDUCE_BLOCK];
     size_t es = op->elem_size, per = sizeof(block) / es;
     const void *at[FSDP2_SHM_MAX_RANKS];
     for (size_t done = 0; done < m; done += per) {
@@ -113,7 +113,7 @@ static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const voi
  * slot holds one piece for each peer, each a whole number of cache lines. */
 static size_t piece_elements(int n, size_t es)
 {
-    return SHM_SLOT / (size_t)(n - 1) / LINE * LINE / es;
+    return SHM_SLOT / (size_t)(n - 1) / SHM_LINE * SHM_LINE / es;
 }
 
 /* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes

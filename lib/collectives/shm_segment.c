@@ -23,9 +23,9 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 static size_t segment_bytes(int n, size_t *row, size_t *ctl)
 {
-    *row = round_up((size_t)n * 8, LINE) / 8;
-    *ctl = round_up((size_t)n * LINE + (size_t)n * *row * 8, PAGE);
-    return PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
+    *row = round_up((size_t)n * 8, SHM_LINE) / 8;
+    *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8, SHM_PAGE);
+    return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
 
 /* Maps the group's segment: rank 0 creates it, reserves its memory (tmpfs would
@@ -170,9 +170,9 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         return status;
     }
     char *base = (char *)sg->hdr;
-    sg->lines = (rank_line_t *)(base + PAGE);
-    sg->done = (counter_t *)(base + PAGE + (size_t)g->size * LINE);
-    sg->ring = base + PAGE + ctl;
+    sg->lines = (rank_line_t *)(base + SHM_PAGE);
+    sg->done = (shm_counter_t *)(base + SHM_PAGE + (size_t)g->size * SHM_LINE);
+    sg->ring = base + SHM_PAGE + ctl;
     FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
               bytes);
     *out = sg;
