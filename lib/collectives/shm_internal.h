@@ -33,12 +33,12 @@ typedef _Atomic uint64_t shm_counter_t;
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
 
-/* Auto slot stores, one kind and size class: the way in use, the runs seen, the run
- * that last tried the other way and the runs to wait before the next try while that
- * way stays costlier (0: the usual wait), whether the
- * next run tries the other way whole (a part try found it no longer far costlier), the
- * steps this rank posted in the last run, and each way's recent cost (ns per byte of
- * the collective; 0: not measured) and counted runs. */
+/* Auto slot stores, one kind and size class: the way in use, whether the next run tries
+ * the other way whole (a part try found it no longer far costlier), the runs seen, the
+ * run that last tried the other way and the runs to wait before the next try while that
+ * way stays costlier (0: the usual wait), the steps this rank posted in the last run,
+ * and each way's recent cost (ns per byte of the collective; 0: not measured) and
+ * counted runs. */
 typedef struct shm_store_class {
     int streaming;
     int try_whole;
