@@ -96,18 +96,17 @@ static void assert_schedule(const learner_t *l, const uint64_t *want, const uint
     assert_parts(l, part, n);
 }
 
-/* `runs` collectives at fixed costs (cost[way] * ns_scale ns per byte): the way in use
- * at the end must be `way`, and the tries exactly want[0..n). */
-static void check_steady(double ns_scale, const double cost[2], uint64_t runs, int way,
-                         const uint64_t *want, int n)
+/* `runs` collectives of a new learner l at fixed costs (cost[way] * ns_scale ns per
+ * byte): the way in use at the end must be `way`, and the tries exactly want[0..n). */
+static void check_steady(learner_t *l, double ns_scale, const double cost[2], uint64_t runs,
+                         int way, const uint64_t *want, int n)
 {
-    learner_t l;
-    learner_init(&l);
-    l.ns_scale = ns_scale;
+    learner_init(l);
+    l->ns_scale = ns_scale;
     for (uint64_t run = 0; run < runs; run++)
-        run_once(&l, run, cost, 1.0);
-    ck_assert_int_eq(in_use(&l), way);
-    assert_tries(&l, want, n, 1);
+        run_once(l, run, cost, 1.0);
+    ck_assert_int_eq(in_use(l), way);
+    assert_tries(l, want, n, 1);
 }
 
 #if defined(__SSE2__)
@@ -119,11 +118,8 @@ START_TEST(tries_of_a_far_costlier_way_back_off_to_one_in_256)
 {
     const double cost[2] = {4.0, 1.0};
     const uint64_t want[] = {2, 10, 42, 106, 234, 490, 746, 1002};
-    check_steady(1e-3, cost, 1100, 1, want, COUNT(want));
     learner_t l;
-    learner_init(&l);
-    for (uint64_t run = 0; run < 1100; run++)
-        run_once(&l, run, cost, 1.0);
+    check_steady(&l, 1e-3, cost, 1100, 1, want, COUNT(want));
     const uint64_t part[] = {0, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8, STEPS / 8};
     assert_parts(&l, part, COUNT(part));
     const shm_store_class_t *k = &l.sg.stores[COLL_ALL_GATHER][CLASS];
@@ -139,11 +135,8 @@ START_TEST(a_mildly_costlier_way_is_tried_after_waits_growing_to_64_runs)
 {
     const double cost[2] = {1.0, 1.3};
     const uint64_t want[] = {2, 18, 50, 114, 178, 242};
-    check_steady(1e-3, cost, 250, 0, want, COUNT(want));
     learner_t l;
-    learner_init(&l);
-    for (uint64_t run = 0; run < 250; run++)
-        run_once(&l, run, cost, 1.0);
+    check_steady(&l, 1e-3, cost, 250, 0, want, COUNT(want));
     const uint64_t part[] = {0, 0, 0, 0, 0, 0};
     assert_parts(&l, part, COUNT(part));
 }
@@ -197,7 +190,8 @@ START_TEST(the_waits_stop_at_about_a_second_of_runs)
 {
     const double cost[2] = {4.0, 1.0};
     const uint64_t want[] = {2, 10, 42, 101, 160, 219, 278};
-    check_steady(1.0, cost, 300, 1, want, COUNT(want));
+    learner_t l;
+    check_steady(&l, 1.0, cost, 300, 1, want, COUNT(want));
 }
 END_TEST
 
@@ -223,7 +217,8 @@ START_TEST(the_long_wait_is_32_runs_at_least)
 {
     const double cost[2] = {4.0, 1.0};
     const uint64_t want[] = {2, 10, 42, 74, 106, 138};
-    check_steady(3.0, cost, 140, 1, want, COUNT(want));
+    learner_t l;
+    check_steady(&l, 3.0, cost, 140, 1, want, COUNT(want));
 }
 END_TEST
 
@@ -302,10 +297,8 @@ END_TEST
 START_TEST(without_sse2_auto_always_writes_plainly)
 {
     const double cost[2] = {4.0, 1.0};
-    check_steady(1e-3, cost, 100, 0, NULL, 0);
     learner_t l;
-    learner_init(&l);
-    run_once(&l, 0, cost, 1.0);
+    check_steady(&l, 1e-3, cost, 100, 0, NULL, 0);
     assert_schedule(&l, NULL, NULL, 0, 1);
 }
 END_TEST
