@@ -54,7 +54,6 @@
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
 #define SHM_OUT_STREAM_GATHER (16u << 20) /* auto: gathers stream outputs from this many bytes */
-#define SHM_OUT_STREAM_REDUCE (64u << 20) /* auto: all-reduces stream results from this many */
 
 void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n)
 {
@@ -281,8 +280,9 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way,
 
 /* A gather writes output lines it never read: streaming the output made 16-256 MiB
  * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between calls,
- * were faster plain. An all-reduce writes over lines it read moments before, cached up
- * to about the L3's size, so auto streams it only from SHM_OUT_STREAM_REDUCE. A
+ * were faster plain. An all-reduce writes over lines it read moments before, so auto
+ * never streams its results: from 64 MiB, where it once did, plain results were 7-12%
+ * faster with the CPUs close and as fast with them far (2 and 4 ranks, 16-256 MiB). A
  * reduce-scatter's results stream from SHM_OUT_STREAM_GATHER (shm_reduce.c's reduce_out
  * reduces them into an L1 block first), except in place: there each result line was
  * read a moment before and is still cached, and streaming it made 64-256 MiB
@@ -300,7 +300,7 @@ int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
     case COLL_REDUCE_SCATTER:
         return bytes >= SHM_OUT_STREAM_GATHER &&
                !coll_in_place_block(op->send, op->recv, bytes, sg->g->rank);
-    case COLL_ALL_REDUCE: return bytes >= SHM_OUT_STREAM_REDUCE;
+    case COLL_ALL_REDUCE: return 0; /* over lines it just read */
     default: return 0;
     }
 #else

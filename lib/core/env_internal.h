@@ -31,7 +31,7 @@
     XX(SHM_STREAM_OUTPUT, "FSDP2_SHM_STREAM_OUTPUT", ENUM, "auto", "auto|on|off",           \
        "how a rank writes a shared-memory collective's output: auto = non-temporal stores " \
        "for outputs too large to stay cached (gathers and out-of-place reduce-scatters "    \
-       "from 16 MiB, all-reduce from 64 MiB), on = always, off = memcpy")                   \
+       "from 16 MiB; never all-reduce results), on = always, off = memcpy")                 \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
        "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
 
