@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "core/clock.h"
+#include "core/cpu_arena.h"
 #include "core/cpu_kernels.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
@@ -765,6 +766,9 @@ static fsdp2_status_t cpu_check(int index)
 static fsdp2_status_t cpu_alloc(int index, size_t bytes, void **ptr)
 {
     (void)index;
+    FSDP2_CHECK(fsdp2_cpu_arena_alloc(bytes, ptr));
+    if (*ptr)
+        return FSDP2_SUCCESS;
     /* 64-byte alignment: whole cache lines and aligned AVX-512 loads. */
     int rc = posix_memalign(ptr, 64, bytes);
     if (rc != 0) {
@@ -777,7 +781,8 @@ static fsdp2_status_t cpu_alloc(int index, size_t bytes, void **ptr)
 static fsdp2_status_t cpu_free(int index, void *ptr)
 {
     (void)index;
-    free(ptr);
+    if (!fsdp2_cpu_arena_free(ptr))
+        free(ptr);
     return FSDP2_SUCCESS;
 }
 

@@ -24,6 +24,10 @@
     XX(SHM, "FSDP2_SHM", ENUM, "on", "on|off",                                              \
        "collectives of a group whose members all run on this host go through a shared-"     \
        "memory segment of the group (off: UCX messages, as across hosts)")                 \
+    XX(CPU_SHARED_ALLOC, "FSDP2_CPU_SHARED_ALLOC", ENUM, "on", "on|off",                   \
+       "cpu allocations of 64 KiB or more come from a memfd that the ranks on this host map, " \
+       "so that shared-memory collectives read and write them in place (off: "             \
+       "posix_memalign; collectives copy through the segment's slots)")                    \
     XX(SHM_STREAM_STORES, "FSDP2_SHM_STREAM_STORES", ENUM, "auto", "auto|on|off",           \
        "how a rank writes the bytes its peers read from the shared-memory slots: auto = "   \
        "each size class tries both now and then and keeps the faster, on = non-temporal "   \
