@@ -419,10 +419,11 @@ static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)
     return fsdp2_shm_gather(x, op->send, len, sinks, 0);
 }
 
-static fsdp2_status_t run_barrier(run_t *x)
+fsdp2_status_t fsdp2_shm_sync_step(run_t *x)
 {
     uint64_t t = x->next++;
-    fsdp2_shm_post(x, t);
+    atomic_store_explicit(head_of(x, x->me), t + 1, memory_order_release);
+    advanced(x);
     for (int k = 1; k < x->n; k++) {
         int r = (x->me + k) % x->n;
         FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
@@ -468,6 +469,19 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t *d
     return status;
 }
 
+static fsdp2_status_t run_through_slots(run_t *x, const coll_op_t *op)
+{
+    switch (op->kind) {
+    case COLL_ALL_GATHER: return run_all_gather(x, op);
+    case COLL_ALL_GATHER_PIECES: return run_all_gather_pieces(x, op);
+    case COLL_REDUCE_SCATTER: return fsdp2_shm_run_reduce_scatter(x, op);
+    case COLL_ALL_REDUCE: return fsdp2_shm_run_all_reduce(x, op);
+    case COLL_BROADCAST: return run_broadcast(x, op);
+    case COLL_BARRIER: return fsdp2_shm_sync_step(x);
+    }
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
 {
     fsdp2_group_t *g = sg->g;
@@ -489,19 +503,16 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int timed = fsdp2_shm_stores_timed(sg, op);
     int64_t start = timed ? fsdp2_now_ns() : 0;
-    switch (op->kind) {
-    case COLL_ALL_GATHER: status = run_all_gather(&x, op); break;
-    case COLL_ALL_GATHER_PIECES: status = run_all_gather_pieces(&x, op); break;
-    case COLL_REDUCE_SCATTER: status = fsdp2_shm_run_reduce_scatter(&x, op); break;
-    case COLL_ALL_REDUCE: status = fsdp2_shm_run_all_reduce(&x, op); break;
-    case COLL_BROADCAST: status = run_broadcast(&x, op); break;
-    case COLL_BARRIER: status = run_barrier(&x); break;
-    }
+    int direct = 0;
+    if (fsdp2_shm_direct_wanted(sg, op))
+        status = fsdp2_shm_direct_run(&x, op, &direct);
+    if (status == FSDP2_SUCCESS && !direct)
+        status = run_through_slots(&x, op);
     pay_wake(&x);
     if (x.out_streaming)
         fsdp2_shm_fence_streams(); /* the output, before anyone reads it */
     /* A rank that posted nothing (a broadcast's readers) wrote no slot either way. */
-    if (status == FSDP2_SUCCESS && timed && x.posts > 0) {
+    if (status == FSDP2_SUCCESS && timed && x.posts > 0 && !direct) {
         double share = x.part_posts ? (double)x.part_posts / (double)x.posts : 1;
         fsdp2_shm_stores_learn(sg, op, first_way, share, x.posts, fsdp2_now_ns() - start);
     }

@@ -3,8 +3,9 @@
  * the segment's set-up (shm_segment.c).
  *
  * Segment: a page of header (shm_header_t), then one cache line per rank (rank_line_t),
- * then per reader a row of `row` done counters (one per writer), padded to a page, then
- * each rank's ring of SHM_SLOTS slots of SHM_SLOT bytes. */
+ * then per reader a row of `row` done counters (one per writer), then two lines per rank
+ * of single-copy announcements (direct_desc_t), padded to a page, then each rank's ring
+ * of SHM_SLOTS slots of SHM_SLOT bytes. */
 #ifndef FSDP2_COLLECTIVES_SHM_INTERNAL_H
 #define FSDP2_COLLECTIVES_SHM_INTERNAL_H
 
@@ -32,6 +33,27 @@ typedef _Atomic uint64_t shm_counter_t;
 
 #define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
 #define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
+
+/* A rank's announcement for a single-copy collective (shm_direct.c), one line per rank
+ * after the done rows: its arena (fsdp2_cpu_arena_id_t), where its buffers lie in it,
+ * and after mapping its peers' arenas, whether it can go on. */
+typedef struct direct_desc {
+    int32_t pid, fd;
+    uint64_t arena_bytes, nonce;
+    uint64_t send_off, recv_off;
+    uint32_t has;     /* DIRECT_SEND | DIRECT_RECV: the buffers that lie in the arena */
+    uint32_t pad0;
+    uint64_t verdict; /* 1 + the step of the verdict when this rank mapped what it needs */
+} direct_desc_t;
+_Static_assert(sizeof(direct_desc_t) <= SHM_LINE, "an announcement fits a cache line");
+
+/* A peer's arena as this rank mapped it (or failed to: not tried again for that arena). */
+typedef struct direct_peer {
+    int32_t pid, fd;
+    uint64_t bytes, nonce;
+    char *map;
+    int failed;
+} direct_peer_t;
 
 /* Auto slot stores, one kind and size class: the way in use, whether the next run tries
  * the other way whole (a part try found it no longer far costlier), the runs seen, the
@@ -77,6 +99,16 @@ struct shm_group {
     /* reader p's row at done[p * row]: steps of each writer it is done with */
     shm_counter_t *done;
     size_t row;      /* counters per done row */
+    /* Single-copy announcements: two sets of [size], taken in turn by the collectives
+     * that announce (direct_runs of them so far, the same on every rank). A rank runs at
+     * most one such collective ahead of the slowest (each begins with a step that waits
+     * for all), so it never writes the set a peer may still be reading. */
+    direct_desc_t *descs;
+    uint64_t direct_runs;
+    direct_peer_t *peers; /* [size], the peers' arenas mapped here (shm_direct.c) */
+    int direct_policy;    /* every member allows single-copy collectives (and an arena) */
+    uint64_t direct_ran, direct_declined; /* collectives that ran single-copy, or announced
+                                           * and then went through the slots */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
     shm_peer_gone_fn gone;
     void *gone_arg;
@@ -114,6 +146,9 @@ static inline int shm_all_reduce_one_step(int n, size_t bytes)
     return bytes <= SHM_ONE_STEP_MAX ||
            (n == 2 && bytes >= SHM_ONE_STEP_PAIR_MIN && bytes <= SHM_SLOT);
 }
+
+/* Unmaps the peers' arenas (shm_direct.c). */
+void fsdp2_shm_direct_release(shm_group_t *sg);
 
 /* ---- shm_stores.c: how bytes are written ---- */
 

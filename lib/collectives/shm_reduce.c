@@ -89,8 +89,8 @@ static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, c
 /* Reduces m elements of the sources into out: straight, or when the output streams,
  * block by block into a buffer that stays in L1 and from there out with non-temporal
  * stores (the kernel's own stores are plain, and each would first read its line). */
-static void reduce_out(const run_t *x, const coll_op_t *op, char *out, const void *const *src,
-                       size_t m)
+void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
+                          const void *const *src, size_t m)
 {
     double pre = op->reduce.pre_divide, post = op->reduce.post_divide;
     if (!x->out_streaming) {
@@ -135,7 +135,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
         FSDP2_CHECK(post_peer_pieces(x, t, send, lo, hi, off, piece, es));
         if (off < mine) {
             FSDP2_CHECK(piece_sources(x, t, send, lo[me], off, piece, es, src));
-            reduce_out(x, op, out + off * es, src, min_size(piece, mine - off));
+            fsdp2_shm_reduce_out(x, op, out + off * es, src, min_size(piece, mine - off));
         }
         fsdp2_shm_finish_step(x, t);
     }

@@ -22,6 +22,7 @@ typedef struct run {
     uint64_t part_steps; /* a part try: the way changes after this many posts (0: none) */
     uint64_t part_posts; /* the posts before it changed (0: it did not) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
+    const direct_desc_t *direct_descs; /* a single-copy collective's announcements */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
 } run_t;
 
@@ -56,9 +57,27 @@ void fsdp2_shm_finish_step(run_t *x, uint64_t t);
 fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,
                                 int own);
 
+/* A step that moves no bytes: posted, then waited for on every peer (a barrier). It
+ * counts no post (x->posts: the slot stores' learner times slot writes only). */
+fsdp2_status_t fsdp2_shm_sync_step(run_t *x);
+
 /* ---- shm_reduce.c ---- */
 
 fsdp2_status_t fsdp2_shm_run_reduce_scatter(run_t *x, const coll_op_t *op);
 fsdp2_status_t fsdp2_shm_run_all_reduce(run_t *x, const coll_op_t *op);
+/* Reduces m elements of src[0..n) into out, in rank order (x->out_streaming: through an
+ * L1 block and non-temporal stores). */
+void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
+                          const void *const *src, size_t m);
+
+/* ---- shm_direct.c: single-copy collectives ---- */
+
+/* Whether op is one the ranks try single-copy: the same answer on every rank (it depends
+ * on op and on what the group agreed at set-up), so that all of them announce. */
+int fsdp2_shm_direct_wanted(const shm_group_t *sg, const coll_op_t *op);
+/* Announces this rank's buffers, and when every rank's lie in its arena and every rank
+ * mapped the arenas it needs, runs op on them in place (*ran = 1); otherwise the ranks
+ * agree to run it through the slots (*ran = 0). */
+fsdp2_status_t fsdp2_shm_direct_run(run_t *x, const coll_op_t *op, int *ran);
 
 #endif

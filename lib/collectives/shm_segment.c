@@ -24,7 +24,8 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 static size_t segment_bytes(int n, size_t *row, size_t *ctl)
 {
     *row = round_up((size_t)n * 8, SHM_LINE) / 8;
-    *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8, SHM_PAGE);
+    *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8 + 2 * (size_t)n * SHM_LINE,
+                    SHM_PAGE);
     return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
 
@@ -90,13 +91,15 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
     return FSDP2_SUCCESS;
 }
 
-/* Whether every member mapped the segment: each publishes yes or no, all read all. */
+/* Whether every member mapped the segment, and whether every member allows single-copy
+ * collectives (*direct): each publishes 0 (not mapped), 1 (mapped) or 2 (mapped, and
+ * single-copy allowed here), all read all. */
 static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int mine, int *all,
-                                 int *first_missing)
+                                 int *first_missing, int *direct)
 {
     char key[FSDP2_GROUP_KEY_MAX];
     fsdp2_group_member_key(g, "shm/mapped", g->rank, key);
-    FSDP2_CHECK(fsdp2_store_set(store, key, mine ? "1" : "0", 1));
+    FSDP2_CHECK(fsdp2_store_set(store, key, !mine ? "0" : *direct ? "2" : "1", 1));
     /* all at once first, so that a timeout names every member that never answered */
     FSDP2_CHECK(fsdp2_group_wait_members(g, store, "shm/mapped", "say whether it mapped the "
                                          "shared-memory segment"));
@@ -107,9 +110,11 @@ static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int min
         size_t len = 0;
         fsdp2_group_member_key(g, "shm/mapped", r, key);
         FSDP2_CHECK(fsdp2_store_get(store, key, value, 1, &len));
-        if (value[0] != '1' && *first_missing < 0)
+        int mapped = value[0] == '1' || value[0] == '2';
+        if (!mapped && *first_missing < 0)
             *first_missing = r;
-        *all &= value[0] == '1';
+        *all &= mapped;
+        *direct &= value[0] == '2';
     }
     return FSDP2_SUCCESS;
 }
@@ -135,6 +140,13 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->nudge = g->size <= cores && cores > 1;
     sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     sg->output_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT);
+    sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
+                        fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) == 0; /* "on" */
+    sg->peers = calloc((size_t)g->size, sizeof(*sg->peers));
+    if (!sg->peers) {
+        free(sg);
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm peers", g->name);
+    }
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -154,7 +166,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     /* Once everyone has answered, everyone who will map it has: the name can go, and
      * nothing is left in /dev/shm whatever happens next. */
     if (status == FSDP2_SUCCESS)
-        status = all_mapped(g, store, map != NULL, &all, &missing);
+        status = all_mapped(g, store, map != NULL, &all, &missing, &sg->direct_policy);
     if (name[0] && (g->rank == 0 || status == FSDP2_SUCCESS))
         shm_unlink(name); /* every member tries, in case rank 0 died: ENOENT is fine */
     if (status == FSDP2_SUCCESS && all &&
@@ -172,6 +184,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     char *base = (char *)sg->hdr;
     sg->lines = (rank_line_t *)(base + SHM_PAGE);
     sg->done = (shm_counter_t *)(base + SHM_PAGE + (size_t)g->size * SHM_LINE);
+    sg->descs = (direct_desc_t *)((char *)sg->done + (size_t)g->size * sg->row * 8);
     sg->ring = base + SHM_PAGE + ctl;
     FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
               bytes);
@@ -185,6 +198,7 @@ void fsdp2_shm_destroy(shm_group_t *sg)
         return;
     if (sg->hdr)
         munmap(sg->hdr, sg->map_bytes);
+    fsdp2_shm_direct_release(sg);
     pthread_mutex_destroy(&sg->lock);
     pthread_cond_destroy(&sg->turn_changed);
     free(sg);
