@@ -305,7 +305,7 @@ void fsdp2_shm_finish_step(run_t *x, uint64_t t)
 
 /* ---- gathers ---- */
 
-static void sink_write(const run_t *x, sink_t *s, size_t off, const char *src, size_t m)
+void fsdp2_shm_sink_write(const run_t *x, sink_t *s, size_t off, const char *src, size_t m)
 {
     if (s->buf) {
         fsdp2_shm_out_copy(x, s->buf + off, src, m);
@@ -345,7 +345,7 @@ fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, s
             fsdp2_shm_slot_copy(x, slot, mine + off, m);
             fsdp2_shm_post(x, t);
             if (own) /* from mine, still in cache (the slot may have been streamed) */
-                sink_write(x, &sinks[x->me], off, mine + off, m);
+                fsdp2_shm_sink_write(x, &sinks[x->me], off, mine + off, m);
         }
         /* Copy out whichever peers have posted, blocking only when none has: with more
          * ranks than cores they arrive in any order. */
@@ -364,7 +364,8 @@ fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, s
             }
             int r = pending[ready];
             pending[ready] = pending[--np];
-            sink_write(x, &sinks[r], off, slot_of(x, r, t), min_size(SHM_SLOT, len[r] - off));
+            fsdp2_shm_sink_write(x, &sinks[r], off, slot_of(x, r, t),
+                                 min_size(SHM_SLOT, len[r] - off));
         }
         fsdp2_shm_finish_step(x, t);
     }
@@ -384,6 +385,24 @@ static fsdp2_status_t run_all_gather(run_t *x, const coll_op_t *op)
     return fsdp2_shm_gather(x, op->send, len, sinks, mine != (const char *)op->send);
 }
 
+int fsdp2_shm_pieces_own(const coll_op_t *op, int me)
+{
+    /* This rank's pieces are each in place or apart from the input (group.c checks). */
+    const char *src = op->send;
+    int in_place = 0;
+    for (size_t k = op->offsets[me]; k < op->offsets[me + 1]; k++) {
+        in_place |= op->pieces[k].bytes && op->pieces[k].data == src;
+        src += op->pieces[k].bytes;
+    }
+    src = op->send;
+    for (size_t k = op->offsets[me]; in_place && k < op->offsets[me + 1]; k++) {
+        if (op->pieces[k].bytes && op->pieces[k].data != src)
+            memcpy(op->pieces[k].data, src, op->pieces[k].bytes);
+        src += op->pieces[k].bytes;
+    }
+    return !in_place;
+}
+
 static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
 {
     size_t len[FSDP2_SHM_MAX_RANKS];
@@ -392,22 +411,7 @@ static fsdp2_status_t run_all_gather_pieces(run_t *x, const coll_op_t *op)
         len[r] = op->count;
         sinks[r] = (sink_t){.piece = op->pieces + op->offsets[r]};
     }
-    /* This rank's pieces are each in place or apart from the input (group.c checks).
-     * When none is in place they are written as the bytes go out; otherwise the others
-     * are copied first. */
-    const char *src = op->send;
-    int in_place = 0;
-    for (size_t k = op->offsets[x->me]; k < op->offsets[x->me + 1]; k++) {
-        in_place |= op->pieces[k].bytes && op->pieces[k].data == src;
-        src += op->pieces[k].bytes;
-    }
-    src = op->send;
-    for (size_t k = op->offsets[x->me]; in_place && k < op->offsets[x->me + 1]; k++) {
-        if (op->pieces[k].bytes && op->pieces[k].data != src)
-            memcpy(op->pieces[k].data, src, op->pieces[k].bytes);
-        src += op->pieces[k].bytes;
-    }
-    return fsdp2_shm_gather(x, op->send, len, sinks, !in_place);
+    return fsdp2_shm_gather(x, op->send, len, sinks, fsdp2_shm_pieces_own(op, x->me));
 }
 
 static fsdp2_status_t run_broadcast(run_t *x, const coll_op_t *op)

@@ -6,6 +6,8 @@
  *                   every peer's buffer while it is still in cache;
  *   reduce-scatter  rank r sums block r of every rank's input into its output;
  *   all-gather      rank r copies its input into block r of every rank's output;
+ *   ... into pieces rank r copies every rank's input into its own pieces (a pull: the
+ *                   pieces may lie anywhere, and nobody has to announce a list of them);
  *   broadcast       the root copies its buffer into every other rank's.
  * Each byte is read once from memory and written once to each place it goes. Through
  * the slots, an all-reduce reached 74-82% of this machine's memcpy at 16-256 MiB on 2
@@ -51,7 +53,8 @@ int fsdp2_shm_direct_wanted(const shm_group_t *sg, const coll_op_t *op)
     case COLL_ALL_REDUCE:
     case COLL_BROADCAST: return bytes >= SHM_DIRECT_MIN;
     case COLL_REDUCE_SCATTER:
-    case COLL_ALL_GATHER: return bytes * n >= SHM_DIRECT_MIN;
+    case COLL_ALL_GATHER:
+    case COLL_ALL_GATHER_PIECES: return bytes * n >= SHM_DIRECT_MIN;
     default: return 0;
     }
 }
@@ -63,6 +66,7 @@ static unsigned needs(const coll_op_t *op, int r)
     case COLL_ALL_REDUCE: return DIRECT_RECV; /* in place: send is recv */
     case COLL_REDUCE_SCATTER: return DIRECT_SEND;
     case COLL_ALL_GATHER: return DIRECT_RECV;
+    case COLL_ALL_GATHER_PIECES: return DIRECT_SEND;
     case COLL_BROADCAST: return r == op->root ? 0 : DIRECT_RECV;
     default: return ~0u;
     }
@@ -228,6 +232,23 @@ static void scatter_copies(run_t *x, const coll_op_t *op, const char *from, size
     }
 }
 
+/* Pulls every peer's input into this rank's pieces (the pieces are this rank's own and
+ * may lie anywhere: no list of them has to be announced), a copy's worth at a time. */
+static void gather_pieces(run_t *x, const coll_op_t *op)
+{
+    int n = x->n, me = x->me;
+    for (int k = 0; k < n; k++) {
+        int r = (me + k) % n;
+        if (r == me && !fsdp2_shm_pieces_own(op, me))
+            continue;
+        sink_t sink = {.piece = op->pieces + op->offsets[r]};
+        const char *from = buffer_of(x, op, r, DIRECT_SEND);
+        for (size_t off = 0; off < op->count; off += SHM_DIRECT_COPY)
+            fsdp2_shm_sink_write(x, &sink, off, from + off, min_size(SHM_DIRECT_COPY,
+                                                                     op->count - off));
+    }
+}
+
 fsdp2_status_t fsdp2_shm_direct_run(run_t *x, const coll_op_t *op, int *ran)
 {
     shm_group_t *sg = x->sg;
@@ -261,6 +282,7 @@ fsdp2_status_t fsdp2_shm_direct_run(run_t *x, const coll_op_t *op, int *ran)
     case COLL_ALL_REDUCE: all_reduce(x, op); break;
     case COLL_REDUCE_SCATTER: reduce_scatter(x, op); break;
     case COLL_ALL_GATHER: scatter_copies(x, op, op->send, (size_t)x->me, bytes); break;
+    case COLL_ALL_GATHER_PIECES: gather_pieces(x, op); break;
     case COLL_BROADCAST:
         if (x->me == op->root)
             scatter_copies(x, op, op->send, 0, bytes);

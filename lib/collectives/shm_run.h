@@ -52,6 +52,12 @@ fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char *
 /* Every peer's slot of step t is free as far as this rank is concerned: read, or never
  * needed (a reader may mark a step it skips before the writer has posted it). */
 void fsdp2_shm_finish_step(run_t *x, uint64_t t);
+/* Writes m bytes from src at offset off of sink s (pieces: off must be s's cursor). */
+void fsdp2_shm_sink_write(const run_t *x, sink_t *s, size_t off, const char *src, size_t m);
+/* Whether this rank's own block of a pieces gather still has to be written from op->send:
+ * not when one of its pieces is the input itself, in which case the others have just
+ * been copied from it. */
+int fsdp2_shm_pieces_own(const coll_op_t *op, int me);
 /* Rank r's len[r] bytes reach sinks[r] on every other rank (and this rank's own sink
  * when own is set), from mine on this rank. */
 fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, sink_t *sinks,

@@ -1,5 +1,6 @@
 /* Single-copy collectives (lib/collectives/shm_direct.c) with real processes on 2, 3 and
- * 4 ranks whose buffers come from fsdp2_device_alloc (the shareable cpu arena).
+ * 4 ranks whose buffers come from fsdp2_device_alloc (the shareable cpu arena):
+ * all-reduce, reduce-scatter, all-gather (also into pieces) and broadcast.
  *
  * References: every rank's input is a closed form of (rank, index) with fractions, so
  * sums round; the test sums them itself in rank order in the accumulation type (f32
@@ -204,6 +205,52 @@ static int run_all_gather(rank_ctx_t *c, fsdp2_group_t *g, shape_t s, int sharea
     return fails;
 }
 
+/* f32 elements per rank into three pieces per rank: the rest first in the block, last
+ * in the list; in place, this rank's first piece is its input itself. */
+static int run_all_gather_pieces(rank_ctx_t *c, fsdp2_group_t *g, size_t count, int shareable)
+{
+    int fails = 0, n = c->size;
+    size_t bytes = count * 4, a = 4 * (count / 3), b = 4 * (count / 5), rest = bytes - a - b;
+    float *send = shareable ? device_alloc(c, bytes, &fails) : malloc(bytes);
+    char *dest = malloc((size_t)n * bytes);
+    fsdp2_iov_t pieces[3 * 4];
+    size_t offsets[5] = {0};
+    for (int in_place = 0; in_place < 2 && !fails; in_place++) {
+        for (int r = 0; r < n; r++) {
+            char *block = dest + (size_t)r * bytes;
+            pieces[3 * r] = (fsdp2_iov_t){block + rest, a};
+            pieces[3 * r + 1] = (fsdp2_iov_t){block + rest + a, b};
+            pieces[3 * r + 2] = (fsdp2_iov_t){block, rest};
+            offsets[r + 1] = offsets[r] + 3;
+        }
+        if (in_place)
+            pieces[3 * c->rank].data = send;
+        memset(dest, 0xab, (size_t)n * bytes);
+        fill(send, FSDP2_F32, c->rank, count, 0);
+        fails += OK(c, fsdp2_all_gather_pieces_async(g, send, bytes, pieces, offsets, c->stream));
+        fails += OK(c, fsdp2_stream_synchronize(c->stream));
+        for (int r = 0; r < n && !fails; r++)
+            for (size_t i = 0; i < count && !fails; i++) {
+                size_t at = 4 * i; /* where byte at of rank r's input went */
+                const char *p = at < a ? (const char *)pieces[3 * r].data + at
+                                : at < a + b ? (const char *)pieces[3 * r + 1].data + (at - a)
+                                : (const char *)pieces[3 * r + 2].data + (at - a - b);
+                float got;
+                memcpy(&got, p, 4);
+                fails += RANK_CHECK(c, got == (float)stored(FSDP2_F32, r, i),
+                                    "all_gather_pieces%s rank %d element %zu: %g, want %g",
+                                    in_place ? " in place" : "", r, i, (double)got,
+                                    stored(FSDP2_F32, r, i));
+            }
+    }
+    if (shareable)
+        fsdp2_device_free(CPU, send);
+    else
+        free(send);
+    free(dest);
+    return fails;
+}
+
 static int run_broadcast(rank_ctx_t *c, fsdp2_group_t *g, shape_t s, int root, int shareable)
 {
     int fails = 0;
@@ -241,7 +288,8 @@ static int run_every_collective(rank_ctx_t *c, int shareable, int *collectives)
         fails += run_all_gather(c, c->world, s, shareable);     /* two */
         fails += run_broadcast(c, c->world, s, 0, shareable);
         fails += run_broadcast(c, c->world, s, c->size - 1, shareable);
-        *collectives += 8;
+        fails += run_all_gather_pieces(c, c->world, s.count, shareable); /* two */
+        *collectives += 10;
     }
     return fails;
 }
@@ -321,7 +369,8 @@ static int body_one_rank_cannot_map(rank_ctx_t *c)
         p->failed = 1;
     }
     fails += run_every_collective(c, 1, &collectives);
-    /* in a broadcast only the root maps anything: those two per shape still go */
+    /* in a broadcast only the root maps anything: those two per shape still go (rank 1
+     * needs rank 0's input in every other collective) */
     int broadcasts = 2 * (int)(sizeof(shapes) / sizeof(shapes[0]));
     fails += counted(c, sg, 1 + (uint64_t)broadcasts, (uint64_t)(collectives - broadcasts));
     return fails;
