@@ -10,10 +10,14 @@
  * every peer that mapped the arena: a peer's mapping costs address space, never memory.
  *
  * fork: the child must not keep allocating from the parent's memfd (both would hand out
- * the same pages), nor see the parent's later writes to buffers it inherited. In the
- * child each live allocation is moved onto private pages (a copy, put in place by
- * mremap), the rest of the parent's arena is unmapped, and the child makes its own arena
- * when it next needs one. */
+ * the same pages), nor write into the buffers it inherited where the parent would see
+ * it. In the child each live allocation's touched pages are copied onto private pages
+ * put in its place by mremap (a fork costs a copy of the live blocks' touched bytes,
+ * where malloc'ed memory would be copied on write: fork early, or spawn), the rest of
+ * the parent's arena is unmapped, and the child makes its own arena when it next needs
+ * one. posix_spawn and system() run no fork handlers and copy nothing.
+ *
+ * The arena is one process-wide object (like malloc's heap), behind one mutex. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -36,9 +40,15 @@ typedef struct ranges {
     size_t n, cap;
 } ranges_t;
 
+typedef enum arena_state {
+    ARENA_UNMADE,      /* made by the first allocation it may take */
+    ARENA_READY,
+    ARENA_UNAVAILABLE, /* switched off, or the memfd could not be made */
+} arena_state_t;
+
 typedef struct arena {
     pthread_mutex_t lock;
-    int state; /* 0: not made yet, 1: in use, -1: unavailable (no memfd, switched off) */
+    arena_state_t state;
     int fd;
     char *base;
     uint64_t bytes;
@@ -48,7 +58,7 @@ typedef struct arena {
     ranges_t orphans; /* inherited over fork: private pages at base-less addresses */
 } arena_t;
 
-static arena_t arena = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
+static arena_t arena = {.lock = PTHREAD_MUTEX_INITIALIZER, .state = ARENA_UNMADE, .fd = -1};
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static uint64_t page_bytes(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
@@ -100,7 +110,7 @@ static void child_after_fork(void);
 
 static void arena_make(void)
 {
-    arena.state = -1;
+    arena.state = ARENA_UNAVAILABLE;
     if (fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) != 0) /* "on" is index 0 */
         return;
     long pages = sysconf(_SC_PHYS_PAGES);
@@ -130,12 +140,24 @@ static void arena_make(void)
     uint64_t *head = base;
     head[0] = FSDP2_CPU_ARENA_MAGIC;
     head[1] = arena.nonce;
-    arena.state = 1;
+    arena.state = ARENA_READY;
     FSDP2_LOG(DEBUG, CORE, "shareable cpu arena: memfd %d, %llu bytes at %p", fd,
               (unsigned long long)bytes, base);
 }
 
-static void before_fork(void) { pthread_mutex_lock(&arena.lock); }
+/* Room for every live block in the orphan list, so that the child need not allocate. */
+static void before_fork(void)
+{
+    pthread_mutex_lock(&arena.lock);
+    size_t need = arena.orphans.n + arena.live.n;
+    if (need > arena.orphans.cap) {
+        range_t *v = realloc(arena.orphans.v, need * sizeof(*v));
+        if (v) {
+            arena.orphans.v = v;
+            arena.orphans.cap = need;
+        }
+    }
+}
 static void parent_after_fork(void) { pthread_mutex_unlock(&arena.lock); }
 
 static void register_atfork(void)
@@ -143,16 +165,16 @@ static void register_atfork(void)
     pthread_atfork(before_fork, parent_after_fork, child_after_fork);
 }
 
-fsdp2_status_t fsdp2_cpu_arena_alloc(size_t bytes, void **ptr)
+void *fsdp2_cpu_arena_alloc(size_t bytes)
 {
-    *ptr = NULL;
+    void *ptr = NULL;
     if (bytes < FSDP2_CPU_ARENA_MIN)
-        return FSDP2_SUCCESS;
+        return NULL;
     pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&arena.lock);
-    if (arena.state == 0)
+    if (arena.state == ARENA_UNMADE)
         arena_make();
-    if (arena.state == 1 && bytes < arena.bytes) {
+    if (arena.state == ARENA_READY && bytes < arena.bytes) {
         uint64_t span = span_of(bytes);
         for (size_t i = 0; i < arena.free.n; i++) {
             range_t *f = &arena.free.v[i];
@@ -166,12 +188,12 @@ fsdp2_status_t fsdp2_cpu_arena_alloc(size_t bytes, void **ptr)
             f->len -= span;
             if (!f->len)
                 ranges_remove(&arena.free, i);
-            *ptr = arena.base + a.off;
+            ptr = arena.base + a.off;
             break;
         }
     }
     pthread_mutex_unlock(&arena.lock);
-    return FSDP2_SUCCESS;
+    return ptr;
 }
 
 /* Returns the span [off, off + len) to the free list, merging with its neighbours. */
@@ -195,22 +217,31 @@ static int give_back(uint64_t off, uint64_t len)
     return 1;
 }
 
+/* fsdp2_device_free has checked ptr against its table of live allocations: ptr is the
+ * start of a block of ours, an orphan, or neither. */
 int fsdp2_cpu_arena_free(void *ptr)
 {
     int ours = 0;
     pthread_mutex_lock(&arena.lock);
     long i = -1;
-    if (arena.state == 1 && (char *)ptr >= arena.base && (char *)ptr < arena.base + arena.bytes)
+    if (arena.state == ARENA_READY && (char *)ptr >= arena.base &&
+        (char *)ptr < arena.base + arena.bytes)
         i = ranges_find(&arena.live, (uint64_t)((char *)ptr - arena.base));
     if (i >= 0 && arena.base + arena.live.v[i].off == (char *)ptr) {
         range_t a = arena.live.v[i];
         uint64_t span = span_of(a.len);
+        int fd = arena.fd;
         ranges_remove(&arena.live, (size_t)i);
-        if (fallocate(arena.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a.off,
+        /* Punching gigabytes takes a while: not under the lock. The span is neither live
+         * nor free meanwhile, so nobody can be handed it before its pages are gone. */
+        pthread_mutex_unlock(&arena.lock);
+        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a.off,
                       (off_t)span) != 0)
             FSDP2_LOG(WARN, CORE, "shareable cpu arena: punching %llu bytes out: %s",
                       (unsigned long long)span, strerror(errno));
-        if (!give_back(a.off, span)) /* no room to say so: the span stays out of use */
+        pthread_mutex_lock(&arena.lock);
+        if (arena.state == ARENA_READY && !give_back(a.off, span))
+            /* no room to say so: the span stays out of use */
             FSDP2_LOG(WARN, CORE, "shareable cpu arena: %llu bytes lost to bookkeeping",
                       (unsigned long long)span);
         ours = 1;
@@ -232,7 +263,8 @@ int fsdp2_cpu_arena_locate(const void *p, size_t len, uint64_t *offset)
     int found = 0;
     pthread_mutex_lock(&arena.lock);
     const char *c = p;
-    if (arena.state == 1 && c >= arena.base && c < arena.base + arena.bytes) {
+    if (arena.state == ARENA_READY && c >= arena.base && c < arena.base + arena.bytes &&
+        len <= arena.bytes) {
         uint64_t off = (uint64_t)(c - arena.base);
         long i = ranges_find(&arena.live, off);
         if (i >= 0) {
@@ -250,7 +282,7 @@ int fsdp2_cpu_arena_locate(const void *p, size_t len, uint64_t *offset)
 int fsdp2_cpu_arena_identity(fsdp2_cpu_arena_id_t *id)
 {
     pthread_mutex_lock(&arena.lock);
-    int ready = arena.state == 1;
+    int ready = arena.state == ARENA_READY;
     if (ready)
         *id = (fsdp2_cpu_arena_id_t){.pid = (int32_t)getpid(), .fd = arena.fd,
                                      .bytes = arena.bytes, .nonce = arena.nonce};
@@ -258,45 +290,72 @@ int fsdp2_cpu_arena_identity(fsdp2_cpu_arena_id_t *id)
     return ready;
 }
 
-/* In the child (one thread, the lock held since before_fork): see the top. Only calls
- * that are safe there. A live allocation that cannot be moved stays shared with the
- * parent and leaves the arena's bookkeeping as an orphan all the same. */
+/* Copies the pages of [off, off + len) that hold data (others read as zeros anyway,
+ * and reading them would allocate them in the parent's memfd) to `to`. */
+static uint64_t copy_data(char *to, uint64_t off, uint64_t len)
+{
+    uint64_t end = off + len, at = off, copied = 0;
+    while (at < end) {
+        off_t data = lseek(arena.fd, (off_t)at, SEEK_DATA);
+        if (data < 0 && errno != ENXIO) { /* no SEEK_DATA: all of it */
+            memcpy(to + (at - off), arena.base + at, end - at);
+            return copied + (end - at);
+        }
+        if (data < 0 || (uint64_t)data >= end)
+            break;
+        off_t hole = lseek(arena.fd, data, SEEK_HOLE);
+        uint64_t stop = hole < 0 || (uint64_t)hole > end ? end : (uint64_t)hole;
+        memcpy(to + ((uint64_t)data - off), arena.base + data, stop - (uint64_t)data);
+        copied += stop - (uint64_t)data;
+        at = stop;
+    }
+    return copied;
+}
+
+/* In the child (one thread, the lock held since before_fork): see the top. glibc's
+ * malloc may be used in the child of a threaded process (it resets its locks at fork);
+ * before_fork made the orphan list large enough anyway. A block that cannot be copied
+ * becomes a private mapping of the memfd instead: the child's writes stay its own,
+ * though it may still see the parent's later writes to pages it has not written. */
 static void child_after_fork(void)
 {
-    if (arena.state == 1) {
+    if (arena.state == ARENA_READY) {
+        uint64_t copied = 0;
         for (size_t i = 0; i < arena.live.n; i++) {
             range_t a = arena.live.v[i];
             uint64_t span = span_of(a.len);
             char *at = arena.base + a.off;
-            void *copy = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+            char *copy = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                               -1, 0);
+            int moved = 0;
             if (copy != MAP_FAILED) {
-                memcpy(copy, at, a.len);
-                if (mremap(copy, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
+                copied += copy_data(copy, a.off, a.len);
+                moved = mremap(copy, span, span, MREMAP_MAYMOVE | MREMAP_FIXED, at) != MAP_FAILED;
+                if (!moved)
                     munmap(copy, span);
             }
-            /* The orphan list is sorted by address as live is by offset; it has room
-             * once the list below takes it over. */
-            arena.live.v[i] = (range_t){(uint64_t)(uintptr_t)at, span};
+            if (!moved)
+                mmap(at, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, arena.fd,
+                     (off_t)a.off);
+            uint64_t addr = (uint64_t)(uintptr_t)at;
+            long k = ranges_find(&arena.orphans, addr) + 1;
+            ranges_insert(&arena.orphans, (size_t)k, (range_t){addr, span});
         }
         munmap(arena.base, page_bytes()); /* the header */
         for (size_t i = 0; i < arena.free.n; i++)
             munmap(arena.base + arena.free.v[i].off, arena.free.v[i].len);
+        if (arena.live.n)
+            FSDP2_LOG(INFO, CORE, "fork: %zu shareable cpu blocks moved onto private pages "
+                      "(%llu bytes copied)", arena.live.n, (unsigned long long)copied);
         close(arena.fd);
         free(arena.free.v);
-        ranges_t older = arena.orphans; /* from an earlier fork */
-        arena.orphans = arena.live;
-        for (size_t i = 0; i < older.n; i++) {
-            long at = ranges_find(&arena.orphans, older.v[i].off) + 1;
-            ranges_insert(&arena.orphans, (size_t)at, older.v[i]);
-        }
-        free(older.v);
+        free(arena.live.v);
         arena.live = (ranges_t){0};
         arena.free = (ranges_t){0};
         arena.fd = -1;
         arena.base = NULL;
         arena.bytes = 0;
-        arena.state = 0;
+        arena.state = ARENA_UNMADE;
     }
     pthread_mutex_unlock(&arena.lock);
 }

@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <fsdp2/status.h>
 
 /* Allocations of at least this many bytes come from the arena (FSDP2_CPU_SHARED_ALLOC=on). */
 #define FSDP2_CPU_ARENA_MIN (64u << 10)
@@ -25,10 +24,9 @@ typedef struct fsdp2_cpu_arena_id {
 
 #define FSDP2_CPU_ARENA_MAGIC 0x616e657261757063ull
 
-/* bytes from the arena, page aligned: *ptr is NULL (and the status success) when the
- * arena does not take it (too small, switched off, no memfd, no room), and the caller
- * allocates elsewhere. */
-fsdp2_status_t fsdp2_cpu_arena_alloc(size_t bytes, void **ptr);
+/* bytes from the arena, page aligned; NULL when the arena does not take them (too small,
+ * switched off, no memfd, no room), and the caller allocates elsewhere. */
+void *fsdp2_cpu_arena_alloc(size_t bytes);
 
 /* Frees ptr when it is the arena's, handing its pages back to the kernel at once (a
  * peer's mapping of them would otherwise keep them); 0 when ptr is not the arena's. */

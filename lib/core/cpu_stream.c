@@ -766,7 +766,7 @@ static fsdp2_status_t cpu_check(int index)
 static fsdp2_status_t cpu_alloc(int index, size_t bytes, void **ptr)
 {
     (void)index;
-    FSDP2_CHECK(fsdp2_cpu_arena_alloc(bytes, ptr));
+    *ptr = fsdp2_cpu_arena_alloc(bytes);
     if (*ptr)
         return FSDP2_SUCCESS;
     /* 64-byte alignment: whole cache lines and aligned AVX-512 loads. */

@@ -37,8 +37,8 @@
        "for outputs too large to stay cached (gathers and out-of-place reduce-scatters "    \
        "from 16 MiB; never all-reduce results), on = always, off = memcpy")                 \
     XX(SHM_SINGLE_COPY, "FSDP2_SHM_SINGLE_COPY", ENUM, "on", "on|off",                     \
-       "shared-memory all-reduces, reduce-scatters, all-gathers and broadcasts of 1 MiB or " \
-       "more read and write the ranks' buffers in place when all of them lie in the "        \
+       "shared-memory all-reduces, reduce-scatters, all-gathers and broadcasts of 64 KiB or" \
+       " more read and write the ranks' buffers in place when all of them lie in the "       \
        "ranks' shareable cpu arenas (FSDP2_CPU_SHARED_ALLOC); off here: through the slots " \
        "(the group goes single-copy only where every rank allows it)")                     \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \

@@ -4,7 +4,8 @@
  * memfd through /proc/<pid>/fd and writes a pattern the parent reads back, and the other
  * way); memory handed back is read from the memfd's own block count (fstat), not from
  * the allocator's bookkeeping; fork semantics are checked against what malloc gives
- * (the child's writes never reach the parent). Each test runs in its own forked process,
+ * (the child's writes never reach the parent, and only pages that hold data are
+ * copied). Each test runs in its own forked process,
  * which starts without an arena. */
 #include <check.h>
 
@@ -223,6 +224,33 @@ START_TEST(a_forked_child_gets_private_copies_and_its_own_arena)
 }
 END_TEST
 
+/* Only the pages that hold data are copied into the child: reading the untouched rest
+ * of a block would make the parent's memfd allocate it. */
+START_TEST(a_fork_copies_only_the_touched_pages)
+{
+    char *a = alloc(8 * MIB);
+    memset(a, 'p', MIB);
+    fsdp2_cpu_arena_id_t id;
+    ck_assert(fsdp2_cpu_arena_identity(&id));
+    uint64_t before = arena_blocks_bytes(&id);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int bad = 0;
+        for (size_t i = 0; i < 8 * MIB; i += 4096)
+            bad += a[i] != (i < MIB ? 'p' : 0);
+        _exit(bad ? 1 : 0);
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child saw wrong bytes");
+    uint64_t after = arena_blocks_bytes(&id);
+    ck_assert_msg(after == before, "the parent's memfd went from %llu to %llu bytes",
+                  (unsigned long long)before, (unsigned long long)after);
+    ASSERT_OK(fsdp2_device_free(CPU, a));
+}
+END_TEST
+
 START_TEST(switched_off_allocations_are_private)
 {
     setenv("FSDP2_CPU_SHARED_ALLOC", "off", 1);
@@ -247,6 +275,7 @@ static Suite *cpu_arena_suite(void)
     tcase_add_test(tc, a_free_hands_the_pages_back_to_the_kernel);
     tcase_add_test(tc, another_process_reads_and_writes_an_allocation_in_place);
     tcase_add_test(tc, a_forked_child_gets_private_copies_and_its_own_arena);
+    tcase_add_test(tc, a_fork_copies_only_the_touched_pages);
     tcase_add_test(tc, switched_off_allocations_are_private);
     suite_add_tcase(s, tc);
     return s;
