@@ -506,10 +506,10 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     int first_way = x.streaming;
     x.out_streaming = fsdp2_shm_out_streams(sg, op);
     int timed = fsdp2_shm_stores_timed(sg, op);
-    int64_t start = timed ? fsdp2_now_ns() : 0;
     int direct = 0;
     if (fsdp2_shm_direct_wanted(sg, op))
         status = fsdp2_shm_direct_run(&x, op, &direct);
+    int64_t start = timed ? fsdp2_now_ns() : 0; /* the slots' part alone */
     if (status == FSDP2_SUCCESS && !direct)
         status = run_through_slots(&x, op);
     pay_wake(&x);

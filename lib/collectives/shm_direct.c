@@ -39,10 +39,10 @@
 #define SHM_DIRECT_BLOCK (64u << 10)   /* bytes an all-reduce sums before copying them out */
 #define SHM_DIRECT_COPY (256u << 10)   /* bytes a gather reads before writing them out */
 
-#define DIRECT_SKEW (68u << 10) /* see map_skewed */
+#define SHM_DIRECT_SKEW (68u << 10) /* see map_skewed */
 
-#define DIRECT_SEND 1u
-#define DIRECT_RECV 2u
+#define SHM_DIRECT_SEND 1u /* direct_desc_t.has: the input lies in the arena */
+#define SHM_DIRECT_RECV 2u /* the output */
 
 int fsdp2_shm_direct_wanted(const shm_group_t *sg, const coll_op_t *op)
 {
@@ -63,11 +63,11 @@ int fsdp2_shm_direct_wanted(const shm_group_t *sg, const coll_op_t *op)
 static unsigned needs(const coll_op_t *op, int r)
 {
     switch (op->kind) {
-    case COLL_ALL_REDUCE: return DIRECT_RECV; /* in place: send is recv */
-    case COLL_REDUCE_SCATTER: return DIRECT_SEND;
-    case COLL_ALL_GATHER: return DIRECT_RECV;
-    case COLL_ALL_GATHER_PIECES: return DIRECT_SEND;
-    case COLL_BROADCAST: return r == op->root ? 0 : DIRECT_RECV;
+    case COLL_ALL_REDUCE: return SHM_DIRECT_RECV; /* in place: send is recv */
+    case COLL_REDUCE_SCATTER: return SHM_DIRECT_SEND;
+    case COLL_ALL_GATHER: return SHM_DIRECT_RECV;
+    case COLL_ALL_GATHER_PIECES: return SHM_DIRECT_SEND;
+    case COLL_BROADCAST: return r == op->root ? 0 : SHM_DIRECT_RECV;
     default: return ~0u;
     }
 }
@@ -89,9 +89,9 @@ static void announce(run_t *x, const coll_op_t *op, direct_desc_t *descs)
     uint64_t send_off = 0, recv_off = 0;
     if (fsdp2_cpu_arena_identity(&id)) {
         if (fsdp2_cpu_arena_locate(op->send, send_bytes, &send_off))
-            has |= DIRECT_SEND;
+            has |= SHM_DIRECT_SEND;
         if (fsdp2_cpu_arena_locate(op->recv, recv_bytes, &recv_off))
-            has |= DIRECT_RECV;
+            has |= SHM_DIRECT_RECV;
         d->pid = id.pid;
         d->fd = id.fd;
         d->arena_bytes = id.bytes;
@@ -106,11 +106,14 @@ static void announce(run_t *x, const coll_op_t *op, direct_desc_t *descs)
  * rank's own arena or the other peers' (they sit at the same offsets of arenas of the
  * same size, and the kernel would place the mappings exactly `bytes` apart): reading
  * buffers a power of two apart at the same offsets ran at a third of the speed (2
- * ranks, 256 MiB). Peer p's mapping starts (p + 1) * DIRECT_SKEW into a reservation. */
+ * ranks, 256 MiB). Peer p's mapping starts (p + 1) skews (SHM_DIRECT_SKEW, in whole
+ * pages) into a reservation. Children never inherit it (they would keep the peer's
+ * memory alive). */
 static void *map_skewed(int fd, uint64_t bytes, int p)
 {
-    size_t skew = (size_t)(p + 1) * DIRECT_SKEW, span = bytes + (size_t)FSDP2_SHM_MAX_RANKS *
-                  DIRECT_SKEW;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t unit = (SHM_DIRECT_SKEW + page - 1) / page * page;
+    size_t skew = (size_t)(p + 1) * unit, span = bytes + (size_t)FSDP2_SHM_MAX_RANKS * unit;
     char *room = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (room == MAP_FAILED)
         return MAP_FAILED;
@@ -122,6 +125,7 @@ static void *map_skewed(int fd, uint64_t bytes, int p)
     }
     munmap(room, skew);
     munmap(room + skew + bytes, span - skew - bytes);
+    madvise(map, bytes, MADV_DONTFORK);
     return map;
 }
 
@@ -139,18 +143,18 @@ static int map_peer(shm_group_t *sg, int p, const direct_desc_t *d)
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)d->pid, (int)d->fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     void *map = fd >= 0 ? map_skewed(fd, d->arena_bytes, p) : MAP_FAILED;
+    int e = errno;
     if (fd >= 0)
         close(fd);
     if (map == MAP_FAILED) {
-        FSDP2_LOG(INFO, COLL, "group '%s': rank %d's cpu arena (%s, %llu bytes): %s; "
-                  "collectives with it go through the slots", sg->g->name, p, path,
-                  (unsigned long long)d->arena_bytes, strerror(errno));
+        FSDP2_LOG(INFO, COLL, "group '%s': rank %d's cpu arena (%s, %llu bytes): %s",
+                  sg->g->name, p, path, (unsigned long long)d->arena_bytes, strerror(e));
         return 0;
     }
     const uint64_t *head = map;
     if (head[0] != FSDP2_CPU_ARENA_MAGIC || head[1] != d->nonce) {
         FSDP2_LOG(INFO, COLL, "group '%s': %s is not rank %d's cpu arena (another pid "
-                  "namespace?); collectives with it go through the slots", sg->g->name, path, p);
+                  "namespace?)", sg->g->name, path, p);
         munmap(map, d->arena_bytes);
         return 0;
     }
@@ -173,9 +177,9 @@ void fsdp2_shm_direct_release(shm_group_t *sg)
 static char *buffer_of(const run_t *x, const coll_op_t *op, int r, unsigned which)
 {
     if (r == x->me)
-        return which == DIRECT_SEND ? (char *)op->send : op->recv;
+        return which == SHM_DIRECT_SEND ? (char *)op->send : op->recv;
     const direct_desc_t *d = &x->direct_descs[r];
-    return x->sg->peers[r].map + (which == DIRECT_SEND ? d->send_off : d->recv_off);
+    return x->sg->peers[r].map + (which == SHM_DIRECT_SEND ? d->send_off : d->recv_off);
 }
 
 static void all_reduce(run_t *x, const coll_op_t *op)
@@ -188,7 +192,7 @@ static void all_reduce(run_t *x, const coll_op_t *op)
     size_t block = SHM_DIRECT_BLOCK / es;
     char *buf[FSDP2_SHM_MAX_RANKS];
     for (int r = 0; r < n; r++)
-        buf[r] = buffer_of(x, op, r, DIRECT_RECV);
+        buf[r] = buffer_of(x, op, r, SHM_DIRECT_RECV);
     const void *src[FSDP2_SHM_MAX_RANKS];
     for (size_t at = lo; at < hi; at += block) {
         size_t m = min_size(block, hi - at);
@@ -207,7 +211,7 @@ static void reduce_scatter(run_t *x, const coll_op_t *op)
     size_t bytes = op->count * op->elem_size;
     const void *src[FSDP2_SHM_MAX_RANKS];
     for (int r = 0; r < x->n; r++)
-        src[r] = buffer_of(x, op, r, DIRECT_SEND) + (size_t)x->me * bytes;
+        src[r] = buffer_of(x, op, r, SHM_DIRECT_SEND) + (size_t)x->me * bytes;
     fsdp2_shm_reduce_out(x, op, op->recv, src, op->count);
 }
 
@@ -221,7 +225,7 @@ static void scatter_copies(run_t *x, const coll_op_t *op, const char *from, size
     int targets = 0;
     for (int k = 0; k < n; k++) {
         int r = (me + k) % n;
-        char *at = buffer_of(x, op, r, DIRECT_RECV) + block * bytes;
+        char *at = buffer_of(x, op, r, SHM_DIRECT_RECV) + block * bytes;
         if (at != from && (op->kind != COLL_BROADCAST || r != op->root))
             dst[targets++] = at;
     }
@@ -242,7 +246,7 @@ static void gather_pieces(run_t *x, const coll_op_t *op)
         if (r == me && !fsdp2_shm_pieces_own(op, me))
             continue;
         sink_t sink = {.piece = op->pieces + op->offsets[r]};
-        const char *from = buffer_of(x, op, r, DIRECT_SEND);
+        const char *from = buffer_of(x, op, r, SHM_DIRECT_SEND);
         for (size_t off = 0; off < op->count; off += SHM_DIRECT_COPY)
             fsdp2_shm_sink_write(x, &sink, off, from + off, min_size(SHM_DIRECT_COPY,
                                                                      op->count - off));
@@ -274,6 +278,12 @@ fsdp2_status_t fsdp2_shm_direct_run(run_t *x, const coll_op_t *op, int *ran)
     FSDP2_CHECK(fsdp2_shm_sync_step(x));
     for (int r = 0; r < n; r++)
         if (descs[r].verdict != verdict_step + 1) {
+            /* A peer's arena stays unmappable (its identity never changes): every rank
+             * saw this verdict, so all of them stop announcing from the next collective. */
+            FSDP2_LOG(INFO, COLL, "group '%s': rank %d could not map a peer's cpu arena; "
+                      "the group's collectives go through the slots from now on",
+                      sg->g->name, r);
+            sg->direct_policy = 0;
             sg->direct_declined++;
             return FSDP2_SUCCESS;
         }
