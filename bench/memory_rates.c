@@ -10,6 +10,9 @@
  * - cross-core and memory read: the same, and with each slot 256 KiB more of a 256 MiB
  *   buffer (as a reduction reads its own input beside its peer's slot); bytes read of
  *   both kinds per second.
+ * - memory read on two CPUs at once: each sums its own 256 MiB buffer, started
+ *   together; bytes read by both per second until the later one is done (what a
+ *   reduce-scatter's ranks, which read all their input at once, can have between them).
  * Each rate is measured --repeat times (default 7), alternating; the table gives the
  * median, min and max.
  *
@@ -43,13 +46,14 @@ static inline void keep(const void *p) { __asm__ volatile("" : : "r"(p) : "memor
 #define SLOTS 4
 #define RING_STEPS 4096 /* 1 GiB through the ring */
 
-enum { READ, WRITE, COPY, CROSS, CROSS_AND_READ, RATES };
+enum { READ, WRITE, COPY, CROSS, CROSS_AND_READ, READ_TWO, RATES };
 static const char *const names[RATES] = {
     "memory read (sum)", "memory write (non-temporal)", "memcpy (bytes copied)",
-    "cross-core read (ring)", "cross-core and memory read",
+    "cross-core read (ring)", "cross-core and memory read", "memory read, two CPUs (sum)",
 };
 static const char *const keys[RATES] = {"memory_read", "memory_write_nt", "memcpy",
-                                        "cross_core_read", "cross_core_and_memory_read"};
+                                        "cross_core_read", "cross_core_and_memory_read",
+                                        "memory_read_two_cpus"};
 
 static double now(void)
 {
@@ -86,11 +90,20 @@ static void stream_fill(char *p, size_t bytes)
 #endif
 }
 
-/* The ring: the writer posts steps (head), the reader says which it is done with. */
+/* The ring: the writer posts steps (head), the reader says which it is done with. The
+ * other CPU's thread takes commands (go counts them): a ring pass from step `base`, or a
+ * sum of `buf` (TASK_READ), after which it posts the command's number in `finished`. */
+enum { TASK_RING, TASK_READ };
 typedef struct ring {
     _Alignas(64) atomic_size_t head;
     _Alignas(64) atomic_size_t done;
-    _Alignas(64) atomic_int go; /* the ring pass started (1, 2, ...); -1: stop */
+    _Alignas(64) atomic_int go; /* the command posted (1, 2, ...); -1: stop */
+    atomic_int finished;        /* the last TASK_READ done */
+    int task;
+    size_t base;
+    const char *buf;
+    double end; /* when the TASK_READ sum ended */
+    uint64_t sink;
     int writer_cpu;
     char *slots; /* SLOTS * SLOT */
 } ring_t;
@@ -109,14 +122,19 @@ static void *writer(void *arg)
     pin(r->writer_cpu);
     static char src[SLOT] __attribute__((aligned(64)));
     memset(src, 5, SLOT);
-    for (int run = 1;; run++) {
+    for (int cmd = 1;; cmd++) {
         /* parked, not spinning, while the single-core rates are measured */
-        while (atomic_load(&r->go) < run && atomic_load(&r->go) >= 0)
+        while (atomic_load(&r->go) < cmd && atomic_load(&r->go) >= 0)
             sched_yield();
         if (atomic_load(&r->go) < 0)
             break;
-        size_t base = (size_t)(run - 1) * RING_STEPS;
-        for (size_t t = base; t < base + RING_STEPS; t++) {
+        if (r->task == TASK_READ) {
+            r->sink += sum((const uint64_t *)r->buf, BIG);
+            r->end = now();
+            atomic_store(&r->finished, cmd);
+            continue;
+        }
+        for (size_t t = r->base; t < r->base + RING_STEPS; t++) {
             while (t >= SLOTS && atomic_load_explicit(&r->done, memory_order_acquire) + SLOTS <= t)
                 relax();
             memcpy(r->slots + (t % SLOTS) * SLOT, src, SLOT);
@@ -126,12 +144,16 @@ static void *writer(void *arg)
     return NULL;
 }
 
-/* One pass of RING_STEPS slots, reading `also` bytes of big beside each: GB/s read. */
-static double ring_pass(ring_t *r, int run, const char *big, size_t also, uint64_t *sink)
+/* One pass of RING_STEPS slots (command cmd, the pass-th), reading `also` bytes of big
+ * beside each: GB/s read. */
+static double ring_pass(ring_t *r, int cmd, int pass, const char *big, size_t also,
+                        uint64_t *sink)
 {
-    size_t base = (size_t)(run - 1) * RING_STEPS, at = 0;
+    size_t base = (size_t)pass * RING_STEPS, at = 0;
+    r->task = TASK_RING;
+    r->base = base;
     double t0 = now();
-    atomic_store(&r->go, run);
+    atomic_store(&r->go, cmd);
     for (size_t t = base; t < base + RING_STEPS; t++) {
         while (atomic_load_explicit(&r->head, memory_order_acquire) <= t)
             relax();
@@ -143,6 +165,22 @@ static double ring_pass(ring_t *r, int run, const char *big, size_t also, uint64
         atomic_store_explicit(&r->done, t + 1, memory_order_release);
     }
     return (double)RING_STEPS * (double)(SLOT + also) / (now() - t0) / 1e9;
+}
+
+/* Both CPUs sum 256 MiB each, started together (command cmd): GB/s read by both. */
+static double read_two(ring_t *r, int cmd, const char *mine, const char *theirs, uint64_t *sink)
+{
+    r->task = TASK_READ;
+    r->buf = theirs;
+    double t0 = now();
+    atomic_store(&r->go, cmd);
+    *sink += sum((const uint64_t *)mine, BIG);
+    double end = now();
+    while (atomic_load(&r->finished) < cmd)
+        relax();
+    if (r->end > end)
+        end = r->end;
+    return 2.0 * (double)BIG / (end - t0) / 1e9;
 }
 
 /* Whether cpu b is a hardware thread of the same core as cpu a (Linux sysfs; no: when
@@ -244,7 +282,7 @@ int main(int argc, char **argv)
         }
     }
     uint64_t sink = 0;
-    int run = 0;
+    int cmd = 0, pass = 0;
     for (int i = 0; i < repeat; i++) {
         double t0 = now();
         sink += sum((const uint64_t *)x, BIG);
@@ -258,13 +296,15 @@ int main(int argc, char **argv)
         keep(y);
         got[COPY * repeat + i] = (double)BIG / (now() - t0) / 1e9;
         if (rates == RATES) {
-            got[CROSS * repeat + i] = ring_pass(&ring, ++run, x, 0, &sink);
-            got[CROSS_AND_READ * repeat + i] = ring_pass(&ring, ++run, x, SLOT, &sink);
+            got[CROSS * repeat + i] = ring_pass(&ring, ++cmd, pass++, x, 0, &sink);
+            got[CROSS_AND_READ * repeat + i] = ring_pass(&ring, ++cmd, pass++, x, SLOT, &sink);
+            got[READ_TWO * repeat + i] = read_two(&ring, ++cmd, x, y, &sink);
         }
     }
     if (ncpu == 2) {
         atomic_store(&ring.go, -1);
         pthread_join(th, NULL);
+        sink += ring.sink;
     }
     printf("# one core's memory rates, GB/s: 256 MiB buffers, 1 GiB through a ring of %d x "
            "256 KiB slots written on CPU %d, read on CPU %d; %d runs (checksum %llu)\n",
