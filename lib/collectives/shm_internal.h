@@ -156,6 +156,12 @@ void fsdp2_shm_direct_release(shm_group_t *sg);
  * fsdp2_shm_fence_streams before anyone else may read dst. */
 void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n);
 void fsdp2_shm_fence_streams(void);
+/* dst[i] = the reduction of src[0][i] .. src[n-1][i] (n <= FSDP2_SHM_MAX_RANKS) as
+ * fsdp2_reduce_rank_order computes it, to the same bits, written with non-temporal
+ * stores; dst aliases no source. Fence as for fsdp2_shm_stream_copy. */
+void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
+                             const void *const *src, int n, size_t count, double pre,
+                             double post);
 /* Whether op's slot writes stream: the policy, and for auto the class's choice. A try
  * of a way found far costlier takes only the first *part_steps steps this rank posts
  * (0: the whole run), after which the run writes the other way. */

@@ -14,7 +14,6 @@
 #include "core/error.h"
 
 #define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
-#define SHM_REDUCE_BLOCK (8u << 10)  /* bytes reduced at a time when the output streams */
 #define SHM_PAIR_CHUNK (16u << 10)   /* bytes per copy in turn when the fused all-reduce pairs */
 
 /* A copy of a reduction: a piece of a peer's range into this rank's slot (to_slot), or
@@ -93,20 +92,10 @@ void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
                           const void *const *src, size_t m)
 {
     double pre = op->reduce.pre_divide, post = op->reduce.post_divide;
-    if (!x->out_streaming) {
+    if (x->out_streaming)
+        fsdp2_shm_reduce_stream(out, op->dtype, op->elem_size, src, x->n, m, pre, post);
+    else
         fsdp2_reduce_rank_order(out, op->dtype, src, x->n, m, pre, post);
-        return;
-    }
-    _Alignas(SHM_LINE) char block[SHM_REDUCE_BLOCK];
-    size_t es = op->elem_size, per = sizeof(block) / es;
-    const void *at[FSDP2_SHM_MAX_RANKS];
-    for (size_t done = 0; done < m; done += per) {
-        size_t k = min_size(per, m - done);
-        for (int r = 0; r < x->n; r++)
-            at[r] = (const char *)src[r] + done * es;
-        fsdp2_reduce_rank_order(block, op->dtype, at, x->n, k, pre, post);
-        fsdp2_shm_out_copy(x, out + done * es, block, k * es);
-    }
 }
 
 /* Elements of es bytes per peer in one step's slot of a reduction over n ranks: a writer's

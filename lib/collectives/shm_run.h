@@ -71,8 +71,8 @@ fsdp2_status_t fsdp2_shm_sync_step(run_t *x);
 
 fsdp2_status_t fsdp2_shm_run_reduce_scatter(run_t *x, const coll_op_t *op);
 fsdp2_status_t fsdp2_shm_run_all_reduce(run_t *x, const coll_op_t *op);
-/* Reduces m elements of src[0..n) into out, in rank order (x->out_streaming: through an
- * L1 block and non-temporal stores). */
+/* Reduces m elements of src[0..n) into out, in rank order (x->out_streaming: with
+ * non-temporal stores, fsdp2_shm_reduce_stream). */
 void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
                           const void *const *src, size_t m);
 
