@@ -47,12 +47,17 @@ typedef struct direct_desc {
 } direct_desc_t;
 _Static_assert(sizeof(direct_desc_t) <= SHM_LINE, "an announcement fits a cache line");
 
-/* A peer's arena as this rank mapped it (or failed to: not tried again for that arena). */
+/* A peer's arena as this rank mapped it (or failed to: not tried again for that arena),
+ * and the arena rank r (this one too) announced when the group last agreed that every
+ * rank had mapped every peer's (agreed: set by every rank after the same verdict step). */
 typedef struct direct_peer {
     int32_t pid, fd;
     uint64_t bytes, nonce;
     char *map;
     int failed;
+    int agreed;
+    int32_t agreed_pid, agreed_fd;
+    uint64_t agreed_bytes, agreed_nonce;
 } direct_peer_t;
 
 /* Auto slot stores, one kind and size class: the way in use, whether the next run tries
@@ -109,6 +114,7 @@ struct shm_group {
     int direct_policy;    /* every member allows single-copy collectives (and an arena) */
     uint64_t direct_ran, direct_declined; /* collectives that ran single-copy, or announced
                                            * and then went through the slots */
+    uint64_t direct_verdicts; /* of those, the ones that took a verdict step */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
     shm_peer_gone_fn gone;
     void *gone_arg;
