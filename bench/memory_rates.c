@@ -90,8 +90,8 @@ static void stream_fill(char *p, size_t bytes)
 #endif
 }
 
-/* The ring: the writer posts steps (head), the reader says which it is done with. The
- * other CPU's thread takes commands (go counts them): a ring pass from step `base`, or a
+/* The other CPU's helper thread takes commands (go counts them): a ring pass from step
+ * `base`, in which it posts steps (head) and the reader says which it is done with, or a
  * sum of `buf` (TASK_READ), after which it posts the command's number in `finished`. */
 enum { TASK_RING, TASK_READ };
 typedef struct ring {
@@ -104,7 +104,7 @@ typedef struct ring {
     const char *buf;
     double end; /* when the TASK_READ sum ended */
     uint64_t sink;
-    int writer_cpu;
+    int helper_cpu;
     char *slots; /* SLOTS * SLOT */
 } ring_t;
 
@@ -116,10 +116,10 @@ static void pin(int cpu)
     pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
 }
 
-static void *writer(void *arg)
+static void *helper(void *arg)
 {
     ring_t *r = arg;
-    pin(r->writer_cpu);
+    pin(r->helper_cpu);
     static char src[SLOT] __attribute__((aligned(64)));
     memset(src, 5, SLOT);
     for (int cmd = 1;; cmd++) {
@@ -128,13 +128,17 @@ static void *writer(void *arg)
             sched_yield();
         if (atomic_load(&r->go) < 0)
             break;
-        if (r->task == TASK_READ) {
-            r->sink += sum((const uint64_t *)r->buf, BIG);
+        /* read once: the main thread sets the next command's once it sees our last head */
+        int task = r->task;
+        size_t base = r->base;
+        const char *buf = r->buf;
+        if (task == TASK_READ) {
+            r->sink += sum((const uint64_t *)buf, BIG);
             r->end = now();
             atomic_store(&r->finished, cmd);
             continue;
         }
-        for (size_t t = r->base; t < r->base + RING_STEPS; t++) {
+        for (size_t t = base; t < base + RING_STEPS; t++) {
             while (t >= SLOTS && atomic_load_explicit(&r->done, memory_order_acquire) + SLOTS <= t)
                 relax();
             memcpy(r->slots + (t % SLOTS) * SLOT, src, SLOT);
@@ -275,8 +279,8 @@ int main(int argc, char **argv)
     int rates = ncpu == 2 ? RATES : CROSS; /* the ring needs a second CPU */
     if (ncpu == 2) {
         pin(cpus[0]);
-        ring.writer_cpu = cpus[1];
-        if (pthread_create(&th, NULL, writer, &ring) != 0) {
+        ring.helper_cpu = cpus[1];
+        if (pthread_create(&th, NULL, helper, &ring) != 0) {
             fprintf(stderr, "pthread_create failed: no cross-core rates\n");
             ncpu = 1;
         }
