@@ -20,8 +20,8 @@
  * collective that touches every peer, later ones that announce the same arenas skip it
  * (at 4 ranks on 2 cores, 64-256 KiB collectives took 10-28% less time). A last step
  * after the work means that no rank returns while a peer may still read or write its
- * buffers. The reductions sum
- * in the order the slots do (rank order), so both ways give the same bits. */
+ * buffers. The reductions sum in the order the slots do (rank order), so both ways give
+ * the same bits. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -303,6 +303,10 @@ fsdp2_status_t fsdp2_shm_direct_run(run_t *x, const coll_op_t *op, int *ran)
      * still there (a rank unmaps only when the group goes) and no verdict is needed:
      * every rank sees the same announcements, so all skip it alike. */
     if (!agreed(sg, descs, n)) {
+        /* every rank gets here together: forget the record on all alike (map_peer
+         * resets only the peers this rank maps) */
+        for (int r = 0; r < n; r++)
+            sg->peers[r].agreed = 0;
         int ok = 1;
         for (int r = 0; r < n; r++)
             if (r != x->me && touches(op, x->me, r))

@@ -164,7 +164,8 @@ void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n);
 void fsdp2_shm_fence_streams(void);
 /* dst[i] = the reduction of src[0][i] .. src[n-1][i] (n <= FSDP2_SHM_MAX_RANKS) as
  * fsdp2_reduce_rank_order computes it, to the same bits, written with non-temporal
- * stores; dst aliases no source. Fence as for fsdp2_shm_stream_copy. */
+ * stores; dst may be one of the sources exactly (in place: each element is read before
+ * it is written), and overlaps none otherwise. Fence as for fsdp2_shm_stream_copy. */
 void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
                              const void *const *src, int n, size_t count, double pre,
                              double post);

@@ -95,11 +95,12 @@ void fsdp2_shm_fence_streams(void)
 #define SHM_REDUCE_STREAM_BLOCK (1u << 10) /* bytes; 1 KiB blocks went as fast as none */
 
 #if defined(__SSE2__)
+/* count: a multiple of 4 (whole lines). Divides as fsdp2_reduce_rank_order decides, from
+ * the factors as doubles. */
 static void reduce_stream_f32(float *dst, const void *const *src, int n, size_t count,
-                              float pre, float post)
+                              float pre, float post, int divide_pre, int divide_post)
 {
     __m128 vpre = _mm_set1_ps(pre), vpost = _mm_set1_ps(post);
-    int divide_pre = pre != 1.0f, divide_post = post != 1.0f;
     for (size_t i = 0; i < count; i += 4) {
         __m128 acc = _mm_loadu_ps((const float *)src[0] + i);
         if (divide_pre)
@@ -112,6 +113,7 @@ static void reduce_stream_f32(float *dst, const void *const *src, int n, size_t 
     }
 }
 
+/* count: a multiple of 2 (whole lines). */
 static void reduce_stream_f64(double *dst, const void *const *src, int n, size_t count,
                               double pre, double post)
 {
@@ -154,7 +156,8 @@ void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
     advance(at, src, n, head, es);
 #if defined(__SSE2__)
     if (dtype == FSDP2_F32) {
-        reduce_stream_f32((float *)out, at, n, body, (float)pre, (float)post);
+        reduce_stream_f32((float *)out, at, n, body, (float)pre, (float)post, pre != 1.0,
+                          post != 1.0);
     } else if (dtype == FSDP2_F64) {
         reduce_stream_f64((double *)out, at, n, body, pre, post);
     } else

@@ -368,8 +368,10 @@ static int body_one_rank_cannot_map(rank_ctx_t *c)
     fails += counted(c, sg, 1, 0);
     if (c->rank == 1 && !fails) {
         direct_peer_t *p = &sg->peers[0];
-        const direct_desc_t *d = &sg->descs[(size_t)((sg->direct_runs - 1) % 2) * 3];
-        fails += RANK_CHECK(c, p->map == NULL && !p->agreed, "rank 0's arena is mapped");
+        const direct_desc_t *d = &sg->descs[(size_t)((sg->direct_runs - 1) % 2) *
+                                            (size_t)c->size];
+        fails += RANK_CHECK(c, p->map == NULL, "rank 0's arena is mapped");
+        fails += RANK_CHECK(c, !p->agreed, "the group agreed on arenas after a broadcast");
         *p = (direct_peer_t){.pid = d->pid, .fd = d->fd, .bytes = d->arena_bytes,
                              .nonce = d->nonce, .failed = 1};
     }

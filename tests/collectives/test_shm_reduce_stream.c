@@ -2,8 +2,8 @@
  * reduce-scatter output is written by: the same bits as fsdp2_reduce_rank_order (what
  * the slots and an output that is not streamed get) for every dtype, rank count, pre
  * and post divide, for outputs starting anywhere in a cache line and of every length
- * around a line's worth, and nothing written outside the output; f32 and f64 also
- * against a sum computed here. */
+ * around a line's worth, in place too, and nothing written outside the output; f32 and
+ * f64 also against a sum computed here. */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -90,6 +90,39 @@ START_TEST(streams_the_same_bits)
     check_dtype(_i, 1.0, 1.0);
     check_dtype(_i, 1.0, 3.0);  /* AVG over 3, or a post factor */
     check_dtype(_i, 2.0, 1.5);  /* pre and post divide factors */
+    check_dtype(_i, 1.0 + 1e-12, 1.0); /* divides, by 1.0f in f32 */
+}
+END_TEST
+
+/* In place: the output is one of the sources (what FSDP2_SHM_STREAM_OUTPUT=stream does
+ * to an in-place reduce-scatter), at every offset within a line. */
+START_TEST(streams_in_place)
+{
+    fsdp2_dtype_t t = dtypes[_i];
+    size_t es = sizes[_i], count = 203;
+    enum { N = 3 };
+    static _Alignas(64) char bufs[N][GUARD + MAX_COUNT * 8 + GUARD];
+    static _Alignas(64) char want[MAX_COUNT * 8];
+    for (int mine = 0; mine < N; mine++) {
+        for (size_t off = 0; off < 64; off += es) {
+            const void *src[N];
+            for (int r = 0; r < N; r++) {
+                memset(bufs[r], CANARY, sizeof(bufs[r]));
+                fill(bufs[r] + GUARD + off, t, (unsigned)r + 3u, count);
+                src[r] = bufs[r] + GUARD + off;
+            }
+            fsdp2_reduce_rank_order(want, t, src, N, count, 2.0, 3.0);
+            fsdp2_shm_reduce_stream(bufs[mine] + GUARD + off, t, es, src, N, count, 2.0, 3.0);
+            fsdp2_shm_fence_streams();
+            ck_assert_msg(memcmp(want, bufs[mine] + GUARD + off, count * es) == 0,
+                          "dtype %d in place on source %d, offset %zu: bytes differ", (int)t,
+                          mine, off);
+            for (size_t k = 0; k < GUARD + off; k++)
+                ck_assert_int_eq((unsigned char)bufs[mine][k], CANARY);
+            for (size_t k = GUARD + off + count * es; k < sizeof(bufs[mine]); k++)
+                ck_assert_int_eq((unsigned char)bufs[mine][k], CANARY);
+        }
+    }
 }
 END_TEST
 
@@ -98,7 +131,7 @@ END_TEST
 START_TEST(f64_against_a_reference)
 {
     enum { COUNT = 4099, N = 3 };
-    double *s[N], *out = aligned_alloc(64, (COUNT + 8) * sizeof(double));
+    double *s[N], *out = aligned_alloc(64, ((COUNT + 8) * sizeof(double) + 63) / 64 * 64);
     const void *src[N];
     for (int r = 0; r < N; r++) {
         s[r] = malloc(COUNT * sizeof(double));
@@ -124,6 +157,7 @@ static Suite *make_suite(void)
     TCase *tc = tcase_create("stream");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, streams_the_same_bits, 0, 4);
+    tcase_add_loop_test(tc, streams_in_place, 0, 4);
     tcase_add_test(tc, f64_against_a_reference);
     suite_add_tcase(s, tc);
     return s;
