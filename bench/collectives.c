@@ -8,6 +8,13 @@
  * Rank 0 prints a table and writes JSON; bench/collectives.sh runs this and Open MPI's
  * twin (bench/mpi_collectives.c) and prints the ratios.
  *
+ * Two limits go with it: one thread's memcpy (rank 0, before the others start), and
+ * what all ranks read at once: each sums its own --max bytes (from 64 MiB), started
+ * together, best of three, bytes of all per second until the slowest is done. A
+ * reduce-scatter must read every rank's input once, n * S bytes, so its busbw is at
+ * most (n - 1) / n^2 of that (docs/performance-collectives.md, "What both CPUs can
+ * read").
+ *
  * Run under a launcher: fsdp2run --nproc-per-node N build/bench/bench_collectives
  *   [--min BYTES] [--max BYTES] [--dtype f32|bf16] [--stream side|current] [--json FILE]
  *   [--ops all_gather,reduce_scatter,...] (a comma list of coll_ops.h's names: only
@@ -55,6 +62,47 @@ static void run_op(bench_t *b, int op, size_t bytes)
     CHECK(fsdp2_stream_synchronize(b->stream));
 }
 
+/* The largest of every rank's t. */
+static double slowest(bench_t *b, double t)
+{
+    /* an all-reduce of the times, each in its own slot, then max by hand */
+    double *all = calloc((size_t)b->n, sizeof(double));
+    if (!all) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    all[b->rank] = t;
+    CHECK(fsdp2_all_reduce_async(b->group, all, (size_t)b->n, FSDP2_F64, NULL, b->stream));
+    CHECK(fsdp2_stream_synchronize(b->stream));
+    double worst = 0;
+    for (int r = 0; r < b->n; r++)
+        worst = all[r] > worst ? all[r] : worst;
+    free(all);
+    return worst;
+}
+
+/* GB/s read by all ranks at once, each summing `bytes` of its own buffer a (best of
+ * three); 0 below 64 MiB, which the caches would flatter. */
+static double read_all_gbps(bench_t *b, size_t bytes)
+{
+    if (bytes < ((size_t)64 << 20))
+        return 0;
+    double best = 0;
+    unsigned long long sink = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK(fsdp2_barrier_async(b->group, b->stream));
+        CHECK(fsdp2_stream_synchronize(b->stream));
+        double t0 = now();
+        sink += bench_read_sum(b->a, bytes / 32 * 32);
+        double t = slowest(b, now() - t0);
+        double g = (double)b->n * (double)bytes / t / 1e9;
+        best = g > best ? g : best;
+    }
+    if (sink == 1) /* keeps the sums; the buffers hold zeros */
+        fprintf(stderr, "\n");
+    return best;
+}
+
 /* Mean seconds per call on the slowest rank. */
 static double time_op(bench_t *b, int op, size_t bytes)
 {
@@ -67,17 +115,7 @@ static double time_op(bench_t *b, int op, size_t bytes)
     double t0 = now();
     for (int i = 0; i < iters; i++)
         run_op(b, op, bytes);
-    double t = (now() - t0) / iters;
-    /* the slowest rank's time: all-reduce of the times, then max by hand */
-    double *all = calloc((size_t)b->n, sizeof(double));
-    all[b->rank] = t;
-    CHECK(fsdp2_all_reduce_async(b->group, all, (size_t)b->n, FSDP2_F64, NULL, b->stream));
-    CHECK(fsdp2_stream_synchronize(b->stream));
-    double worst = 0;
-    for (int r = 0; r < b->n; r++)
-        worst = all[r] > worst ? all[r] : worst;
-    free(all);
-    return worst;
+    return slowest(b, (now() - t0) / iters);
 }
 
 int main(int argc, char **argv)
@@ -131,11 +169,12 @@ int main(int argc, char **argv)
     CHECK(fsdp2_device_alloc(cpu, max_bytes, (void **)&b.b));
     memset(b.a, 0, max_bytes); /* fault the pages in before timing */
     memset(b.b, 0, max_bytes);
+    double read_gbps = read_all_gbps(&b, max_bytes);
 
     FILE *json = NULL;
     if (b.rank == 0) {
-        printf("# libfsdp2 ucx collectives, %d ranks, %s; memcpy %.2f GB/s\n", b.n, dtype_name,
-               memcpy_gbps);
+        printf("# libfsdp2 ucx collectives, %d ranks, %s; memcpy %.2f GB/s; all ranks read "
+               "%.2f GB/s at once\n", b.n, dtype_name, memcpy_gbps, read_gbps);
         printf("%-23s %12s %12s %12s %12s\n", "op", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
         if (json_path && !(json = fopen(json_path, "w"))) {
             perror(json_path);
@@ -143,8 +182,8 @@ int main(int argc, char **argv)
         }
         if (json)
             fprintf(json, "{\"impl\": \"libfsdp2\", \"ranks\": %d, \"dtype\": \"%s\", "
-                          "\"memcpy_gbps\": %.3f, \"results\": [",
-                    b.n, dtype_name, memcpy_gbps);
+                          "\"memcpy_gbps\": %.3f, \"read_all_gbps\": %.3f, \"results\": [",
+                    b.n, dtype_name, memcpy_gbps, read_gbps);
     }
     int first = 1;
     for (int op = 0; op < OP_COUNT; op++) {

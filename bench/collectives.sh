@@ -9,7 +9,9 @@
 # by default) and glibc malloc told not to give pages back between calls (without that
 # its large reduce-scatter is several times slower, which would flatter us). Prints
 # busbw side by side with the ratio ours / MPI and ours as a share of one thread's
-# memcpy rate (the limit), and writes DIR/collectives.json. The all-gathers and
+# memcpy rate (the limit), reduce-scatters from 64 MiB also as a share of what reading
+# their inputs allows (all ranks read at once, as bench_collectives measures), and
+# writes DIR/collectives.json. The all-gathers and
 # reduce-scatters run out of place and in place, as nccl-tests times them
 # (bench/coll_ops.h).
 # --repeat R runs the pair R times, alternating ours and MPI, and reports each cell's
@@ -90,18 +92,26 @@ summary = []
 for np in nps:
     runs = {}
     limits = []
+    reads = []
     for impl in ("ours", "mpi"):
         for rep in range(1, repeat + 1):
             data = json.load(open(f"{out}/{impl}_np{np}_{rep}.json"))
             if impl == "ours":
                 limits.append(data.get("memcpy_gbps", 0))
+                reads.append(data.get("read_all_gbps", 0))
             for r in data["results"]:
                 runs.setdefault((impl, r["op"], r["bytes"]), []).append(r["busbw"])
     limit = statistics.median(limits)
-    print(f"\n{np} ranks (memcpy limit {limit:.2f} GB/s): busbw GB/s, median of {repeat} "
-          f"run(s) [range]")
+    # A reduce-scatter reads n * S bytes: busbw at most (n - 1) / n^2 of what all ranks
+    # read at once (bench/collectives.c).
+    n = int(np)
+    read_all = statistics.median(reads)
+    rs_bound = (n - 1) / (n * n) * read_all
+    print(f"\n{np} ranks (memcpy limit {limit:.2f} GB/s; all ranks read {read_all:.2f} GB/s "
+          f"at once, so a reduce-scatter's busbw is at most {rs_bound:.2f}): busbw GB/s, "
+          f"median of {repeat} run(s) [range]")
     print(f"{'op':<23} {'bytes':>11} {'libfsdp2':>21} {'Open MPI':>21} {'ratio':>6} "
-          f"{'of memcpy':>9}")
+          f"{'of memcpy':>9} {'of bound':>8}")
     for (impl, op, size), ours in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         mpi = runs.get(("mpi", op, size))
         if impl != "ours" or not mpi:
@@ -109,11 +119,16 @@ for np in nps:
         a, b = statistics.median(ours), statistics.median(mpi)
         ratio = a / b if b > 0 else float("inf")
         of_limit = a / limit if limit > 0 else 0.0
+        bounded = op.startswith("reduce_scatter") and rs_bound > 0 and size >= 64 << 20
+        of_bound = f"{a / rs_bound:>8.0%}" if bounded else ""
         print(f"{op:<23} {size:>11} {a:>8.3f} [{min(ours):.2f}-{max(ours):.2f}] "
-              f"{b:>8.3f} [{min(mpi):.2f}-{max(mpi):.2f}] {ratio:>6.2f} {of_limit:>8.0%}")
+              f"{b:>8.3f} [{min(mpi):.2f}-{max(mpi):.2f}] {ratio:>6.2f} {of_limit:>9.0%} "
+              f"{of_bound}")
         summary.append({"ranks": int(np), "op": op, "bytes": size, "runs": repeat,
                         "libfsdp2_busbw": a, "openmpi_busbw": b, "libfsdp2_runs": ours,
-                        "openmpi_runs": mpi, "ratio": ratio, "memcpy_gbps": limit})
+                        "openmpi_runs": mpi, "ratio": ratio, "memcpy_gbps": limit,
+                        "read_all_gbps": read_all,
+                        "read_bound_gbps": rs_bound if bounded else None})
 interleaved = []
 for np in nps:
     for stream in ("side", "current"):

@@ -31,4 +31,19 @@ static inline double bench_memcpy_gbps(void)
     return best;
 }
 
+/* A sum of bytes / 8 words at p (bytes a multiple of 32): one pass of reads, with
+ * nothing written, which the compiler cannot drop since the sum is returned. */
+static inline unsigned long long bench_read_sum(const void *p, size_t bytes)
+{
+    const unsigned long long *w = p;
+    unsigned long long a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= bytes / 8; i += 4) {
+        a += w[i];
+        b += w[i + 1];
+        c += w[i + 2];
+        d += w[i + 3];
+    }
+    return a + b + c + d;
+}
+
 #endif
