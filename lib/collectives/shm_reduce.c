@@ -86,8 +86,8 @@ static fsdp2_status_t post_peer_pieces(run_t *x, uint64_t t, const char *base, c
 }
 
 /* Reduces m elements of the sources into out: straight, or when the output streams,
- * block by block into a buffer that stays in L1 and from there out with non-temporal
- * stores (the kernel's own stores are plain, and each would first read its line). */
+ * with non-temporal stores (fsdp2_shm_reduce_stream; a plain store would first read its
+ * line). */
 void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
                           const void *const *src, size_t m)
 {
