@@ -26,6 +26,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "memcpy_limit.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -60,18 +62,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t sum(const uint64_t *p, size_t bytes)
-{
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i < bytes / 8; i += 4) {
-        a += p[i];
-        b += p[i + 1];
-        c += p[i + 2];
-        d += p[i + 3];
-    }
-    return a + b + c + d;
 }
 
 static void stream_fill(char *p, size_t bytes)
@@ -133,7 +123,7 @@ static void *helper(void *arg)
         size_t base = r->base;
         const char *buf = r->buf;
         if (task == TASK_READ) {
-            r->sink += sum((const uint64_t *)buf, BIG);
+            r->sink += bench_read_sum(buf, BIG);
             r->end = now();
             atomic_store(&r->finished, cmd);
             continue;
@@ -161,9 +151,9 @@ static double ring_pass(ring_t *r, int cmd, int pass, const char *big, size_t al
     for (size_t t = base; t < base + RING_STEPS; t++) {
         while (atomic_load_explicit(&r->head, memory_order_acquire) <= t)
             relax();
-        *sink += sum((const uint64_t *)(r->slots + (t % SLOTS) * SLOT), SLOT);
+        *sink += bench_read_sum(r->slots + (t % SLOTS) * SLOT, SLOT);
         if (also) {
-            *sink += sum((const uint64_t *)(big + at), also);
+            *sink += bench_read_sum(big + at, also);
             at = (at + also) % BIG;
         }
         atomic_store_explicit(&r->done, t + 1, memory_order_release);
@@ -178,7 +168,7 @@ static double read_two(ring_t *r, int cmd, const char *mine, const char *theirs,
     r->buf = theirs;
     double t0 = now();
     atomic_store(&r->go, cmd);
-    *sink += sum((const uint64_t *)mine, BIG);
+    *sink += bench_read_sum(mine, BIG);
     double end = now();
     while (atomic_load(&r->finished) < cmd)
         relax();
@@ -289,7 +279,7 @@ int main(int argc, char **argv)
     int cmd = 0, pass = 0;
     for (int i = 0; i < repeat; i++) {
         double t0 = now();
-        sink += sum((const uint64_t *)x, BIG);
+        sink += bench_read_sum(x, BIG);
         got[READ * repeat + i] = (double)BIG / (now() - t0) / 1e9;
         t0 = now();
         stream_fill(y, BIG);
