@@ -59,6 +59,7 @@ typedef struct cuda_stream {
     char name[CUDA_STREAM_NAME_MAX];
     atomic_int host_status;   /* first failing fsdp2_status_t of a host function, or 0 */
     atomic_int host_message_ready;
+    atomic_int host_reported; /* a synchronize or query has returned host_status */
     char host_message[CUDA_HOST_ERROR_MAX];
 } cuda_stream_t;
 
@@ -84,6 +85,7 @@ static void cuda_stream_init(cuda_stream_t *s, int index, cudaStream_t handle, c
     snprintf(s->name, sizeof s->name, "%s", name ? name : "");
     atomic_init(&s->host_status, FSDP2_SUCCESS);
     atomic_init(&s->host_message_ready, 0);
+    atomic_init(&s->host_reported, 0);
     s->host_message[0] = '\0';
     pthread_mutex_init(&s->launch_lock, NULL);
     pthread_mutex_init(&s->host_lock, NULL);
@@ -240,8 +242,8 @@ cleanup:; /* the stream is destroyed whatever failed before */
     if (err != cudaSuccess && status == FSDP2_SUCCESS)
         status = fsdp2_cuda_status(err, "cudaStreamDestroy(s->handle)", __FILE__, __LINE__);
     cuda_device_leave(prev);
-    if (status == FSDP2_SUCCESS) /* an error nobody synchronized for */
-        status = cuda_stream_host_error(s);
+    if (status == FSDP2_SUCCESS && !atomic_load(&s->host_reported))
+        status = cuda_stream_host_error(s); /* an error nobody synchronized for */
     FSDP2_LOG(DEBUG, STREAM, "destroyed stream '%s' on cuda:%d", s->name, stream->device.index);
     pthread_cond_destroy(&s->host_done);
     pthread_mutex_destroy(&s->host_lock);
@@ -264,6 +266,7 @@ static fsdp2_status_t cuda_stream_host_error(cuda_stream_t *s)
     fsdp2_status_t status = (fsdp2_status_t)atomic_load(&s->host_status);
     if (status == FSDP2_SUCCESS)
         return FSDP2_SUCCESS;
+    atomic_store(&s->host_reported, 1);
     if (atomic_load_explicit(&s->host_message_ready, memory_order_acquire))
         fsdp2_error_set_message(s->host_message);
     else /* the failing host function is still writing its message */

@@ -10,7 +10,7 @@ set -eu
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dest="$root/.deps"
-packages="check libsubunit0 libsubunit-dev pkgconf pkgconf-bin libpkgconf3"
+packages="check libsubunit0 libsubunit-dev pkgconf pkgconf-bin libpkgconf3 libcjson1 libcjson-dev zlib1g-dev"
 
 mkdir -p "$dest"
 cd "$dest"

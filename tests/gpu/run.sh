@@ -182,7 +182,9 @@ setup_check() {
         unpack_deb "$deb" "$prefix/root" || { record check WARN "cannot unpack $deb"; return 1; }
     done
     local usr="$prefix/root/usr" pc_dir="$prefix/root/usr/lib/$multiarch/pkgconfig"
-    sed -i "s|^prefix=.*|prefix=$usr|" "$pc_dir"/*.pc
+    # Debian's .pc files name the prefix (check) or absolute directories (libcjson).
+    sed -i -e "s#^prefix=.*#prefix=$usr#" -e "s#^\(libdir\|includedir\)=/usr/#\1=$usr/#" \
+        "$pc_dir"/*.pc
     export PKG_CONFIG_PATH="$pc_dir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export LD_LIBRARY_PATH="$usr/lib/$multiarch:${LD_LIBRARY_PATH:-}"
     if ! command -v pkg-config >/dev/null; then
@@ -204,7 +206,7 @@ setup_check() {
 
 build_and_test() { # build_and_test TESTS(true|false)
     step "meson setup (tests=$1)"
-    local setup_args=(-Dcuda=enabled -Dbuildtype=release "-Dtests=$1")
+    local setup_args=(-Dcuda=enabled -Dbuildtype=release "-Dtests=$1" -Dwerror=false)
     if [ -d "$build" ]; then setup_args+=(--reconfigure); fi
     if ! "${MESON[@]}" setup "$build" "${setup_args[@]}"; then
         copy_out "$build/meson-logs/meson-log.txt" setup-log.txt
@@ -222,7 +224,9 @@ build_and_test() { # build_and_test TESTS(true|false)
     record build ok "$(ls "$build"/lib/libfsdp2.so* 2>/dev/null | head -1 | xargs -r basename)"
     [ "$1" = true ] || return 0
     step "meson test"
-    "${MESON[@]}" test -C "$build" --print-errorlogs
+    local suites=() s
+    for s in ${FSDP2_GPU_SUITES:-}; do suites+=(--suite "$s"); done
+    "${MESON[@]}" test -C "$build" --print-errorlogs "${suites[@]}"
     local rc=$?
     copy_out "$build/meson-logs/testlog.txt"
     copy_out "$build/meson-logs/testlog.json"
