@@ -4,7 +4,8 @@
  * in the group. It is created collectively from the rendezvous store (every member calls
  * fsdp2_group_create with the same name and size) and runs over a backend: `ucx` for
  * host memory (shared memory within a host, TCP or RDMA across hosts; UCX_TLS
- * overrides), `nccl` for CUDA memory (a later issue).
+ * overrides), `nccl` for CUDA memory (one GPU per member: NCCL refuses two members of a
+ * group on one GPU).
  *
  * Every collective is enqueued on an fsdp2_stream and runs in that stream's order,
  * asynchronously to the caller: on a cpu side stream it overlaps the application's
@@ -44,9 +45,12 @@ typedef struct fsdp2_group_options {
     unsigned size;           /* sizeof(fsdp2_group_options_t) */
     fsdp2_backend_t backend; /* FSDP2_BACKEND_UCX */
     long timeout_ms;         /* <= 0: FSDP2_TIMEOUT */
+    /* nccl: the CUDA device index of this member's communicator (cuda:N); -1: the
+     * calling thread's current CUDA device. Ignored by ucx. */
+    int cuda_device;
 } fsdp2_group_options_t;
 
-#define FSDP2_GROUP_OPTIONS_INIT {sizeof(fsdp2_group_options_t), FSDP2_BACKEND_UCX, 0}
+#define FSDP2_GROUP_OPTIONS_INIT {sizeof(fsdp2_group_options_t), FSDP2_BACKEND_UCX, 0, -1}
 
 /* Collective over the members: creates this process's end of group `name` (unique per
  * group, the same string on every member; it prefixes the store keys used to exchange

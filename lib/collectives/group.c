@@ -1,5 +1,5 @@
 /* Process groups: argument checks, sequence numbers and the sticky error; the backend
- * (ucx today, nccl later) does the communication. */
+ * (ucx for host memory, nccl for CUDA memory) does the communication. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -82,10 +82,14 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
         return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
                            "group '%s': libfsdp2 was built without UCX (libucx-dev)", name);
 #endif
-    } else if (opts.backend == FSDP2_BACKEND_NCCL)
-        return fsdp2_error(FSDP2_ERR_UNSUPPORTED, "group '%s': the nccl backend is not built yet",
-                           name);
-    else
+    } else if (opts.backend == FSDP2_BACKEND_NCCL) {
+#ifdef FSDP2_HAVE_CUDA
+        ops = &fsdp2_nccl_group_ops;
+#else
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
+                           "group '%s': libfsdp2 was built without CUDA and NCCL (-Dcuda)", name);
+#endif
+    } else
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': backend %d is not ucx or nccl",
                            name, (int)opts.backend);
     fsdp2_group_t *g = calloc(1, sizeof(*g));
@@ -96,6 +100,7 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     g->rank = rank;
     g->size = size;
     g->timeout_ms = opts.timeout_ms > 0 ? opts.timeout_ms : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    g->cuda_device = opts.cuda_device;
     atomic_init(&g->next_seq, 0);
     atomic_init(&g->aborted, 0);
     atomic_init(&g->error, FSDP2_SUCCESS);

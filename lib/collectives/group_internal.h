@@ -62,6 +62,7 @@ struct fsdp2_group {
     char name[FSDP2_GROUP_NAME_MAX];
     int rank, size;
     long timeout_ms;
+    int cuda_device; /* nccl: the option as given (-1: the creating thread's device) */
     atomic_uint_fast64_t next_seq;
     atomic_int aborted;
     atomic_int error; /* sticky fsdp2_status_t, first failure wins */
@@ -71,6 +72,7 @@ struct fsdp2_group {
 };
 
 extern const fsdp2_group_ops_t fsdp2_ucx_group_ops;
+extern const fsdp2_group_ops_t fsdp2_nccl_group_ops;
 
 /* "all_gather", "reduce_scatter", ...: for messages. */
 const char *fsdp2_coll_kind_name(coll_kind_t kind);

@@ -47,6 +47,10 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     c->go = (fsdp2_group_options_t)FSDP2_GROUP_OPTIONS_INIT;
     c->go.backend = opts.backend;
     c->go.timeout_ms = opts.timeout_ms;
+    /* One GPU per local rank, as torchrun's users set it (LOCAL_RANK); the nccl backend
+     * says so when this host has fewer GPUs. */
+    if (opts.backend == FSDP2_BACKEND_NCCL)
+        c->go.cuda_device = c->info.local_rank;
     FSDP2_CHECK_GOTO(fsdp2_group_create(c->store, "world", c->info.rank, c->info.world_size,
                                         &c->go, &c->world),
                      status, cleanup);

@@ -27,6 +27,7 @@
 #include "core/log_internal.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_stream.h"
 
 /* Devices with a current-stream object; more GPUs than this in one process are refused. */
 #define CUDA_MAX_DEVICES 64
@@ -581,3 +582,8 @@ const fsdp2_device_ops_t fsdp2_cuda_ops = {
     .chunk_copy = cuda_chunk_copy,
     .pci_bus_id = cuda_pci_bus_id,
 };
+
+cudaStream_t fsdp2_cuda_stream_handle(const fsdp2_stream_t *stream)
+{
+    return ((const cuda_stream_t *)stream)->handle;
+}

@@ -1,11 +1,15 @@
 /* The CUDA kernels of the cuda device backend: fill, accumulate and the strided chunk
  * copy with cast, for every pair of the 7 dtypes.
  *
- * Every kernel is a grid-stride loop over elements whose body is one function of
- * cuda_convert.h, instantiated for a compile-time pair of dtypes so that its dtype
- * switches fold away; the same functions run on the host in the conversion test.
- * Launch shapes are capped (kMaxBlocks) so huge tensors do not make huge grids: the
- * loops cover the rest. */
+ * Every kernel is a grid-stride loop whose body is one function of cuda_convert.h,
+ * instantiated for a compile-time pair of dtypes so that its dtype switches fold away;
+ * the same functions run on the host in the conversion test. Casts, chunk copies and
+ * accumulations move packs of kPack elements per thread with 8- or 16-byte loads and
+ * stores whenever every row's start can be brought to that alignment on both sides by
+ * the same head of fewer than kPack elements (the head and the tail of each row go one
+ * element per thread); otherwise they go one element per thread throughout. Launch
+ * shapes are capped (kMaxBlocks) so huge tensors do not make huge grids: the loops
+ * cover the rest. */
 #include "cuda/cuda_kernels.h"
 
 #include <climits>
@@ -20,6 +24,80 @@ constexpr unsigned kThreads = 256;
 constexpr size_t kMaxBlocks = 4096;
 /* The y dimension of a grid is limited to 65535 blocks. */
 constexpr size_t kMaxRowBlocks = 65535;
+/* fsdp2_cu_dtype_size for template arguments. */
+__host__ __device__ constexpr size_t dtype_bytes(fsdp2_dtype_t t)
+{
+    switch (t) {
+#define FSDP2_CU_SIZE_CASE_(name, id, bytes, str) \
+    case FSDP2_##name:                            \
+        return bytes;
+        FSDP2_DTYPE_MAP(FSDP2_CU_SIZE_CASE_)
+#undef FSDP2_CU_SIZE_CASE_
+    default:
+        return 0;
+    }
+}
+
+/* Elements a thread moves at once on the vector paths. */
+constexpr size_t kPack = 8;
+
+/* Bytes of one pack of T-sized elements, and the alignment its loads need: 16-byte
+ * accesses, or one 8-byte access for 1-byte elements. */
+__host__ __device__ constexpr size_t pack_bytes(size_t elem)
+{
+    return kPack * elem;
+}
+__host__ __device__ constexpr size_t pack_align(size_t elem)
+{
+    return pack_bytes(elem) < 16 ? pack_bytes(elem) : 16;
+}
+
+template <size_t Bytes>
+struct alignas(Bytes < 16 ? Bytes : 16) pack_t {
+    unsigned char b[Bytes];
+};
+
+/* One pack from global memory into registers, in 16-byte (or one 8-byte) accesses. */
+template <size_t Bytes>
+__device__ __forceinline__ pack_t<Bytes> load_pack(const void *p)
+{
+    pack_t<Bytes> v;
+    if constexpr (Bytes >= 16) {
+#pragma unroll
+        for (size_t k = 0; k < Bytes / 16; k++)
+            reinterpret_cast<uint4 *>(v.b)[k] = reinterpret_cast<const uint4 *>(p)[k];
+    } else {
+        *reinterpret_cast<uint2 *>(v.b) = *reinterpret_cast<const uint2 *>(p);
+    }
+    return v;
+}
+
+template <size_t Bytes>
+__device__ __forceinline__ void store_pack(void *p, const pack_t<Bytes> &v)
+{
+    if constexpr (Bytes >= 16) {
+#pragma unroll
+        for (size_t k = 0; k < Bytes / 16; k++)
+            reinterpret_cast<uint4 *>(p)[k] = reinterpret_cast<const uint4 *>(v.b)[k];
+    } else {
+        *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(v.b);
+    }
+}
+
+/* The head (< kPack elements) after which a row starting at a (elements of a_elem bytes,
+ * rows a_pitch bytes apart) and one at b are both pack-aligned on every row; kPack when
+ * there is none. */
+size_t common_head(const void *a, size_t a_elem, size_t a_pitch, const void *b, size_t b_elem,
+                   size_t b_pitch, size_t rows)
+{
+    size_t aa = pack_align(a_elem), ba = pack_align(b_elem);
+    if (rows > 1 && (a_pitch % aa != 0 || b_pitch % ba != 0))
+        return kPack;
+    for (size_t h = 0; h < kPack; h++)
+        if (((uintptr_t)a + h * a_elem) % aa == 0 && ((uintptr_t)b + h * b_elem) % ba == 0)
+            return h;
+    return kPack;
+}
 
 unsigned blocks_for(size_t n, size_t cap)
 {
@@ -63,16 +141,77 @@ __global__ void chunk_copy_kernel(void *__restrict__ dst, size_t dst_stride,
     }
 }
 
+/* The chunk copy in packs: per row, elements [head, head + packs * kPack) a pack per
+ * thread, the head and the tail (fewer than kPack each) an element per thread. */
+template <fsdp2_dtype_t D, fsdp2_dtype_t S>
+__global__ void chunk_copy_vec_kernel(char *__restrict__ dst, size_t dst_pitch,
+                                      const char *__restrict__ src, size_t src_pitch,
+                                      size_t rows, size_t cols, size_t head)
+{
+    constexpr size_t kD = dtype_bytes(D), kS = dtype_bytes(S);
+    size_t packs = (cols - head) / kPack;
+    size_t tail0 = head + packs * kPack;
+    size_t col_stride = (size_t)gridDim.x * blockDim.x;
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        char *d = dst + r * dst_pitch;
+        const char *s = src + r * src_pitch;
+        for (size_t p = t; p < packs; p += col_stride) {
+            size_t e = head + p * kPack;
+            pack_t<pack_bytes(kS)> in = load_pack<pack_bytes(kS)>(s + e * kS);
+            pack_t<pack_bytes(kD)> out;
+#pragma unroll
+            for (size_t k = 0; k < kPack; k++)
+                fsdp2_cu_convert_elem(D, out.b, k, S, in.b, k);
+            store_pack<pack_bytes(kD)>(d + e * kD, out);
+        }
+        if (t < head)
+            fsdp2_cu_convert_elem(D, d, t, S, s, t);
+        if (t < cols - tail0)
+            fsdp2_cu_convert_elem(D, d, tail0 + t, S, s, tail0 + t);
+    }
+}
+
+template <fsdp2_dtype_t Y, fsdp2_dtype_t X>
+__global__ void accumulate_vec_kernel(char *__restrict__ y, const char *__restrict__ x, size_t n,
+                                      size_t head, float alpha32, double alpha64)
+{
+    constexpr size_t kY = dtype_bytes(Y), kX = dtype_bytes(X);
+    size_t packs = (n - head) / kPack;
+    size_t tail0 = head + packs * kPack;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t p = t; p < packs; p += stride) {
+        size_t e = head + p * kPack;
+        pack_t<pack_bytes(kX)> xv = load_pack<pack_bytes(kX)>(x + e * kX);
+        pack_t<pack_bytes(kY)> yv = load_pack<pack_bytes(kY)>(y + e * kY);
+#pragma unroll
+        for (size_t k = 0; k < kPack; k++)
+            fsdp2_cu_accumulate_elem(Y, yv.b, X, xv.b, k, alpha32, alpha64);
+        store_pack<pack_bytes(kY)>(y + e * kY, yv);
+    }
+    if (t < head)
+        fsdp2_cu_accumulate_elem(Y, y, X, x, t, alpha32, alpha64);
+    if (t < n - tail0)
+        fsdp2_cu_accumulate_elem(Y, y, X, x, tail0 + t, alpha32, alpha64);
+}
+
 template <fsdp2_dtype_t Y>
 cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
                               float alpha32, double alpha64, cudaStream_t stream)
 {
-    unsigned grid = blocks_for(n, kMaxBlocks);
+    size_t head = common_head(y, fsdp2_cu_dtype_size(Y), 0, x, fsdp2_cu_dtype_size(x_dtype), 0, 1);
+    int vec = head < kPack && n >= head + kPack;
+    unsigned grid = vec ? blocks_for((n - head) / kPack, kMaxBlocks) : blocks_for(n, kMaxBlocks);
     switch (x_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str)                                              \
-    case FSDP2_##name:                                                                    \
-        accumulate_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(y, x, n, alpha32, \
-                                                                           alpha64);     \
+#define FSDP2_CU_CASE_(name, id, bytes, str)                                                  \
+    case FSDP2_##name:                                                                        \
+        if (vec)                                                                              \
+            accumulate_vec_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
+                (char *)y, (const char *)x, n, head, alpha32, alpha64);                       \
+        else                                                                                  \
+            accumulate_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(y, x, n, alpha32, \
+                                                                               alpha64);      \
         return cudaGetLastError();
         FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
@@ -82,13 +221,26 @@ cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, siz
 }
 
 template <fsdp2_dtype_t D>
-cudaError_t launch_chunk_copy(const fsdp2_chunk_copy_t *c, dim3 grid, cudaStream_t stream)
+cudaError_t launch_chunk_copy(const fsdp2_chunk_copy_t *c, cudaStream_t stream)
 {
+    size_t de = fsdp2_cu_dtype_size(D), se = fsdp2_cu_dtype_size(c->src_dtype);
+    size_t head = common_head(c->dst, de, c->dst_stride * de, c->src, se, c->src_stride * se,
+                              c->rows);
+    int vec = head < kPack && c->cols >= head + kPack;
+    size_t rows = c->rows < kMaxRowBlocks ? c->rows : kMaxRowBlocks;
+    size_t cap = kMaxBlocks * 4 / rows;
+    size_t per_row = vec ? (c->cols - head) / kPack : c->cols;
+    dim3 grid(blocks_for(per_row, cap == 0 ? 1 : cap), (unsigned)rows, 1);
     switch (c->src_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str)                                          \
-    case FSDP2_##name:                                                                \
-        chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
-            c->dst, c->dst_stride, c->src, c->src_stride, c->rows, c->cols);          \
+#define FSDP2_CU_CASE_(name, id, bytes, str)                                                 \
+    case FSDP2_##name:                                                                       \
+        if (vec)                                                                             \
+            chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(           \
+                (char *)c->dst, c->dst_stride * de, (const char *)c->src, c->src_stride * se, \
+                c->rows, c->cols, head);                                                     \
+        else                                                                                 \
+            chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(               \
+                c->dst, c->dst_stride, c->src, c->src_stride, c->rows, c->cols);             \
         return cudaGetLastError();
         FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
@@ -191,13 +343,10 @@ extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cud
         return cudaSuccess;
     if (copy->dst_dtype == copy->src_dtype)
         return copy_same_dtype(copy, dst_elem, stream);
-    size_t rows = copy->rows < kMaxRowBlocks ? copy->rows : kMaxRowBlocks;
-    size_t cap = kMaxBlocks * 4 / rows;
-    dim3 grid(blocks_for(copy->cols, cap == 0 ? 1 : cap), (unsigned)rows, 1);
     switch (copy->dst_dtype) {
 #define FSDP2_CU_CASE_(name, id, bytes, str) \
     case FSDP2_##name:                       \
-        return launch_chunk_copy<FSDP2_##name>(copy, grid, stream);
+        return launch_chunk_copy<FSDP2_##name>(copy, stream);
         FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:

@@ -410,12 +410,15 @@ typedef struct kernel_bench {
     size_t cap;
 } kernel_bench_t;
 
-/* One chunk copy (a cast when rows == 1) on both devices; compares the whole
- * destination buffer, gaps between rows included. */
-static void check_chunk_copy(kernel_bench_t *kb, fsdp2_dtype_t dt, fsdp2_dtype_t st, size_t rows,
-                             size_t cols, size_t dst_stride, size_t src_stride)
+/* One chunk copy (a cast when rows == 1) on both devices, dst and src starting
+ * dst_off and src_off elements into their buffers (the kernels' vector paths depend on
+ * the alignment); compares the whole destination buffer, the poisoned elements before
+ * dst_off and the gaps between rows included. */
+static void check_chunk_copy_at(kernel_bench_t *kb, fsdp2_dtype_t dt, fsdp2_dtype_t st,
+                                size_t rows, size_t cols, size_t dst_stride, size_t src_stride,
+                                size_t dst_off, size_t src_off)
 {
-    size_t src_n = (rows - 1) * src_stride + cols, dst_n = rows * dst_stride;
+    size_t src_n = src_off + (rows - 1) * src_stride + cols, dst_n = dst_off + rows * dst_stride;
     size_t src_bytes = src_n * dsize(st), dst_bytes = dst_n * dsize(dt);
     if (src_bytes > kb->cap || dst_bytes > kb->cap) {
         FAIL("test buffers too small for %zu x %zu", rows, cols);
@@ -425,32 +428,42 @@ static void check_chunk_copy(kernel_bench_t *kb, fsdp2_dtype_t dt, fsdp2_dtype_t
     random_values(src, st, src_n, 30);
     memset(want, 0xab, dst_bytes);
     memset(got, 0xab, dst_bytes);
-    fsdp2_chunk_copy_t c = {want, dt, dst_stride, src, st, src_stride, rows, cols};
+    fsdp2_chunk_copy_t c = {(char *)want + dst_off * dsize(dt), dt, dst_stride,
+                            (char *)src + src_off * dsize(st), st, src_stride, rows, cols};
     ASSERT_OK(fsdp2_chunk_copy_async(&c, kb->host));
     ASSERT_OK(fsdp2_stream_synchronize(kb->host));
     ASSERT_OK(upload(kb->dsrc, src, src_bytes, kb->gpu));
     ASSERT_OK(upload(kb->ddst, got, dst_bytes, kb->gpu));
-    c.dst = kb->ddst;
-    c.src = kb->dsrc;
+    c.dst = (char *)kb->ddst + dst_off * dsize(dt);
+    c.src = (char *)kb->dsrc + src_off * dsize(st);
     if (rows == 1 && dst_stride == cols && src_stride == cols)
-        ASSERT_OK(fsdp2_cast_async(kb->ddst, dt, kb->dsrc, st, cols, kb->gpu));
+        ASSERT_OK(fsdp2_cast_async(c.dst, dt, c.src, st, cols, kb->gpu));
     else
         ASSERT_OK(fsdp2_chunk_copy_async(&c, kb->gpu));
     ASSERT_OK(download(got, kb->ddst, dst_bytes, kb->gpu));
     long i = first_difference(want, got, dt, dst_n);
     if (i >= 0) {
-        size_t r = (size_t)i / dst_stride, col = (size_t)i % dst_stride;
-        FAIL("chunk copy %s -> %s, %zu x %zu (strides dst %zu src %zu): element %ld "
-             "(row %zu col %zu) src 0x%llx: cpu 0x%llx cuda 0x%llx",
-             fsdp2_dtype_name(st), fsdp2_dtype_name(dt), rows, cols, dst_stride, src_stride, i,
-             r, col,
-             col < cols ? (unsigned long long)elem_bits(src, st, r * src_stride + col) : 0ull,
+        size_t at = (size_t)i < dst_off ? 0 : (size_t)i - dst_off;
+        size_t r = at / dst_stride, col = at % dst_stride;
+        FAIL("chunk copy %s -> %s, %zu x %zu (strides dst %zu src %zu, offsets %zu %zu): "
+             "element %ld (row %zu col %zu) src 0x%llx: cpu 0x%llx cuda 0x%llx",
+             fsdp2_dtype_name(st), fsdp2_dtype_name(dt), rows, cols, dst_stride, src_stride,
+             dst_off, src_off, i, r, col,
+             (size_t)i >= dst_off && col < cols
+                 ? (unsigned long long)elem_bits(src, st, src_off + r * src_stride + col)
+                 : 0ull,
              (unsigned long long)elem_bits(want, dt, (size_t)i),
              (unsigned long long)elem_bits(got, dt, (size_t)i));
     }
     free(src);
     free(want);
     free(got);
+}
+
+static void check_chunk_copy(kernel_bench_t *kb, fsdp2_dtype_t dt, fsdp2_dtype_t st, size_t rows,
+                             size_t cols, size_t dst_stride, size_t src_stride)
+{
+    check_chunk_copy_at(kb, dt, st, rows, cols, dst_stride, src_stride, 0, 0);
 }
 
 static void test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair(kernel_bench_t *kb)
@@ -463,6 +476,13 @@ static void test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair(kernel_bench
             check_chunk_copy(kb, dt, st, 1, 5, 5, 5);                /* tiny */
             check_chunk_copy(kb, dt, st, 37, 1001, 1024, 1013);     /* strided rows */
             check_chunk_copy(kb, dt, st, 64, 128, 128, 128);        /* contiguous 2D */
+            /* Starts off the vector alignment: the same head on both sides (vector
+             * body, scalar head and tail), different heads (scalar), and rows whose
+             * strides keep every row's head the same. */
+            check_chunk_copy_at(kb, dt, st, 1, 100003, 100003, 100003, 3, 3);
+            check_chunk_copy_at(kb, dt, st, 1, 4099, 4099, 4099, 1, 6);
+            check_chunk_copy_at(kb, dt, st, 9, 77, 96, 80, 5, 5);
+            check_chunk_copy_at(kb, dt, st, 1, 13, 13, 13, 7, 7);
             if (failures != before)
                 return; /* one report per pair is enough */
         }
@@ -473,34 +493,43 @@ static void test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair(kernel_bench
     check_chunk_copy(kb, FSDP2_F32, FSDP2_F32, 70001, 3, 4, 5);
 }
 
-static void check_accumulate(kernel_bench_t *kb, fsdp2_dtype_t yt, fsdp2_dtype_t xt, size_t n,
-                             double alpha)
+/* y starts y_off elements into its buffer, x x_off into its own (alignment). */
+static void check_accumulate_at(kernel_bench_t *kb, fsdp2_dtype_t yt, fsdp2_dtype_t xt, size_t n,
+                                double alpha, size_t y_off, size_t x_off)
 {
     size_t yb = n * dsize(yt), xb = n * dsize(xt);
+    void *dy = (char *)kb->ddst + y_off * dsize(yt), *dx = (char *)kb->dsrc + x_off * dsize(xt);
     void *x = xmalloc(xb), *want = xmalloc(yb), *got = xmalloc(yb);
     /* Finite in f16 (below 2^15): inf - inf would make NaNs, whose payload is the
      * hardware's own (x86 and GPUs differ). */
     random_values(x, xt, n, 14);
     random_values(want, yt, n, 14);
-    ASSERT_OK(upload(kb->dsrc, x, xb, kb->gpu));
-    ASSERT_OK(upload(kb->ddst, want, yb, kb->gpu));
+    ASSERT_OK(upload(dx, x, xb, kb->gpu));
+    ASSERT_OK(upload(dy, want, yb, kb->gpu));
     ASSERT_OK(fsdp2_accumulate_async(want, yt, x, xt, n, alpha, kb->host));
     ASSERT_OK(fsdp2_stream_synchronize(kb->host));
     if (yt == xt)
-        ASSERT_OK(fsdp2_axpy_async(kb->ddst, kb->dsrc, yt, n, alpha, kb->gpu));
+        ASSERT_OK(fsdp2_axpy_async(dy, dx, yt, n, alpha, kb->gpu));
     else
-        ASSERT_OK(fsdp2_accumulate_async(kb->ddst, yt, kb->dsrc, xt, n, alpha, kb->gpu));
-    ASSERT_OK(download(got, kb->ddst, yb, kb->gpu));
+        ASSERT_OK(fsdp2_accumulate_async(dy, yt, dx, xt, n, alpha, kb->gpu));
+    ASSERT_OK(download(got, dy, yb, kb->gpu));
     long i = first_difference(want, got, yt, n);
     if (i >= 0)
-        FAIL("accumulate %s += %g * %s, n=%zu: element %ld x 0x%llx: cpu 0x%llx cuda 0x%llx",
-             fsdp2_dtype_name(yt), alpha, fsdp2_dtype_name(xt), n, i,
+        FAIL("accumulate %s += %g * %s, n=%zu, offsets %zu %zu: element %ld x 0x%llx: cpu "
+             "0x%llx cuda 0x%llx",
+             fsdp2_dtype_name(yt), alpha, fsdp2_dtype_name(xt), n, y_off, x_off, i,
              (unsigned long long)elem_bits(x, xt, (size_t)i),
              (unsigned long long)elem_bits(want, yt, (size_t)i),
              (unsigned long long)elem_bits(got, yt, (size_t)i));
     free(x);
     free(want);
     free(got);
+}
+
+static void check_accumulate(kernel_bench_t *kb, fsdp2_dtype_t yt, fsdp2_dtype_t xt, size_t n,
+                             double alpha)
+{
+    check_accumulate_at(kb, yt, xt, n, alpha, 0, 0);
 }
 
 static void test_accumulate_matches_cpu_for_every_float_pair(kernel_bench_t *kb)
@@ -512,6 +541,8 @@ static void test_accumulate_matches_cpu_for_every_float_pair(kernel_bench_t *kb)
             for (int xi = 0; xi < 4; xi++) {
                 check_accumulate(kb, floats[yi], floats[xi], 100003, alphas[a]);
                 check_accumulate(kb, floats[yi], floats[xi], 3, alphas[a]);
+                check_accumulate_at(kb, floats[yi], floats[xi], 100003, alphas[a], 5, 5);
+                check_accumulate_at(kb, floats[yi], floats[xi], 4099, alphas[a], 1, 2);
             }
 }
 
