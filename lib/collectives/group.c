@@ -186,6 +186,13 @@ static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *s
     FSDP2_ARG_CHECK(stream->device.type == FSDP2_DEVICE_CPU || strcmp(g->ops->name, "ucx") != 0,
                     "%s on group '%s': the ucx backend moves host memory; use a cpu stream",
                     what, g->name);
+    FSDP2_ARG_CHECK(strcmp(g->ops->name, "nccl") != 0 ||
+                        (stream->device.type == FSDP2_DEVICE_CUDA &&
+                         stream->device.index == g->cuda_device),
+                    "%s on group '%s': the nccl backend runs on streams of cuda:%d (the group's "
+                    "device), not on this %s stream",
+                    what, g->name, g->cuda_device,
+                    stream->device.type == FSDP2_DEVICE_CPU ? "cpu" : "other device's");
     FSDP2_CHECK(fsdp2_group_check(g));
     op->seq = atomic_fetch_add(&g->next_seq, 1);
     trace_token_t traced = trace_begin(g, op, stream);

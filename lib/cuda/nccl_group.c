@@ -285,6 +285,7 @@ static fsdp2_status_t nccl_create(fsdp2_group_t *g, fsdp2_store_t *store)
     if (!ng)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': nccl state", g->name);
     ng->device = device;
+    g->cuda_device = device; /* group.c checks streams against it */
     ng->comm_gone = 1; /* until initialised */
     pthread_mutex_init(&ng->lock, NULL);
     pthread_cond_init(&ng->wake, NULL);
@@ -513,14 +514,7 @@ static fsdp2_status_t track_locked(fsdp2_group_t *g, const coll_op_t *op, cudaSt
 static fsdp2_status_t nccl_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_stream_t *stream)
 {
     nccl_group_t *ng = ng_of(g);
-    const char *what = fsdp2_coll_kind_name(op->kind);
-    if (stream->device.type != FSDP2_DEVICE_CUDA || stream->device.index != ng->device)
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
-                           "%s on group '%s': the nccl backend runs on streams of cuda:%d, "
-                           "not of %s:%d",
-                           what, g->name, ng->device,
-                           stream->device.type == FSDP2_DEVICE_CPU ? "cpu" : "another device",
-                           stream->device.index);
+    const char *what = fsdp2_coll_kind_name(op->kind); /* group.c checked the stream */
     ncclDataType_t type = ncclUint8;
     if (op->kind != COLL_BARRIER && !nccl_type_of(op->dtype, &type))
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "%s on group '%s': dtype %d", what,
