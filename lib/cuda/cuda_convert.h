@@ -117,6 +117,26 @@ FSDP2_CU_FN double fsdp2_cu_dadd(double a, double b)
 #endif
 }
 
+/* IEEE division, correctly rounded (nvcc's default -prec-div=true gives the same; the
+ * intrinsics make it independent of flags). */
+FSDP2_CU_FN float fsdp2_cu_fdiv(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+FSDP2_CU_FN double fsdp2_cu_ddiv(double a, double b)
+{
+#ifdef __CUDA_ARCH__
+    return __ddiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
 /* ---- rounding to the 16-bit float formats -------------------------------------- */
 
 /* sig / 2^shift rounded to an integer, ties to even; 1 <= shift <= 63. */
@@ -538,6 +558,29 @@ FSDP2_CU_FN void fsdp2_cu_accumulate_elem(fsdp2_dtype_t y_dtype, void *y, fsdp2_
         double r = fsdp2_cu_dadd(fsdp2_cu_load_f64(y_dtype, y, i),
                                  fsdp2_cu_dmul(alpha64, fsdp2_cu_load_f64(x_dtype, x, i)));
         fsdp2_cu_store_f64(y_dtype, y, i, r);
+    }
+}
+
+/* y[i] = x[i] / pre / post, each division skipped when its factor is 1, in f32 for
+ * f32/bf16/f16 (pre32, post32: the factors rounded to f32) and in f64 for f64, rounded
+ * once to the dtype: what fsdp2_reduce_rank_order gives for one source. */
+FSDP2_CU_FN void fsdp2_cu_divide_elem(fsdp2_dtype_t dt, void *y, const void *x, size_t i,
+                                      float pre32, float post32, double pre64, double post64)
+{
+    if (dt == FSDP2_F64) {
+        double v = ((const double *)x)[i];
+        if (pre64 != 1.0)
+            v = fsdp2_cu_ddiv(v, pre64);
+        if (post64 != 1.0)
+            v = fsdp2_cu_ddiv(v, post64);
+        ((double *)y)[i] = v;
+    } else {
+        float v = fsdp2_cu_load_f32(dt, x, i);
+        if (pre64 != 1.0)
+            v = fsdp2_cu_fdiv(v, pre32);
+        if (post64 != 1.0)
+            v = fsdp2_cu_fdiv(v, post32);
+        fsdp2_cu_store_f32(dt, y, i, v);
     }
 }
 

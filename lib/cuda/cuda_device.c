@@ -27,6 +27,7 @@
 #include "core/log_internal.h"
 #include "cuda/cuda_check.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/cuda_optim.h"
 #include "cuda/cuda_stream.h"
 
 /* Devices with a current-stream object; more GPUs than this in one process are refused. */
@@ -586,4 +587,19 @@ const fsdp2_device_ops_t fsdp2_cuda_ops = {
 cudaStream_t fsdp2_cuda_stream_handle(const fsdp2_stream_t *stream)
 {
     return ((const cuda_stream_t *)stream)->handle;
+}
+
+fsdp2_status_t fsdp2_cuda_optim_step(int index, const optim_coeffs_t *c, fsdp2_dtype_t dtype,
+                                     const void *shards, const void *chunks, size_t nchunks)
+{
+    if (nchunks == 0)
+        return FSDP2_SUCCESS;
+    int prev;
+    FSDP2_CHECK(cuda_device_enter(index, &prev));
+    cudaError_t err = fsdp2_cuda_optim_update(c, dtype, shards, chunks, nchunks,
+                                              cuda_current_streams[index].handle);
+    cuda_device_leave(prev);
+    if (err != cudaSuccess)
+        return fsdp2_cuda_status(err, "fsdp2_cuda_optim_update", __FILE__, __LINE__);
+    return FSDP2_SUCCESS;
 }

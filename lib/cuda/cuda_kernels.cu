@@ -196,6 +196,15 @@ __global__ void accumulate_vec_kernel(char *__restrict__ y, const char *__restri
         fsdp2_cu_accumulate_elem(Y, y, X, x, tail0 + t, alpha32, alpha64);
 }
 
+template <fsdp2_dtype_t T>
+__global__ void divide_kernel(void *y, const void *x, size_t n, float pre32, float post32,
+                              double pre64, double post64)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        fsdp2_cu_divide_elem(T, y, x, i, pre32, post32, pre64, post64);
+}
+
 template <fsdp2_dtype_t Y>
 cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
                               float alpha32, double alpha64, cudaStream_t stream)
@@ -352,4 +361,31 @@ extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cud
     default:
         return cudaErrorInvalidValue;
     }
+}
+
+extern "C" cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t dtype, size_t n,
+                                         double pre, double post, cudaStream_t stream)
+{
+    (void)cudaGetLastError();
+    if (n == 0)
+        return cudaSuccess;
+    float pre32 = fsdp2_cu_f64_to_f32(pre), post32 = fsdp2_cu_f64_to_f32(post);
+    unsigned grid = blocks_for(n, kMaxBlocks);
+    switch (dtype) {
+    case FSDP2_F32:
+        divide_kernel<FSDP2_F32><<<grid, kThreads, 0, stream>>>(y, x, n, pre32, post32, pre, post);
+        break;
+    case FSDP2_F64:
+        divide_kernel<FSDP2_F64><<<grid, kThreads, 0, stream>>>(y, x, n, pre32, post32, pre, post);
+        break;
+    case FSDP2_BF16:
+        divide_kernel<FSDP2_BF16><<<grid, kThreads, 0, stream>>>(y, x, n, pre32, post32, pre, post);
+        break;
+    case FSDP2_F16:
+        divide_kernel<FSDP2_F16><<<grid, kThreads, 0, stream>>>(y, x, n, pre32, post32, pre, post);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
 }

@@ -34,6 +34,11 @@ cudaError_t fsdp2_cuda_accumulate(void *y, fsdp2_dtype_t y_dtype, const void *x,
  * the copy engines (cudaMemcpyAsync / cudaMemcpy2DAsync). */
 cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cudaStream_t stream);
 
+/* y[i] = x[i] / pre / post (fsdp2_cu_divide_elem) for i < n: a reduction over one
+ * rank. dtype f32, f64, bf16 or f16; y may be x. */
+cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t dtype, size_t n, double pre,
+                              double post, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,6 +15,9 @@
  * ncclSum and ncclAvg; other divide factors to ncclPreMulSum with 1 / (pre * post) as
  * the scalar, so each contribution is scaled once before the sum. The rounding is
  * NCCL's: with bf16 and f16 the sums are not the rank-order f32 sums of the ucx backend.
+ * In a group of one, a reduction with divide factors is the library's own kernel (the
+ * ucx backend's result, bit for bit): NCCL's one-rank reduction kernel leaves the last
+ * elements unwritten before NCCL 2.29.7 (NVIDIA/nccl issue 1950; seen with 2.28.9).
  *
  * Errors: after each collective an event is recorded on its stream; a watchdog thread
  * polls the pending events and ncclCommGetAsyncError. A collective still pending after
@@ -39,6 +42,7 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "cuda/cuda_check.h"
+#include "cuda/cuda_kernels.h"
 #include "cuda/cuda_stream.h"
 
 /* Collectives in flight that the watchdog follows; an enqueue that finds them all in use
@@ -493,6 +497,13 @@ static ncclResult_t issue(fsdp2_group_t *g, const coll_op_t *op, cudaStream_t cs
     return ncclInvalidArgument;
 }
 
+/* A reduction over one rank that divides: done by fsdp2_cuda_divide, not NCCL. */
+static int one_rank_divide(const fsdp2_group_t *g, const coll_op_t *op)
+{
+    return g->size == 1 && (op->kind == COLL_REDUCE_SCATTER || op->kind == COLL_ALL_REDUCE) &&
+           (op->reduce.pre_divide != 1.0 || op->reduce.post_divide != 1.0);
+}
+
 /* Follows op on stream: an event the watchdog polls (lock held). */
 static fsdp2_status_t track_locked(fsdp2_group_t *g, const coll_op_t *op, cudaStream_t cs)
 {
@@ -533,8 +544,17 @@ static fsdp2_status_t nccl_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_
         int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
         ncclRedOp_t red = ncclSum;
         int custom = 0;
-        ncclResult_t res = issue(g, op, cs, type, &red, &custom);
-        status = wait_done_locked(g, res, what, deadline);
+        ncclResult_t res = ncclSuccess;
+        if (one_rank_divide(g, op)) {
+            cudaError_t err = fsdp2_cuda_divide(op->recv, op->send, op->dtype, op->count,
+                                                op->reduce.pre_divide, op->reduce.post_divide, cs);
+            if (err != cudaSuccess)
+                status = fsdp2_cuda_status(err, "fsdp2_cuda_divide", __FILE__, __LINE__);
+        } else {
+            res = issue(g, op, cs, type, &red, &custom);
+        }
+        if (status == FSDP2_SUCCESS)
+            status = wait_done_locked(g, res, what, deadline);
         if (custom && !ng->comm_gone)
             (void)ncclRedOpDestroy(red, ng->comm);
     }

@@ -44,7 +44,7 @@ static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
         return fsdp2_error(FSDP2_ERR_INTERNAL,
                            "clip_grad_norm: parameter '%s' has no sharded gradient", info->fqn);
     fsdp2_dtensor_info_t di;
-    FSDP2_CHECK(optim_check_shard("clip_grad_norm", info->fqn, grad, &di));
+    FSDP2_CHECK(optim_check_shard("clip_grad_norm", info->fqn, grad, 0, &di));
     fsdp2_mesh_t *mesh = NULL;
     FSDP2_CHECK(fsdp2_dtensor_mesh(grad, &mesh));
     if (!set->mesh) {

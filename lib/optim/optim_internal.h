@@ -37,9 +37,10 @@ typedef struct optim_shard {
 /* Updates one shard in place by the rule c->kind names: one pass, on the calling
  * thread. */
 /* Checks that dt (a parameter's shard or its gradient's) is one lib/optim works on: on
- * the cpu, f32 or f64; errors name `what` ("optimizer", "clip_grad_norm") and the FQN. */
+ * the cpu (or on a cuda device, where allow_cuda says so and CUDA was built), f32 or f64;
+ * errors name `what` ("optimizer", "clip_grad_norm") and the FQN. */
 fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_dtensor_t *dt,
-                                 fsdp2_dtensor_info_t *info);
+                                 int allow_cuda, fsdp2_dtensor_info_t *info);
 
 void optim_update_f32(const optim_coeffs_t *c, const optim_shard_t *s);
 void optim_update_f64(const optim_coeffs_t *c, const optim_shard_t *s);

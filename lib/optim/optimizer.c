@@ -5,7 +5,10 @@
  * local gradient shard and on each state tensor (zeroed Shard(0) DTensors laid out like
  * the parameter), with their raw pointers cached. A step is then one loop over the
  * parameters, each one fused pass over its shard (update_rules.c): no allocation, no
- * lookup, no communication. */
+ * lookup, no communication. On a cuda device the shards' pointers and a table of
+ * 64 Ki-element chunks are uploaded once at creation, and a step is one multi-tensor
+ * launch per dtype on the device's current stream (lib/cuda/cuda_optim.cu: the same
+ * arithmetic, bit for bit), asynchronous like the rest of the step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +20,9 @@
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
 #include "optim/optim_internal.h"
+#ifdef FSDP2_HAVE_CUDA
+#include "cuda/cuda_optim.h"
+#endif
 
 typedef struct optim_param {
     const fsdp2_param_t *param;
@@ -27,6 +33,13 @@ typedef struct optim_param {
     optim_shard_t shard; /* the data pointers of the tensors above */
 } optim_param_t;
 
+/* The device copy of one dtype's shard table and chunk table (cuda). */
+typedef struct optim_device_table {
+    void *shards; /* optim_shard_t[count] */
+    void *chunks; /* fsdp2_cuda_optim_chunk_t[nchunks] */
+    size_t count, nchunks;
+} optim_device_table_t;
+
 struct fsdp2_optimizer {
     fsdp2_optimizer_options_t options;
     fsdp2_module_t *root;
@@ -34,6 +47,8 @@ struct fsdp2_optimizer {
     uint64_t state_bytes; /* counted in the trace's optimizer_state */
     size_t num_params;
     optim_param_t *params;
+    fsdp2_device_t device;          /* where every shard lives */
+    optim_device_table_t tables[2]; /* cuda: f32, f64 */
 };
 
 /* torch.optim's names for the per-parameter state. */
@@ -135,7 +150,7 @@ static fsdp2_status_t local_of(const fsdp2_dtensor_t *dt, int64_t numel, const c
 
 /* Fills op for p: its local shards and its zeroed state. op is released by the caller
  * on failure (whatever was filled in). */
-static fsdp2_status_t add_param(const fsdp2_optimizer_t *opt, const fsdp2_param_t *p,
+static fsdp2_status_t add_param(fsdp2_optimizer_t *opt, const fsdp2_param_t *p,
                                 const fsdp2_param_info_t *info, optim_param_t *op)
 {
     fsdp2_dtensor_t *value = NULL, *grad = NULL;
@@ -145,7 +160,15 @@ static fsdp2_status_t add_param(const fsdp2_optimizer_t *opt, const fsdp2_param_
         return fsdp2_error(FSDP2_ERR_INTERNAL, "optimizer: parameter '%s' has no sharded gradient",
                            info->fqn);
     fsdp2_dtensor_info_t di;
-    FSDP2_CHECK(optim_check_shard("optimizer", info->fqn, value, &di));
+    FSDP2_CHECK(optim_check_shard("optimizer", info->fqn, value, 1, &di));
+    if (opt->num_params == 1)
+        opt->device = di.device;
+    else if (di.device.type != opt->device.type || di.device.index != opt->device.index)
+        return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
+                           "optimizer: parameter '%s' is sharded on device type %d index %d, "
+                           "the first parameter on type %d index %d: one device per optimizer",
+                           info->fqn, (int)di.device.type, di.device.index,
+                           (int)opt->device.type, opt->device.index);
     op->param = p;
     op->dtype = di.dtype;
     FSDP2_CHECK(fsdp2_dtensor_to_local(value, &op->value));
@@ -202,6 +225,56 @@ static uint64_t state_bytes(const fsdp2_optimizer_t *opt)
     return bytes;
 }
 
+#ifdef FSDP2_HAVE_CUDA
+/* One dtype's shards and chunks into device memory (blocking, at creation). */
+static fsdp2_status_t upload_table(fsdp2_optimizer_t *opt, fsdp2_dtype_t dtype,
+                                   optim_device_table_t *t)
+{
+    optim_shard_t *shards = calloc(opt->num_params ? opt->num_params : 1, sizeof(*shards));
+    if (!shards)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "optimizer: %zu shards", opt->num_params);
+    for (size_t i = 0; i < opt->num_params; i++)
+        if (opt->params[i].dtype == dtype && opt->params[i].shard.numel > 0)
+            shards[t->count++] = opt->params[i].shard;
+    t->nchunks = fsdp2_cuda_optim_chunks(shards, t->count);
+    fsdp2_cuda_optim_chunk_t *chunks = calloc(t->nchunks ? t->nchunks : 1, sizeof(*chunks));
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    fsdp2_stream_t *stream = NULL;
+    if (!chunks) {
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "optimizer: %zu chunks", t->nchunks);
+        goto cleanup;
+    }
+    if (t->count == 0)
+        goto cleanup;
+    fsdp2_cuda_optim_fill_chunks(shards, t->count, chunks);
+    FSDP2_CHECK_GOTO(fsdp2_stream_current(opt->device, &stream), status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_device_alloc(opt->device, t->count * sizeof(*shards), &t->shards),
+                     status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_device_alloc(opt->device, t->nchunks * sizeof(*chunks), &t->chunks),
+                     status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_memcpy_async(t->shards, shards, t->count * sizeof(*shards), stream),
+                     status, cleanup);
+    FSDP2_CHECK_GOTO(fsdp2_memcpy_async(t->chunks, chunks, t->nchunks * sizeof(*chunks), stream),
+                     status, cleanup);
+    status = fsdp2_stream_synchronize(stream);
+cleanup:
+    free(shards);
+    free(chunks);
+    return status;
+}
+#endif
+
+static fsdp2_status_t upload_tables(fsdp2_optimizer_t *opt)
+{
+#ifdef FSDP2_HAVE_CUDA
+    FSDP2_CHECK(upload_table(opt, FSDP2_F32, &opt->tables[0]));
+    return upload_table(opt, FSDP2_F64, &opt->tables[1]);
+#else
+    (void)opt;
+    return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "optimizer: cuda shards without CUDA");
+#endif
+}
+
 fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimizer_options_t *options,
                                       fsdp2_optimizer_t **out)
 {
@@ -215,6 +288,8 @@ fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimize
     opt->options = *options;
     opt->root = root;
     fsdp2_status_t status = collect_params(opt);
+    if (status == FSDP2_SUCCESS && opt->device.type == FSDP2_DEVICE_CUDA)
+        status = upload_tables(opt);
     if (status != FSDP2_SUCCESS) {
         fsdp2_optimizer_destroy(opt);
         return status;
@@ -232,6 +307,12 @@ fsdp2_status_t fsdp2_optimizer_destroy(fsdp2_optimizer_t *opt)
     if (!opt)
         return FSDP2_SUCCESS;
     fsdp2_trace_mem_static(TRACE_MEM_OPTIMIZER_STATE, -(int64_t)opt->state_bytes);
+    for (int d = 0; d < 2; d++) { /* only cuda optimizers have them */
+        if (opt->tables[d].shards)
+            fsdp2_device_free(opt->device, opt->tables[d].shards);
+        if (opt->tables[d].chunks)
+            fsdp2_device_free(opt->device, opt->tables[d].chunks);
+    }
     for (size_t i = 0; opt->params && i < opt->num_params; i++)
         release_param(&opt->params[i]);
     free(opt->params);
@@ -274,17 +355,29 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
         traced = fsdp2_trace_host_begin(TRACE_TRACK_OPTIMIZER, NULL, &op);
     }
     optim_coeffs_t c = coeffs_of(opt);
-    for (size_t i = 0; i < opt->num_params; i++) {
-        const optim_param_t *op = &opt->params[i];
-        if (op->dtype == FSDP2_F32)
-            optim_update_f32(&c, &op->shard);
-        else
-            optim_update_f64(&c, &op->shard);
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (opt->device.type == FSDP2_DEVICE_CUDA) {
+#ifdef FSDP2_HAVE_CUDA
+        static const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_F64};
+        for (int d = 0; d < 2 && status == FSDP2_SUCCESS; d++)
+            status = fsdp2_cuda_optim_step(opt->device.index, &c, dtypes[d],
+                                           opt->tables[d].shards, opt->tables[d].chunks,
+                                           opt->tables[d].nchunks);
+#endif
+    } else {
+        for (size_t i = 0; i < opt->num_params; i++) {
+            const optim_param_t *op = &opt->params[i];
+            if (op->dtype == FSDP2_F32)
+                optim_update_f32(&c, &op->shard);
+            else
+                optim_update_f64(&c, &op->shard);
+        }
     }
-    opt->steps++;
+    if (status == FSDP2_SUCCESS)
+        opt->steps++;
     if (traced >= 0)
         fsdp2_trace_host_end(traced);
-    return FSDP2_SUCCESS;
+    return status;
 }
 
 fsdp2_status_t fsdp2_optimizer_zero_grad(fsdp2_optimizer_t *opt)
@@ -362,15 +455,21 @@ fsdp2_status_t fsdp2_optimizer_state_names(const fsdp2_optimizer_t *opt, const c
 }
 
 fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_dtensor_t *dt,
-                                 fsdp2_dtensor_info_t *info)
+                                 int allow_cuda, fsdp2_dtensor_info_t *info)
 {
     FSDP2_CHECK(fsdp2_dtensor_info(dt, info));
-    if (info->device.type != FSDP2_DEVICE_CPU) {
+#ifndef FSDP2_HAVE_CUDA
+    allow_cuda = 0;
+#endif
+    if (info->device.type != FSDP2_DEVICE_CPU &&
+        !(allow_cuda && info->device.type == FSDP2_DEVICE_CUDA)) {
         char dev[FSDP2_DEVICE_NAME_MAX];
         fsdp2_device_format(info->device, dev, sizeof(dev));
         return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
-                           "%s: parameter '%s' is sharded on %s; only cpu shards for now", what,
-                           fqn, dev);
+                           "%s: parameter '%s' is sharded on %s; %s", what,
+                           fqn, dev,
+                           allow_cuda ? "shards must be on cpu or cuda"
+                                      : "this works on cpu shards only");
     }
     if (info->dtype != FSDP2_F32 && info->dtype != FSDP2_F64)
         return fsdp2_error(FSDP2_ERR_UNSUPPORTED,

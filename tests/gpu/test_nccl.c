@@ -179,16 +179,16 @@ static void test_all_gather_pieces_fill_pieces_and_nothing_else(void)
 
 /* ---- reductions ------------------------------------------------------------------- */
 
-/* |a - b| within tol of |b| (or both NaN-free and equal). */
+/* |a - b| within tol of |b| (tol 0: equal). */
 static int close_enough(double a, double b, double tol)
 {
     return a == b || fabs(a - b) <= tol * fabs(b);
 }
 
 static void check_reduction(fsdp2_group_t *g, fsdp2_stream_t *s, fsdp2_dtype_t t,
-                            fsdp2_reduce_t r, int all_reduce)
+                            fsdp2_reduce_t r, int all_reduce, size_t n)
 {
-    size_t n = 4099, bytes = n * dsize(t);
+    size_t bytes = n * dsize(t);
     void *x = xmalloc(bytes), *want = xmalloc(bytes), *got = xmalloc(bytes);
     random_values(x, t, n, 10);
     const void *src[1] = {x};
@@ -200,11 +200,10 @@ static void check_reduction(fsdp2_group_t *g, fsdp2_stream_t *s, fsdp2_dtype_t t
     else
         ASSERT_OK(fsdp2_reduce_scatter_async(g, send, recv, n, t, &r, s));
     ASSERT_OK(download(got, all_reduce ? send : recv, bytes, s));
-    /* Powers of two scale exactly; other factors are one scalar rounded to the dtype
-     * (NCCL's pre-multiplied sum), so allow a few units in the last place. */
-    double factor = r.pre_divide * post;
-    int exact = frexp(factor, &(int){0}) == 0.5;
-    double tol = exact ? 0 : t == FSDP2_F64 ? 1e-15 : t == FSDP2_F32 ? 1e-6 : 1.0 / 64;
+    /* A group of one reduces with the library's own kernel when it divides (NCCL's
+     * one-rank kernel drops tail elements before 2.29.7) and copies otherwise: the host
+     * reduction's bits either way. */
+    double tol = 0;
     for (size_t i = 0; i < n; i++) {
         double a = 0, b = 0;
         fsdp2_convert(&a, FSDP2_F64, (char *)got + i * dsize(t), t, 1);
@@ -236,7 +235,8 @@ static void test_reductions_match_the_host_reduction(void)
         for (size_t k = 0; k < sizeof reds / sizeof reds[0]; k++)
             for (int all = 0; all < 2; all++) {
                 int before = failures;
-                check_reduction(g, s, floats[d], reds[k], all);
+                check_reduction(g, s, floats[d], reds[k], all, 4099);
+                check_reduction(g, s, floats[d], reds[k], all, 1);
                 if (failures != before)
                     goto done;
             }
@@ -375,7 +375,7 @@ static void test_watchdog_fails_a_collective_past_the_timeout(void)
     fsdp2_group_t *g;
     fsdp2_stream_t *s;
     gate_t gate = {0};
-    ASSERT_OK(make_group("watchdog", 400, &g));
+    ASSERT_OK(make_group("watchdog", 3000, &g)); /* NCCL's init takes most of a second */
     ASSERT_OK(fsdp2_stream_create(dut, "held", &s));
     size_t n = 1024;
     void *buf = device_copy(NULL, n * sizeof(float), s);
@@ -384,7 +384,7 @@ static void test_watchdog_fails_a_collective_past_the_timeout(void)
     struct timespec nap = {0, 10 * 1000 * 1000};
     fsdp2_status_t st = FSDP2_SUCCESS;
     int waited_ms = 0;
-    for (; waited_ms < 20000 && (st = fsdp2_group_error(g)) == FSDP2_SUCCESS; waited_ms += 10)
+    for (; waited_ms < 30000 && (st = fsdp2_group_error(g)) == FSDP2_SUCCESS; waited_ms += 10)
         nanosleep(&nap, NULL);
     char message[640];
     snprintf(message, sizeof message, "%s", fsdp2_last_error());
@@ -392,8 +392,7 @@ static void test_watchdog_fails_a_collective_past_the_timeout(void)
     printf("    after %d ms: %s: %s\n", waited_ms, fsdp2_status_name(st), message);
     ASSERT_TRUE(st == FSDP2_ERR_TIMEOUT, "group error %s after %d ms", fsdp2_status_name(st),
                 waited_ms);
-    ASSERT_TRUE(waited_ms >= 300, "timed out after %d ms, before the 400 ms timeout",
-                waited_ms);
+    ASSERT_TRUE(waited_ms >= 2500, "timed out after %d ms, before the 3 s timeout", waited_ms);
     ASSERT_TRUE(strstr(message, "all_reduce") && strstr(message, "aborted"), "message: %s",
                 message);
     ASSERT_OK(fsdp2_stream_synchronize(s));
