@@ -181,14 +181,27 @@ __global__ void accumulate_vec_kernel(char *__restrict__ y, const char *__restri
     size_t tail0 = head + packs * kPack;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (size_t p = t; p < packs; p += stride) {
-        size_t e = head + p * kPack;
-        pack_t<pack_bytes(kX)> xv = load_pack<pack_bytes(kX)>(x + e * kX);
-        pack_t<pack_bytes(kY)> yv = load_pack<pack_bytes(kY)>(y + e * kY);
+    /* Two packs per thread per round: their four loads are in flight together (a
+     * read-modify-write stream needs more bytes in flight than a copy). */
+    for (size_t p = t; p < packs; p += 2 * stride) {
+        size_t e0 = head + p * kPack, e1 = e0 + stride * kPack;
+        int second = p + stride < packs;
+        pack_t<pack_bytes(kX)> x0 = load_pack<pack_bytes(kX)>(x + e0 * kX), x1;
+        pack_t<pack_bytes(kY)> y0 = load_pack<pack_bytes(kY)>(y + e0 * kY), y1;
+        if (second) {
+            x1 = load_pack<pack_bytes(kX)>(x + e1 * kX);
+            y1 = load_pack<pack_bytes(kY)>(y + e1 * kY);
+        }
 #pragma unroll
         for (size_t k = 0; k < kPack; k++)
-            fsdp2_cu_accumulate_elem(Y, yv.b, X, xv.b, k, alpha32, alpha64);
-        store_pack<pack_bytes(kY)>(y + e * kY, yv);
+            fsdp2_cu_accumulate_elem(Y, y0.b, X, x0.b, k, alpha32, alpha64);
+        store_pack<pack_bytes(kY)>(y + e0 * kY, y0);
+        if (second) {
+#pragma unroll
+            for (size_t k = 0; k < kPack; k++)
+                fsdp2_cu_accumulate_elem(Y, y1.b, X, x1.b, k, alpha32, alpha64);
+            store_pack<pack_bytes(kY)>(y + e1 * kY, y1);
+        }
     }
     if (t < head)
         fsdp2_cu_accumulate_elem(Y, y, X, x, t, alpha32, alpha64);
