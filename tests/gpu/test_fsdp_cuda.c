@@ -1,6 +1,7 @@
 /* fully_shard on cuda:0 over an nccl mesh of one rank: 20 training steps of a 4-layer
- * model, in f32 and with bf16 parameters (f32 reduction), against the same steps
- * written out on the host, and the memory the GPU gives up against the plan.
+ * model, in f32 and with bf16 parameters (f32 reduction), and as HSDP over a [1, 1]
+ * mesh (the reduce-scatter, then the all-reduce over the replicate dim), against the
+ * same steps written out on the host, and the memory the GPU gives up against the plan.
  *
  * The model: layers l0..l3, each a weight [1024, K] and a bias [1024] with K = 1023,
  * 2047, 1023, 1023 (so a layer's group is 1024 * (K + 1) elements: whole 2 MiB pages,
@@ -120,8 +121,9 @@ static fsdp2_status_t warm_up(fsdp2_mesh_t *mesh, fsdp2_stream_t *s, void **a_ou
     return fsdp2_stream_synchronize(s);
 }
 
-static void run(int bf16)
+static void run(int bf16, int hsdp)
 {
+    const char *label = hsdp ? "hsdp" : label;
     fsdp2_store_t *store;
     fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
     so.is_server = 1;
@@ -130,19 +132,19 @@ static void run(int bf16)
     go.backend = FSDP2_BACKEND_NCCL;
     go.cuda_device = 0;
     fsdp2_mesh_t *mesh;
-    int shape[1] = {1};
+    int shape[2] = {1, 1};
     size_t free_start = device_free_bytes();
-    ASSERT_OK(fsdp2_mesh_create(store, bf16 ? "mesh-bf16" : "mesh-f32", 0, 1, 1, shape, NULL,
-                                &go, &mesh));
+    ASSERT_OK(fsdp2_mesh_create(store, hsdp ? "mesh-hsdp" : bf16 ? "mesh-bf16" : "mesh-f32", 0, 1,
+                                hsdp ? 2 : 1, shape, NULL, &go, &mesh));
     printf("    %s: the NCCL communicator took %lld bytes of device memory\n",
-           bf16 ? "bf16" : "f32", (long long)free_start - (long long)device_free_bytes());
+           label, (long long)free_start - (long long)device_free_bytes());
     fsdp2_stream_t *cur;
     ASSERT_OK(fsdp2_stream_current(dut, &cur));
     size_t free_mesh = device_free_bytes();
     void *warm_a = NULL, *warm_b = NULL;
     ASSERT_OK(warm_up(mesh, cur, &warm_a, &warm_b));
     printf("    %s: the first collectives took %lld bytes of device memory outside the "
-           "library's allocator\n", bf16 ? "bf16" : "f32",
+           "library's allocator\n", label,
            (long long)free_mesh - (long long)device_free_bytes());
 
     fsdp2_module_t *root, *layer[LAYERS];
@@ -198,7 +200,7 @@ static void run(int bf16)
     printf("    %s: plan %llu bytes (sharded params %llu, grads %llu, unsharded params %llu, "
            "grads %llu, reduce-scatter %llu); cudaMemGetInfo took %zu, the allocator holds "
            "%llu\n",
-           bf16 ? "bf16" : "f32", (unsigned long long)plan.total,
+           label, (unsigned long long)plan.total,
            (unsigned long long)plan.sharded_params, (unsigned long long)plan.sharded_grads,
            (unsigned long long)plan.unsharded_params, (unsigned long long)plan.unsharded_grads,
            (unsigned long long)plan.reduce_scatter, free0 - free1,
@@ -258,13 +260,13 @@ static void run(int bf16)
             long d = first_difference(got, ps[i].w, FSDP2_F32, (size_t)ps[i].numel);
             if (d >= 0)
                 FAIL("%s step %d param %d element %ld: %.9g, reference %.9g",
-                     bf16 ? "bf16" : "f32", step, i, d, got[d], ps[i].w[d]);
+                     label, step, i, d, got[d], ps[i].w[d]);
             free(got);
             if (d >= 0)
                 return;
         }
     }
-    printf("    %s: %d steps, %.3f ms per step after the first\n", bf16 ? "bf16" : "f32", STEPS,
+    printf("    %s: %d steps, %.3f ms per step after the first\n", label, STEPS,
            step_ms / (STEPS - 1));
     for (int i = 0; i < 2 * LAYERS; i++) {
         fsdp2_device_free(dut, ps[i].t_dev);
@@ -286,11 +288,12 @@ int main(void)
         printf("SKIP: no CUDA device (%s)\n", fsdp2_last_error());
         return 77;
     }
-    for (int bf16 = 0; bf16 < 2; bf16++) {
+    static const char *const names[3] = {"fsdp_f32", "fsdp_bf16", "hsdp_1x1_bf16"};
+    for (int config = 0; config < 3; config++) {
         int before = failures;
-        run(bf16);
-        printf("%s - fsdp_%s_20_steps_match_reference_and_plan\n",
-               failures == before ? "ok" : "FAIL", bf16 ? "bf16" : "f32");
+        run(config > 0, config == 2);
+        printf("%s - %s_20_steps_match_reference_and_plan\n", failures == before ? "ok" : "FAIL",
+               names[config]);
     }
     if (failures)
         fprintf(stderr, "test_fsdp_cuda: %d failure(s)\n", failures);
