@@ -5,9 +5,11 @@
  *
  * An optimizer is made over the parameters of a sharded module tree that require
  * gradients; its state is allocated once, zeroed, at creation. A step is one pass over
- * each shard on the calling thread (cpu shards) after fsdp2_backward_finish, and
- * allocates nothing. f32 and f64 shards; cuda shards are FSDP2_ERR_UNSUPPORTED for now
- * (naming the parameter). */
+ * each shard after fsdp2_backward_finish, and allocates nothing: on the calling thread
+ * for cpu shards; for cuda shards one multi-tensor launch per dtype on the device's
+ * current stream (asynchronous, the same bits as on the cpu), whose shard and chunk
+ * tables are uploaded at creation (a few bytes per 64 Ki elements). f32 and f64 shards,
+ * all on one device. fsdp2_clip_grad_norm works on cpu shards only for now. */
 #ifndef FSDP2_OPTIM_H
 #define FSDP2_OPTIM_H
 

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Downloads (does not install) the Debian packages that tests/gpu/run.sh unpacks on the
 # GPU machine, which has no package registry: Check (the main test suite's framework,
-# a static library) with libsubunit, which it links, and pkgconf in case that machine
-# has no pkg-config. They land in .deps/ at the repository root (git-ignored; name it
-# in the device tool's `carry`).
+# a static library) with libsubunit, which it links, cJSON (which the library needs)
+# and zlib's headers, and pkgconf in case that machine has no pkg-config. They land in
+# .deps/ at the repository root (git-ignored; name it in the device tool's `carry`).
 #
 # Run here, as root, with network access to the Debian mirrors.
 set -eu

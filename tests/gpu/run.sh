@@ -5,10 +5,12 @@
 # tests/gpu/fetch-deps.sh has filled .deps/ here):
 #     tests/gpu/run.sh              build in build-gpu/, run `meson test`, summary last
 #     tests/gpu/run.sh --deps-only  only unpack .deps/ and check pkg-config finds Check
+#     FSDP2_GPU_SUITES="gpu cuda" tests/gpu/run.sh   only those meson suites
 #
 # That machine has CUDA, NCCL, Python with meson and ninja from pip, and no package
-# registry. Check comes as .debs unpacked with dpkg -x (or ar + tar) into a private
-# prefix whose .pc files are rewritten to point there. NCCL is looked for under CUDA,
+# registry. Check, cJSON and zlib come as .debs unpacked with dpkg -x (or ar + tar) into
+# a private prefix whose .pc files are rewritten to point there. The build is release
+# without -Werror: that machine's gcc is newer than the one CI holds the code to. NCCL is looked for under CUDA,
 # in the system and in Python's nvidia-nccl wheel; where it is not under CUDA_HOME, a
 # small overlay (include/ and lib/ of symlinks) is made CUDA_HOME for meson.build's NCCL
 # lookup. If Check cannot be had, the library is built without the Check suite and the
