@@ -584,8 +584,14 @@ FSDP2_CU_FN void fsdp2_cu_divide_elem(fsdp2_dtype_t dt, void *y, const void *x, 
     }
 }
 
-/* Element size of a dtype; 0 for an unknown one. */
-FSDP2_CU_FN size_t fsdp2_cu_dtype_size(fsdp2_dtype_t dt)
+/* Element size of a dtype; 0 for an unknown one. A constant expression in CUDA C++
+ * (the kernels size their packs with it). */
+#ifdef __cplusplus
+#define FSDP2_CU_CONSTEXPR constexpr
+#else
+#define FSDP2_CU_CONSTEXPR
+#endif
+FSDP2_CU_FN FSDP2_CU_CONSTEXPR size_t fsdp2_cu_dtype_size(fsdp2_dtype_t dt)
 {
     switch (dt) {
 #define FSDP2_CU_SIZE_CASE_(name, id, bytes, str) \

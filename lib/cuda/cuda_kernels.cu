@@ -24,20 +24,6 @@ constexpr unsigned kThreads = 256;
 constexpr size_t kMaxBlocks = 4096;
 /* The y dimension of a grid is limited to 65535 blocks. */
 constexpr size_t kMaxRowBlocks = 65535;
-/* fsdp2_cu_dtype_size for template arguments. */
-__host__ __device__ constexpr size_t dtype_bytes(fsdp2_dtype_t t)
-{
-    switch (t) {
-#define FSDP2_CU_SIZE_CASE_(name, id, bytes, str) \
-    case FSDP2_##name:                            \
-        return bytes;
-        FSDP2_DTYPE_MAP(FSDP2_CU_SIZE_CASE_)
-#undef FSDP2_CU_SIZE_CASE_
-    default:
-        return 0;
-    }
-}
-
 /* Elements a thread moves at once on the vector paths. */
 constexpr size_t kPack = 8;
 
@@ -148,7 +134,7 @@ __global__ void chunk_copy_vec_kernel(char *__restrict__ dst, size_t dst_pitch,
                                       const char *__restrict__ src, size_t src_pitch,
                                       size_t rows, size_t cols, size_t head)
 {
-    constexpr size_t kD = dtype_bytes(D), kS = dtype_bytes(S);
+    constexpr size_t kD = fsdp2_cu_dtype_size(D), kS = fsdp2_cu_dtype_size(S);
     size_t packs = (cols - head) / kPack;
     size_t tail0 = head + packs * kPack;
     size_t col_stride = (size_t)gridDim.x * blockDim.x;
@@ -176,7 +162,7 @@ template <fsdp2_dtype_t Y, fsdp2_dtype_t X>
 __global__ void accumulate_vec_kernel(char *__restrict__ y, const char *__restrict__ x, size_t n,
                                       size_t head, float alpha32, double alpha64)
 {
-    constexpr size_t kY = dtype_bytes(Y), kX = dtype_bytes(X);
+    constexpr size_t kY = fsdp2_cu_dtype_size(Y), kX = fsdp2_cu_dtype_size(X);
     size_t packs = (n - head) / kPack;
     size_t tail0 = head + packs * kPack;
     size_t stride = (size_t)gridDim.x * blockDim.x;
