@@ -9,7 +9,7 @@
  * for cpu shards; for cuda shards one multi-tensor launch per dtype on the device's
  * current stream (asynchronous, the same bits as on the cpu), whose shard and chunk
  * tables are uploaded at creation (a few bytes per 64 Ki elements). f32 and f64 shards,
- * all on one device. fsdp2_clip_grad_norm works on cpu shards only for now. */
+ * all on one device. */
 #ifndef FSDP2_OPTIM_H
 #define FSDP2_OPTIM_H
 
@@ -131,7 +131,10 @@ FSDP2_API fsdp2_status_t fsdp2_lr_at(const fsdp2_lr_schedule_t *schedule, double
  * Collective over the mesh (one all-reduce for the 2-norm, one all-gather of ws values
  * for INFINITY, on the calling thread's current stream); blocking. The parameters must
  * all live on one mesh (an error names two that do not); with none, the norm is 0 and
- * nothing is communicated. Allocates no device memory (only a few host handles).
+ * nothing is communicated. On the cpu it allocates no device memory (only a few host
+ * handles); on cuda the shares are reduced by kernels into a 64 KiB scratch of the
+ * device, taken at the first call and kept for the process, and the gradients are
+ * scaled with the cpu's arithmetic (only the order of the sum of squares differs).
  * *total_norm (may be NULL) gets the norm before clipping. */
 FSDP2_API fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm,
                                               double norm_type, double *total_norm);

@@ -603,3 +603,53 @@ fsdp2_status_t fsdp2_cuda_optim_step(int index, const optim_coeffs_t *c, fsdp2_d
         return fsdp2_cuda_status(err, "fsdp2_cuda_optim_update", __FILE__, __LINE__);
     return FSDP2_SUCCESS;
 }
+
+static pthread_mutex_t cuda_scratch_lock = PTHREAD_MUTEX_INITIALIZER;
+static double *cuda_scratch_of[CUDA_MAX_DEVICES];
+
+fsdp2_status_t fsdp2_cuda_scratch(int index, double **scratch)
+{
+    FSDP2_CHECK(cuda_check(index));
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    pthread_mutex_lock(&cuda_scratch_lock);
+    if (!cuda_scratch_of[index]) {
+        fsdp2_device_t dev = {FSDP2_DEVICE_CUDA, index};
+        status = fsdp2_device_alloc(dev, FSDP2_CUDA_SCRATCH, (void **)&cuda_scratch_of[index]);
+    }
+    *scratch = cuda_scratch_of[index];
+    pthread_mutex_unlock(&cuda_scratch_lock);
+    return status;
+}
+
+fsdp2_status_t fsdp2_cuda_norm_shares(int index, fsdp2_tensor_t *const *grads, size_t count,
+                                      int inf, double *share)
+{
+    int prev;
+    FSDP2_CHECK(cuda_device_enter(index, &prev));
+    cudaStream_t s = cuda_current_streams[index].handle;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    FSDP2_CUDA_CHECK_GOTO(cudaMemsetAsync(share, 0, sizeof(double), s), status, cleanup);
+    for (size_t i = 0; i < count; i++)
+        FSDP2_CUDA_CHECK_GOTO(fsdp2_cuda_norm_share(grads[i]->data, grads[i]->dtype,
+                                                    (size_t)grads[i]->numel, inf, share, s),
+                              status, cleanup);
+cleanup:
+    cuda_device_leave(prev);
+    return status;
+}
+
+fsdp2_status_t fsdp2_cuda_scale_all(int index, fsdp2_tensor_t *const *grads, size_t count,
+                                    double coef)
+{
+    int prev;
+    FSDP2_CHECK(cuda_device_enter(index, &prev));
+    cudaStream_t s = cuda_current_streams[index].handle;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    for (size_t i = 0; i < count; i++)
+        FSDP2_CUDA_CHECK_GOTO(fsdp2_cuda_scale(grads[i]->data, grads[i]->dtype,
+                                               (size_t)grads[i]->numel, coef, s),
+                              status, cleanup);
+cleanup:
+    cuda_device_leave(prev);
+    return status;
+}

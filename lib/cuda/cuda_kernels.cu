@@ -204,6 +204,51 @@ __global__ void divide_kernel(void *y, const void *x, size_t n, float pre32, flo
         fsdp2_cu_divide_elem(T, y, x, i, pre32, post32, pre64, post64);
 }
 
+template <typename T>
+__global__ void norm_share_kernel(const T *__restrict__ g, size_t n, int inf, double *acc)
+{
+    __shared__ double part[kThreads / 32];
+    double v = 0.0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        double x = (double)g[i];
+        if (inf) {
+            double a = fabs(x);
+            v = (isnan(a) || a > v) ? (isnan(v) ? v : a) : v;
+        } else {
+            v = __dadd_rn(v, __dmul_rn(x, x));
+        }
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        double o = __shfl_down_sync(0xffffffffu, v, off);
+        v = inf ? ((isnan(v) || v >= o) ? v : o) : __dadd_rn(v, o);
+    }
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double b = part[0];
+        for (unsigned w = 1; w < blockDim.x / 32; w++)
+            b = inf ? ((isnan(b) || b >= part[w]) ? b : part[w]) : __dadd_rn(b, part[w]);
+        if (inf)
+            atomicMax((unsigned long long *)acc, (unsigned long long)__double_as_longlong(b));
+        else
+            atomicAdd(acc, b);
+    }
+}
+
+template <typename T>
+__global__ void scale_kernel(T *g, size_t n, T coef)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if constexpr (sizeof(T) == 4)
+            g[i] = __fmul_rn(g[i], coef);
+        else
+            g[i] = __dmul_rn(g[i], coef);
+    }
+}
+
 template <fsdp2_dtype_t Y>
 cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
                               float alpha32, double alpha64, cudaStream_t stream)
@@ -386,5 +431,38 @@ extern "C" cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t d
     default:
         return cudaErrorInvalidValue;
     }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t fsdp2_cuda_norm_share(const void *g, fsdp2_dtype_t dtype, size_t n,
+                                             int inf, double *acc, cudaStream_t stream)
+{
+    (void)cudaGetLastError();
+    if (n == 0)
+        return cudaSuccess;
+    unsigned grid = blocks_for(n, 1024);
+    if (dtype == FSDP2_F32)
+        norm_share_kernel<float><<<grid, kThreads, 0, stream>>>((const float *)g, n, inf, acc);
+    else if (dtype == FSDP2_F64)
+        norm_share_kernel<double><<<grid, kThreads, 0, stream>>>((const double *)g, n, inf, acc);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t fsdp2_cuda_scale(void *g, fsdp2_dtype_t dtype, size_t n, double coef,
+                                        cudaStream_t stream)
+{
+    (void)cudaGetLastError();
+    if (n == 0)
+        return cudaSuccess;
+    unsigned grid = blocks_for(n, kMaxBlocks);
+    if (dtype == FSDP2_F32)
+        scale_kernel<float><<<grid, kThreads, 0, stream>>>((float *)g, n,
+                                                           fsdp2_cu_f64_to_f32(coef));
+    else if (dtype == FSDP2_F64)
+        scale_kernel<double><<<grid, kThreads, 0, stream>>>((double *)g, n, coef);
+    else
+        return cudaErrorInvalidValue;
     return cudaGetLastError();
 }

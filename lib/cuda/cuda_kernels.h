@@ -39,6 +39,17 @@ cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cudaStream_t s
 cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t dtype, size_t n, double pre,
                               double post, cudaStream_t stream);
 
+/* *acc (a device double) += sum of g[i]^2 as doubles (inf 0), or *acc = max(*acc, |g[i]|)
+ * (inf 1, NaN kept: as bits, a NaN is above every other non-negative double) for i < n;
+ * dtype f32 or f64. The order of the sum is the GPU's (blocks, then atomics). */
+cudaError_t fsdp2_cuda_norm_share(const void *g, fsdp2_dtype_t dtype, size_t n, int inf,
+                                  double *acc, cudaStream_t stream);
+
+/* g[i] = g[i] * coef for i < n, in the dtype (f32: coef rounded to f32 first), as
+ * clip_grad_norm scales cpu gradients. dtype f32 or f64. */
+cudaError_t fsdp2_cuda_scale(void *g, fsdp2_dtype_t dtype, size_t n, double coef,
+                             cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,10 +45,28 @@ cudaError_t fsdp2_cuda_optim_update(const optim_coeffs_t *c, fsdp2_dtype_t dtype
 #else
 #include <fsdp2/status.h>
 
+#include <fsdp2/tensor.h>
+
 /* fsdp2_cuda_optim_update on the current stream of cuda:index (lib/cuda/cuda_device.c),
  * with the CUDA error as a status. shards and chunks are the device tables. */
 fsdp2_status_t fsdp2_cuda_optim_step(int index, const optim_coeffs_t *c, fsdp2_dtype_t dtype,
                                      const void *shards, const void *chunks, size_t nchunks);
+
+/* Bytes of cuda:index's scratch: what gradient clipping combines its norm in. */
+#define FSDP2_CUDA_SCRATCH ((size_t)64 << 10)
+
+/* The scratch of cuda:index, allocated at the first call (through the device allocator,
+ * so counted) and kept for the process. */
+fsdp2_status_t fsdp2_cuda_scratch(int index, double **scratch);
+
+/* *share (device memory) = the 2-norm's sum of squares (inf 0) or the inf-norm's max
+ * |g| (inf 1) over the count f32/f64 tensors on cuda:index, on its current stream. */
+fsdp2_status_t fsdp2_cuda_norm_shares(int index, fsdp2_tensor_t *const *grads, size_t count,
+                                      int inf, double *share);
+
+/* Every tensor scaled by coef in place (fsdp2_cuda_scale), on the current stream. */
+fsdp2_status_t fsdp2_cuda_scale_all(int index, fsdp2_tensor_t *const *grads, size_t count,
+                                    double coef);
 #endif
 
 #endif

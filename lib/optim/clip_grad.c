@@ -6,7 +6,12 @@
  * Why the shares are combined only over the mesh dims where the gradients are Shard:
  * along a Replicate dim (HSDP's replicas) every rank holds the same values, so
  * combining there would count them again. On the 1D meshes of fully_shard that is one
- * collective over dim 0. */
+ * collective over dim 0.
+ *
+ * On cuda the shares are summed (or maxed) by kernels into the device's scratch double
+ * (lib/cuda), combined there by the group's collectives on the current stream, read back
+ * (the call is blocking, as on the cpu) and the gradients scaled by a kernel with the
+ * cpu's arithmetic; only the order of the sum differs from the cpu's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +22,14 @@
 #include "core/error.h"
 #include "core/trace_internal.h"
 #include "optim/optim_internal.h"
+#ifdef FSDP2_HAVE_CUDA
+#include "cuda/cuda_optim.h"
+#endif
 
 /* The local gradient shards under a root, all on one mesh. */
 typedef struct clip_set {
     size_t count;
+    fsdp2_device_t device; /* the first gradient's: all must be on it */
     fsdp2_tensor_t **grads; /* retained; count of them */
     fsdp2_mesh_t *mesh;     /* the first gradient's, NULL when there is none */
     char first_fqn[FSDP2_FQN_MAX];
@@ -44,11 +53,18 @@ static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
         return fsdp2_error(FSDP2_ERR_INTERNAL,
                            "clip_grad_norm: parameter '%s' has no sharded gradient", info->fqn);
     fsdp2_dtensor_info_t di;
-    FSDP2_CHECK(optim_check_shard("clip_grad_norm", info->fqn, grad, 0, &di));
+    FSDP2_CHECK(optim_check_shard("clip_grad_norm", info->fqn, grad, 1, &di));
     fsdp2_mesh_t *mesh = NULL;
     FSDP2_CHECK(fsdp2_dtensor_mesh(grad, &mesh));
+    if (set->mesh && (di.device.type != set->device.type || di.device.index != set->device.index))
+        return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
+                           "clip_grad_norm: parameter '%s' is on device type %d index %d, '%s' "
+                           "on type %d index %d",
+                           info->fqn, (int)di.device.type, di.device.index, set->first_fqn,
+                           (int)set->device.type, set->device.index);
     if (!set->mesh) {
         set->mesh = mesh;
+        set->device = di.device;
         set->mesh_ndim = di.mesh_ndim;
         memcpy(set->placements, di.placements, sizeof(set->placements));
         memcpy(set->first_fqn, info->fqn, sizeof(set->first_fqn));
@@ -147,8 +163,62 @@ static fsdp2_status_t combine(fsdp2_group_t *group, int inf, double *share)
     return status;
 }
 
+#ifdef FSDP2_HAVE_CUDA
+/* global_norm on cuda: the share in scratch[0], a group's ws values after it for the
+ * inf-norm's all-gather. */
+static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *norm)
+{
+    double *scratch, share = 0.0;
+    fsdp2_stream_t *stream;
+    FSDP2_CHECK(fsdp2_cuda_scratch(set->device.index, &scratch));
+    FSDP2_CHECK(fsdp2_stream_current(set->device, &stream));
+    FSDP2_CHECK(fsdp2_cuda_norm_shares(set->device.index, set->grads, set->count, inf, scratch));
+    for (int d = 0; d < set->mesh_ndim; d++) {
+        if (set->placements[d].type != FSDP2_PLACEMENT_SHARD)
+            continue;
+        fsdp2_group_t *group = NULL;
+        int ws = 0;
+        FSDP2_CHECK(fsdp2_mesh_group(set->mesh, d, &group));
+        FSDP2_CHECK(fsdp2_group_size(group, &ws));
+        if (!inf) {
+            fsdp2_reduce_t sum = FSDP2_REDUCE_SUM_INIT;
+            FSDP2_CHECK(fsdp2_all_reduce_async(group, scratch, 1, FSDP2_F64, &sum, stream));
+            continue;
+        }
+        if ((size_t)ws + 1 > FSDP2_CUDA_SCRATCH / sizeof(double))
+            return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                               "clip_grad_norm: the inf-norm over %d ranks on cuda needs more "
+                               "than the %zu-byte scratch",
+                               ws, FSDP2_CUDA_SCRATCH);
+        double *all = malloc((size_t)ws * sizeof(*all));
+        if (!all)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %d ranks", ws);
+        fsdp2_status_t status =
+            fsdp2_all_gather_async(group, scratch, scratch + 1, 1, FSDP2_F64, stream);
+        if (status == FSDP2_SUCCESS)
+            status = fsdp2_memcpy_async(all, scratch + 1, (size_t)ws * sizeof(*all), stream);
+        if (status == FSDP2_SUCCESS)
+            status = fsdp2_stream_synchronize(stream);
+        double m = 0.0;
+        for (int r = 0; status == FSDP2_SUCCESS && r < ws; r++)
+            m = nan_max(m, all[r]);
+        free(all);
+        FSDP2_CHECK(status);
+        FSDP2_CHECK(fsdp2_memcpy_async(scratch, &m, sizeof(m), stream));
+    }
+    FSDP2_CHECK(fsdp2_memcpy_async(&share, scratch, sizeof(share), stream));
+    FSDP2_CHECK(fsdp2_stream_synchronize(stream));
+    *norm = inf ? share : sqrt(share);
+    return FSDP2_SUCCESS;
+}
+#endif
+
 static fsdp2_status_t global_norm(const clip_set_t *set, int inf, double *norm)
 {
+#ifdef FSDP2_HAVE_CUDA
+    if (set->device.type == FSDP2_DEVICE_CUDA)
+        return cuda_global_norm(set, inf, norm);
+#endif
     double share = local_share(set, inf);
     for (int d = 0; d < set->mesh_ndim; d++) {
         if (set->placements[d].type != FSDP2_PLACEMENT_SHARD)
@@ -161,8 +231,12 @@ static fsdp2_status_t global_norm(const clip_set_t *set, int inf, double *norm)
     return FSDP2_SUCCESS;
 }
 
-static void scale(const clip_set_t *set, double coef)
+static fsdp2_status_t scale(const clip_set_t *set, double coef)
 {
+#ifdef FSDP2_HAVE_CUDA
+    if (set->device.type == FSDP2_DEVICE_CUDA)
+        return fsdp2_cuda_scale_all(set->device.index, set->grads, set->count, coef);
+#endif
     for (size_t i = 0; i < set->count; i++) {
         fsdp2_tensor_t *t = set->grads[i];
         if (t->dtype == FSDP2_F32) {
@@ -175,6 +249,7 @@ static void scale(const clip_set_t *set, double coef)
                 g[k] *= coef;
         }
     }
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, double norm_type,
@@ -204,7 +279,7 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
      * (and a NaN norm makes NaN gradients there as here). */
     double coef = max_norm / (norm + 1e-6);
     if (!(coef >= 1.0))
-        scale(&set, coef);
+        FSDP2_CHECK_GOTO(scale(&set, coef), status, cleanup);
     if (total_norm)
         *total_norm = norm;
 cleanup:
