@@ -5,9 +5,9 @@
  * a bias [R] (f32 shards, bf16 gathered parameters and gradients, f32 reduction, one
  * fully_shard unit per layer and the root), and the loss 0.5 * |w - t|^2 per parameter
  * against a fixed f32 target t: its gradient w - t is written between pre_backward and
- * post_backward with two accumulates. A step is the forward hooks of every layer, the
- * backward hooks in reverse with the gradients, backward_finish, AdamW on the shards and
- * zero_grad, then a synchronize. One rank over an nccl mesh of one.
+ * post_backward with two accumulates. A step is the forward hooks of every layer inside
+ * the root's, the backward hooks in reverse with the gradients inside the root's,
+ * backward_finish, AdamW on the shards and zero_grad, then a synchronize. One rank over an nccl mesh of one.
  *
  * Prints the median, best and mean step time of --steps timed steps after --warmup, and
  * the peak of the library's device allocator during them less the targets; --json FILE
@@ -148,16 +148,20 @@ int main(int argc, char **argv)
         if (step == warmup)
             CHECK(fsdp2_memory_stats_reset_peak(dev));
         double t0 = now_ms();
+        CHECK(fsdp2_pre_forward(root));
         for (int l = 0; l < layers; l++) {
             CHECK(fsdp2_pre_forward(layer[l]));
             CHECK(fsdp2_post_forward(layer[l]));
         }
+        CHECK(fsdp2_post_forward(root));
+        CHECK(fsdp2_pre_backward(root));
         for (int l = layers - 1; l >= 0; l--) {
             CHECK(fsdp2_pre_backward(layer[l]));
             add_grad(&refs[2 * l], cur);
             add_grad(&refs[2 * l + 1], cur);
             CHECK(fsdp2_post_backward(layer[l]));
         }
+        CHECK(fsdp2_post_backward(root));
         CHECK(fsdp2_backward_finish(root));
         CHECK(fsdp2_optimizer_step(opt));
         CHECK(fsdp2_optimizer_zero_grad(opt));

@@ -43,8 +43,12 @@
  * accumulate without communication.
  *
  * Misuse (post without pre, backward before forward, fully_shard twice, a child sharded
- * after its parent, parameters used while sharded) is FSDP2_ERR_INVALID_STATE with a
- * message naming the module. */
+ * after its parent, parameters used while sharded, a child's hooks outside its root's
+ * forward or backward) is FSDP2_ERR_INVALID_STATE with a message naming the module. A
+ * backward is open from the first pre_backward until fsdp2_backward_finish: until then
+ * the root's next pre_forward, zero_grad, the optimizer's step and zero_grad and
+ * gradient clipping are refused the same way (reduce-scatters may still be writing the
+ * sharded gradients), naming fsdp2_backward_finish. */
 #ifndef FSDP2_FSDP_H
 #define FSDP2_FSDP_H
 
@@ -206,7 +210,8 @@ FSDP2_API fsdp2_status_t fsdp2_module_run(fsdp2_module_t *m, fsdp2_phase_t phase
  * new step. */
 FSDP2_API fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *root);
 
-/* Zeroes the sharded gradients under m (on the current stream). */
+/* Zeroes the sharded gradients under m (on the current stream). Refused while the tree's
+ * backward is open (before fsdp2_backward_finish). */
 FSDP2_API fsdp2_status_t fsdp2_module_zero_grad(fsdp2_module_t *m);
 
 /* Blocks until the root's side streams are idle; returns their first error. */

@@ -210,6 +210,7 @@ static fsdp2_status_t zero_module(fsdp2_module_t *m, void *arg)
 fsdp2_status_t fsdp2_module_zero_grad(fsdp2_module_t *m)
 {
     FSDP2_ARG_CHECK(m, "zero_grad: module is NULL");
+    FSDP2_CHECK(fsdp_check_backward_closed(m, "zero_grad"));
     return fsdp_module_walk(m, zero_module, NULL);
 }
 

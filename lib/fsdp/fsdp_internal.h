@@ -178,6 +178,10 @@ struct fsdp_root {
     fsdp_group_t **order, **last_order;
     size_t order_len, last_order_len;
     int in_step;
+    /* A pre_backward ran since the last backward_finish: the sharded gradients may still
+     * be written by reduce-scatters (the optimizer, clipping, zero_grad, saving and the
+     * next step's root pre_forward are refused until backward_finish). */
+    int backward_open;
 };
 
 /* module.c */
@@ -204,6 +208,11 @@ fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m);
 /* precision.c: the group's dtypes from its mixed precision policy. */
 fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp,
                                         const char *fqn);
+
+/* schedule.c: FSDP2_ERR_INVALID_STATE naming `what` when m's tree is in a backward that
+ * fsdp2_backward_finish has not closed; success for trees that are not sharded or not
+ * planned yet. For the layers that read or write sharded gradients (optim, checkpoint). */
+fsdp2_status_t fsdp_check_backward_closed(fsdp2_module_t *m, const char *what);
 
 /* plan.c */
 /* Plans and allocates the root's buffers on first use; *out is the root. */

@@ -351,6 +351,36 @@ static void begin_step(fsdp_root_t *r)
     r->in_step = 1;
 }
 
+fsdp2_status_t fsdp_check_backward_closed(fsdp2_module_t *m, const char *what)
+{
+    fsdp2_module_t *top = m ? fsdp_root_module(m) : NULL;
+    const fsdp_root_t *r = top && top->group ? top->group->root : NULL;
+    if (!r || !r->backward_open)
+        return FSDP2_SUCCESS;
+    return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                       "%s: the backward of this step is not finished: call "
+                       "fsdp2_backward_finish on the root first (reduce-scatters may still be "
+                       "writing the sharded gradients)",
+                       what);
+}
+
+/* A module's hooks inside its root's: a child's forward hooks while the root is in its
+ * forward, its backward hooks while the root is in its backward. */
+static fsdp2_status_t check_inside_root(const fsdp_root_t *r, const fsdp_group_t *g,
+                                        fsdp2_training_state_t want, const char *what)
+{
+    if (g == r->group || r->group->training_state == want)
+        return FSDP2_SUCCESS;
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(g->module, fqn, sizeof(fqn));
+    return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                       "%s on '%s' outside its root's %s: call fsdp2_pre_%s on the root first "
+                       "(and fsdp2_post_%s on it after its children)",
+                       what, fqn, want == FSDP2_STATE_FORWARD ? "forward" : "backward",
+                       want == FSDP2_STATE_FORWARD ? "forward" : "backward",
+                       want == FSDP2_STATE_FORWARD ? "forward" : "backward");
+}
+
 fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
 {
     fsdp_group_t *g;
@@ -358,6 +388,11 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
     FSDP2_CHECK(group_of(m, "pre_forward", &g, &r));
     if (in_use(g))
         return state_error(g, "%s on '%s' while it is between its hooks (call post first)",
+                           "pre_forward");
+    FSDP2_CHECK(check_inside_root(r, g, FSDP2_STATE_FORWARD, "pre_forward"));
+    if (g == r->group && r->backward_open)
+        return state_error(g, "%s on the root '%s' while the last step's backward is not "
+                              "finished (call fsdp2_backward_finish first)",
                            "pre_forward");
     if (g == r->group || !r->in_step) {
         fsdp2_trace_step_auto();
@@ -394,6 +429,7 @@ fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
     FSDP2_CHECK(group_of(m, "post_forward", &g, &r));
     if (g->training_state != FSDP2_STATE_FORWARD)
         return state_error(g, "%s on '%s' without its pre_forward", "post_forward");
+    FSDP2_CHECK(check_inside_root(r, g, FSDP2_STATE_FORWARD, "post_forward"));
     fsdp2_trace_stream_end(r->compute, g->trace_slice);
     g->trace_slice = TRACE_NO_TOKEN;
     g->training_state = FSDP2_STATE_AFTER_FORWARD;
@@ -460,6 +496,7 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
                            "pre_backward");
     if (!r->in_step || !g->forward_done)
         return state_error(g, "%s on '%s' before its forward in this step", "pre_backward");
+    FSDP2_CHECK(check_inside_root(r, g, FSDP2_STATE_BACKWARD, "pre_backward"));
     if (!g->requires_gradient_sync)
         FSDP2_CHECK(fsdp_group_accumulator(g)); /* planned already unless set mid-way */
     FSDP2_CHECK(issue_unshard(r, g, 1));
@@ -476,10 +513,12 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
         status = wait_unshard(r, g);
     if (status == FSDP2_SUCCESS)
         status = take_grad_buffer(r, g);
-    if (status != FSDP2_SUCCESS)
+    if (status != FSDP2_SUCCESS) {
         g->training_state = before;
-    else
+    } else {
         g->trace_slice = trace_begin(g, r->compute, TRACE_BACKWARD, 0, g->pdtype);
+        r->backward_open = 1;
+    }
     return status;
 }
 
@@ -607,6 +646,7 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     FSDP2_CHECK(group_of(m, "post_backward", &g, &r));
     if (g->training_state != FSDP2_STATE_BACKWARD)
         return state_error(g, "%s on '%s' without its pre_backward", "post_backward");
+    FSDP2_CHECK(check_inside_root(r, g, FSDP2_STATE_BACKWARD, "post_backward"));
     fsdp2_trace_stream_end(r->compute, g->trace_slice);
     g->trace_slice = TRACE_NO_TOKEN;
     g->training_state = FSDP2_STATE_AFTER_BACKWARD;
@@ -681,6 +721,7 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
     }
     r->order_len = 0;
     r->in_step = 0;
+    r->backward_open = 0;
     r->grad_owner[0] = r->grad_owner[1] = NULL;
     return FSDP2_SUCCESS;
 }

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/trace_internal.h"
+#include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
 #ifdef FSDP2_HAVE_CUDA
 #include "cuda/cuda_optim.h"
@@ -260,6 +261,7 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
     int inf = isinf(norm_type) && norm_type > 0;
     FSDP2_ARG_CHECK(inf || norm_type == 2.0,
                     "clip_grad_norm: norm_type %g is not 2.0 or INFINITY", norm_type);
+    FSDP2_CHECK(fsdp_check_backward_closed(root, "clip_grad_norm"));
     clip_set_t set;
     memset(&set, 0, sizeof(set));
     double norm = 0.0;

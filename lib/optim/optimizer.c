@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
+#include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
 #ifdef FSDP2_HAVE_CUDA
 #include "cuda/cuda_optim.h"
@@ -288,6 +289,14 @@ fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimize
     opt->options = *options;
     opt->root = root;
     fsdp2_status_t status = collect_params(opt);
+    if (status == FSDP2_SUCCESS && opt->num_params == 0) {
+        char fqn[FSDP2_FQN_MAX];
+        fsdp2_module_fqn(root, fqn, sizeof(fqn));
+        status = fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                             "optimizer_create: no parameters to train under '%s' (none is "
+                             "sharded and requires gradients): was fsdp2_fully_shard called?",
+                             fqn[0] ? fqn : "(root)");
+    }
     if (status == FSDP2_SUCCESS && opt->device.type == FSDP2_DEVICE_CUDA)
         status = upload_tables(opt);
     if (status != FSDP2_SUCCESS) {
@@ -346,6 +355,7 @@ static optim_coeffs_t coeffs_of(const fsdp2_optimizer_t *opt)
 fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
 {
     FSDP2_ARG_CHECK(opt, "optimizer_step: optimizer is NULL");
+    FSDP2_CHECK(fsdp_check_backward_closed(opt->root, "optimizer_step"));
     trace_token_t traced = TRACE_NO_TOKEN;
     if (fsdp2_tracing()) {
         trace_op_t op = TRACE_OP_INIT(TRACE_OPTIMIZER);

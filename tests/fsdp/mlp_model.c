@@ -590,6 +590,7 @@ int run_backward(run_t *r, const int *samples, int n)
     if (fails)
         return fails;
     fails += OK(c, fsdp2_post_backward(r->root));
+    fails += probe(r, PROBE_BACKWARD_END, -1);
     fails += OK(c, fsdp2_backward_finish(r->root));
     return fails + probe(r, PROBE_FINISHED, -1);
 }

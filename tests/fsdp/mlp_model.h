@@ -89,6 +89,7 @@ typedef enum probe_point {
     PROBE_BACKWARD_START,  /* before fsdp2_pre_backward(root) */
     PROBE_PRE_BACKWARD,    /* after fsdp2_pre_backward(fc[layer]) */
     PROBE_POST_BACKWARD,   /* after fsdp2_post_backward(fc[layer]) */
+    PROBE_BACKWARD_END,    /* after fsdp2_post_backward(root), before backward_finish */
     PROBE_FINISHED,        /* after fsdp2_backward_finish(root) */
     PROBE_OPTIMIZED,       /* after the optimizer and zero_grad, before the comparison */
     PROBE_STEP_END,        /* after the comparison */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <fsdp2/fsdp.h>
+#include <fsdp2/optim.h>
 
 #include "../core/check_main.h"
 #include "mlp_model.h"
@@ -143,12 +144,30 @@ out:
     return fails;
 }
 
+/* An optimizer over the misuse test's tree, stepped only where it must be refused. */
+static fsdp2_optimizer_t *misuse_opt;
+
 /* Mid-step misuse, after which the step goes on. */
 static int probe_misuse(run_t *r, probe_point_t at, int layer)
 {
     rank_ctx_t *c = r->c;
     if (r->step != 0)
         return 0;
+    if (at == PROBE_BACKWARD_END) {
+        /* The reduce-scatters may still write the sharded gradients: everything that
+         * reads or writes them, and the next step, wait for backward_finish. */
+        int fails = REFUSED(c, fsdp2_optimizer_step(misuse_opt), FSDP2_ERR_INVALID_STATE,
+                            "fsdp2_backward_finish");
+        fails += REFUSED(c, fsdp2_optimizer_zero_grad(misuse_opt), FSDP2_ERR_INVALID_STATE,
+                         "fsdp2_backward_finish");
+        fails += REFUSED(c, fsdp2_module_zero_grad(r->root), FSDP2_ERR_INVALID_STATE,
+                         "fsdp2_backward_finish");
+        fails += REFUSED(c, fsdp2_clip_grad_norm(r->root, 1.0, 2.0, NULL),
+                         FSDP2_ERR_INVALID_STATE, "fsdp2_backward_finish");
+        return fails + REFUSED(c, fsdp2_pre_forward(r->root), FSDP2_ERR_INVALID_STATE,
+                               "fsdp2_backward_finish");
+    }
+
     if (at == PROBE_PRE_FORWARD && layer == 0)
         return REFUSED(c, fsdp2_reshard(r->fc[0]), FSDP2_SUCCESS, "fc1");
     if (at == PROBE_POST_FORWARD && layer == 1)
@@ -156,9 +175,12 @@ static int probe_misuse(run_t *r, probe_point_t at, int layer)
     if (at == PROBE_POST_BACKWARD && layer == 2)
         return REFUSED(c, fsdp2_post_backward(r->fc[2]), FSDP2_ERR_INVALID_STATE, "fc3");
     if (at == PROBE_STEP_END) {
-        /* Between steps: a backward with no forward, a post_forward with no pre. */
+        /* Between steps: a backward with no forward, a post_forward with no pre, a
+         * child's forward outside its root's. */
         int fails = REFUSED(c, fsdp2_pre_backward(r->fc[0]), FSDP2_ERR_INVALID_STATE, "fc1");
-        return fails + REFUSED(c, fsdp2_post_forward(r->fc[2]), FSDP2_ERR_INVALID_STATE, "fc3");
+        fails += REFUSED(c, fsdp2_post_forward(r->fc[2]), FSDP2_ERR_INVALID_STATE, "fc3");
+        return fails + REFUSED(c, fsdp2_pre_forward(r->fc[1]), FSDP2_ERR_INVALID_STATE,
+                               "'fc2' outside its root's forward");
     }
     return 0;
 }
@@ -207,8 +229,13 @@ static int body_misuse(rank_ctx_t *c)
     ref_model_t ref;
     ref_init(&ref);
     r->probe = probe_misuse;
+    fsdp2_optimizer_options_t oo = FSDP2_SGD_OPTIONS_INIT(0.1);
+    if (!fails)
+        fails += OK(c, fsdp2_optimizer_create(r->root, &oo, &misuse_opt));
     if (!fails)
         fails += run_train(r, &ref, 0, 3, 1);
+    fsdp2_optimizer_destroy(misuse_opt);
+    misuse_opt = NULL;
 out:
     fails += run_close(r);
     free(r);

@@ -223,16 +223,20 @@ static void run(int bf16, int hsdp)
     for (int step = 0; step < STEPS; step++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
+        ASSERT_OK(fsdp2_pre_forward(root));
         for (int l = 0; l < LAYERS; l++) {
             ASSERT_OK(fsdp2_pre_forward(layer[l]));
             ASSERT_OK(fsdp2_post_forward(layer[l]));
         }
+        ASSERT_OK(fsdp2_post_forward(root));
+        ASSERT_OK(fsdp2_pre_backward(root));
         for (int l = LAYERS - 1; l >= 0; l--) {
             ASSERT_OK(fsdp2_pre_backward(layer[l]));
             ASSERT_OK(write_grad(&ps[2 * l], cur));
             ASSERT_OK(write_grad(&ps[2 * l + 1], cur));
             ASSERT_OK(fsdp2_post_backward(layer[l]));
         }
+        ASSERT_OK(fsdp2_post_backward(root));
         ASSERT_OK(fsdp2_backward_finish(root));
         ASSERT_OK(fsdp2_optimizer_step(opt)); /* SGD on the shards, on the device */
         for (int i = 0; i < 2 * LAYERS; i++)

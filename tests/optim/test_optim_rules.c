@@ -505,6 +505,11 @@ static int body_adamw_bias(rank_ctx_t *c)
     int fails = fixture_open(c, &fx);
     if (!fails)
         fails += OK(c, fsdp2_optimizer_create(fx.root, &o, &opt));
+    if (!fails) { /* the setters refuse negatives and keep the values */
+        fails += REFUSED(c, fsdp2_optimizer_set_lr(opt, -2.0), FSDP2_ERR_INVALID_ARGUMENT, "lr -2");
+        fails += REFUSED(c, fsdp2_optimizer_set_steps(opt, -3), FSDP2_ERR_INVALID_ARGUMENT,
+                         "steps -3");
+    }
     if (!fails && steps_before)
         fails += OK(c, fsdp2_optimizer_set_steps(opt, steps_before));
     fails += write_grads(&fx, 0);
