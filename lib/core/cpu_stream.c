@@ -393,7 +393,9 @@ static void *stream_worker(void *arg)
     pthread_mutex_lock(&s->lock);
     for (;;) {
         /* Wait for a task nobody is running; leave once stopping and all has run. */
-        for (int spin = 0; s->count == 0 || s->running || claim_later(s, spin); spin++) {
+        /* spin counts up to SPIN_YIELDS and stays there: an idle worker loops for days. */
+        for (int spin = 0; s->count == 0 || s->running || claim_later(s, spin);
+             spin += spin < SPIN_YIELDS) {
             if (s->stopping && s->count == 0 && !s->running)
                 break;
             if (spin < SPIN_YIELDS) { /* work often follows at once: avoid a sleep/wake */

@@ -80,6 +80,12 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
         return FSDP2_SUCCESS;
     }
     case ENV_SECONDS: {
+        /* Decimal only ("30", "2.5"): strtod would also take "0x10", "1e3" and "inf". */
+        size_t digits = strspn(text, "0123456789");
+        if (text[digits] == '.')
+            digits += 1 + strspn(text + digits + 1, "0123456789");
+        if (text[digits] != '\0' || strspn(text, "0123456789") + (text[0] == '.') == 0)
+            goto bad;
         errno = 0;
         double v = strtod(text, &end);
         parse_range(var->accepted, &lo, &hi);

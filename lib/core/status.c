@@ -41,10 +41,14 @@ const char *fsdp2_last_error(void)
 
 fsdp2_status_t fsdp2_error(fsdp2_status_t status, const char *fmt, ...)
 {
+    /* Formatted aside first: an argument may be fsdp2_last_error() itself, which a
+     * caller wrapping the message it was given passes. */
+    char message[sizeof(last_error)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
+    memcpy(last_error, message, sizeof(last_error));
     FSDP2_LOG(DEBUG, CORE, "%s: %s", fsdp2_status_name(status), last_error);
     return status;
 }

@@ -16,6 +16,8 @@
 #include <fsdp2/log.h>
 #include <fsdp2/status.h>
 
+#include "core/error.h"
+
 #define TEST_TIMEOUT_S 30
 
 struct status_row {
@@ -151,6 +153,22 @@ START_TEST(a_later_failure_replaces_the_message)
 }
 END_TEST
 
+/* A caller that wraps the message it was given passes fsdp2_last_error() to fsdp2_error,
+ * whose own buffer it is: the new message must hold the old one whole. */
+START_TEST(wrapping_the_last_message_keeps_it_whole)
+{
+    fsdp2_device_t device;
+    ck_assert_int_eq(fsdp2_device_parse("tpu:7", &device), FSDP2_ERR_INVALID_ARGUMENT);
+    char before[512];
+    snprintf(before, sizeof(before), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_error(FSDP2_ERR_IO, "while loading: %s (%d)", fsdp2_last_error(), 42),
+                     FSDP2_ERR_IO);
+    char want[600];
+    snprintf(want, sizeof(want), "while loading: %s (42)", before);
+    ck_assert_str_eq(fsdp2_last_error(), want);
+}
+END_TEST
+
 struct thread_result {
     char before[256]; /* the thread's message before it fails */
     char after[256];  /* and after */
@@ -264,6 +282,7 @@ static Suite *status_suite(void)
     tcase_add_test(last_error, device_parse_failure_message_names_the_bad_text);
     tcase_add_test(last_error, message_survives_a_later_successful_call_on_the_same_thread);
     tcase_add_test(last_error, a_later_failure_replaces_the_message);
+    tcase_add_test(last_error, wrapping_the_last_message_keeps_it_whole);
     tcase_add_test(last_error, last_error_is_thread_local);
     suite_add_tcase(s, last_error);
 
