@@ -16,8 +16,15 @@ typedef struct sd_entry {
     fsdp2_dtensor_t *dtensor; /* borrowed */
     fsdp2_tensor_t *tensor;   /* borrowed: whole on every rank */
     int optimizer;            /* an optimizer state tensor */
-    int unmaterialized;       /* a parameter declared on meta, never given values */
+    fsdp2_param_t *param;     /* a sharded parameter's handle, NULL otherwise: whether it
+                                 has values is read from it when saving (a load or import
+                                 gives it values), never cached */
 } sd_entry_t;
+
+/* Whether e is a parameter declared on meta that nothing has given values yet. */
+int sd_entry_unmaterialized(const sd_entry_t *e);
+/* e's parameter has values now (a load or import wrote this rank's rows). */
+void sd_entry_materialized(const sd_entry_t *e);
 
 struct fsdp2_state_dict {
     sd_entry_t *entries; /* sorted by name */

@@ -184,8 +184,10 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
             memcmp(t->shape, b.shape, sizeof(int64_t) * (size_t)b.ndim))
             continue; /* reported as mismatched (non-strict) */
         status = load_entry(of, &m, sd, e, t, &r->bytes_read);
-        if (status == FSDP2_SUCCESS)
+        if (status == FSDP2_SUCCESS) {
             r->loaded++;
+            sd_entry_materialized(e);
+        }
     }
     if (status == FSDP2_SUCCESS && sd->opt && m.has_optim_step)
         status = fsdp2_optimizer_set_steps(sd->opt, m.optim_step);
@@ -274,6 +276,7 @@ fsdp2_status_t fsdp2_checkpoint_import_full(fsdp2_state_dict_t *sd, const char *
         if (status == FSDP2_SUCCESS) {
             r->loaded++;
             r->bytes_read += b.data->nbytes;
+            sd_entry_materialized(e);
         }
     }
     free(names);

@@ -344,7 +344,7 @@ static fsdp2_status_t check_save_args(const fsdp2_state_dict_t *sd, const char *
     FSDP2_ARG_CHECK(sd->mesh, "checkpoint save: the state dict has no DTensor, so no mesh to "
                               "save over");
     for (size_t i = 0; i < sd->count; i++)
-        if (sd->entries[i].unmaterialized)
+        if (sd_entry_unmaterialized(&sd->entries[i]))
             return fsdp2_error(FSDP2_ERR_INVALID_STATE,
                                "checkpoint save: '%s' was declared on meta and never "
                                "materialized (fsdp2_module_materialize)",
@@ -448,7 +448,7 @@ fsdp2_status_t fsdp2_checkpoint_export_full(const fsdp2_state_dict_t *sd, const 
     FSDP2_ARG_CHECK(sd && path && path[0], "export_full: state dict or path is NULL or empty");
     FSDP2_ARG_CHECK(sd->mesh, "export_full: the state dict has no DTensor");
     for (size_t i = 0; i < sd->count; i++)
-        if (sd->entries[i].unmaterialized)
+        if (sd_entry_unmaterialized(&sd->entries[i]))
             return fsdp2_error(FSDP2_ERR_INVALID_STATE,
                                "export_full: '%s' was declared on meta and never materialized",
                                sd->entries[i].name);

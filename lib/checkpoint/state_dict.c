@@ -70,7 +70,7 @@ static fsdp2_status_t add_params(fsdp2_state_dict_t *sd, fsdp2_module_t *root)
             if (status == FSDP2_SUCCESS)
                 status = add(sd, info.fqn, dt, NULL, 0);
             if (status == FSDP2_SUCCESS)
-                sd->entries[sd->count - 1].unmaterialized = !info.materialized;
+                sd->entries[sd->count - 1].param = params[i];
         } else {
             fsdp2_tensor_t *t;
             status = fsdp2_param_unsharded(params[i], &t);
@@ -88,6 +88,18 @@ static fsdp2_status_t add_params(fsdp2_state_dict_t *sd, fsdp2_module_t *root)
     }
     free(params);
     return status;
+}
+
+int sd_entry_unmaterialized(const sd_entry_t *e)
+{
+    fsdp2_param_info_t info;
+    return e->param && fsdp2_param_info(e->param, &info) == FSDP2_SUCCESS && !info.materialized;
+}
+
+void sd_entry_materialized(const sd_entry_t *e)
+{
+    if (e->param)
+        fsdp_param_set_materialized(e->param);
 }
 
 static int by_name(const void *a, const void *b)

@@ -193,6 +193,9 @@ fsdp2_module_t *fsdp_module_top(fsdp2_module_t *m);
 fsdp2_status_t fsdp_module_walk(fsdp2_module_t *m, fsdp2_status_t (*fn)(fsdp2_module_t *, void *),
                                 void *ctx);
 
+/* Marks p as given values (a checkpoint load or import wrote its shard). */
+void fsdp_param_set_materialized(fsdp2_param_t *p);
+
 /* fully_shard.c */
 void fsdp_group_free(fsdp_group_t *g);
 /* Sets g's reshard_after_forward from a user's value (0, 1, or N dividing the shard

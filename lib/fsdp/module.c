@@ -366,3 +366,8 @@ fsdp2_status_t fsdp2_param_module(const fsdp2_param_t *p, fsdp2_module_t **modul
     *module = p->owner;
     return FSDP2_SUCCESS;
 }
+
+void fsdp_param_set_materialized(fsdp2_param_t *p)
+{
+    p->materialized = 1;
+}

@@ -236,14 +236,14 @@ int model_open(rank_ctx_t *c, fsdp2_mesh_t *mesh, variant_t v, int seed, model_t
     if (!fails)
         fails += OK(c, fsdp2_param_unsharded(m->scale, &m->whole[1]));
     init_ctx_t ic = {m, seed, 0};
-    if (!fails)
+    if (!fails && seed >= 0)
         fails += OK(c, fsdp2_module_materialize(m->root, init_param, &ic));
     fails += RANK_CHECK(c, ic.unknown == 0, "materialize called init on %d unknown parameters",
                         ic.unknown);
     fsdp2_optimizer_options_t o = FSDP2_ADAMW_OPTIONS_INIT(1e-2);
     if (!fails)
         fails += OK(c, fsdp2_optimizer_create(m->root, &o, &m->opt));
-    if (!fails)
+    if (!fails && seed >= 0)
         fails += model_fill(m, seed);
     if (!fails)
         fails += OK(c, fsdp2_state_dict_create(m->root, m->opt, &m->sd));

@@ -98,7 +98,8 @@ int variant_specs(variant_t v, param_spec_t *out);
 fsdp2_mesh_t *mesh_open(rank_ctx_t *c, int *fails);
 
 /* Declares the variant's tree on meta, shards it, materialises it with `seed`, and makes
- * an AdamW (states filled with `seed` too; steps 0) and a state dict of both. */
+ * an AdamW (states filled with `seed` too; steps 0) and a state dict of both. A negative
+ * seed leaves the parameters on meta, never materialised (zeros, states zero). */
 int model_open(rank_ctx_t *c, fsdp2_mesh_t *mesh, variant_t v, int seed, model_t *m);
 int model_close(model_t *m);
 

@@ -168,6 +168,57 @@ static int import_into_extra(rank_ctx_t *c, fsdp2_mesh_t *mesh, const char *path
     return fails + model_close(&m);
 }
 
+/* Collective: every parameter of a and b, gathered whole, holds the same bytes. */
+static int params_equal(rank_ctx_t *c, model_t *a, model_t *b, const char *when)
+{
+    int fails = 0;
+    for (int j = 0; j < a->np; j++) {
+        fsdp2_dtensor_t *da = NULL, *db = NULL;
+        fsdp2_tensor_t *fa = NULL, *fb = NULL;
+        int f = model_slot_dtensor(a, j, 0, &da) + model_slot_dtensor(b, j, 0, &db);
+        if (!f)
+            f += OK(c, fsdp2_dtensor_full_tensor(da, NULL, &fa));
+        if (!f)
+            f += OK(c, fsdp2_dtensor_full_tensor(db, NULL, &fb));
+        if (!f)
+            f += RANK_CHECK(c, fa->nbytes == fb->nbytes && !memcmp(fa->data, fb->data, fa->nbytes),
+                            "%s: parameter '%s' differs", when, a->spec[j].fqn);
+        fsdp2_tensor_release(fa);
+        fsdp2_tensor_release(fb);
+        fails += f;
+    }
+    return fails;
+}
+
+/* A model declared on meta and never materialised gets its values from import_full:
+ * saving it is refused before (nothing to save) and works after; loading that save into
+ * a model of other values gives it the imported parameters. */
+static int import_into_meta(rank_ctx_t *c, fsdp2_mesh_t *mesh, const char *path,
+                            const char *save_dir)
+{
+    model_t meta = {0}, ref = {0}, other = {0};
+    int fails = model_open(c, mesh, VARIANT_BASE, -1, &meta);
+    fails += fails ? 0 : model_open(c, mesh, VARIANT_BASE, 0, &ref);
+    fails += fails ? 0 : model_open(c, mesh, VARIANT_BASE, 1, &other);
+    if (!fails) {
+        fails += REFUSED(c, fsdp2_checkpoint_save(meta.sd, save_dir, NULL),
+                         FSDP2_ERR_INVALID_STATE, "never materialized", NULL);
+        fails += OK(c, fsdp2_checkpoint_import_full(meta.sd, path, NULL, NULL));
+        fails += params_equal(c, &meta, &ref, "meta model after import_full");
+    }
+    fails += fails ? 0 : model_save(&meta, save_dir, 3);
+    fsdp2_checkpoint_report_t report = {.size = sizeof(report)};
+    fails += fails ? 0 : model_load(&other, save_dir, 1, &report);
+    fails += fails ? 0 : params_equal(c, &other, &ref, "loaded from the imported meta model");
+    if (meta.root)
+        fails += model_close(&meta);
+    if (ref.root)
+        fails += model_close(&ref);
+    if (other.root)
+        fails += model_close(&other);
+    return fails;
+}
+
 static int body_import(rank_ctx_t *c)
 {
     job_t *job = c->arg;
@@ -207,6 +258,11 @@ static int body_import(rank_ctx_t *c)
     fails += model_check_steps(&m, 5, when);
     if (c->size == 2 && !fails)
         fails += import_into_extra(c, mesh, job->dir);
+    if (c->size == 2 && !fails) {
+        char save_dir[1100];
+        snprintf(save_dir, sizeof(save_dir), "%s.meta-save", job->dir);
+        fails += import_into_meta(c, mesh, job->dir, save_dir);
+    }
 out:
     if (m.root)
         fails += model_close(&m);
