@@ -154,13 +154,20 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
     return FSDP2_SUCCESS;
 }
 
+/* The file's text, NUL-terminated. Opened without blocking (a FIFO or a device put in
+ * the checkpoint's place would block a plain open or read forever) and refused unless it
+ * is a regular file. */
 static fsdp2_status_t read_file(const char *path, char **text)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return fsdp2_error(errno == ENOENT ? FSDP2_ERR_NOT_FOUND : FSDP2_ERR_IO,
                            "checkpoint: cannot open %s: %s", path, strerror(errno));
     struct stat st;
+    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint: %s is not a regular file", path);
+    }
     if (fstat(fd, &st) != 0 || st.st_size < 0 || (uint64_t)st.st_size > CKPT_MAX_METADATA) {
         close(fd);
         return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint: %s is missing or over %u MiB", path,
@@ -183,6 +190,12 @@ static fsdp2_status_t read_file(const char *path, char **text)
                            path);
     }
     buf[at] = '\0';
+    size_t text_len = strlen(buf);
+    if (text_len != at) {
+        free(buf);
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint: %s holds a NUL byte at %zu", path,
+                           text_len);
+    }
     *text = buf;
     return FSDP2_SUCCESS;
 }
@@ -193,14 +206,20 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
     snprintf(m->path, sizeof(m->path), "%s/%s", dir, CKPT_METADATA);
     char *text = NULL;
     FSDP2_CHECK(read_file(m->path, &text));
-    m->root = cJSON_Parse(text);
+    /* A name cJSON would cut at an escaped NUL ("a\u0000b" reads as "a") is refused
+     * before parsing; so is anything after the JSON but white space. */
+    if (strstr(text, "\\u0000")) {
+        free(text);
+        return corrupt(m, "a string holds an escaped NUL (\\u0000)", NULL);
+    }
+    m->root = cJSON_ParseWithOpts(text, NULL, 1);
     free(text);
     if (!cJSON_IsObject(m->root))
-        return corrupt(m, "not a JSON object", NULL);
+        return corrupt(m, "not a JSON object (or bytes after it)", NULL);
     const char *format = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m->root, "format"));
     if (!format || strcmp(format, "libfsdp2-checkpoint"))
         return corrupt(m, "not a libfsdp2 checkpoint (format)", format);
-    uint64_t v, ws, block, step = 0, ostep;
+    uint64_t v, ws, block, step = 0, ostep = 0;
     if (!get_u64(m->root, "version", &v))
         return corrupt(m, "no version", NULL);
     if (v > FSDP2_CHECKPOINT_VERSION)
@@ -210,12 +229,19 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
     if (!get_u64(m->root, "world_size", &ws) || ws < 1 || ws > (1u << 24) ||
         !get_u64(m->root, "crc32c_block_bytes", &block) || block < 1 || block > (1u << 30))
         return corrupt(m, "world_size or crc32c_block_bytes missing or out of range", NULL);
-    get_u64(m->root, "step", &step);
+    /* Absent is 0 (and no optimizer step); present, they must be whole numbers in
+     * range: a bad value must not read as absent and reset a run's step count. */
+    const cJSON *step_item = cJSON_GetObjectItemCaseSensitive(m->root, "step");
+    if (step_item && !get_u64(step_item, NULL, &step))
+        return corrupt(m, "step is not a whole number from 0 to 2^53", NULL);
+    const cJSON *ostep_item = cJSON_GetObjectItemCaseSensitive(m->root, "optim.step");
+    if (ostep_item && !get_u64(ostep_item, NULL, &ostep))
+        return corrupt(m, "optim.step is not a whole number from 0 to 2^53", NULL);
     m->version = (int)v;
     m->world_size = (int)ws;
     m->block = block;
     m->step = (int64_t)step;
-    m->has_optim_step = get_u64(m->root, "optim.step", &ostep);
+    m->has_optim_step = ostep_item != NULL;
     m->optim_step = m->has_optim_step ? (int64_t)ostep : 0;
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m->root, "tensors");
     if (!cJSON_IsObject(tensors))

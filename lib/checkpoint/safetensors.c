@@ -489,7 +489,8 @@ fsdp2_status_t st_open(const char *path, st_file_t *f)
     FSDP2_ARG_CHECK(path != NULL && f != NULL, "st_open: path=%p f=%p", (const void *)path,
                     (void *)f);
     file_reset(f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Without blocking: a FIFO in the file's place is refused below, not waited on. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return fsdp2_error(FSDP2_ERR_IO, "%s: open: %s", path, strerror(errno));
     fsdp2_status_t status = FSDP2_SUCCESS;

@@ -2,11 +2,16 @@
  * byte changes, truncations, swapped digits and duplicated fragments of a valid file.
  * fsdp2_checkpoint_inspect and fsdp2_checkpoint_verify must return success or an error,
  * never crash or read outside what the file allows (run under ASan in CI). A libFuzzer
- * harness would be the same loop driven by coverage; this one runs in every test run. */
+ * harness would be the same loop driven by coverage; this one runs in every test run.
+ * Then hostile files aimed at single rules: a FIFO in place of metadata.json or of a
+ * rank's file (refused, not waited on), out-of-range step and optim.step (refused, not
+ * read as absent), bytes after the JSON, NULs in names. */
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../collectives/ranks.h"
@@ -122,12 +127,129 @@ START_TEST(mutated_metadata_is_an_error_or_valid_never_a_crash)
 }
 END_TEST
 
+/* metadata.json replaced by `text` (len bytes): verify must give want naming needle. */
+static void expect_metadata(const char *path, const char *text, size_t len, fsdp2_status_t want,
+                            const char *needle, const char *what)
+{
+    put(path, text, len);
+    fsdp2_status_t got = fsdp2_checkpoint_verify(dir, NULL);
+    ck_assert_msg(got == want && (!needle || strstr(fsdp2_last_error(), needle)),
+                  "%s: verify = %s (%s), want %s naming '%s'", what, fsdp2_status_name(got),
+                  fsdp2_last_error(), fsdp2_status_name(want), needle ? needle : "");
+}
+
+/* The valid metadata with field `key` set to number v (or removed when remove). */
+static char *with_number(const char *good, const char *key, double v, int remove)
+{
+    cJSON *root = cJSON_Parse(good);
+    ck_assert_ptr_nonnull(root);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+    if (!remove)
+        cJSON_AddNumberToObject(root, key, v);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* good with the first `from` replaced by `to` (len bytes); *out_len its length. */
+static char *replaced(const char *good, const char *from, const char *to, size_t to_len,
+                      size_t *out_len)
+{
+    const char *at = strstr(good, from);
+    ck_assert_ptr_nonnull(at);
+    size_t head = (size_t)(at - good), tail = strlen(at + strlen(from));
+    char *out = malloc(head + to_len + tail + 1);
+    memcpy(out, good, head);
+    memcpy(out + head, to, to_len);
+    memcpy(out + head + to_len, at + strlen(from), tail + 1);
+    *out_len = head + to_len + tail;
+    return out;
+}
+
+START_TEST(hostile_files_are_refused_naming_the_rule)
+{
+    snprintf(dir, sizeof(dir), "/tmp/fsdp2-hostile-%d", (int)getpid());
+    ranks_result_t res;
+    ck_assert_int_eq(run_ranks(2, save_one, NULL, 20000, 60, &res), 0);
+    char path[300], rank_file[300], moved[320];
+    snprintf(path, sizeof(path), "%s/metadata.json", dir);
+    snprintf(rank_file, sizeof(rank_file), "%s/rank-00001.safetensors", dir);
+    size_t len;
+    char *good = slurp(path, &len);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+
+    /* A FIFO nobody writes: a blocking open would wait forever. */
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_ERR_CORRUPT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "not a regular file"));
+    ck_assert_int_eq(unlink(path), 0);
+    put(path, good, len);
+    snprintf(moved, sizeof(moved), "%s.moved", rank_file);
+    ck_assert_int_eq(rename(rank_file, moved), 0);
+    ck_assert_int_eq(mkfifo(rank_file, 0600), 0);
+    ck_assert_int_ne(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "not a regular file"));
+    ck_assert_int_eq(unlink(rank_file), 0);
+    ck_assert_int_eq(rename(moved, rank_file), 0);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+
+    /* step and optim.step: absent is fine, out of range is corrupt (not absent). */
+    const struct {
+        const char *key;
+        double v;
+        int remove;
+        fsdp2_status_t want;
+    } steps[] = {
+        {"step", -1, 0, FSDP2_ERR_CORRUPT},        {"step", 1e300, 0, FSDP2_ERR_CORRUPT},
+        {"step", 2.5, 0, FSDP2_ERR_CORRUPT},       {"optim.step", -5, 0, FSDP2_ERR_CORRUPT},
+        {"optim.step", 1e17, 0, FSDP2_ERR_CORRUPT}, {"step", 0, 1, FSDP2_SUCCESS},
+        {"optim.step", 7, 0, FSDP2_SUCCESS},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        char *text = with_number(good, steps[i].key, steps[i].v, steps[i].remove);
+        char what[64];
+        snprintf(what, sizeof what, "%s = %g%s", steps[i].key, steps[i].v,
+                 steps[i].remove ? " (removed)" : "");
+        expect_metadata(path, text, strlen(text), steps[i].want,
+                        steps[i].want ? steps[i].key : NULL, what);
+        free(text);
+    }
+
+    /* After the JSON: white space is fine, anything else is not. */
+    char *buf = malloc(len + 8);
+    memcpy(buf, good, len);
+    memcpy(buf + len, " \n\t", 3);
+    expect_metadata(path, buf, len + 3, FSDP2_SUCCESS, NULL, "trailing white space");
+    memcpy(buf + len, "{}", 2);
+    expect_metadata(path, buf, len + 2, FSDP2_ERR_CORRUPT, "bytes after", "trailing {}");
+    free(buf);
+
+    /* NULs: escaped in a tensor's name (cJSON would cut the name there), or raw. */
+    size_t n;
+    char *text = replaced(good, "\"fc.weight\"", "\"fc.weight\\u0000x\"", 18, &n);
+    expect_metadata(path, text, n, FSDP2_ERR_CORRUPT, "\\u0000", "escaped NUL in a name");
+    free(text);
+    text = replaced(good, "\"fc.weight\"", "\"fc.we\0ight\"", 12, &n);
+    expect_metadata(path, text, n, FSDP2_ERR_CORRUPT, "NUL byte", "raw NUL in a name");
+    free(text);
+
+    put(path, good, len);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+    free(good);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("metadata_mutations");
     TCase *tc = tcase_create("mutations");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, mutated_metadata_is_an_error_or_valid_never_a_crash);
+    tcase_add_test(tc, hostile_files_are_refused_naming_the_rule);
     suite_add_tcase(s, tc);
     return s;
 }
