@@ -16,6 +16,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/options.h"
 
 /* Appends name to a comma-separated list, marking truncation with "...". */
 static void list_add(char *list, size_t len, const char *name)
@@ -59,9 +60,8 @@ static fsdp2_status_t check_report(fsdp2_checkpoint_report_t *report,
 {
     if (!*o)
         *o = defaults;
-    FSDP2_ARG_CHECK((*o)->size == sizeof(**o),
-                    "checkpoint: options size %u is not sizeof(fsdp2_checkpoint_options_t) = %zu",
-                    (*o)->size, sizeof(**o));
+    fsdp2_checkpoint_options_t copy = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    FSDP2_CHECK(fsdp2_options_copy("checkpoint options", &copy, sizeof(copy), *o, NULL, 0));
     if (report) {
         FSDP2_ARG_CHECK(report->size == sizeof(*report),
                         "checkpoint: report size %u is not sizeof(fsdp2_checkpoint_report_t) = %zu",

@@ -18,6 +18,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/log_internal.h"
 
 /* Removes the regular files of dir, then dir (our own partial or replaced checkpoints
@@ -333,9 +334,8 @@ static fsdp2_status_t check_save_args(const fsdp2_state_dict_t *sd, const char *
 {
     FSDP2_ARG_CHECK(sd && dir && dir[0], "checkpoint save: state dict or dir is NULL or empty");
     FSDP2_ARG_CHECK(strlen(dir) < 3000, "checkpoint save: path '%.40s...' is too long", dir);
-    FSDP2_ARG_CHECK(o->size == sizeof(*o),
-                    "checkpoint: options size %u is not sizeof(fsdp2_checkpoint_options_t) = %zu",
-                    o->size, sizeof(*o));
+    fsdp2_checkpoint_options_t copy = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    FSDP2_CHECK(fsdp2_options_copy("checkpoint options", &copy, sizeof(copy), o, NULL, 0));
     FSDP2_ARG_CHECK(o->num_extra == 0 || (o->extra_keys && o->extra_values),
                     "checkpoint save: %zu extra entries but no arrays", o->num_extra);
     for (size_t i = 0; i < o->num_extra; i++)

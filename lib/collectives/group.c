@@ -1,6 +1,7 @@
 /* Process groups: argument checks, sequence numbers and the sticky error; the backend
  * (ucx for host memory, nccl for CUDA memory) does the communication. */
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
 #include "mesh/store_internal.h"
@@ -68,11 +70,12 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     FSDP2_ARG_CHECK(rank >= 0 && rank < size, "group '%s': rank %d is not in 0..%d", name, rank,
                     size - 1);
     fsdp2_group_options_t opts = FSDP2_GROUP_OPTIONS_INIT;
-    if (options) {
-        FSDP2_ARG_CHECK(options->size >= sizeof(opts), "group options: size %u, expected %zu",
-                        options->size, sizeof(opts));
-        opts = *options;
-    }
+    /* Before cuda_device: the struct ended with timeout_ms. */
+    static const fsdp2_options_version_t earlier[] = {
+        {offsetof(fsdp2_group_options_t, cuda_device), offsetof(fsdp2_group_options_t, cuda_device)},
+    };
+    if (options)
+        FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, earlier, 1));
     FSDP2_CHECK(fsdp2_env_init());
     const fsdp2_group_ops_t *ops = NULL;
     if (opts.backend == FSDP2_BACKEND_UCX) {

@@ -6,6 +6,7 @@
 #include "collectives/mesh_default.h"
 #include "collectives/trace_session.h"
 #include "core/error.h"
+#include "core/options.h"
 #include <fsdp2/init.h>
 #include <fsdp2/log.h>
 
@@ -25,11 +26,8 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     FSDP2_ARG_CHECK(out, "ctx is NULL");
     *out = NULL;
     fsdp2_init_options_t opts = FSDP2_INIT_OPTIONS_INIT;
-    if (options) {
-        FSDP2_ARG_CHECK(options->size >= sizeof(opts), "init options: size %u, expected %zu",
-                        options->size, sizeof(opts));
-        opts = *options;
-    }
+    if (options)
+        FSDP2_CHECK(fsdp2_options_copy("init options", &opts, sizeof(opts), options, NULL, 0));
     fsdp2_context_t *c = calloc(1, sizeof(*c));
     if (!c)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "context");

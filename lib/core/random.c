@@ -7,6 +7,7 @@
 #include <fsdp2/stream.h>
 
 #include "core/error.h"
+#include "core/options.h"
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -48,10 +49,9 @@ fsdp2_status_t fsdp2_philox4x32(const uint32_t counter[4], const uint32_t key[2]
 static fsdp2_status_t check_init(const fsdp2_random_init_t *init)
 {
     FSDP2_ARG_CHECK(init, "random init is NULL");
-    FSDP2_ARG_CHECK(init->size == sizeof(*init),
-                    "random init: size %u is not sizeof(fsdp2_random_init_t) = %zu (use "
-                    "FSDP2_RANDOM_UNIFORM_INIT or FSDP2_RANDOM_NORMAL_INIT)",
-                    init->size, sizeof(*init));
+    fsdp2_random_init_t copy;
+    memset(&copy, 0, sizeof(copy));
+    FSDP2_CHECK(fsdp2_options_copy("random init", &copy, sizeof(copy), init, NULL, 0));
     FSDP2_ARG_CHECK(isfinite(init->a) && isfinite(init->b),
                     "random init: parameters %g and %g must be finite", init->a, init->b);
     if (init->dist == FSDP2_RANDOM_UNIFORM) {

@@ -27,6 +27,7 @@
 #include "core/env_internal.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/log_internal.h"
 #include "mesh/store_internal.h"
 #include "mesh/store_protocol.h"
@@ -354,9 +355,6 @@ static fsdp2_status_t store_hello(fsdp2_store_t *st, int64_t deadline)
 static fsdp2_status_t check_options(const fsdp2_store_options_t *o)
 {
     FSDP2_ARG_CHECK(o != NULL, "store options are NULL");
-    FSDP2_ARG_CHECK(o->size >= sizeof(fsdp2_store_options_t),
-                    "store options size=%u, expected %zu (start from "
-                    "FSDP2_STORE_OPTIONS_INIT)", o->size, sizeof(fsdp2_store_options_t));
     FSDP2_ARG_CHECK(o->world_size >= 1, "store world_size=%d (at least 1)", o->world_size);
     FSDP2_ARG_CHECK(o->rank >= 0 && o->rank < o->world_size,
                     "store rank=%d outside 0..%d (world_size=%d)", o->rank, o->world_size - 1,
@@ -386,6 +384,10 @@ static void store_free(fsdp2_store_t *st)
 fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options, fsdp2_store_t **store)
 {
     FSDP2_ARG_CHECK(store != NULL, "store is NULL");
+    FSDP2_ARG_CHECK(options != NULL, "store options are NULL");
+    fsdp2_store_options_t opts = FSDP2_STORE_OPTIONS_INIT;
+    FSDP2_CHECK(fsdp2_options_copy("store options", &opts, sizeof(opts), options, NULL, 0));
+    options = &opts;
     FSDP2_CHECK(check_options(options));
     FSDP2_CHECK(fsdp2_env_init());
     fsdp2_store_t *st = calloc(1, sizeof(*st));

@@ -17,6 +17,7 @@
 #include <fsdp2/optim.h>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
@@ -91,9 +92,6 @@ static size_t state_names_of(const fsdp2_optimizer_options_t *o, const char *con
  * are written so that NaN fails them. */
 static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o)
 {
-    FSDP2_ARG_CHECK(o->size == sizeof(*o),
-                    "optimizer options: size %u is not sizeof(fsdp2_optimizer_options_t) = %zu",
-                    o->size, sizeof(*o));
     FSDP2_ARG_CHECK(o->kind == FSDP2_OPTIMIZER_SGD || o->kind == FSDP2_OPTIMIZER_ADAMW ||
                         o->kind == FSDP2_OPTIMIZER_ADADELTA,
                     "optimizer options: kind %d is not SGD, ADAMW or ADADELTA", (int)o->kind);
@@ -282,6 +280,9 @@ fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimize
     FSDP2_ARG_CHECK(out, "optimizer_create: out is NULL");
     *out = NULL;
     FSDP2_ARG_CHECK(root && options, "optimizer_create: root or options is NULL");
+    fsdp2_optimizer_options_t copy = FSDP2_SGD_OPTIONS_INIT(0.0);
+    FSDP2_CHECK(fsdp2_options_copy("optimizer options", &copy, sizeof(copy), options, NULL, 0));
+    options = &copy;
     FSDP2_CHECK(check_options(options));
     fsdp2_optimizer_t *opt = calloc(1, sizeof(*opt));
     if (!opt)
