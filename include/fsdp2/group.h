@@ -60,9 +60,11 @@ FSDP2_API fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *na
                                             int size, const fsdp2_group_options_t *options,
                                             fsdp2_group_t **group);
 
-/* Destroys this process's end. Every stream that ran collectives of the group must have
- * been synchronized. Not collective, but peers still talking to a destroyed end fail.
- * NULL ignored. */
+/* Destroys this process's end. Not collective, but peers still talking to a destroyed
+ * end fail. Collectives of the group still queued or running on streams are waited for
+ * first (up to the group's timeout, then aborted and given one more second; a warning
+ * says so: synchronize those streams first); a group whose collectives never end is kept
+ * rather than freed under them, and FSDP2_ERR_INVALID_STATE says so. NULL ignored. */
 FSDP2_API fsdp2_status_t fsdp2_group_destroy(fsdp2_group_t *group);
 
 FSDP2_API fsdp2_status_t fsdp2_group_rank(const fsdp2_group_t *group, int *rank);

@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "collectives/group_internal.h"
+#include "core/clock.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
@@ -119,10 +121,48 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     return FSDP2_SUCCESS;
 }
 
+/* Waits up to wait_ms for the group's collectives in flight to finish; how many are
+ * left. */
+static int drain(fsdp2_group_t *g, long wait_ms)
+{
+    int64_t deadline = fsdp2_now_ms() + wait_ms;
+    int left;
+    while ((left = g->ops->in_flight(g)) > 0 && fsdp2_now_ms() < deadline) {
+        struct timespec nap = {0, 1000000}; /* 1 ms */
+        nanosleep(&nap, NULL);
+    }
+    return left;
+}
+
+/* Collectives still queued or running on streams use the group: destroying it under
+ * them would free what they read. They are waited for (the group's timeout: peers run
+ * the same collectives, or fail them by then), then aborted and given a last second;
+ * a group whose collectives never end is kept, not freed, and the error says so. */
 fsdp2_status_t fsdp2_group_destroy(fsdp2_group_t *g)
 {
     if (!g)
         return FSDP2_SUCCESS;
+    if (g->ops->in_flight && g->ops->in_flight(g) > 0) {
+        FSDP2_LOG(WARN, COLL,
+                  "group '%s': destroyed with %d collective%s in flight: waiting for them "
+                  "(synchronize the streams that run them first)",
+                  g->name, g->ops->in_flight(g), g->ops->in_flight(g) == 1 ? "" : "s");
+        int left = drain(g, g->timeout_ms);
+        if (left > 0) {
+            atomic_store(&g->aborted, 1);
+            fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "destroyed with collectives in flight");
+            if (g->ops->abort)
+                g->ops->abort(g);
+            left = drain(g, 1000);
+        }
+        if (left > 0)
+            return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                               "group '%s': destroyed with %d collective%s that did not end "
+                               "within %.1f s; the group is kept (not freed) so that they "
+                               "cannot touch freed memory",
+                               g->name, left, left == 1 ? "" : "s",
+                               (double)g->timeout_ms / 1e3 + 1.0);
+    }
     g->ops->destroy(g);
     pthread_mutex_destroy(&g->error_lock);
     free(g);

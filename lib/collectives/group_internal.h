@@ -55,6 +55,8 @@ typedef struct fsdp2_group_ops {
     fsdp2_status_t (*enqueue)(struct fsdp2_group *g, const coll_op_t *op, fsdp2_stream_t *stream);
     /* Optional: tells the peers now that this member aborted (thread-safe). */
     void (*abort)(struct fsdp2_group *g);
+    /* Collectives enqueued and not finished yet (thread-safe): destroy waits for 0. */
+    int (*in_flight)(struct fsdp2_group *g);
 } fsdp2_group_ops_t;
 
 struct fsdp2_group {

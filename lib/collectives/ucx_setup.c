@@ -325,6 +325,17 @@ static void ucx_destroy(fsdp2_group_t *g)
     context_release();
 }
 
+static int ucx_in_flight(fsdp2_group_t *g)
+{
+    ucx_group_t *ug = g->backend;
+    int busy = 0;
+    pthread_mutex_lock(&ug->lock);
+    for (int i = 0; i < UCX_SLOTS; i++)
+        busy += ug->slots[i].busy;
+    pthread_mutex_unlock(&ug->lock);
+    return busy;
+}
+
 static void ucx_abort(fsdp2_group_t *g)
 {
     ucx_group_t *ug = g->backend;
@@ -338,4 +349,5 @@ const fsdp2_group_ops_t fsdp2_ucx_group_ops = {
     .destroy = ucx_destroy,
     .enqueue = fsdp2_ucx_enqueue,
     .abort = ucx_abort,
+    .in_flight = ucx_in_flight,
 };

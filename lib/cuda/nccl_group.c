@@ -565,10 +565,20 @@ static fsdp2_status_t nccl_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_
     return status;
 }
 
+static int nccl_in_flight(fsdp2_group_t *g)
+{
+    nccl_group_t *ng = ng_of(g);
+    pthread_mutex_lock(&ng->lock);
+    int n = ng->comm_gone ? 0 : (int)ng->count;
+    pthread_mutex_unlock(&ng->lock);
+    return n;
+}
+
 const fsdp2_group_ops_t fsdp2_nccl_group_ops = {
     .name = "nccl",
     .create = nccl_create,
     .destroy = nccl_destroy,
     .enqueue = nccl_enqueue,
     .abort = nccl_abort,
+    .in_flight = nccl_in_flight,
 };

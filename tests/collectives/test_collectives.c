@@ -514,6 +514,50 @@ static int body_many_reductions_in_opposite_orders(rank_ctx_t *c)
     return fails;
 }
 
+/* A group destroyed while reduce-scatters it was given still wait on a side stream (a
+ * host function holds the stream first, so they have not even started): destroy waits
+ * for them instead of freeing what they use; they finish with the right sums, and the
+ * stream is synchronized and destroyed after the group is gone. (It crashed in the
+ * shared-memory transport before.) */
+static int body_destroy_with_collectives_in_flight(rank_ctx_t *c)
+{
+    enum { K = 4 };
+    int fails = 0;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 20000;
+    fsdp2_group_t *g = NULL;
+    fsdp2_stream_t *s = NULL;
+    fails += OK(c, fsdp2_group_create(c->store, "in-flight", c->rank, c->size, &go, &g));
+    fails += OK(c, fsdp2_stream_create(cpu, "in-flight", &s));
+    if (fails)
+        return fails;
+    size_t n = (size_t)1 << 16; /* per rank: 256 KiB of f32 */
+    float *send[K], *recv[K];
+    for (int k = 0; k < K; k++) {
+        send[k] = malloc(n * (size_t)c->size * sizeof(float));
+        recv[k] = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n * (size_t)c->size; i++)
+            send[k][i] = (float)(c->rank + 1 + k);
+    }
+    fails += OK(c, fsdp2_stream_launch_host(s, delay_run, NULL));
+    for (int k = 0; k < K && !fails; k++)
+        fails += OK(c, fsdp2_reduce_scatter_async(g, send[k], recv[k], n, FSDP2_F32, NULL, s));
+    fails += OK(c, fsdp2_group_destroy(g));
+    fails += RANK_CHECK(c, fsdp2_stream_synchronize(s) == FSDP2_SUCCESS, "stream: %s",
+                        fsdp2_last_error());
+    for (int k = 0; k < K; k++) {
+        float want = (float)(c->size * (c->size + 1) / 2 + c->size * k);
+        fails += RANK_CHECK(c, recv[k][0] == want && recv[k][n - 1] == want,
+                            "reduce-scatter %d: %g .. %g, want %g", k, recv[k][0], recv[k][n - 1],
+                            want);
+        free(send[k]);
+        free(recv[k]);
+    }
+    fsdp2_stream_destroy(s);
+    return fails;
+}
+
 /* Every rank pinned to one and the same CPU before its group is made: more ranks than
  * cores on any machine, as on this 2-core one (the group then never spins). Collectives
  * of small and large sizes must finish, with the right values, within the deadline. A
@@ -695,6 +739,11 @@ START_TEST(ranks_pinned_to_one_cpu_still_make_progress)
 END_TEST
 START_TEST(bad_arguments_are_errors_and_leave_the_group_usable) { run_all_sizes(body_bad_arguments); }
 END_TEST
+START_TEST(destroying_a_group_waits_for_its_collectives_in_flight)
+{
+    run_all_sizes(body_destroy_with_collectives_in_flight);
+}
+END_TEST
 START_TEST(more_reductions_in_flight_than_scratch_sets_do_not_deadlock)
 {
     run_all_sizes(body_many_reductions_in_opposite_orders);
@@ -718,6 +767,7 @@ static Suite *collectives_suite(void)
     tcase_add_test(ok, bad_arguments_are_errors_and_leave_the_group_usable);
     tcase_add_test(ok, ranks_pinned_to_one_cpu_still_make_progress);
     tcase_add_test(ok, more_reductions_in_flight_than_scratch_sets_do_not_deadlock);
+    tcase_add_test(ok, destroying_a_group_waits_for_its_collectives_in_flight);
     suite_add_tcase(s, ok);
     return s;
 }
