@@ -565,12 +565,23 @@ static fsdp2_status_t nccl_enqueue(fsdp2_group_t *g, const coll_op_t *op, fsdp2_
     return status;
 }
 
+/* Pending collectives whose event has not completed (the watchdog retires completed
+ * ones only every few milliseconds). */
 static int nccl_in_flight(fsdp2_group_t *g)
 {
     nccl_group_t *ng = ng_of(g);
+    int prev = -1, n = 0;
+    if (enter_device(ng->device, &prev) != FSDP2_SUCCESS)
+        return 0;
     pthread_mutex_lock(&ng->lock);
-    int n = ng->comm_gone ? 0 : (int)ng->count;
+    for (size_t i = 0; !ng->comm_gone && i < ng->count; i++) {
+        cudaError_t err = cudaEventQuery(ng->pending[(ng->head + i) % NCCL_PENDING].done);
+        if (err == cudaErrorNotReady)
+            n++;
+        (void)cudaGetLastError();
+    }
     pthread_mutex_unlock(&ng->lock);
+    leave_device(prev);
     return n;
 }
 
