@@ -288,9 +288,88 @@ void fsdp2_shm_post(run_t *x, uint64_t t)
     }
 }
 
+/* ---- stamps ---- */
+
+static shm_stamp_t *stamp_of(const shm_group_t *sg, int r, uint64_t seq)
+{
+    return &sg->stamps[(size_t)r * SHM_STAMPS + seq % SHM_STAMPS];
+}
+
+static int is_reduction(coll_kind_t kind)
+{
+    return kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE;
+}
+
+/* This rank's collective, before its first step (its head's release publishes it). */
+static void stamp_write(shm_group_t *sg, const coll_op_t *op)
+{
+    shm_stamp_t *s = stamp_of(sg, sg->g->rank, op->seq);
+    s->kind = (uint32_t)op->kind;
+    s->dtype = (uint32_t)op->dtype;
+    s->bytes = (uint64_t)op->count * op->elem_size;
+    s->root = op->kind == COLL_BROADCAST ? op->root : 0;
+    s->reduce = is_reduction(op->kind) ? (uint32_t)op->reduce.op : 0;
+    atomic_store_explicit(&s->seq1, op->seq + 1, memory_order_release);
+    atomic_store_explicit(&sg->lines[sg->g->rank].last_stamp, op->seq + 1, memory_order_release);
+}
+
+/* "all_gather of 4096 B (seq 7)" */
+static void stamp_text(const shm_stamp_t *s, uint64_t seq, char *buf, size_t len)
+{
+    const char *kind = fsdp2_coll_kind_name((coll_kind_t)s->kind);
+    if (s->kind == COLL_BARRIER)
+        snprintf(buf, len, "barrier (seq %llu)", (unsigned long long)seq);
+    else if (s->kind == COLL_BROADCAST)
+        snprintf(buf, len, "broadcast of %llu B from rank %d (seq %llu)",
+                 (unsigned long long)s->bytes, s->root, (unsigned long long)seq);
+    else if (is_reduction((coll_kind_t)s->kind))
+        snprintf(buf, len, "%s of %llu B of %s, %s (seq %llu)", kind, (unsigned long long)s->bytes,
+                 fsdp2_dtype_name((fsdp2_dtype_t)s->dtype), s->reduce ? "avg" : "sum",
+                 (unsigned long long)seq);
+    else
+        snprintf(buf, len, "%s of %llu B (seq %llu)", kind, (unsigned long long)s->bytes,
+                 (unsigned long long)seq);
+}
+
+/* The first time this collective meets rank r (r has posted a step we waited for): r's
+ * stamp for this sequence number must be this rank's call. Otherwise both calls are
+ * named, the group fails here and is marked broken for every peer. */
+static fsdp2_status_t check_stamp(run_t *x, int r)
+{
+    if (!x->op || (x->stamped >> r) & 1)
+        return FSDP2_SUCCESS;
+    x->stamped |= (uint64_t)1 << r;
+    const coll_op_t *op = x->op;
+    const shm_stamp_t *mine = stamp_of(x->sg, x->me, op->seq);
+    const shm_stamp_t *theirs = stamp_of(x->sg, r, op->seq);
+    uint64_t seq = op->seq;
+    if (atomic_load_explicit(&theirs->seq1, memory_order_acquire) == seq + 1 &&
+        theirs->kind == mine->kind && theirs->dtype == mine->dtype &&
+        theirs->bytes == mine->bytes && theirs->root == mine->root &&
+        theirs->reduce == mine->reduce)
+        return FSDP2_SUCCESS;
+    char a[160], b[160];
+    stamp_text(mine, seq, a, sizeof(a));
+    uint64_t last = atomic_load_explicit(&x->sg->lines[r].last_stamp, memory_order_acquire);
+    if (atomic_load_explicit(&theirs->seq1, memory_order_acquire) == seq + 1)
+        stamp_text(theirs, seq, b, sizeof(b));
+    else if (last)
+        stamp_text(stamp_of(x->sg, r, last - 1), last - 1, b, sizeof(b));
+    else
+        snprintf(b, sizeof(b), "no collective yet");
+    fsdp2_status_t status = fsdp2_group_fail(
+        x->sg->g, FSDP2_ERR_INVALID_STATE,
+        "rank %d called %s where rank %d called %s: the ranks of a group must call the "
+        "same collectives in the same order",
+        r, b, x->me, a);
+    mark_broken(x->sg, x->me);
+    return status;
+}
+
 fsdp2_status_t fsdp2_shm_slot_for_read(run_t *x, int r, uint64_t t, const char **slot)
 {
     FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+    FSDP2_CHECK(check_stamp(x, r));
     *slot = slot_of(x, r, t);
     return FSDP2_SUCCESS;
 }
@@ -363,6 +442,7 @@ fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, s
                 ready = 0;
             }
             int r = pending[ready];
+            FSDP2_CHECK(check_stamp(x, r));
             pending[ready] = pending[--np];
             fsdp2_shm_sink_write(x, &sinks[r], off, slot_of(x, r, t),
                                  min_size(SHM_SLOT, len[r] - off));
@@ -431,6 +511,7 @@ fsdp2_status_t fsdp2_shm_sync_step(run_t *x)
     for (int k = 1; k < x->n; k++) {
         int r = (x->me + k) % x->n;
         FSDP2_CHECK(wait_for(x, head_of(x, r), t + 1, r));
+        FSDP2_CHECK(check_stamp(x, r));
     }
     fsdp2_shm_finish_step(x, t);
     return FSDP2_SUCCESS;
@@ -500,8 +581,9 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
         mark_broken(sg, g->rank);
         return status;
     }
+    stamp_write(sg, op);
     run_t x = {.sg = sg, .what = what, .me = g->rank, .n = g->size, .next = sg->steps,
-               .deadline_ms = deadline};
+               .deadline_ms = deadline, .op = op};
     x.streaming = x.fence_posts = fsdp2_shm_stores_choose(sg, op, &x.part_steps);
     int first_way = x.streaming;
     x.out_streaming = fsdp2_shm_out_streams(sg, op);

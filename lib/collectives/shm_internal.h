@@ -88,12 +88,27 @@ typedef struct shm_header {
 
 /* A rank's line: what it publishes, and where those waiting for it sleep. */
 typedef struct rank_line {
-    shm_counter_t head;  /* steps this rank has posted */
-    atomic_uint bell;    /* futex word, bumped when this rank advances a counter */
-    atomic_int sleepers; /* threads asleep on bell */
-    atomic_int cpu;      /* 1 + the cpu this rank last waited on (0: not yet) */
-    char pad[SHM_LINE - 20];
+    shm_counter_t head;       /* steps this rank has posted */
+    shm_counter_t last_stamp; /* 1 + the sequence number it stamped last (0: none) */
+    atomic_uint bell;         /* futex word, bumped when this rank advances a counter */
+    atomic_int sleepers;      /* threads asleep on bell */
+    atomic_int cpu;           /* 1 + the cpu this rank last waited on (0: not yet) */
+    char pad[SHM_LINE - 28];
 } rank_line_t;
+
+/* What a rank's collective is, written before its first step (shm.c): a peer compares it
+ * with its own when it first waits for that rank in the collective, so two different
+ * calls under one sequence number fail on both sides instead of pairing up. A ring per
+ * rank, indexed by sequence number: a rank runs only a few collectives ahead of its
+ * slowest peer (its slots bound it), far fewer than SHM_STAMPS. */
+#define SHM_STAMPS 64
+typedef struct shm_stamp {
+    shm_counter_t seq1; /* 1 + the sequence number (0: never written) */
+    uint32_t kind, dtype;
+    uint64_t bytes;
+    int32_t root;
+    uint32_t reduce; /* the reduce op of a reduction, else 0 */
+} shm_stamp_t;
 _Static_assert(sizeof(rank_line_t) == SHM_LINE, "a rank's line is one cache line");
 
 struct shm_group {
@@ -115,6 +130,7 @@ struct shm_group {
     uint64_t direct_ran, direct_declined; /* collectives that ran single-copy, or announced
                                            * and then went through the slots */
     uint64_t direct_verdicts; /* of those, the ones that took a verdict step */
+    shm_stamp_t *stamps; /* rank r's at stamps + r * SHM_STAMPS */
     char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
     shm_peer_gone_fn gone;
     void *gone_arg;

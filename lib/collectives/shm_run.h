@@ -23,6 +23,8 @@ typedef struct run {
     uint64_t part_posts; /* the posts before it changed (0: it did not) */
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     const direct_desc_t *direct_descs; /* a single-copy collective's announcements */
+    const coll_op_t *op;  /* the collective, as this rank called it */
+    uint64_t stamped;     /* bit r: rank r's stamp was compared with op's */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
 } run_t;
 

@@ -24,7 +24,8 @@ static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 static size_t segment_bytes(int n, size_t *row, size_t *ctl)
 {
     *row = round_up((size_t)n * 8, SHM_LINE) / 8;
-    *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8 + 2 * (size_t)n * SHM_LINE,
+    *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8 + 2 * (size_t)n * SHM_LINE +
+                        (size_t)n * SHM_STAMPS * sizeof(shm_stamp_t),
                     SHM_PAGE);
     return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
@@ -185,6 +186,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->lines = (rank_line_t *)(base + SHM_PAGE);
     sg->done = (shm_counter_t *)(base + SHM_PAGE + (size_t)g->size * SHM_LINE);
     sg->descs = (direct_desc_t *)((char *)sg->done + (size_t)g->size * sg->row * 8);
+    sg->stamps = (shm_stamp_t *)((char *)sg->descs + 2 * (size_t)g->size * SHM_LINE);
     sg->ring = base + SHM_PAGE + ctl;
     FSDP2_LOG(DEBUG, COLL, "group '%s': shared-memory segment %s, %zu bytes", g->name, name,
               bytes);

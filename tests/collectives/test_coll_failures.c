@@ -1,6 +1,7 @@
-/* Collective failures with real processes: a dead peer, a hung peer, an abort, and an
- * enqueue that can never proceed, each an error within the group's timeout on every
- * rank concerned, never a hang.
+/* Collective failures with real processes: a dead peer, a hung peer, an abort, an
+ * enqueue that can never proceed, and ranks that call different collectives under one
+ * sequence number, each an error within the group's timeout on every rank concerned,
+ * never a hang and never a silent success.
  *
  * Ranks on one host use the shared-memory transport by default; meson runs this file a
  * second time with FSDP2_SHM=off, so that every case also runs over UCX messages (the
@@ -166,6 +167,71 @@ START_TEST(abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout)
 }
 END_TEST
 
+/* Ranks calling different collectives as the group's same sequence number: rank 0 a
+ * barrier where the others all-gather (case 0); rank 1 all-gathering half the bytes
+ * (case 1); rank 1 skipping the all-gather (as after a local failure) and going on to
+ * the barrier that follows it (case 2). Every rank must fail (none may take another's
+ * call for its own); over shared memory at first contact (well within the timeout),
+ * naming both calls on a rank that saw the mismatch; over UCX messages by the timeout
+ * (cases 0 and 2: case 1 is not detected there yet). */
+static int body_mismatch(rank_ctx_t *c)
+{
+    int which = *(const int *)c->arg;
+    const char *shm = getenv("FSDP2_SHM");
+    int over_ucx = shm && !strcmp(shm, "off");
+    if (over_ucx && which == 1) {
+        /* UCX takes a shorter message into a longer receive: not detected there yet. */
+        if (c->rank == 0)
+            fprintf(stderr, "case 1 (sizes differ) is not checked over UCX messages\n");
+        return 0;
+    }
+    size_t n = 1024; /* f32: 4096 B per rank */
+    float *send = calloc(n, sizeof(float)), *recv = calloc(n * (size_t)c->size, sizeof(float));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp2_status_t s = FSDP2_SUCCESS;
+    if (which == 0 && c->rank == 0)
+        s = fsdp2_barrier_async(c->world, c->stream);
+    else if (which == 1 && c->rank == 1)
+        s = fsdp2_all_gather_async(c->world, send, recv, n / 2, FSDP2_F32, c->stream);
+    else if (which == 2 && c->rank == 1)
+        s = fsdp2_barrier_async(c->world, c->stream);
+    else
+        s = fsdp2_all_gather_async(c->world, send, recv, n, FSDP2_F32, c->stream);
+    if (s == FSDP2_SUCCESS && which == 2 && c->rank != 1)
+        s = fsdp2_barrier_async(c->world, c->stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(c->stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    int fails = RANK_CHECK(c, s != FSDP2_SUCCESS, "case %d: a mismatched call succeeded", which);
+    const char *msg = fsdp2_last_error();
+    fprintf(stderr, "rank %d case %d: %s after %.2f s: %s\n", c->rank, which,
+            fsdp2_status_name(s), seconds, msg);
+    if (!over_ucx) {
+        fails += RANK_CHECK(c, seconds < 1.0, "case %d: %.2f s to fail over shared memory", which,
+                            seconds);
+        if (s == FSDP2_ERR_INVALID_STATE)
+            fails += RANK_CHECK(c, strstr(msg, "where rank") && strstr(msg, "called"),
+                                "case %d: the message names both calls: %s", which, msg);
+    }
+    free(send);
+    free(recv);
+    return fails;
+}
+
+START_TEST(different_calls_under_one_sequence_number_fail_on_every_rank)
+{
+    for (int size = 2; size <= 3; size++) {
+        ranks_result_t res;
+        int which = _i;
+        int failed = run_ranks(size, body_mismatch, &which, 1500, 60, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "case %d at %d ranks: statuses %d %d %d",
+                      which, size, res.status[0], res.status[1], res.status[2]);
+    }
+}
+END_TEST
+
 static Suite *failures_suite(void)
 {
     Suite *s = suite_create("collective failures");
@@ -175,6 +241,7 @@ static Suite *failures_suite(void)
     tcase_add_test(bad, a_hung_peer_times_out_with_a_message);
     tcase_add_test(bad, abort_fails_the_aborting_rank_at_once_and_the_others_by_timeout);
     tcase_add_test(bad, an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging);
+    tcase_add_loop_test(bad, different_calls_under_one_sequence_number_fail_on_every_rank, 0, 3);
     suite_add_tcase(s, bad);
     return s;
 }
