@@ -42,7 +42,10 @@
        "ranks' shareable cpu arenas (FSDP2_CPU_SHARED_ALLOC); off here: through the slots " \
        "(the group goes single-copy only where every rank allows it)")                     \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
-       "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)")
+       "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)") \
+    XX(STORE_BIND, "FSDP2_STORE_BIND", ENUM, "told", "told|any",                            \
+       "where rank 0's rendezvous store listens: told = only on the address the ranks were "\
+       "told (MASTER_ADDR; loopback for a job on one host), any = every interface")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,

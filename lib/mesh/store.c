@@ -7,6 +7,7 @@
  * in the middle of a frame, a malformed reply or a closed connection cannot be recovered
  * from: the handle is then marked broken and every later call fails at once with the
  * first error. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
@@ -352,6 +353,23 @@ static fsdp2_status_t store_hello(fsdp2_store_t *st, int64_t deadline)
     return FSDP2_SUCCESS;
 }
 
+/* Where rank 0's server listens: only on the address the ranks were told when it is an
+ * address (127.0.0.1 for a job on one host keeps other hosts out) or "localhost"; on
+ * every interface for a host name (rank 0 may resolve its own name to another address
+ * than the other hosts do: Debian maps the hostname to 127.0.1.1) or with
+ * FSDP2_STORE_BIND=any. */
+static const char *store_bind_host(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (fsdp2_env_int(FSDP2_ENV_STORE_BIND) != 0)
+        return NULL;
+    if (inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1 ||
+        strcmp(host, "localhost") == 0)
+        return host;
+    return NULL;
+}
+
 static fsdp2_status_t check_options(const fsdp2_store_options_t *o)
 {
     FSDP2_ARG_CHECK(o != NULL, "store options are NULL");
@@ -403,7 +421,8 @@ fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options, fsdp2_st
     snprintf(st->host, sizeof(st->host), "%s", options->host);
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (options->is_server) {
-        FSDP2_CHECK_GOTO(fsdp2_store_server_start(options->port, options->world_size,
+        const char *bind_host = store_bind_host(options->host);
+        FSDP2_CHECK_GOTO(fsdp2_store_server_start(bind_host, options->port, options->world_size,
                                                   &st->server),
                          status, cleanup);
         st->port = fsdp2_store_server_port(st->server);

@@ -763,14 +763,61 @@ static int listen_socket(int family, int port, int *err)
     return fd;
 }
 
-/* Listens on every interface: one IPv6 socket that also takes IPv4 where the host has
- * IPv6, plain IPv4 otherwise. */
-static fsdp2_status_t server_listen(fsdp2_store_server_t *s, int port)
+/* The first of host's addresses that takes a listening socket on port, or -1 (*err). */
+static int listen_on_host(const char *host, int port, int *err)
+{
+    char port_text[16];
+    snprintf(port_text, sizeof(port_text), "%d", port);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, port_text, &hints, &res);
+    if (rc != 0) {
+        *err = EADDRNOTAVAIL;
+        return -1;
+    }
+    int fd = -1, one = 1;
+    *err = EADDRNOTAVAIL;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            *err = errno;
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (ai->ai_family == AF_INET6) /* this address only, not IPv4 besides */
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+            *err = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* Listens where the ranks were told to connect (bind_host), or on every interface: one
+ * IPv6 socket that also takes IPv4 where the host has IPv6, plain IPv4 otherwise. */
+static fsdp2_status_t server_listen(fsdp2_store_server_t *s, const char *bind_host, int port)
 {
     int err = 0;
-    s->listen_fd = listen_socket(AF_INET6, port, &err);
-    if (s->listen_fd < 0 && err != EADDRINUSE && err != EACCES)
-        s->listen_fd = listen_socket(AF_INET, port, &err);
+    if (bind_host) {
+        s->listen_fd = listen_on_host(bind_host, port, &err);
+        if (s->listen_fd < 0)
+            return fsdp2_error(FSDP2_ERR_SYSTEM,
+                               "store server: cannot listen on %s port %d (the address the "
+                               "ranks were told, MASTER_ADDR): %s%s",
+                               bind_host, port, strerror(err),
+                               err == EADDRINUSE ? " (choose another MASTER_PORT)"
+                                                 : " (FSDP2_STORE_BIND=any listens on every "
+                                                   "interface)");
+    } else {
+        s->listen_fd = listen_socket(AF_INET6, port, &err);
+        if (s->listen_fd < 0 && err != EADDRINUSE && err != EACCES)
+            s->listen_fd = listen_socket(AF_INET, port, &err);
+    }
     if (s->listen_fd < 0)
         return fsdp2_error(FSDP2_ERR_SYSTEM, "store server: cannot listen on port %d: %s%s",
                            port, strerror(err),
@@ -806,7 +853,7 @@ static void *server_thread(void *arg)
     return server_main(arg);
 }
 
-fsdp2_status_t fsdp2_store_server_start(int port, int world_size,
+fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int world_size,
                                         fsdp2_store_server_t **server)
 {
     FSDP2_ARG_CHECK(server != NULL, "server is NULL");
@@ -825,7 +872,7 @@ fsdp2_status_t fsdp2_store_server_start(int port, int world_size,
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "store server for %d ranks", world_size);
         goto cleanup;
     }
-    FSDP2_CHECK_GOTO(server_listen(s, port), status, cleanup);
+    FSDP2_CHECK_GOTO(server_listen(s, bind_host, port), status, cleanup);
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) != 0) {
         status = fsdp2_error(FSDP2_ERR_SYSTEM, "store server: pipe: %s", strerror(errno));

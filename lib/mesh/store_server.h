@@ -8,9 +8,11 @@
 
 typedef struct fsdp2_store_server fsdp2_store_server_t;
 
-/* Binds port (0: a free one) on every interface, IPv6 and IPv4 where the host has
- * both, and starts the serving thread. world_size ranks are expected to connect. */
-fsdp2_status_t fsdp2_store_server_start(int port, int world_size,
+/* Binds port (0: a free one) on bind_host's first address that takes it (the one the
+ * ranks connect to), or on every interface (IPv6 and IPv4 where the host has both) when
+ * bind_host is NULL, and starts the serving thread. world_size ranks are expected to
+ * connect. */
+fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int world_size,
                                         fsdp2_store_server_t **server);
 
 /* The port bound (the real one when 0 was asked). */

@@ -13,7 +13,10 @@
 #include "check_main.h"
 #include "store_test_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +30,7 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "core/env_internal.h"
 #include "mesh/store_server.h"
 
 #define MAX_RANKS 4
@@ -408,6 +412,55 @@ START_TEST(barrier_timeout_comes_from_FSDP2_TIMEOUT_without_an_option)
 }
 END_TEST
 
+/* 1 when a TCP connection to addr:port is accepted (then closed at once), 0 when it is
+ * refused. */
+static int tcp_connects(const char *addr, int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    ck_assert_int_eq(inet_pton(AF_INET, addr, &sa.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    int err = errno;
+    close(fd);
+    ck_assert_msg(rc == 0 || err == ECONNREFUSED, "connect %s:%d: %s", addr, port, strerror(err));
+    return rc == 0;
+}
+
+static int serve_on(const char *host, fsdp2_store_t **store)
+{
+    fsdp2_store_options_t so = FSDP2_STORE_OPTIONS_INIT;
+    so.host = host;
+    so.is_server = 1;
+    so.timeout_ms = 5000;
+    fsdp2_status_t st = fsdp2_store_create(&so, store);
+    ck_assert_msg(st == FSDP2_SUCCESS, "store on %s: %s", host, fsdp2_last_error());
+    int port = 0;
+    ck_assert_int_eq(fsdp2_store_port(*store, &port), FSDP2_SUCCESS);
+    return port;
+}
+
+/* Rank 0's server listens only on the address the ranks were told (127.0.0.2 here, in
+ * the loopback range): a connection to another address of the host is refused; with
+ * FSDP2_STORE_BIND=any it listens on every interface again. */
+START_TEST(the_server_listens_only_on_the_address_the_ranks_were_told)
+{
+    fsdp2_store_t *store = NULL;
+    int port = serve_on("127.0.0.2", &store);
+    ck_assert_int_eq(tcp_connects("127.0.0.2", port), 1);
+    ck_assert_int_eq(tcp_connects("127.0.0.1", port), 0);
+    ck_assert_int_eq(fsdp2_store_destroy(store), FSDP2_SUCCESS);
+
+    ck_assert_int_eq(setenv("FSDP2_STORE_BIND", "any", 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    port = serve_on("127.0.0.2", &store);
+    ck_assert_int_eq(tcp_connects("127.0.0.1", port), 1);
+    ck_assert_int_eq(fsdp2_store_destroy(store), FSDP2_SUCCESS);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_BIND"), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+}
+END_TEST
+
 static int body_rank_2_dies(rank_ctx_t *ctx)
 {
     RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "start"));
@@ -659,6 +712,7 @@ static Suite *store_suite(void)
     tcase_add_test(one, add_and_compare_set_follow_their_definitions);
     tcase_add_test(one, values_up_to_the_maximum_are_stored_and_larger_ones_refused);
     tcase_add_test(one, bad_arguments_are_refused_naming_the_value);
+    tcase_add_test(one, the_server_listens_only_on_the_address_the_ranks_were_told);
     suite_add_tcase(s, one);
     return s;
 }

@@ -23,6 +23,7 @@
 
 #include <fsdp2/fsdp2.h>
 
+#include "core/env_internal.h"
 #include "mesh/store_protocol.h"
 
 static int store_port(const fsdp2_store_t *st)
@@ -362,10 +363,15 @@ static int ipv6_loopback_works(void)
     return ok;
 }
 
+/* With FSDP2_STORE_BIND=any the server listens on every interface, so clients told any
+ * of the host's addresses or names reach it (by default it listens only on the address
+ * the ranks were told: test_store.c). */
 START_TEST(clients_reach_the_server_by_ipv4_ipv6_and_host_name)
 {
     const char *hosts[] = {"localhost", "::1", "127.0.0.1"};
     int have_v6 = ipv6_loopback_works();
+    ck_assert_int_eq(setenv("FSDP2_STORE_BIND", "any", 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 4, 0, 10000);
     fsdp2_store_t *clients[3];
     for (int i = 0; i < 3; i++) {
