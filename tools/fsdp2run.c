@@ -17,6 +17,11 @@
  * One node: MASTER_ADDR defaults to 127.0.0.1 and a free port is picked. Several nodes:
  * all four multi-node flags are required, identical on every node but --node-rank.
  *
+ * The rendezvous store authenticates its ranks with FSDP2_STORE_SECRET (or
+ * FSDP2_STORE_SECRET_FILE): on one node fsdp2run makes a fresh random secret for the
+ * job's ranks unless one is set; several nodes need the same one on every node, so the
+ * user gives it (fsdp2run warns when there is none: the store then admits any client).
+ *
  * Process groups: each rank is started in its own session (setsid), so it leads its own
  * process group. A Ctrl-C at the terminal therefore reaches only fsdp2run, which
  * forwards it once to every rank's group (rank and anything it started); nothing is
@@ -37,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -383,12 +389,45 @@ fail:
     return -1;
 }
 
+/* FSDP2_STORE_SECRET for the ranks: 32 random bytes as hex, unless the user gave one;
+ * on several nodes the user must (each node's fsdp2run would make another). */
+static int job_secret(const options_t *o)
+{
+    const char *given = getenv("FSDP2_STORE_SECRET"), *file = getenv("FSDP2_STORE_SECRET_FILE");
+    if ((given && given[0]) || (file && file[0]))
+        return 0;
+    if (o->nnodes > 1) {
+        fprintf(stderr, "fsdp2run: warning: no FSDP2_STORE_SECRET or FSDP2_STORE_SECRET_FILE: "
+                        "the rendezvous store will admit any client that reaches it; give "
+                        "every node the same secret\n");
+        return 0;
+    }
+    unsigned char bytes[32];
+    size_t got = 0;
+    while (got < sizeof(bytes)) {
+        ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            fprintf(stderr, "fsdp2run: getrandom: %s\n", strerror(errno));
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    char hex[2 * sizeof(bytes) + 1];
+    for (size_t i = 0; i < sizeof(bytes); i++)
+        snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+    return setenv("FSDP2_STORE_SECRET", hex, 1);
+}
+
 static int launch(const options_t *o)
 {
     long grace_ms;
     if (grace_ms_from_env(&grace_ms) != 0)
         return FSDP2RUN_EXIT_USAGE;
     const char *master_addr = o->master_addr ? o->master_addr : "127.0.0.1";
+    if (job_secret(o) != 0)
+        return FSDP2RUN_EXIT_ERROR;
     int master_port = o->master_port ? o->master_port : pick_free_port();
     if (master_port <= 0) {
         fprintf(stderr, "fsdp2run: cannot find a free port: %s\n", strerror(errno));

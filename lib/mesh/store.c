@@ -18,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +33,7 @@
 #include "core/error.h"
 #include "core/options.h"
 #include "core/log_internal.h"
+#include "mesh/hmac_sha256.h"
 #include "mesh/store_internal.h"
 #include "mesh/store_protocol.h"
 #include "mesh/store_server.h"
@@ -60,6 +64,8 @@ struct fsdp2_store {
     char broken_message[512];
     barrier_count_t *barriers;
     fsdp2_store_server_t *server;
+    uint8_t secret[STORE_SECRET_MAX];
+    size_t secret_len; /* 0: the job has none */
 };
 
 static int remaining_ms(int64_t deadline)
@@ -335,13 +341,90 @@ static fsdp2_status_t store_connect(fsdp2_store_t *st, int64_t deadline)
     }
 }
 
+fsdp2_status_t fsdp2_store_random(uint8_t *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(buf + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return fsdp2_error(FSDP2_ERR_SYSTEM, "store: getrandom: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_store_secret(uint8_t *secret, size_t *len)
+{
+    *len = 0;
+    const char *text = getenv("FSDP2_STORE_SECRET");
+    const char *path = getenv("FSDP2_STORE_SECRET_FILE");
+    if (text && text[0]) {
+        size_t n = strlen(text);
+        if (n > STORE_SECRET_MAX)
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "FSDP2_STORE_SECRET has %zu bytes (at most %u)", n,
+                               STORE_SECRET_MAX);
+        memcpy(secret, text, n);
+        *len = n;
+        return FSDP2_SUCCESS;
+    }
+    if (!path || !path[0])
+        return FSDP2_SUCCESS;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "FSDP2_STORE_SECRET_FILE=%s: %s", path,
+                           strerror(errno));
+    struct stat st;
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        status = fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                             "FSDP2_STORE_SECRET_FILE=%s is not a regular file", path);
+    else if (st.st_mode & 077)
+        status = fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                             "FSDP2_STORE_SECRET_FILE=%s has mode %04o: others may read the "
+                             "job's secret (chmod 600 it)",
+                             path, (unsigned)(st.st_mode & 07777));
+    ssize_t n = status == FSDP2_SUCCESS ? read(fd, secret, STORE_SECRET_MAX) : 0;
+    close(fd);
+    FSDP2_CHECK(status);
+    if (n < 0)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "FSDP2_STORE_SECRET_FILE=%s: %s", path,
+                           strerror(errno));
+    while (n > 0 && (secret[n - 1] == '\n' || secret[n - 1] == '\r'))
+        n--;
+    if (n == 0)
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "FSDP2_STORE_SECRET_FILE=%s is empty", path);
+    *len = (size_t)n;
+    return FSDP2_SUCCESS;
+}
+
+void fsdp2_store_proof(const uint8_t *secret, size_t secret_len, int is_server,
+                       const uint8_t *client_nonce, const uint8_t *server_nonce, uint32_t rank,
+                       uint8_t proof[STORE_PROOF_BYTES])
+{
+    static const char server_label[] = "fsdp2-store server", client_label[] = "fsdp2-store client";
+    uint8_t rank_bytes[4];
+    store_put_u32(rank_bytes, rank);
+    const void *parts[4] = {is_server ? server_label : client_label,
+                            is_server ? client_nonce : server_nonce,
+                            is_server ? server_nonce : client_nonce, rank_bytes};
+    size_t lens[4] = {sizeof(server_label) - 1, STORE_NONCE_BYTES, STORE_NONCE_BYTES, 4};
+    fsdp2_hmac_sha256(secret, secret_len, parts, lens, 4, proof);
+}
+
+/* HELLO, and AUTH when the job has a secret: both sides prove they know it. */
 static fsdp2_status_t store_hello(fsdp2_store_t *st, int64_t deadline)
 {
     uint8_t hello[STORE_HELLO_BYTES] = {0};
     store_put_u32(hello, STORE_MAGIC);
     hello[5] = STORE_VERSION;
+    hello[7] = st->secret_len ? STORE_FLAG_SECRET : 0;
     store_put_u32(hello + 8, (uint32_t)st->rank);
     store_put_u32(hello + 12, (uint32_t)st->world_size);
+    uint8_t *client_nonce = hello + 16;
+    FSDP2_CHECK(fsdp2_store_random(client_nonce, STORE_NONCE_BYTES));
     const void *data[1] = {hello};
     uint32_t lens[1] = {sizeof(hello)};
     FSDP2_CHECK(store_call(st, "store hello", STORE_OP_HELLO, 0, data, lens, 1, deadline));
@@ -350,7 +433,31 @@ static fsdp2_status_t store_hello(fsdp2_store_t *st, int64_t deadline)
         return store_break(st, FSDP2_ERR_CORRUPT,
                            "%s:%d answered HELLO without the libfsdp2 store magic", st->host,
                            st->port);
-    return FSDP2_SUCCESS;
+    int server_has_secret = (f.data[7] & STORE_FLAG_SECRET) != 0;
+    if (!st->secret_len && server_has_secret)
+        return store_break(st, FSDP2_ERR_INVALID_CONFIG,
+                           "the store at %s:%d authenticates its ranks and this rank has no "
+                           "secret (FSDP2_STORE_SECRET or FSDP2_STORE_SECRET_FILE, as on rank 0)",
+                           st->host, st->port);
+    if (!st->secret_len)
+        return FSDP2_SUCCESS;
+    uint8_t server_nonce[STORE_NONCE_BYTES], want[STORE_PROOF_BYTES];
+    memcpy(server_nonce, f.data + 8, STORE_NONCE_BYTES);
+    fsdp2_store_proof(st->secret, st->secret_len, 1, client_nonce, server_nonce,
+                      (uint32_t)st->rank, want);
+    if (!server_has_secret ||
+        !fsdp2_digest_equal(want, f.data + 8 + STORE_NONCE_BYTES, STORE_PROOF_BYTES))
+        return store_break(st, FSDP2_ERR_INVALID_CONFIG,
+                           "the store at %s:%d did not prove it knows this job's secret "
+                           "(FSDP2_STORE_SECRET or _FILE differ from rank 0's, or another "
+                           "program listens there)",
+                           st->host, st->port);
+    uint8_t proof[STORE_PROOF_BYTES];
+    fsdp2_store_proof(st->secret, st->secret_len, 0, client_nonce, server_nonce,
+                      (uint32_t)st->rank, proof);
+    const void *auth[1] = {proof};
+    uint32_t auth_len[1] = {sizeof(proof)};
+    return store_call(st, "store authentication", STORE_OP_AUTH, 0, auth, auth_len, 1, deadline);
 }
 
 /* Where rank 0's server listens: only on the address the ranks were told when it is an
@@ -396,6 +503,7 @@ static void store_free(fsdp2_store_t *st)
     }
     free(st->send_buf);
     free(st->recv_buf);
+    explicit_bzero(st->secret, sizeof(st->secret));
     free(st);
 }
 
@@ -419,11 +527,13 @@ fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options, fsdp2_st
                                            : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
     st->timeout_ms = timeout > STORE_TIMEOUT_MAX_MS ? STORE_TIMEOUT_MAX_MS : timeout;
     snprintf(st->host, sizeof(st->host), "%s", options->host);
-    fsdp2_status_t status = FSDP2_SUCCESS;
+    fsdp2_status_t status = fsdp2_store_secret(st->secret, &st->secret_len);
+    if (status != FSDP2_SUCCESS)
+        goto cleanup;
     if (options->is_server) {
         const char *bind_host = store_bind_host(options->host);
         FSDP2_CHECK_GOTO(fsdp2_store_server_start(bind_host, options->port, options->world_size,
-                                                  &st->server),
+                                                  st->secret, st->secret_len, &st->server),
                          status, cleanup);
         st->port = fsdp2_store_server_port(st->server);
     }

@@ -15,8 +15,10 @@
  * FSDP2_ERR_TIMEOUT once timeout_ms has passed, so a waiting client never polls.
  *
  *   op     request fields                      success reply fields
- *   HELLO  [magic u32|version u16|flags u16|   [magic u32|version u16|flags u16]
- *           rank u32|world_size u32]
+ *   HELLO  [magic u32|version u16|flags u16|   [magic u32|version u16|flags u16|
+ *           rank u32|world_size u32|            server nonce 16|server proof 32]
+ *           client nonce 16]
+ *   AUTH   [client proof 32]                   []
  *   SET    [key, value]                        []
  *   GET    [key]                               [value]            (parks until key exists)
  *   WAIT   [key...]                            []                 (parks until all exist)
@@ -28,7 +30,18 @@
  * The first frame on a connection must be HELLO with the magic and version, and a
  * frame before HELLO may be at most STORE_HELLO_BODY_MAX bytes, so that a stray
  * connection (a port scanner, a wrong MASTER_PORT) is closed without the server
- * allocating anything large. */
+ * allocating anything large.
+ *
+ * Authentication, when the job has a secret (FSDP2_STORE_SECRET or _FILE, the same on
+ * every rank): the HELLO reply's flags say STORE_FLAG_SECRET and carry the server's
+ * proof, HMAC-SHA-256(secret, "fsdp2-store server" | client nonce | server nonce |
+ * rank); the client checks it (a listener that does not know the secret is refused)
+ * and answers AUTH with HMAC-SHA-256(secret, "fsdp2-store client" | server nonce |
+ * client nonce | rank). Only then does the connection hold its rank and may it send
+ * anything else; a wrong proof is an error reply and the connection is closed, and a
+ * connection that has not authenticated within STORE_AUTH_TIMEOUT_MS of connecting is
+ * closed. Without a secret the reply's flags are 0, no AUTH follows, and a client that
+ * has a secret refuses such a server. */
 #ifndef FSDP2_MESH_STORE_PROTOCOL_H
 #define FSDP2_MESH_STORE_PROTOCOL_H
 
@@ -40,10 +53,15 @@
 #include <fsdp2/store.h>
 
 #define STORE_MAGIC 0x46534432u /* "FSD2" */
-#define STORE_VERSION 1u
+#define STORE_VERSION 2u
 #define STORE_HEADER_BYTES 16u
-#define STORE_HELLO_BYTES 16u
-#define STORE_HELLO_REPLY_BYTES 8u
+#define STORE_NONCE_BYTES 16u
+#define STORE_PROOF_BYTES 32u
+#define STORE_HELLO_BYTES (16u + STORE_NONCE_BYTES)
+#define STORE_HELLO_REPLY_BYTES (8u + STORE_NONCE_BYTES + STORE_PROOF_BYTES)
+#define STORE_FLAG_SECRET 1u      /* HELLO reply: the server authenticates */
+#define STORE_AUTH_TIMEOUT_MS 10000 /* to send HELLO and AUTH after connecting */
+#define STORE_SECRET_MAX 4096
 #define STORE_HELLO_BODY_MAX 64u
 /* The largest request: CAS with a key and two values of the maximum size. */
 #define STORE_BODY_MAX \
@@ -65,6 +83,7 @@ typedef enum store_op {
     STORE_OP_CAS = 6,
     STORE_OP_CHECK = 7,
     STORE_OP_CLOSE = 8,
+    STORE_OP_AUTH = 9,
 } store_op_t;
 
 typedef struct store_header {
@@ -175,5 +194,18 @@ static inline int store_format_ranks(const uint8_t *missing, int world_size, cha
         snprintf(buf + used, cap - used, ",... (%d in all)", count);
     return count;
 }
+
+/* The job's secret: FSDP2_STORE_SECRET (its bytes), or the contents of the file
+ * FSDP2_STORE_SECRET_FILE names (a regular file readable by its owner only, a trailing
+ * newline dropped); *len 0 when neither is set. store.c. */
+fsdp2_status_t fsdp2_store_secret(uint8_t *secret, size_t *len);
+
+/* The server's (is_server) or the client's proof for one connection. store.c. */
+void fsdp2_store_proof(const uint8_t *secret, size_t secret_len, int is_server,
+                       const uint8_t *client_nonce, const uint8_t *server_nonce, uint32_t rank,
+                       uint8_t proof[STORE_PROOF_BYTES]);
+
+/* n random bytes (getrandom). store.c. */
+fsdp2_status_t fsdp2_store_random(uint8_t *buf, size_t n);
 
 #endif

@@ -32,6 +32,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
+#include "mesh/hmac_sha256.h"
 #include "mesh/store_map.h"
 #include "mesh/store_protocol.h"
 #include "mesh/store_server.h"
@@ -42,7 +43,10 @@ typedef enum rank_state { RANK_ABSENT = 0, RANK_CONNECTED, RANK_CLOSED } rank_st
 
 typedef struct conn {
     int fd;
-    int rank;        /* -1 until HELLO */
+    int rank;        /* -1 until HELLO (and AUTH, when the server has a secret) */
+    int claim;       /* the rank HELLO asked for, waiting for AUTH; -1 otherwise */
+    int64_t opened_ms; /* HELLO and AUTH must be done by opened_ms + STORE_AUTH_TIMEOUT_MS */
+    uint8_t client_nonce[STORE_NONCE_BYTES], server_nonce[STORE_NONCE_BYTES];
     int dead;        /* closed and freed at the end of this loop turn */
     int said_close;  /* sent CLOSE: its disconnect is expected */
     int close_after_reply;
@@ -62,6 +66,8 @@ typedef struct conn {
 
 struct fsdp2_store_server {
     int listen_fd, wake_rd, wake_wr, port, world_size;
+    uint8_t secret[STORE_SECRET_MAX];
+    size_t secret_len; /* 0: connections are not authenticated */
     int accept_paused; /* out of file descriptors: retried when a connection closes */
     pthread_t thread;
     atomic_int stop_requested;
@@ -261,10 +267,47 @@ static void server_store(fsdp2_store_server_t *s, conn_t *c, store_field_t key,
     }
 }
 
+/* Gives c its rank (after HELLO, or after AUTH when the server has a secret). */
+static void conn_take_rank(fsdp2_store_server_t *s, conn_t *c, uint32_t rank)
+{
+    c->rank = (int)rank;
+    c->claim = -1;
+    s->ranks[rank] = RANK_CONNECTED;
+    FSDP2_LOG(DEBUG, MESH, "store server: rank %u connected from %s", rank, c->peer);
+}
+
 static void handle_hello(fsdp2_store_server_t *s, conn_t *c)
 {
     const uint8_t *cur = c->body + STORE_HEADER_BYTES;
     store_field_t f = c->req.nfields == 1 ? store_field_next(&cur) : (store_field_t){0};
+    if (c->claim >= 0) { /* HELLO done: the only next message is AUTH */
+        if (c->req.op != STORE_OP_AUTH || f.len != STORE_PROOF_BYTES) {
+            conn_fail(c, "op %u with %u fields where AUTH was due", c->req.op, c->req.nfields);
+            return;
+        }
+        uint8_t want[STORE_PROOF_BYTES];
+        fsdp2_store_proof(s->secret, s->secret_len, 0, c->client_nonce, c->server_nonce,
+                          (uint32_t)c->claim, want);
+        if (!fsdp2_digest_equal(want, f.data, STORE_PROOF_BYTES)) {
+            FSDP2_LOG(WARN, MESH, "store server: %s failed to authenticate as rank %d",
+                      c->peer, c->claim);
+            c->close_after_reply = 1;
+            conn_reply_error(c, FSDP2_ERR_INVALID_CONFIG,
+                             "authentication failed: this rank's secret is not the job's "
+                             "(FSDP2_STORE_SECRET or FSDP2_STORE_SECRET_FILE)");
+            return;
+        }
+        if (s->ranks[c->claim] == RANK_CONNECTED) {
+            c->close_after_reply = 1;
+            conn_reply_error(c, FSDP2_ERR_INVALID_CONFIG,
+                             "rank %d is already connected (two processes with the same rank?)",
+                             c->claim);
+            return;
+        }
+        conn_take_rank(s, c, (uint32_t)c->claim);
+        conn_reply(c, FSDP2_SUCCESS, NULL, 0, 0);
+        return;
+    }
     if (c->req.op != STORE_OP_HELLO || f.len != STORE_HELLO_BYTES) {
         conn_fail(c, "the first message is op %u with %u fields, not a HELLO", c->req.op,
                   c->req.nfields);
@@ -278,27 +321,39 @@ static void handle_hello(fsdp2_store_server_t *s, conn_t *c)
     uint32_t version = (uint32_t)f.data[4] << 8 | f.data[5];
     uint32_t rank = store_get_u32(f.data + 8), world = store_get_u32(f.data + 12);
     c->close_after_reply = 1;
-    if (version != STORE_VERSION)
+    if (version != STORE_VERSION) {
         conn_reply_error(c, FSDP2_ERR_INVALID_CONFIG,
                          "client speaks store protocol version %u, the server %u", version,
                          STORE_VERSION);
-    else if (world != (uint32_t)s->world_size || rank >= world)
+    } else if (world != (uint32_t)s->world_size || rank >= world) {
+        /* (said only to a client that gave the right world size, or before a secret
+         * exists: the error names no more than the client sent) */
         conn_reply_error(c, FSDP2_ERR_INVALID_CONFIG,
-                         "rank %u of world size %u connected to a store serving world size %d",
-                         rank, world, s->world_size);
-    else if (s->ranks[rank] == RANK_CONNECTED)
+                         "rank %u of world size %u does not fit this store", rank, world);
+    } else if (s->ranks[rank] == RANK_CONNECTED) {
         conn_reply_error(c, FSDP2_ERR_INVALID_CONFIG,
                          "rank %u is already connected (two processes with the same rank?)",
                          rank);
-    else {
-        c->close_after_reply = 0;
-        c->rank = (int)rank;
-        s->ranks[rank] = RANK_CONNECTED;
+    } else {
         uint8_t reply[STORE_HELLO_REPLY_BYTES] = {0};
         store_put_u32(reply, STORE_MAGIC);
         reply[5] = STORE_VERSION;
+        if (s->secret_len) {
+            memcpy(c->client_nonce, f.data + 16, STORE_NONCE_BYTES);
+            if (fsdp2_store_random(c->server_nonce, STORE_NONCE_BYTES) != FSDP2_SUCCESS) {
+                conn_reply_error(c, FSDP2_ERR_SYSTEM, "the server has no random bytes");
+                return;
+            }
+            reply[7] = STORE_FLAG_SECRET;
+            memcpy(reply + 8, c->server_nonce, STORE_NONCE_BYTES);
+            fsdp2_store_proof(s->secret, s->secret_len, 1, c->client_nonce, c->server_nonce,
+                              rank, reply + 8 + STORE_NONCE_BYTES);
+            c->claim = (int)rank; /* taken only once AUTH proves the secret */
+        } else {
+            conn_take_rank(s, c, rank);
+        }
+        c->close_after_reply = 0;
         conn_reply(c, FSDP2_SUCCESS, reply, sizeof(reply), 1);
-        FSDP2_LOG(DEBUG, MESH, "store server: rank %u connected from %s", rank, c->peer);
     }
 }
 
@@ -450,7 +505,7 @@ static void handle_request(fsdp2_store_server_t *s, conn_t *c, int64_t now)
         conn_fail(c, "a frame of %u bytes whose fields do not fill it exactly", c->body_len);
         return;
     }
-    if (c->rank < 0) {
+    if (c->rank < 0) { /* HELLO, then AUTH when the server has a secret */
         handle_hello(s, c);
         return;
     }
@@ -519,6 +574,11 @@ static void server_expire(fsdp2_store_server_t *s, int64_t now)
 {
     for (size_t i = 0; i < s->nconns; i++) {
         conn_t *c = s->conns[i];
+        if (c->rank < 0 && !c->dead && !c->out && now >= c->opened_ms + STORE_AUTH_TIMEOUT_MS) {
+            conn_fail(c, "no %s within %.0f s of connecting", c->claim >= 0 ? "AUTH" : "HELLO",
+                      STORE_AUTH_TIMEOUT_MS / 1000.0);
+            continue;
+        }
         if (!c->parked || c->dead || c->park_deadline > now)
             continue;
         const uint8_t *cur = c->body + c->park_at;
@@ -571,6 +631,8 @@ static void server_accept(fsdp2_store_server_t *s)
         snprintf(c->peer, sizeof(c->peer), "%s:%s", host, serv);
         c->fd = fd;
         c->rank = -1;
+        c->claim = -1;
+        c->opened_ms = fsdp2_now_ms();
         s->conns[s->nconns++] = c;
         atomic_store(&s->stat_connections, (int)s->nconns);
     }
@@ -643,9 +705,14 @@ static void server_warn_left(const fsdp2_store_server_t *s, rank_state_t state,
 static int server_poll_timeout(const fsdp2_store_server_t *s, int64_t now, int64_t wake_at)
 {
     int64_t next = wake_at;
-    for (size_t i = 0; i < s->nconns; i++)
-        if (s->conns[i]->parked && (next < 0 || s->conns[i]->park_deadline < next))
-            next = s->conns[i]->park_deadline;
+    for (size_t i = 0; i < s->nconns; i++) {
+        const conn_t *c = s->conns[i];
+        if (c->parked && (next < 0 || c->park_deadline < next))
+            next = c->park_deadline;
+        int64_t auth_by = c->opened_ms + STORE_AUTH_TIMEOUT_MS;
+        if (c->rank < 0 && (next < 0 || auth_by < next))
+            next = auth_by;
+    }
     if (next < 0)
         return -1;
     return next <= now ? 0 : (int)(next - now > 60000 ? 60000 : next - now);
@@ -854,6 +921,7 @@ static void *server_thread(void *arg)
 }
 
 fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int world_size,
+                                        const uint8_t *secret, size_t secret_len,
                                         fsdp2_store_server_t **server)
 {
     FSDP2_ARG_CHECK(server != NULL, "server is NULL");
@@ -864,6 +932,10 @@ fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int wor
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "store server");
     s->listen_fd = s->wake_rd = s->wake_wr = -1;
     s->world_size = world_size;
+    FSDP2_ARG_CHECK(secret_len <= sizeof(s->secret), "store secret of %zu bytes", secret_len);
+    if (secret_len)
+        memcpy(s->secret, secret, secret_len);
+    s->secret_len = secret_len;
     s->ranks = calloc((size_t)world_size, 1);
     s->conns = calloc(SERVER_MAX_CONNECTIONS, sizeof(*s->conns));
     s->pfds = calloc(SERVER_MAX_CONNECTIONS + 2, sizeof(*s->pfds));

@@ -3,6 +3,9 @@
 #ifndef FSDP2_MESH_STORE_SERVER_H
 #define FSDP2_MESH_STORE_SERVER_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include <fsdp2/status.h>
 #include <fsdp2/store.h>
 
@@ -11,8 +14,10 @@ typedef struct fsdp2_store_server fsdp2_store_server_t;
 /* Binds port (0: a free one) on bind_host's first address that takes it (the one the
  * ranks connect to), or on every interface (IPv6 and IPv4 where the host has both) when
  * bind_host is NULL, and starts the serving thread. world_size ranks are expected to
- * connect. */
+ * connect. With a secret (secret_len > 0) every connection must prove it knows it
+ * (store_protocol.h) before it holds a rank. */
 fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int world_size,
+                                        const uint8_t *secret, size_t secret_len,
                                         fsdp2_store_server_t **server);
 
 /* The port bound (the real one when 0 was asked). */

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +234,129 @@ START_TEST(malformed_messages_close_only_their_connection)
     OK(fsdp2_store_destroy(rank2));
     OK(fsdp2_store_destroy(good));
     OK(fsdp2_store_destroy(server));
+}
+END_TEST
+
+/* fsdp2_store_create for rank of world 2 on port: its status, the message kept. */
+static fsdp2_status_t try_store(int port, int rank, char *message, size_t len,
+                                fsdp2_store_t **out)
+{
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.port = port;
+    o.world_size = 2;
+    o.rank = rank;
+    o.timeout_ms = 5000;
+    fsdp2_store_t *st = NULL;
+    fsdp2_status_t s = fsdp2_store_create(&o, &st);
+    snprintf(message, len, "%s", fsdp2_last_error());
+    if (out)
+        *out = st;
+    else
+        fsdp2_store_destroy(st);
+    return s;
+}
+
+/* With a secret, ranks with the same one connect and work; a rank with another secret
+ * or none is refused at once (not by a timeout), naming the variables, and holds no
+ * rank: the real rank connects afterwards. */
+START_TEST(a_secret_admits_its_ranks_and_refuses_others_at_once)
+{
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "the job's secret: 7f3a9c", 1), 0);
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
+    int port = store_port(server);
+    char message[512];
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "another job's secret", 1), 0);
+    ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
+                     FSDP2_ERR_INVALID_CONFIG);
+    ck_assert_msg(strstr(message, "did not prove it knows this job's secret"), "%s", message);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+    ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
+                     FSDP2_ERR_INVALID_CONFIG);
+    ck_assert_msg(strstr(message, "has no secret (FSDP2_STORE_SECRET"), "%s", message);
+    /* The secret from a file of mode 0600 works; 0644 is refused before connecting. */
+    char path[] = "/tmp/fsdp2-secret-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "the job's secret: 7f3a9c\n", 25), 25);
+    close(fd);
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET_FILE", path, 1), 0);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
+                     FSDP2_ERR_INVALID_CONFIG);
+    ck_assert_msg(strstr(message, "chmod 600"), "%s", message);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    fsdp2_store_t *rank1 = NULL;
+    ck_assert_msg(try_store(port, 1, message, sizeof(message), &rank1) == FSDP2_SUCCESS, "%s",
+                  message);
+    OK(fsdp2_store_set(rank1, "from-1", "yes", 3));
+    char value[4] = {0};
+    OK(fsdp2_store_get(server, "from-1", value, sizeof(value) - 1, NULL));
+    ck_assert_str_eq(value, "yes");
+    OK(fsdp2_store_destroy(rank1));
+    OK(fsdp2_store_destroy(server));
+    unlink(path);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
+}
+END_TEST
+
+/* Reads one reply frame's header from fd: its status, or -1 at EOF. */
+static int raw_reply_status(int fd)
+{
+    uint8_t len[4], body[256];
+    if (recv(fd, len, 4, MSG_WAITALL) != 4)
+        return -1;
+    uint32_t n = store_get_u32(len);
+    ck_assert_uint_le(n, sizeof(body));
+    ck_assert_int_eq(recv(fd, body, n, MSG_WAITALL), (ssize_t)n);
+    return body[1];
+}
+
+/* Whether the server closes fd within wait_ms. */
+static int closed_within(int fd, int wait_ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    char buf[64];
+    for (;;) {
+        if (poll(&p, 1, wait_ms) != 1)
+            return 0;
+        ssize_t got = recv(fd, buf, sizeof(buf), 0);
+        if (got <= 0)
+            return 1;
+    }
+}
+
+/* A client that says HELLO as rank 1 without the secret gets a nonce but no rank: the
+ * real rank 1 still connects; a forged proof is refused; a connection that never
+ * authenticates is closed after STORE_AUTH_TIMEOUT_MS. */
+START_TEST(a_connection_without_the_secret_holds_no_rank_and_is_closed)
+{
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "s3cret-for-this-job", 1), 0);
+    fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
+    int port = store_port(server);
+    uint8_t buf[256];
+    int idle = raw_connect(port);
+    size_t n = raw_hello(buf, 1, 2, STORE_MAGIC);
+    ck_assert_int_eq(send(idle, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+    ck_assert_int_eq(raw_reply_status(idle), FSDP2_SUCCESS);
+    int forged = raw_connect(port);
+    ck_assert_int_eq(send(forged, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+    ck_assert_int_eq(raw_reply_status(forged), FSDP2_SUCCESS);
+    uint32_t lens[1] = {STORE_PROOF_BYTES};
+    n = raw_request(buf, STORE_OP_AUTH, 1, lens, -1);
+    ck_assert_int_eq(send(forged, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+    ck_assert_int_eq(raw_reply_status(forged), FSDP2_ERR_INVALID_CONFIG);
+    ck_assert(closed_within(forged, 5000));
+    close(forged);
+    char message[512];
+    fsdp2_store_t *rank1 = NULL;
+    ck_assert_msg(try_store(port, 1, message, sizeof(message), &rank1) == FSDP2_SUCCESS, "%s",
+                  message);
+    ck_assert_msg(closed_within(idle, STORE_AUTH_TIMEOUT_MS + 5000),
+                  "an unauthenticated connection was kept");
+    close(idle);
+    OK(fsdp2_store_destroy(rank1));
+    OK(fsdp2_store_destroy(server));
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
 }
 END_TEST
 
@@ -531,6 +655,8 @@ static Suite *store_server_suite(void)
     tcase_add_test(tc, a_client_started_before_the_server_connects_once_it_listens);
     tcase_add_test(tc, a_client_with_no_server_times_out_naming_host_and_port);
     tcase_add_test(tc, clients_reach_the_server_by_ipv4_ipv6_and_host_name);
+    tcase_add_test(tc, a_secret_admits_its_ranks_and_refuses_others_at_once);
+    tcase_add_test(tc, a_connection_without_the_secret_holds_no_rank_and_is_closed);
     tcase_add_test(tc, an_unresolvable_host_is_an_error_naming_it);
     tcase_add_loop_test(tc, a_failed_create_on_the_server_rank_frees_its_port_and_descriptors, 0,
                         2);

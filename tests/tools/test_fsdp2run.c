@@ -77,6 +77,39 @@ START_TEST(each_rank_sees_its_rank_world_and_master)
 }
 END_TEST
 
+/* Each rank gets the same fresh store secret (64 hex digits), different for each job;
+ * a secret the user set is passed on as it is. */
+START_TEST(ranks_share_a_fresh_store_secret_unless_one_is_given)
+{
+    char values[2][3][80];
+    for (int job = 0; job < 2; job++) {
+        const char *args[] = {"--nproc-per-node", "3", path_of("PRINT_ENV"), "--secret", NULL};
+        ck_assert_int_eq(run(args), 0);
+        char *text = slurp(out_path);
+        for (int r = 0; r < 3; r++) {
+            char needle[32];
+            snprintf(needle, sizeof(needle), "secret RANK=%d VALUE=", r);
+            const char *at = strstr(text, needle);
+            ck_assert_msg(at, "no secret line for rank %d in:\n%s", r, text);
+            ck_assert_int_eq(sscanf(at + strlen(needle), "%79s", values[job][r]), 1);
+            ck_assert_uint_eq(strlen(values[job][r]), 64);
+            ck_assert_uint_eq(strspn(values[job][r], "0123456789abcdef"), 64);
+            ck_assert_str_eq(values[job][r], values[job][0]);
+        }
+        free(text);
+    }
+    ck_assert_str_ne(values[0][0], values[1][0]);
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "given-by-the-user", 1), 0);
+    const char *args[] = {"--nproc-per-node", "2", path_of("PRINT_ENV"), "--secret", NULL};
+    ck_assert_int_eq(run(args), 0);
+    char *text = slurp(out_path);
+    ck_assert_ptr_nonnull(strstr(text, "secret RANK=0 VALUE=given-by-the-user"));
+    ck_assert_ptr_nonnull(strstr(text, "secret RANK=1 VALUE=given-by-the-user"));
+    free(text);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+}
+END_TEST
+
 START_TEST(given_master_addr_and_port_are_passed_on)
 {
     char port[16];
@@ -448,6 +481,7 @@ static Suite *fsdp2run_suite(void)
     TCase *env = tcase_with_harness("environment");
     tcase_add_loop_test(env, each_rank_sees_its_rank_world_and_master, 1, 5);
     tcase_add_test(env, given_master_addr_and_port_are_passed_on);
+    tcase_add_test(env, ranks_share_a_fresh_store_secret_unless_one_is_given);
     tcase_add_test(env, two_nodes_on_loopback_give_global_ranks_0_to_3);
     suite_add_tcase(s, env);
 
