@@ -67,19 +67,42 @@ void fsdp2_ucx_close_endpoint(ucx_group_t *ug, int r)
     ug->eps[r] = NULL;
 }
 
-static void *post_recv(ucx_group_t *ug, void *buf, size_t bytes, uint64_t tag)
+/* A receive; *info gets the message's length when it completes at once (NULL back).
+ * UCX 1.13 leaves info unwritten then, so receives are posted to complete through a
+ * request (NO_IMM_CMPL), whose length wait_all reads: immediate completion stays handled
+ * for UCX versions that do write it. */
+static void *post_recv(ucx_group_t *ug, void *buf, size_t bytes, uint64_t tag,
+                       ucp_tag_recv_info_t *info)
 {
-    ucp_request_param_t param = {.op_attr_mask = 0};
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO |
+                                                 UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                                 .recv_info.tag_info = info};
     return ucp_tag_recv_nbx(ug->worker, buf, bytes, tag, ~0ull, &param);
 }
 
-static void *post_recv_iov(ucx_group_t *ug, const fsdp2_iov_t *iov, size_t n, uint64_t tag)
+static void *post_recv_iov(ucx_group_t *ug, const fsdp2_iov_t *iov, size_t n, uint64_t tag,
+                           ucp_tag_recv_info_t *info)
 {
     _Static_assert(sizeof(fsdp2_iov_t) == sizeof(ucp_dt_iov_t),
                    "fsdp2_iov_t must match ucp_dt_iov_t");
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE,
-                                 .datatype = ucp_dt_make_iov()};
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE |
+                                                 UCP_OP_ATTR_FIELD_RECV_INFO |
+                                                 UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                                 .datatype = ucp_dt_make_iov(),
+                                 .recv_info.tag_info = info};
     return ucp_tag_recv_nbx(ug->worker, (void *)iov, n, tag, ~0ull, &param);
+}
+
+/* Notes a receive that completed at once (req NULL) with another length than wanted
+ * (info->length starts as SIZE_MAX: a UCX that did not write it is not taken for 0). */
+static void note_immediate(req_list_t *rl, int from, const void *req,
+                           const ucp_tag_recv_info_t *info, size_t want)
+{
+    if (req == NULL && info->length != SIZE_MAX && info->length != want && rl->short_peer < 0) {
+        rl->short_peer = from;
+        rl->short_got = info->length;
+        rl->short_want = want;
+    }
 }
 
 void fsdp2_ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf,
@@ -92,15 +115,26 @@ void fsdp2_ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *b
 void fsdp2_ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, size_t bytes,
                         uint64_t tag)
 {
+    ucp_tag_recv_info_t info = {.length = SIZE_MAX};
     rl->peer[rl->n] = RECV_FROM(from);
-    rl->req[rl->n++] = post_recv(ug, buf, bytes, tag);
+    rl->want[rl->n] = bytes;
+    rl->req[rl->n] = post_recv(ug, buf, bytes, tag, &info);
+    note_immediate(rl, from, rl->req[rl->n], &info, bytes);
+    rl->n++;
 }
 
 static void add_recv_iov(ucx_group_t *ug, req_list_t *rl, int from, const fsdp2_iov_t *iov,
                          size_t n, uint64_t tag)
 {
+    ucp_tag_recv_info_t info = {.length = SIZE_MAX};
+    size_t bytes = 0;
+    for (size_t k = 0; k < n; k++)
+        bytes += iov[k].bytes;
     rl->peer[rl->n] = RECV_FROM(from);
-    rl->req[rl->n++] = post_recv_iov(ug, iov, n, tag);
+    rl->want[rl->n] = bytes;
+    rl->req[rl->n] = post_recv_iov(ug, iov, n, tag, &info);
+    note_immediate(rl, from, rl->req[rl->n], &info, bytes);
+    rl->n++;
 }
 
 /* Ends outstanding requests after a failure without waiting for them: receives are
@@ -180,8 +214,22 @@ static int failed_peer_among(ucx_group_t *ug, void **reqs, const int *peers, int
 }
 
 /* Waits for requests reqs[0..n) (NULL entries are done), then clears them. */
-static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, int n,
-                               const char *what)
+/* The error of a message whose length is not the one this rank's call expects: the
+ * ranks called different collectives, or different sizes, as this sequence number. */
+static fsdp2_status_t length_mismatch(ucx_group_t *ug, const char *what, int peer, size_t got,
+                                      size_t want)
+{
+    return fsdp2_group_fail(ug->g, FSDP2_ERR_INVALID_STATE,
+                            "%s: rank %d sent %zu bytes where this rank's call expects %zu: "
+                            "the ranks of a group must call the same collectives with the "
+                            "same sizes in the same order",
+                            what, peer, got, want);
+}
+
+/* Waits for requests reqs[0..n) (NULL entries are done), then clears them. want (may be
+ * NULL) holds each receive's expected length. */
+static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers,
+                               const size_t *want, int n, const char *what)
 {
     fsdp2_group_t *g = ug->g;
     int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
@@ -207,6 +255,14 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
                 failed = s;
                 failed_peer = PEER_OF(peers[i]);
             }
+            ucp_tag_recv_info_t info;
+            if (s == UCS_OK && want && peers[i] < 0 &&
+                ucp_tag_recv_request_test(reqs[i], &info) == UCS_OK && info.length != want[i]) {
+                ucp_request_free(reqs[i]);
+                reqs[i] = NULL;
+                cancel_all(ug, reqs, peers, n);
+                return length_mismatch(ug, what, PEER_OF(peers[i]), info.length, want[i]);
+            }
             ucp_request_free(reqs[i]);
             reqs[i] = NULL;
         }
@@ -221,6 +277,12 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
             if (peer >= 0)
                 return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed (%s)", what,
                                         peer, ucs_status_string(failed));
+            if (failed == UCS_ERR_MESSAGE_TRUNCATED)
+                return fsdp2_group_fail(g, FSDP2_ERR_INVALID_STATE,
+                                        "%s: rank %d sent more bytes than this rank's call "
+                                        "expects: the ranks of a group must call the same "
+                                        "collectives with the same sizes in the same order",
+                                        what, failed_peer);
             return fsdp2_group_fail(g, FSDP2_ERR_BACKEND, "%s: %s", what,
                                     ucs_status_string(failed));
         }
@@ -264,8 +326,15 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers, i
 
 fsdp2_status_t fsdp2_ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *what)
 {
-    fsdp2_status_t status = wait_all(ug, rl->req, rl->peer, rl->n, what);
+    fsdp2_status_t status;
+    if (rl->short_peer >= 0) {
+        cancel_all(ug, rl->req, rl->peer, rl->n);
+        status = length_mismatch(ug, what, rl->short_peer, rl->short_got, rl->short_want);
+    } else {
+        status = wait_all(ug, rl->req, rl->peer, rl->want, rl->n, what);
+    }
     rl->n = 0;
+    rl->short_peer = -1;
     return status;
 }
 

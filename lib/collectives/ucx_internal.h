@@ -65,7 +65,11 @@ typedef struct ucx_peer_error {
 typedef struct req_list {
     void **req;
     int *peer;
+    size_t *want; /* a receive's expected bytes: a message of another length is a mismatch */
     int n;
+    /* A receive that completed at once with another length than wanted: -1 if none. */
+    int short_peer;
+    size_t short_got, short_want;
 } req_list_t;
 
 static inline uint64_t make_tag(uint64_t seq, int phase, int src, size_t segment)

@@ -100,6 +100,7 @@ static void ucx_group_free(ucx_group_t *ug)
         if (ug->slots[i].list) {
             free(ug->slots[i].list->req);
             free(ug->slots[i].list->peer);
+            free(ug->slots[i].list->want);
             free(ug->slots[i].list);
         }
     }
@@ -269,8 +270,10 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         if (rl) {
             rl->req = calloc(2 * (size_t)g->size + 2, sizeof(void *));
             rl->peer = calloc(2 * (size_t)g->size + 2, sizeof(int));
+            rl->want = calloc(2 * (size_t)g->size + 2, sizeof(size_t));
+            rl->short_peer = -1;
         }
-        ok = rl && rl->req && rl->peer;
+        ok = rl && rl->req && rl->peer && rl->want;
     }
     /* Scratch for reductions, allocated now so that no step allocates. */
     for (int i = 0; i < UCX_SCRATCH_SETS && ok; i++) {
