@@ -244,10 +244,15 @@ static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *s
         fsdp2_trace_stream_end(stream, traced);
     if (status != FSDP2_SUCCESS && fsdp2_group_check(g) == FSDP2_SUCCESS) {
         /* The sequence number is spent: this rank is now out of step with its peers, so
-         * the group cannot be used any more. */
+         * the group cannot be used any more, and the peers are told at once (over shared
+         * memory; across hosts they fail by their timeout). */
         char message[384];
         snprintf(message, sizeof(message), "%s", fsdp2_last_error());
-        return fsdp2_group_fail(g, status, "%s could not be enqueued: %s", what, message);
+        status = fsdp2_group_fail(g, status, "%s could not be enqueued: %s", what, message);
+        snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+        if (g->ops->abort)
+            g->ops->abort(g);
+        return fsdp2_error(status, "%s", message);
     }
     return status;
 }
