@@ -386,9 +386,12 @@ static int check_ignored_untouched(run_t *r, const char *where)
 
 static int probe_ignored(run_t *r, probe_point_t at, int layer)
 {
-    static const char *const where[] = {"step start", "pre_forward", "post_forward",
+    static const char *const where[] = {"step start",   "pre_forward",   "post_forward",
                                         "backward start", "pre_backward", "post_backward",
-                                        "backward_finish", "optimizer", "step end"};
+                                        "backward end", "backward_finish", "optimizer",
+                                        "step end"};
+    _Static_assert(sizeof(where) / sizeof(where[0]) == PROBE_STEP_END + 1,
+                   "a name for every probe point");
     char text[64];
     snprintf(text, sizeof(text), "%s%s%s", where[at], layer >= 0 ? " of " : "",
              layer >= 0 ? LAYER_NAME[layer] : "");
