@@ -57,9 +57,12 @@ fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t *
     FSDP2_CHECK_GOTO(fsdp2_trace_session_from_env(c), status, cleanup);
     *out = c;
     return FSDP2_SUCCESS;
-cleanup:
+cleanup:;
+    /* Tearing down what was made sets messages of its own: the cause is kept. */
+    char message[1024];
+    snprintf(message, sizeof(message), "%s", fsdp2_last_error());
     fsdp2_finalize(c);
-    return status;
+    return fsdp2_error(status, "%s", message);
 }
 
 fsdp2_status_t fsdp2_finalize(fsdp2_context_t *c)

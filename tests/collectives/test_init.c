@@ -194,6 +194,43 @@ static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_s
     run_pair(hsdp_body, &c);
 }
 
+/* fsdp2_init failing after the world was made (FSDP2_TRACE's directory missing) keeps
+ * the cause as its message on every rank: tearing the world down must not replace it. */
+static int bad_trace_body(int rank, int port, const void *arg)
+{
+    (void)arg;
+    int one[2] = {0, 1}, two[2] = {2, 2};
+    clear_launcher_env();
+    char v[32];
+    setenv("WORLD_SIZE", "2", 1);
+    snprintf(v, sizeof(v), "%d", rank);
+    setenv("RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", one[rank]);
+    setenv("LOCAL_RANK", v, 1);
+    snprintf(v, sizeof(v), "%d", two[rank]);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(v, sizeof(v), "%d", port);
+    setenv("MASTER_PORT", v, 1);
+    setenv("FSDP2_TIMEOUT", "20", 1);
+    setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
+    fsdp2_context_t *ctx = NULL;
+    fsdp2_status_t s = fsdp2_init(NULL, &ctx);
+    if (s != FSDP2_ERR_INVALID_CONFIG ||
+        !strstr(fsdp2_last_error(), "FSDP2_TRACE='/nonexistent-dir/t.json'")) {
+        fprintf(stderr, "rank %d: init gave %s (%s), want INVALID_CONFIG naming FSDP2_TRACE\n",
+                rank, fsdp2_status_name(s), fsdp2_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+START_TEST(a_failed_init_of_two_ranks_keeps_its_cause_as_the_message)
+{
+    run_pair(bad_trace_body, NULL);
+}
+END_TEST
+
 START_TEST(every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules)
 {
     /* One node of 2 whose local ranks are swapped (a cyclic mapping): not consecutive. */
@@ -272,6 +309,7 @@ static Suite *init_suite(void)
     tcase_add_test(tc, bad_launcher_variables_are_errors_naming_them);
     tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
     tcase_add_test(tc, every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules);
+    tcase_add_test(tc, a_failed_init_of_two_ranks_keeps_its_cause_as_the_message);
     tcase_add_test(tc, ranks_that_never_start_are_named_by_every_rank_within_the_timeout);
     suite_add_tcase(s, tc);
     return s;
