@@ -36,8 +36,8 @@
 #include "core/log_internal.h"
 
 /* Collectives whose largest buffer is smaller stay on the slots without announcing (the
- * arena takes no smaller block). At 64 KiB single-copy took 2-4 us against 6 (2 ranks)
- * and 13-17 against 14-34 (4 ranks), cache-hot, 2026-11-24. */
+ * arena takes no smaller block); from there up single-copy is faster than the slots
+ * (docs/performance-collectives.md). */
 #define SHM_DIRECT_MIN FSDP2_CPU_ARENA_MIN
 #define SHM_DIRECT_BLOCK (64u << 10)   /* bytes an all-reduce sums before copying them out */
 #define SHM_DIRECT_COPY (256u << 10)   /* bytes a gather reads before writing them out */

@@ -158,11 +158,9 @@ struct shm_group {
 
 /* Whether an all-reduce of `bytes` over n ranks takes one step (every rank posts its
  * whole buffer and reduces all of them): up to SHM_ONE_STEP_MAX, and at 2 ranks from
- * SHM_ONE_STEP_PAIR_MIN up to a slot. At 2 ranks, in the same processes as Open MPI
- * (2026-11-24), one step gave 1.28-1.50x its speed from 208 to 256 KiB against 0.99-1.13x
- * for two steps, about the same at 160-192 KiB and less below (0.92 against 1.07 at
- * 64 KiB, 1.06 against 1.15 at 128 KiB); at more ranks each rank would read every
- * peer's whole buffer. */
+ * SHM_ONE_STEP_PAIR_MIN up to a slot: there one step beats two at 2 ranks, below it
+ * two steps do (docs/performance-collectives-history-3.md has the measurements); at more
+ * ranks each rank would read every peer's whole buffer. */
 static inline int shm_all_reduce_one_step(int n, size_t bytes)
 {
     return bytes <= SHM_ONE_STEP_MAX ||

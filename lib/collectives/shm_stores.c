@@ -84,12 +84,10 @@ void fsdp2_shm_fence_streams(void)
 #endif
 }
 
-/* Reductions stream straight from the registers, 16 bytes at a time. Against summing
- * 8 KiB into a block on the stack and streaming that, a 256 MiB reduce-scatter's busbw
- * went up by 10% at 2 ranks and 21% at 4 (medians over 8 alternating runs of each,
- * 2026-11-24); a prototype alternating both in the same processes took 17.3 ms against
- * 19.5 at 2 ranks (14.8 in place, where the stores hit lines just read), with SSE2 as
- * fast as AVX2 and AVX-512. bf16 and f16 (converted to f32 and back) go a block at a
+/* Reductions stream straight from the registers, 16 bytes at a time: no block on the
+ * stack to stream afterwards, so each output line is written once (the gain is in
+ * docs/performance-collectives.md); SSE2 is as fast as wider vectors here, the work being
+ * bound by memory. bf16 and f16 (converted to f32 and back) go a block at a
  * time. The arithmetic is fsdp2_reduce_rank_order's, lane by lane: each x / pre, summed
  * in rank order, / post, rounded once. */
 #define SHM_REDUCE_STREAM_BLOCK (1u << 10) /* bytes; 1 KiB blocks went as fast as none */

@@ -32,8 +32,8 @@
 /* Yields before a worker or a waiter blocks on a condition variable: a wake-up costs a
  * scheduler round trip (tens of microseconds when ranks outnumber cores), and the next
  * task or the awaited completion often arrives within a few yields. (A worker that sleeps
- * at once, leaving synchronous work to helping callers, measured slower: the wake-up on
- * enqueue preempts the caller on this 2-core machine.) */
+ * at once is woken by every enqueue, whose wake-up can preempt the enqueuing caller when
+ * ranks outnumber cores.) */
 #define SPIN_YIELDS 64
 #define CLAIM_NS 20000
 /* Owed wake-ups (owe_wake): after this many tasks in a row run by their waiters, */

@@ -801,66 +801,45 @@ static void *server_main(void *arg)
 /* ---------------------------------------------------------------------------------- */
 /* Start and stop.                                                                      */
 
-static int listen_socket(int family, int port, int *err)
+/* A non-blocking listening socket on ai's address, or -1 (*err). v6only: an IPv6 socket
+ * takes that address only, not IPv4 besides. */
+static int listen_at(const struct addrinfo *ai, int v6only, int *err)
 {
-    char port_text[16];
-    snprintf(port_text, sizeof(port_text), "%d", port);
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    hints.ai_family = family;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(NULL, port_text, &hints, &ai) != 0) {
-        *err = EAFNOSUPPORT;
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *err = errno;
         return -1;
     }
-    int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1, zero = 0;
-    if (fd >= 0) {
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (family == AF_INET6)
-            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    }
-    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (ai->ai_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
         *err = errno;
-        if (fd >= 0)
-            close(fd);
-        fd = -1;
+        close(fd);
+        return -1;
     }
-    freeaddrinfo(ai);
     return fd;
 }
 
-/* The first of host's addresses that takes a listening socket on port, or -1 (*err). */
-static int listen_on_host(const char *host, int port, int *err)
+/* The first of host's addresses (NULL: the wildcard of family) that takes a listening
+ * socket on port, or -1 (*err). */
+static int listen_on(const char *host, int family, int port, int v6only, int *err)
 {
     char port_text[16];
     snprintf(port_text, sizeof(port_text), "%d", port);
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host, port_text, &hints, &res);
-    if (rc != 0) {
-        *err = EADDRNOTAVAIL;
+    if (getaddrinfo(host, port_text, &hints, &res) != 0) {
+        *err = host ? EADDRNOTAVAIL : EAFNOSUPPORT;
         return -1;
     }
-    int fd = -1, one = 1;
+    int fd = -1;
     *err = EADDRNOTAVAIL;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            *err = errno;
-            continue;
-        }
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (ai->ai_family == AF_INET6) /* this address only, not IPv4 besides */
-            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-            *err = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+        fd = listen_at(ai, v6only, err);
     freeaddrinfo(res);
     return fd;
 }
@@ -871,7 +850,7 @@ static fsdp2_status_t server_listen(fsdp2_store_server_t *s, const char *bind_ho
 {
     int err = 0;
     if (bind_host) {
-        s->listen_fd = listen_on_host(bind_host, port, &err);
+        s->listen_fd = listen_on(bind_host, AF_UNSPEC, port, 1, &err);
         if (s->listen_fd < 0)
             return fsdp2_error(FSDP2_ERR_SYSTEM,
                                "store server: cannot listen on %s port %d (the address the "
@@ -881,9 +860,9 @@ static fsdp2_status_t server_listen(fsdp2_store_server_t *s, const char *bind_ho
                                                  : " (FSDP2_STORE_BIND=any listens on every "
                                                    "interface)");
     } else {
-        s->listen_fd = listen_socket(AF_INET6, port, &err);
+        s->listen_fd = listen_on(NULL, AF_INET6, port, 0, &err);
         if (s->listen_fd < 0 && err != EADDRINUSE && err != EACCES)
-            s->listen_fd = listen_socket(AF_INET, port, &err);
+            s->listen_fd = listen_on(NULL, AF_INET, port, 0, &err);
     }
     if (s->listen_fd < 0)
         return fsdp2_error(FSDP2_ERR_SYSTEM, "store server: cannot listen on port %d: %s%s",

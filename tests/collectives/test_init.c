@@ -112,22 +112,28 @@ static int free_port(void)
     return port;
 }
 
-static int hsdp_rank(int rank, int port, const int *local_rank, const int *local_world,
-                     fsdp2_status_t want, const char *needle)
+/* The launcher's variables of rank `rank` of a world of 2 on 127.0.0.1:port. */
+static void set_pair_env(int rank, int port, int local_rank, int local_world)
 {
     clear_launcher_env();
     char v[32];
     setenv("WORLD_SIZE", "2", 1);
     snprintf(v, sizeof(v), "%d", rank);
     setenv("RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", local_rank[rank]);
+    snprintf(v, sizeof(v), "%d", local_rank);
     setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", local_world[rank]);
+    snprintf(v, sizeof(v), "%d", local_world);
     setenv("LOCAL_WORLD_SIZE", v, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     snprintf(v, sizeof(v), "%d", port);
     setenv("MASTER_PORT", v, 1);
     setenv("FSDP2_TIMEOUT", "20", 1);
+}
+
+static int hsdp_rank(int rank, int port, const int *local_rank, const int *local_world,
+                     fsdp2_status_t want, const char *needle)
+{
+    set_pair_env(rank, port, local_rank[rank], local_world[rank]);
     fsdp2_context_t *ctx;
     if (fsdp2_init(NULL, &ctx) != FSDP2_SUCCESS) {
         fprintf(stderr, "rank %d: init: %s\n", rank, fsdp2_last_error());
@@ -199,20 +205,7 @@ static void run_hsdp_pair(const int *local_rank, const int *local_world, fsdp2_s
 static int bad_trace_body(int rank, int port, const void *arg)
 {
     (void)arg;
-    int one[2] = {0, 1}, two[2] = {2, 2};
-    clear_launcher_env();
-    char v[32];
-    setenv("WORLD_SIZE", "2", 1);
-    snprintf(v, sizeof(v), "%d", rank);
-    setenv("RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", one[rank]);
-    setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof(v), "%d", two[rank]);
-    setenv("LOCAL_WORLD_SIZE", v, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    snprintf(v, sizeof(v), "%d", port);
-    setenv("MASTER_PORT", v, 1);
-    setenv("FSDP2_TIMEOUT", "20", 1);
+    set_pair_env(rank, port, rank, 2);
     setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
     fsdp2_context_t *ctx = NULL;
     fsdp2_status_t s = fsdp2_init(NULL, &ctx);
