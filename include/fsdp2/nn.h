@@ -1,0 +1,181 @@
+/* Layers for C applications: forward and backward of the pieces of an MLP, a CNN and a
+ * GPT-2 style transformer, on the cpu device. Built when the library is configured with
+ * -Dnn=true (the default); GEMMs go to OpenBLAS.
+ *
+ * Conventions, the same for every function here:
+ * - Activations and their gradients are f32 arrays the caller owns, contiguous and
+ *   row-major: `rows` rows (batch x sequence, flattened) of the layer's features.
+ * - Parameters are tensors on a cpu device (what fsdp2_param_unsharded gives inside a
+ *   unit's hooks), f32 or bf16; their gradients (fsdp2_param_grad) are tensors of the same
+ *   shape, f32 or bf16, independently of the parameter's dtype. bf16 values are converted
+ *   on the fly and everything accumulates in f32: an application writes no cast code.
+ * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
+ *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
+ *   alike, so an input used twice (a residual stream, a tied weight) sums its
+ *   contributions without an extra op. Zero the input-gradient buffers before a backward.
+ *   The one exception is the losses, which WRITE the gradient that starts a backward.
+ *   Any gradient pointer may be NULL: that gradient is not computed.
+ * - A bf16 gradient receives each call's contribution, summed in f32, with one rounding.
+ * - Some functions need scratch memory: a workspace the caller provides (never
+ *   allocated here, so a training step allocates nothing). Each such function has a
+ *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
+ *   the largest answer serves every call of a model. Too small a workspace is refused
+ *   with the bytes needed.
+ * - Threading: the GEMMs (linear, attention) use OpenBLAS's threads (OPENBLAS_NUM_THREADS);
+ *   every other kernel runs on the calling thread only. Functions may run concurrently on
+ *   different threads when their output buffers and workspaces differ.
+ * - Bad input (a NULL pointer, a negative size, a shape that does not match, a parameter
+ *   on another device, an id out of range) returns an error naming the value; nothing
+ *   is written then. */
+#ifndef FSDP2_NN_H
+#define FSDP2_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp2/export.h>
+#include <fsdp2/status.h>
+#include <fsdp2/tensor.h>
+
+FSDP2_EXTERN_C_BEGIN
+
+/* Caller-owned scratch memory; data aligned to at least 16 bytes. */
+typedef struct fsdp2_nn_workspace {
+    void *data;
+    size_t bytes;
+} fsdp2_nn_workspace_t;
+
+/* ---- linear: y[rows, out] = x[rows, in] weight[out, in]^T + bias[out] ---- */
+
+/* Workspace both directions need for a weight [out, in] (about 2 MiB at most per
+ * workspace, whatever the layer's size: bf16 weights are converted in blocks of rows). */
+FSDP2_API fsdp2_status_t fsdp2_nn_linear_workspace_bytes(int64_t in, int64_t out,
+                                                         size_t *bytes);
+
+/* y is written. bias may be NULL. */
+FSDP2_API fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows,
+                                                 const fsdp2_tensor_t *weight,
+                                                 const fsdp2_tensor_t *bias, float *y,
+                                                 fsdp2_nn_workspace_t *ws);
+
+/* dx += dy weight; dweight += dy^T x; dbias += the column sums of dy. */
+FSDP2_API fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows,
+                                                  const fsdp2_tensor_t *weight, const float *dy,
+                                                  float *dx, fsdp2_tensor_t *dweight,
+                                                  fsdp2_tensor_t *dbias,
+                                                  fsdp2_nn_workspace_t *ws);
+
+/* ---- embedding: y[i] = weight[ids[i]] for a table weight[num, dim] ---- */
+
+/* Workspace of the backward for n ids over a table [num, dim]. */
+FSDP2_API fsdp2_status_t fsdp2_nn_embedding_workspace_bytes(int64_t n, int64_t num, int64_t dim,
+                                                            size_t *bytes);
+
+/* y[n, dim] is written (accumulate 0) or added to (accumulate 1: the position embedding
+ * on top of the token embedding). Every id must lie in [0, num). */
+FSDP2_API fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n,
+                                                    const fsdp2_tensor_t *weight, float *y,
+                                                    int accumulate);
+
+/* dweight[ids[i]] += dy[i]: a scatter-add. Rows hit by several ids are summed in f32 first
+ * (one rounding per row for a bf16 gradient). */
+FSDP2_API fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, int64_t n,
+                                                     const float *dy, fsdp2_tensor_t *dweight,
+                                                     fsdp2_nn_workspace_t *ws);
+
+/* ---- layer norm over the last dim (dim = weight's length) ---- */
+
+FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_workspace_bytes(int64_t dim, size_t *bytes);
+
+/* y = (x - mean) * rstd * weight + bias with rstd = 1 / sqrt(var + eps) (the biased
+ * variance, as torch.nn.LayerNorm). mean[rows] and rstd[rows] are written for the
+ * backward. y may alias x only when the backward is not needed. */
+FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows,
+                                                    const fsdp2_tensor_t *weight,
+                                                    const fsdp2_tensor_t *bias, float eps,
+                                                    float *y, float *mean, float *rstd,
+                                                    fsdp2_nn_workspace_t *ws);
+
+FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, int64_t rows,
+                                                     const fsdp2_tensor_t *weight,
+                                                     const float *mean, const float *rstd,
+                                                     const float *dy, float *dx,
+                                                     fsdp2_tensor_t *dweight,
+                                                     fsdp2_tensor_t *dbias,
+                                                     fsdp2_nn_workspace_t *ws);
+
+/* ---- element-wise activations ---- */
+
+/* GELU, tanh approximation (torch's approximate="tanh", GPT-2's):
+ * y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). y may alias x without backward. */
+FSDP2_API fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n);
+/* dx += dy * gelu'(x). */
+FSDP2_API fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx,
+                                                int64_t n);
+
+/* y = max(x, 0). y may alias x (the backward reads y). */
+FSDP2_API fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n);
+/* dx += dy where y > 0. */
+FSDP2_API fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx,
+                                                int64_t n);
+
+/* Inverted dropout with probability p in [0, 1): y = x * m with m 0 or 1/(1-p). The mask
+ * comes from a counter-based generator (Philox 4x32) at element offset + i of the stream
+ * keyed by seed, so it is reproducible and never stored: the backward recomputes it, and
+ * a tensor split into pieces (offset = the piece's first element) gets the masks the
+ * whole would. y may alias x. p = 0 copies. */
+FSDP2_API fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, double p,
+                                                  uint64_t seed, uint64_t offset);
+/* dx += dy * m, the same m as the forward with these arguments. */
+FSDP2_API fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n,
+                                                   double p, uint64_t seed, uint64_t offset);
+
+/* ---- residual add ---- */
+
+/* y = a + b; y may alias a or b. */
+FSDP2_API fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *y,
+                                                   int64_t n);
+/* da += dy; db += dy (either may be NULL; neither may alias dy). */
+FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db,
+                                                    int64_t n);
+
+/* ---- causal multi-head self-attention ----
+ * qkv [batch, seq, 3 * dim]: the fused projection's output, q then k then v, head h in
+ * columns [h * hd, (h + 1) * hd) of each with hd = dim / heads. y [batch, seq, dim]: the
+ * heads' outputs side by side (the output projection is a linear after it).
+ * probs [batch, heads, seq, seq]: softmax(q k^T / sqrt(hd)) with the causal mask (a
+ * position sees itself and earlier ones; the masked entries are 0), kept for backward. */
+
+FSDP2_API fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes);
+
+FSDP2_API fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch,
+                                                    int64_t seq, int64_t dim, int64_t heads,
+                                                    float *y, float *probs);
+/* dqkv += the gradient of qkv. */
+FSDP2_API fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs,
+                                                     int64_t batch, int64_t seq, int64_t dim,
+                                                     int64_t heads, const float *dy,
+                                                     float *dqkv, fsdp2_nn_workspace_t *ws);
+
+/* ---- losses: they WRITE the gradient ---- */
+
+/* Cross-entropy of logits [rows, classes] against targets [rows]: rows whose target is
+ * ignore_index are skipped (any other target must lie in [0, classes)).
+ * *loss = sum over the counted rows of -log softmax(logits)[target], divided by divisor,
+ * or by the number of counted rows when divisor <= 0 (the mean). dlogits (may be NULL) is
+ * written with d *loss / d logits (ignored rows get 0). counted and correct (argmax equal
+ * to the target) may be NULL. */
+FSDP2_API fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets,
+                                                int64_t rows, int64_t classes,
+                                                int32_t ignore_index, double divisor,
+                                                double *loss, float *dlogits, int64_t *counted,
+                                                int64_t *correct);
+
+/* Mean squared error over n elements: *loss = mean((pred - target)^2); dpred (may be
+ * NULL) is written with 2 (pred - target) / n. */
+FSDP2_API fsdp2_status_t fsdp2_nn_mse(const float *pred, const float *target, int64_t n,
+                                      double *loss, float *dpred);
+
+FSDP2_EXTERN_C_END
+
+#endif

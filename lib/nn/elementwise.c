@@ -1,0 +1,131 @@
+/* Element-wise layers: GELU, ReLU, dropout and the residual add, on the calling thread. */
+#include <math.h>
+#include <string.h>
+
+#include <fsdp2/random.h>
+
+#include "nn_common.h"
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
+
+static fsdp2_status_t check_n(int64_t n, int pointers_ok)
+{
+    FSDP2_ARG_CHECK(n >= 0, "n = %lld is negative", (long long)n);
+    FSDP2_ARG_CHECK(pointers_ok || n == 0, "an array is NULL (n = %lld)", (long long)n);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, x && y));
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_C * v * v * v)));
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, x && dy && dx));
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], t = tanhf(GELU_K * (v + GELU_C * v * v * v));
+        float d = 0.5f * (1.0f + t) +
+                  0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+        dx[i] += dy[i] * d;
+    }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, x && y));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] > 0 ? x[i] : 0.0f;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, y && dy && dx));
+    for (int64_t i = 0; i < n; i++)
+        dx[i] += y[i] > 0 ? dy[i] : 0.0f;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t check_p(double p)
+{
+    FSDP2_ARG_CHECK(p >= 0 && p < 1, "dropout probability %g is outside [0, 1)", p);
+    return FSDP2_SUCCESS;
+}
+
+/* The mask of elements [offset, offset + n): m[i] = 0 with probability p, else keep.
+ * Element e uses word e % 4 of Philox block e / 4 of the stream keyed by seed. The
+ * mask is applied as out[i] = (accumulate ? out[i] : 0) + in[i] * m[i]. */
+static void apply_mask(const float *in, float *out, int64_t n, double p, uint64_t seed,
+                       uint64_t offset, int accumulate)
+{
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    float keep = (float)(1.0 / (1.0 - p));
+    uint32_t r[4];
+    uint64_t have = UINT64_MAX;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t index = offset + (uint64_t)i, block = index / 4;
+        if (block != have) {
+            const uint32_t counter[4] = {(uint32_t)block, (uint32_t)(block >> 32), 0x64726f70u, 0};
+            fsdp2_philox4x32(counter, key, r);
+            have = block;
+        }
+        float m = (double)r[index % 4] * 0x1.0p-32 < p ? 0.0f : keep;
+        out[i] = (accumulate ? out[i] : 0.0f) + in[i] * m;
+    }
+}
+
+fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, double p,
+                                        uint64_t seed, uint64_t offset)
+{
+    FSDP2_CHECK(check_n(n, x && y));
+    FSDP2_CHECK(check_p(p));
+    if (p == 0) {
+        if (y != x)
+            memmove(y, x, sizeof(float) * (size_t)n);
+        return FSDP2_SUCCESS;
+    }
+    apply_mask(x, y, n, p, seed, offset, 0);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n, double p,
+                                         uint64_t seed, uint64_t offset)
+{
+    FSDP2_CHECK(check_n(n, dy && dx));
+    FSDP2_CHECK(check_p(p));
+    FSDP2_ARG_CHECK(dx != dy || n == 0, "dx aliases dy: the backward adds into dx");
+    if (p == 0) {
+        for (int64_t i = 0; i < n; i++)
+            dx[i] += dy[i];
+        return FSDP2_SUCCESS;
+    }
+    apply_mask(dy, dx, n, p, seed, offset, 1);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *y, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, a && b && y));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, dy != NULL));
+    FSDP2_ARG_CHECK((da != dy && db != dy) || n == 0, "da or db aliases dy");
+    for (int64_t i = 0; da && i < n; i++)
+        da[i] += dy[i];
+    for (int64_t i = 0; db && i < n; i++)
+        db[i] += dy[i];
+    return FSDP2_SUCCESS;
+}

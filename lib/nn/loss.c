@@ -1,0 +1,79 @@
+/* The losses that start a backward: cross-entropy over logits and mean squared error. */
+#include <math.h>
+#include <string.h>
+
+#include "nn_common.h"
+
+fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets, int64_t rows,
+                                      int64_t classes, int32_t ignore_index, double divisor,
+                                      double *loss, float *dlogits, int64_t *counted,
+                                      int64_t *correct)
+{
+    FSDP2_ARG_CHECK(loss, "loss is NULL");
+    FSDP2_ARG_CHECK(rows >= 0 && classes >= 0, "rows = %lld, classes = %lld: negative",
+                    (long long)rows, (long long)classes);
+    FSDP2_ARG_CHECK((logits && targets) || rows == 0, "logits or targets is NULL");
+    FSDP2_ARG_CHECK(classes > 0 || rows == 0, "cross-entropy over 0 classes");
+    FSDP2_ARG_CHECK(!isnan(divisor), "divisor is NaN");
+    int64_t count = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (targets[r] == ignore_index)
+            continue;
+        if (targets[r] < 0 || targets[r] >= classes)
+            return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                               "target %d of row %lld is outside [0, %lld) and is not the "
+                               "ignore index %d",
+                               targets[r], (long long)r, (long long)classes, ignore_index);
+        count++;
+    }
+    double div = divisor > 0 ? divisor : (double)count;
+    double sum = 0;
+    int64_t hits = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *z = logits + r * classes;
+        float *d = dlogits ? dlogits + r * classes : NULL;
+        if (targets[r] == ignore_index) {
+            if (d)
+                memset(d, 0, sizeof(float) * (size_t)classes);
+            continue;
+        }
+        int64_t arg = 0;
+        for (int64_t j = 1; j < classes; j++)
+            arg = z[j] > z[arg] ? j : arg;
+        double s = 0;
+        for (int64_t j = 0; j < classes; j++)
+            s += expf(z[j] - z[arg]);
+        double lse = z[arg] + log(s);
+        sum += lse - z[targets[r]];
+        hits += arg == targets[r];
+        if (!d)
+            continue;
+        float inv = (float)(1.0 / div), shift = (float)lse;
+        for (int64_t j = 0; j < classes; j++)
+            d[j] = expf(z[j] - shift) * inv;
+        d[targets[r]] -= inv;
+    }
+    *loss = count > 0 ? sum / div : 0.0;
+    if (counted)
+        *counted = count;
+    if (correct)
+        *correct = hits;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_mse(const float *pred, const float *target, int64_t n, double *loss,
+                            float *dpred)
+{
+    FSDP2_ARG_CHECK(loss, "loss is NULL");
+    FSDP2_ARG_CHECK(n >= 0, "n = %lld is negative", (long long)n);
+    FSDP2_ARG_CHECK((pred && target) || n == 0, "pred or target is NULL");
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = (double)pred[i] - target[i];
+        sum += e * e;
+        if (dpred)
+            dpred[i] = (float)(2.0 * e / (double)n);
+    }
+    *loss = n > 0 ? sum / (double)n : 0.0;
+    return FSDP2_SUCCESS;
+}

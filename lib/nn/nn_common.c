@@ -1,0 +1,106 @@
+/* Shared checks and conversions of the layers. */
+#include <string.h>
+
+#include <fsdp2/dtype.h>
+
+#include "../core/dtype_convert.h"
+#include "nn_common.h"
+
+#define NN_ALIGN 64
+
+fsdp2_status_t nn_check_param(const fsdp2_tensor_t *t, const char *what, int ndim,
+                              const int64_t *shape)
+{
+    if (!t)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+    if (t->device.type != FSDP2_DEVICE_CPU)
+        return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
+                           "%s is on device type %d: the layers compute on the cpu device",
+                           what, (int)t->device.type);
+    if (t->dtype != FSDP2_F32 && t->dtype != FSDP2_BF16)
+        return fsdp2_error(FSDP2_ERR_DTYPE_MISMATCH, "%s has dtype %s: the layers take f32 or bf16",
+                           what, fsdp2_dtype_name(t->dtype));
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = t->shape[i] == shape[i];
+    if (!same) {
+        char have[96], want[96];
+        fsdp2_shape_format(t->ndim, t->shape, have, sizeof(have));
+        fsdp2_shape_format(ndim, shape, want, sizeof(want));
+        return fsdp2_error(FSDP2_ERR_SHAPE_MISMATCH, "%s has shape %s where %s is needed", what,
+                           have, want);
+    }
+    if (t->numel > 0 && !t->data)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "%s has no data", what);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t nn_check_dim(int64_t v, const char *what)
+{
+    if (v < 0 || v > INT_MAX)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "%s = %lld is outside [0, %d]", what,
+                           (long long)v, INT_MAX);
+    return FSDP2_SUCCESS;
+}
+
+size_t nn_region_bytes(int64_t n)
+{
+    return (((size_t)n * sizeof(float) + NN_ALIGN - 1) / NN_ALIGN) * NN_ALIGN + NN_ALIGN;
+}
+
+fsdp2_status_t nn_carve_begin(fsdp2_nn_workspace_t *ws, size_t need, const char *what,
+                              nn_carve_t *c)
+{
+    c->at = NULL;
+    c->left = 0;
+    if (need == 0)
+        return FSDP2_SUCCESS;
+    if (!ws || !ws->data || ws->bytes < need)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "%s needs a workspace of %zu bytes; it was given %zu", what, need,
+                           ws && ws->data ? ws->bytes : (size_t)0);
+    c->at = ws->data;
+    c->left = ws->bytes;
+    return FSDP2_SUCCESS;
+}
+
+float *nn_carve_floats(nn_carve_t *c, int64_t n)
+{
+    uintptr_t p = ((uintptr_t)c->at + NN_ALIGN - 1) & ~(uintptr_t)(NN_ALIGN - 1);
+    size_t used = (size_t)(p - (uintptr_t)c->at) + (size_t)n * sizeof(float);
+    c->at += used;
+    c->left -= used;
+    return (float *)p;
+}
+
+void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count)
+{
+    if (t->dtype == FSDP2_F32) {
+        memcpy(dst, (const float *)t->data + first, sizeof(float) * (size_t)count);
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)t->data + first;
+    for (int64_t i = 0; i < count; i++)
+        dst[i] = cvt_bf16_to_f32(src[i]);
+}
+
+void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t count)
+{
+    if (t->dtype == FSDP2_F32) {
+        float *d = (float *)t->data + first;
+        for (int64_t i = 0; i < count; i++)
+            d[i] += src[i];
+        return;
+    }
+    uint16_t *d = (uint16_t *)t->data + first;
+    for (int64_t i = 0; i < count; i++)
+        d[i] = cvt_f32_to_bf16(cvt_bf16_to_f32(d[i]) + src[i]);
+}
+
+const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch)
+{
+    if (t->dtype == FSDP2_F32)
+        return t->data;
+    nn_load(scratch, t, 0, t->numel);
+    return scratch;
+}

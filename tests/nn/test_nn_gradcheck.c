@@ -1,0 +1,379 @@
+/* Every backward of lib/nn against central finite differences of an f64 reference
+ * forward written here (naive loops from the formulas in nn.h), on random shapes with
+ * odd sizes and head dims 5 and 7. The reference forward is first checked against the
+ * layer's own f32 forward, so the chain is: layer forward == reference, and layer
+ * backward == d reference. The scalar differentiated is L = sum(y * r) for a random r
+ * (which is then the dy given to the backward); the losses differentiate themselves.
+ * Inputs are f32 values, so both sides see the same numbers. */
+#include "../core/check_main.h"
+#include "../core/test_rng.h"
+#include "nn_test_util.h"
+
+#define FWD_TOL 2e-6
+#define GRAD_TOL 1e-4
+#define FD_H 1e-5
+
+typedef struct gc gc_t;
+typedef void (*ref_fn)(const gc_t *g, double *y);
+
+/* One case: up to three differentiated inputs and the shape fields the ops use. */
+struct gc {
+    double *in[3];
+    int64_t n[3];
+    int nin;
+    int64_t rows, a, b, c, d; /* op-specific sizes */
+    const int32_t *ids;
+    ref_fn forward;
+    int64_t ny;
+    const double *r;
+};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(rng_next(&rng_state) >> 11) * 0x1.0p-53;
+}
+
+/* n f32-representable values in [lo, hi). */
+static double *random_values(int64_t n, double lo, double hi)
+{
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)uniform(lo, hi);
+    return v;
+}
+
+static float *to_f32(const double *v, int64_t n)
+{
+    float *p = f32_array(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)v[i];
+    return p;
+}
+
+static double weighted_sum(const gc_t *g)
+{
+    double *y = malloc(sizeof(double) * (size_t)(g->ny > 0 ? g->ny : 1));
+    g->forward(g, y);
+    double l = 0;
+    for (int64_t i = 0; i < g->ny; i++)
+        l += y[i] * g->r[i];
+    free(y);
+    return l;
+}
+
+/* Central differences of L with respect to input k. */
+static double *finite_differences(gc_t *g, int k)
+{
+    double *fd = malloc(sizeof(double) * (size_t)(g->n[k] > 0 ? g->n[k] : 1));
+    for (int64_t i = 0; i < g->n[k]; i++) {
+        double keep = g->in[k][i];
+        g->in[k][i] = keep + FD_H;
+        double up = weighted_sum(g);
+        g->in[k][i] = keep - FD_H;
+        double down = weighted_sum(g);
+        g->in[k][i] = keep;
+        fd[i] = (up - down) / (2 * FD_H);
+    }
+    return fd;
+}
+
+static void check_forward(const gc_t *g, const float *y, const char *what)
+{
+    double *want = malloc(sizeof(double) * (size_t)(g->ny > 0 ? g->ny : 1));
+    g->forward(g, want);
+    assert_close(what, y, want, g->ny, FWD_TOL);
+    free(want);
+}
+
+static void check_grad(gc_t *g, int k, const float *grad, const char *what)
+{
+    double *fd = finite_differences(g, k);
+    assert_close(what, grad, fd, g->n[k], GRAD_TOL);
+    free(fd);
+}
+
+/* ---- linear: in[0] x [rows, a], in[1] w [b, a], in[2] bias [b] ---- */
+
+static void ref_linear(const gc_t *g, double *y)
+{
+    for (int64_t r = 0; r < g->rows; r++) {
+        for (int64_t o = 0; o < g->b; o++) {
+            double s = g->in[2][o];
+            for (int64_t i = 0; i < g->a; i++)
+                s += g->in[0][r * g->a + i] * g->in[1][o * g->a + i];
+            y[r * g->b + o] = s;
+        }
+    }
+}
+
+START_TEST(linear_backward_matches_finite_differences)
+{
+    const int64_t shapes[][3] = {{3, 1, 1}, {5, 13, 7}, {4, 17, 33}, {1, 9, 2}};
+    for (int s = 0; s < 4; s++) {
+        int64_t rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+        gc_t g = {.rows = rows, .a = in, .b = out, .forward = ref_linear, .nin = 3};
+        g.in[0] = random_values(g.n[0] = rows * in, -1, 1);
+        g.in[1] = random_values(g.n[1] = out * in, -0.5, 0.5);
+        g.in[2] = random_values(g.n[2] = out, -0.2, 0.2);
+        double *r = random_values(g.ny = rows * out, -1, 1);
+        g.r = r;
+        float *x = to_f32(g.in[0], g.n[0]), *w = to_f32(g.in[1], g.n[1]);
+        float *b = to_f32(g.in[2], g.n[2]), *dy = to_f32(r, g.ny), *y = f32_array(g.ny);
+        float *dx = f32_array(g.n[0]), *dw = f32_array(g.n[1]), *db = f32_array(g.n[2]);
+        fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(b, FSDP2_F32, 1, out, 0);
+        fsdp2_tensor_t *tdw = wrap(dw, FSDP2_F32, 2, out, in);
+        fsdp2_tensor_t *tdb = wrap(db, FSDP2_F32, 1, out, 0);
+        NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, y, NULL));
+        check_forward(&g, y, "linear y");
+        NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx, tdw, tdb, NULL));
+        check_grad(&g, 0, dx, "linear dx");
+        check_grad(&g, 1, dw, "linear dweight");
+        check_grad(&g, 2, db, "linear dbias");
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tb);
+        fsdp2_tensor_release(tdw), fsdp2_tensor_release(tdb);
+        free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db), free(r);
+        for (int k = 0; k < 3; k++)
+            free(g.in[k]);
+    }
+}
+END_TEST
+
+/* ---- layer norm: in[0] x [rows, a], in[1] w [a], in[2] b [a], eps 1e-5 ---- */
+
+static void ref_layernorm(const gc_t *g, double *y)
+{
+    for (int64_t r = 0; r < g->rows; r++) {
+        const double *x = g->in[0] + r * g->a;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < g->a; j++)
+            mean += x[j] / (double)g->a;
+        for (int64_t j = 0; j < g->a; j++)
+            var += (x[j] - mean) * (x[j] - mean) / (double)g->a;
+        for (int64_t j = 0; j < g->a; j++)
+            y[r * g->a + j] = (x[j] - mean) / sqrt(var + (double)1e-5f) * g->in[1][j] + g->in[2][j];
+    }
+}
+
+START_TEST(layernorm_backward_matches_finite_differences)
+{
+    const int64_t shapes[][2] = {{1, 3}, {4, 17}, {3, 33}, {2, 2}};
+    for (int s = 0; s < 4; s++) {
+        int64_t rows = shapes[s][0], dim = shapes[s][1];
+        gc_t g = {.rows = rows, .a = dim, .forward = ref_layernorm, .nin = 3};
+        g.in[0] = random_values(g.n[0] = rows * dim, 1, 4); /* a mean far from 0 */
+        g.in[1] = random_values(g.n[1] = dim, 0.5, 1.5);
+        g.in[2] = random_values(g.n[2] = dim, -0.2, 0.2);
+        double *r = random_values(g.ny = rows * dim, -1, 1);
+        g.r = r;
+        float *x = to_f32(g.in[0], g.n[0]), *w = to_f32(g.in[1], g.n[1]);
+        float *b = to_f32(g.in[2], g.n[2]), *dy = to_f32(r, g.ny), *y = f32_array(g.ny);
+        float *dx = f32_array(g.n[0]), *dw = f32_array(dim), *db = f32_array(dim);
+        float *mean = f32_array(rows), *rstd = f32_array(rows);
+        fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0), *tb = wrap(b, FSDP2_F32, 1, dim, 0);
+        fsdp2_tensor_t *tdw = wrap(dw, FSDP2_F32, 1, dim, 0);
+        fsdp2_tensor_t *tdb = wrap(db, FSDP2_F32, 1, dim, 0);
+        NN_OK(fsdp2_nn_layernorm_forward(x, rows, tw, tb, 1e-5f, y, mean, rstd, NULL));
+        check_forward(&g, y, "layernorm y");
+        NN_OK(fsdp2_nn_layernorm_backward(x, rows, tw, mean, rstd, dy, dx, tdw, tdb, NULL));
+        check_grad(&g, 0, dx, "layernorm dx");
+        check_grad(&g, 1, dw, "layernorm dweight");
+        check_grad(&g, 2, db, "layernorm dbias");
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tb);
+        fsdp2_tensor_release(tdw), fsdp2_tensor_release(tdb);
+        free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db), free(r);
+        free(mean), free(rstd);
+        for (int k = 0; k < 3; k++)
+            free(g.in[k]);
+    }
+}
+END_TEST
+
+/* ---- GELU (tanh): in[0] x [a] ---- */
+
+static void ref_gelu(const gc_t *g, double *y)
+{
+    for (int64_t i = 0; i < g->a; i++) {
+        double x = g->in[0][i];
+        y[i] = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+}
+
+START_TEST(gelu_backward_matches_finite_differences)
+{
+    gc_t g = {.a = 301, .forward = ref_gelu, .nin = 1};
+    g.in[0] = random_values(g.n[0] = 301, -6, 6);
+    double *r = random_values(g.ny = 301, -1, 1);
+    g.r = r;
+    float *x = to_f32(g.in[0], 301), *dy = to_f32(r, 301), *y = f32_array(301);
+    float *dx = f32_array(301);
+    NN_OK(fsdp2_nn_gelu_forward(x, y, 301));
+    check_forward(&g, y, "gelu y");
+    NN_OK(fsdp2_nn_gelu_backward(x, dy, dx, 301));
+    check_grad(&g, 0, dx, "gelu dx");
+    free(x), free(dy), free(y), free(dx), free(r), free(g.in[0]);
+}
+END_TEST
+
+/* ---- causal attention: in[0] qkv [a=batch, b=seq, 3 c], c = dim, d = heads ---- */
+
+static void ref_attention(const gc_t *g, double *y)
+{
+    int64_t B = g->a, T = g->b, C = g->c, H = g->d, D = C / H;
+    const double *qkv = g->in[0];
+    double *p = malloc(sizeof(double) * (size_t)T);
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < T; i++) {
+                const double *q = qkv + (b * T + i) * 3 * C + h * D;
+                double max = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const double *k = qkv + (b * T + j) * 3 * C + C + h * D;
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        s += q[e] * k[e];
+                    p[j] = s / sqrt((double)D);
+                    max = p[j] > max ? p[j] : max;
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    sum += (p[j] = exp(p[j] - max));
+                for (int64_t e = 0; e < D; e++) {
+                    double o = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        o += p[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * D + e];
+                    y[(b * T + i) * C + h * D + e] = o;
+                }
+            }
+        }
+    }
+    free(p);
+}
+
+START_TEST(attention_backward_matches_finite_differences_for_odd_head_dims)
+{
+    /* batch, seq, dim, heads: head dims 4, 5, 7, 1 */
+    const int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 15, 3}, {1, 9, 14, 2}, {2, 4, 3, 3}};
+    for (int s = 0; s < 4; s++) {
+        int64_t B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], H = shapes[s][3];
+        gc_t g = {.a = B, .b = T, .c = C, .d = H, .forward = ref_attention, .nin = 1};
+        g.in[0] = random_values(g.n[0] = B * T * 3 * C, -1.5, 1.5);
+        double *r = random_values(g.ny = B * T * C, -1, 1);
+        g.r = r;
+        float *qkv = to_f32(g.in[0], g.n[0]), *dy = to_f32(r, g.ny), *y = f32_array(g.ny);
+        float *probs = f32_array(B * H * T * T), *dqkv = f32_array(g.n[0]);
+        size_t bytes;
+        NN_OK(fsdp2_nn_attention_workspace_bytes(T, &bytes));
+        fsdp2_nn_workspace_t ws = workspace_new(bytes);
+        NN_OK(fsdp2_nn_attention_forward(qkv, B, T, C, H, y, probs));
+        check_forward(&g, y, "attention y");
+        NN_OK(fsdp2_nn_attention_backward(qkv, probs, B, T, C, H, dy, dqkv, &ws));
+        check_grad(&g, 0, dqkv, "attention dqkv");
+        workspace_free(&ws);
+        free(qkv), free(dy), free(y), free(probs), free(dqkv), free(r), free(g.in[0]);
+    }
+}
+END_TEST
+
+/* ---- embedding: in[0] table [a, b], ids [rows] ---- */
+
+static void ref_embedding(const gc_t *g, double *y)
+{
+    for (int64_t i = 0; i < g->rows; i++)
+        for (int64_t j = 0; j < g->b; j++)
+            y[i * g->b + j] = g->in[0][(int64_t)g->ids[i] * g->b + j];
+}
+
+START_TEST(embedding_backward_matches_finite_differences_with_repeated_ids)
+{
+    const int32_t ids[] = {4, 0, 4, 6, 4, 1, 0, 3, 6, 4, 2};
+    gc_t g = {.rows = 11, .a = 7, .b = 5, .ids = ids, .forward = ref_embedding, .nin = 1};
+    g.in[0] = random_values(g.n[0] = 35, -1, 1);
+    double *r = random_values(g.ny = 55, -1, 1);
+    g.r = r;
+    float *w = to_f32(g.in[0], 35), *dy = to_f32(r, 55), *y = f32_array(55), *dw = f32_array(35);
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 7, 5), *tdw = wrap(dw, FSDP2_F32, 2, 7, 5);
+    NN_OK(fsdp2_nn_embedding_forward(ids, 11, tw, y, 0));
+    check_forward(&g, y, "embedding y");
+    NN_OK(fsdp2_nn_embedding_backward(ids, 11, dy, tdw, NULL));
+    check_grad(&g, 0, dw, "embedding dweight");
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw);
+    free(w), free(dy), free(y), free(dw), free(r), free(g.in[0]);
+}
+END_TEST
+
+/* ---- losses: the scalar itself is differentiated (r = [1]) ---- */
+
+static void ref_cross_entropy(const gc_t *g, double *y)
+{
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < g->rows; r++) {
+        if (g->ids[r] == -1)
+            continue;
+        const double *z = g->in[0] + r * g->a;
+        double s = 0;
+        for (int64_t j = 0; j < g->a; j++)
+            s += exp(z[j]);
+        sum += log(s) - z[g->ids[r]];
+        count++;
+    }
+    y[0] = sum / (g->c > 0 ? (double)g->c : (double)count);
+}
+
+static void ref_mse(const gc_t *g, double *y)
+{
+    double s = 0;
+    for (int64_t i = 0; i < g->a; i++)
+        s += (g->in[0][i] - g->in[1][i]) * (g->in[0][i] - g->in[1][i]);
+    y[0] = s / (double)g->a;
+}
+
+START_TEST(cross_entropy_and_mse_gradients_match_finite_differences)
+{
+    const double one = 1;
+    const int32_t targets[] = {3, -1, 0, 8, 8, 2, -1};
+    for (int divisor = 0; divisor <= 16; divisor += 16) { /* the mean, then a fixed divisor */
+        gc_t g = {.rows = 7, .a = 9, .c = divisor, .ids = targets, .ny = 1, .r = &one, .nin = 1,
+                  .forward = ref_cross_entropy};
+        g.in[0] = random_values(g.n[0] = 63, -3, 3);
+        float *z = to_f32(g.in[0], 63), *dz = f32_array(63);
+        double loss, want;
+        int64_t counted;
+        NN_OK(fsdp2_nn_cross_entropy(z, targets, 7, 9, -1, divisor, &loss, dz, &counted, NULL));
+        ck_assert_int_eq(counted, 5);
+        ref_cross_entropy(&g, &want);
+        ck_assert_msg(fabs(loss - want) < 1e-6 * fabs(want), "loss %.9g, reference %.9g", loss,
+                      want);
+        check_grad(&g, 0, dz, "cross-entropy dlogits");
+        free(z), free(dz), free(g.in[0]);
+    }
+    gc_t g = {.a = 13, .ny = 1, .r = &one, .nin = 2, .forward = ref_mse};
+    g.in[0] = random_values(g.n[0] = 13, -2, 2);
+    g.in[1] = random_values(g.n[1] = 13, -2, 2);
+    float *p = to_f32(g.in[0], 13), *t = to_f32(g.in[1], 13), *dp = f32_array(13);
+    double loss, want;
+    NN_OK(fsdp2_nn_mse(p, t, 13, &loss, dp));
+    ref_mse(&g, &want);
+    ck_assert_msg(fabs(loss - want) < 1e-9, "mse %.12g, reference %.12g", loss, want);
+    check_grad(&g, 0, dp, "mse dpred");
+    free(p), free(t), free(dp), free(g.in[0]), free(g.in[1]);
+}
+END_TEST
+
+static Suite *nn_gradcheck_suite(void)
+{
+    Suite *s = suite_create("nn_gradcheck");
+    TCase *tc = tcase_create("finite_differences");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, linear_backward_matches_finite_differences);
+    tcase_add_test(tc, layernorm_backward_matches_finite_differences);
+    tcase_add_test(tc, gelu_backward_matches_finite_differences);
+    tcase_add_test(tc, attention_backward_matches_finite_differences_for_odd_head_dims);
+    tcase_add_test(tc, embedding_backward_matches_finite_differences_with_repeated_ids);
+    tcase_add_test(tc, cross_entropy_and_mse_gradients_match_finite_differences);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(nn_gradcheck_suite)

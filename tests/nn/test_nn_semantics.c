@@ -1,0 +1,406 @@
+/* lib/nn's contract beyond the numbers: gradients are added; bf16 parameters and
+ * gradients give the f32 results on the rounded values; dropout masks are reproducible,
+ * piecewise equal to whole, and the backward's equal the forward's; bad input is refused
+ * with the offending value named and nothing written. */
+#include "../core/check_main.h"
+#include "../core/test_rng.h"
+#include "nn_test_util.h"
+
+#include <fsdp2/random.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static float *random_f32(int64_t n, float lo, float hi)
+{
+    float *p = f32_array(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = lo + (hi - lo) * (float)((rng_next(&rng_state) >> 40) * 0x1.0p-24);
+    return p;
+}
+
+static uint16_t *to_bf16(const float *v, int64_t n)
+{
+    uint16_t *p = calloc((size_t)n, sizeof(uint16_t));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = fsdp2_f32_to_bf16(v[i]);
+    return p;
+}
+
+static float *from_bf16(const uint16_t *v, int64_t n)
+{
+    float *p = f32_array(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = fsdp2_bf16_to_f32(v[i]);
+    return p;
+}
+
+static double *as_f64(const float *v, int64_t n)
+{
+    double *p = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = v[i];
+    return p;
+}
+
+static void assert_close_f32(const char *what, const float *got, const float *want, int64_t n,
+                             double tol)
+{
+    double *w = as_f64(want, n);
+    assert_close(what, got, w, n, tol);
+    free(w);
+}
+
+START_TEST(every_backward_adds_to_its_gradients)
+{
+    const int64_t rows = 6, in = 5, out = 4;
+    float *x = random_f32(rows * in, -1, 1), *w = random_f32(out * in, -1, 1);
+    float *b = random_f32(out, -1, 1), *dy = random_f32(rows * out, -1, 1);
+    float *dx1 = f32_array(rows * in), *dw1 = f32_array(out * in), *db1 = f32_array(out);
+    float *dx2 = f32_array(rows * in), *dw2 = f32_array(out * in), *db2 = f32_array(out);
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(b, FSDP2_F32, 1, out, 0);
+    fsdp2_tensor_t *g1w = wrap(dw1, FSDP2_F32, 2, out, in), *g1b = wrap(db1, FSDP2_F32, 1, out, 0);
+    fsdp2_tensor_t *g2w = wrap(dw2, FSDP2_F32, 2, out, in), *g2b = wrap(db2, FSDP2_F32, 1, out, 0);
+    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx1, g1w, g1b, NULL));
+    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx2, g2w, g2b, NULL));
+    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx2, g2w, g2b, NULL));
+    for (int64_t i = 0; i < rows * in; i++)
+        dx1[i] *= 2;
+    for (int64_t i = 0; i < out * in; i++)
+        dw1[i] *= 2;
+    for (int64_t i = 0; i < out; i++)
+        db1[i] *= 2;
+    assert_close_f32("linear dx twice", dx2, dx1, rows * in, 1e-6);
+    assert_close_f32("linear dweight twice", dw2, dw1, out * in, 1e-6);
+    assert_close_f32("linear dbias twice", db2, db1, out, 1e-6);
+
+    /* layer norm, attention and the element-wise ops add into dx as well */
+    float mean[6], rstd[6], *y = f32_array(rows * in), *d1 = f32_array(rows * in);
+    float *d2 = f32_array(rows * in);
+    fsdp2_tensor_t *lw = wrap(w, FSDP2_F32, 1, in, 0);
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, lw, NULL, 1e-5f, y, mean, rstd, NULL));
+    NN_OK(fsdp2_nn_layernorm_backward(x, rows, lw, mean, rstd, y, d1, NULL, NULL, NULL));
+    for (int64_t i = 0; i < rows * in; i++)
+        d2[i] = 1.0f;
+    NN_OK(fsdp2_nn_layernorm_backward(x, rows, lw, mean, rstd, y, d2, NULL, NULL, NULL));
+    for (int64_t i = 0; i < rows * in; i++)
+        d1[i] += 1.0f;
+    assert_close_f32("layernorm dx onto ones", d2, d1, rows * in, 1e-6);
+    memset(d1, 0, sizeof(float) * (size_t)(rows * in));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, d1, rows * in));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, d1, rows * in));
+    memset(d2, 0, sizeof(float) * (size_t)(rows * in));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, d2, rows * in));
+    for (int64_t i = 0; i < rows * in; i++)
+        d2[i] *= 2;
+    assert_close_f32("gelu dx twice", d1, d2, rows * in, 1e-6);
+    fsdp2_tensor_release(lw);
+
+    float *qkv = random_f32(2 * 3 * 9, -1, 1), *ay = f32_array(2 * 3 * 3);
+    float *probs = f32_array(2 * 3 * 3 * 3), *q1 = f32_array(54), *q2 = f32_array(54);
+    fsdp2_nn_workspace_t ws = workspace_new(1 << 16);
+    NN_OK(fsdp2_nn_attention_forward(qkv, 2, 3, 3, 3, ay, probs));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q1, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q2, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q2, &ws));
+    for (int i = 0; i < 54; i++)
+        q1[i] *= 2;
+    assert_close_f32("attention dqkv twice", q2, q1, 54, 1e-6);
+    workspace_free(&ws);
+
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tb);
+    fsdp2_tensor_release(g1w), fsdp2_tensor_release(g1b);
+    fsdp2_tensor_release(g2w), fsdp2_tensor_release(g2b);
+    free(x), free(w), free(b), free(dy), free(dx1), free(dw1), free(db1), free(dx2), free(dw2);
+    free(db2), free(y), free(d1), free(d2), free(qkv), free(ay), free(probs), free(q1), free(q2);
+}
+END_TEST
+
+/* A layer big enough for several conversion blocks: the bf16 weight gives the f32
+ * results on the rounded weight, and a bf16 gradient (from zero) is the f32 gradient
+ * rounded once (within one bf16 step, plus 1e-6 for the f32 sums of 9 terms below 1, which
+ * blocked and whole GEMMs add in different orders). */
+START_TEST(bf16_linear_equals_f32_on_rounded_weights_across_blocks)
+{
+    const int64_t rows = 9, in = 600, out = 1000;
+    size_t bytes;
+    NN_OK(fsdp2_nn_linear_workspace_bytes(in, out, &bytes));
+    ck_assert_uint_lt(bytes, 3u << 20);
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    float *x = random_f32(rows * in, -1, 1), *w = random_f32(out * in, -0.1f, 0.1f);
+    float *b = random_f32(out, -1, 1), *dy = random_f32(rows * out, -1, 1);
+    uint16_t *w16 = to_bf16(w, out * in), *b16 = to_bf16(b, out);
+    float *wr = from_bf16(w16, out * in), *br = from_bf16(b16, out);
+    float *y16 = f32_array(rows * out), *y32 = f32_array(rows * out);
+    fsdp2_tensor_t *tw16 = wrap(w16, FSDP2_BF16, 2, out, in), *tb16 = wrap(b16, FSDP2_BF16, 1, out, 0);
+    fsdp2_tensor_t *twr = wrap(wr, FSDP2_F32, 2, out, in), *tbr = wrap(br, FSDP2_F32, 1, out, 0);
+    NN_OK(fsdp2_nn_linear_forward(x, rows, tw16, tb16, y16, &ws));
+    NN_OK(fsdp2_nn_linear_forward(x, rows, twr, tbr, y32, NULL));
+    assert_close_f32("bf16 linear y", y16, y32, rows * out, 1e-6);
+
+    uint16_t *gw16 = calloc((size_t)(out * in), 2), *gb16 = calloc((size_t)out, 2);
+    float *gw = f32_array(out * in), *gb = f32_array(out);
+    float *dx16 = f32_array(rows * in), *dx32 = f32_array(rows * in);
+    fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 2, out, in);
+    fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 1, out, 0);
+    fsdp2_tensor_t *tgw = wrap(gw, FSDP2_F32, 2, out, in), *tgb = wrap(gb, FSDP2_F32, 1, out, 0);
+    NN_OK(fsdp2_nn_linear_backward(x, rows, tw16, dy, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_linear_backward(x, rows, twr, dy, dx32, tgw, tgb, NULL));
+    assert_close_f32("bf16 linear dx", dx16, dx32, rows * in, 1e-6);
+    for (int64_t i = 0; i < out * in; i++) {
+        float got = fsdp2_bf16_to_f32(gw16[i]), want = gw[i];
+        if (!(fabsf(got - want) <= fabsf(want) * 0x1.0p-8f + 1e-6f))
+            ck_abort_msg("bf16 dweight[%lld] = %.9g, f32 %.9g", (long long)i, got, want);
+    }
+    for (int64_t i = 0; i < out; i++)
+        ck_assert_uint_eq(gb16[i], fsdp2_f32_to_bf16(gb[i]));
+
+    /* too small a workspace: refused with the bytes, nothing written */
+    fsdp2_nn_workspace_t small = {ws.data, bytes - 1};
+    memset(y16, 0, sizeof(float) * (size_t)(rows * out));
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, rows, tw16, tb16, y16, &small),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    char want_msg[64];
+    snprintf(want_msg, sizeof(want_msg), "%zu bytes", bytes);
+    ck_assert_msg(strstr(fsdp2_last_error(), want_msg), "message: %s", fsdp2_last_error());
+    for (int64_t i = 0; i < rows * out; i++)
+        ck_assert(y16[i] == 0.0f);
+
+    fsdp2_tensor_release(tw16), fsdp2_tensor_release(tb16), fsdp2_tensor_release(twr);
+    fsdp2_tensor_release(tbr), fsdp2_tensor_release(tgw16), fsdp2_tensor_release(tgb16);
+    fsdp2_tensor_release(tgw), fsdp2_tensor_release(tgb);
+    workspace_free(&ws);
+    free(x), free(w), free(b), free(dy), free(w16), free(b16), free(wr), free(br), free(y16);
+    free(y32), free(gw16), free(gb16), free(gw), free(gb), free(dx16), free(dx32);
+}
+END_TEST
+
+/* 1000 contributions of 1/1024 to a bf16 row holding 1.0: added one by one in bf16 each
+ * would vanish (below half a step of 1.0); summed in f32 first they add 0.9765625. */
+START_TEST(bf16_embedding_gradient_sums_repeated_ids_in_f32_first)
+{
+    enum { N = 1000, DIM = 3, NUM = 4 };
+    int32_t *ids = calloc(N, sizeof(int32_t));
+    float *dy = f32_array(N * DIM);
+    for (int i = 0; i < N; i++) {
+        ids[i] = i % 2 ? 2 : 0;
+        for (int j = 0; j < DIM; j++)
+            dy[i * DIM + j] = 1.0f / 1024;
+    }
+    ids[7] = 3;
+    uint16_t g[NUM * DIM];
+    for (int i = 0; i < NUM * DIM; i++)
+        g[i] = fsdp2_f32_to_bf16(1.0f);
+    size_t bytes;
+    NN_OK(fsdp2_nn_embedding_workspace_bytes(N, NUM, DIM, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    fsdp2_tensor_t *tg = wrap(g, FSDP2_BF16, 2, NUM, DIM);
+    NN_OK(fsdp2_nn_embedding_backward(ids, N, dy, tg, &ws));
+    /* row 0: 499 ids (one went to row 3); row 2: 500; row 1: none; row 3: one */
+    const float want[NUM] = {1.0f + 499.0f / 1024, 1.0f, 1.0f + 500.0f / 1024, 1.0f + 1.0f / 1024};
+    for (int r = 0; r < NUM; r++) {
+        for (int j = 0; j < DIM; j++) {
+            float got = fsdp2_bf16_to_f32(g[r * DIM + j]);
+            ck_assert_msg(got == fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(want[r])),
+                          "row %d: %.9g where %.9g rounded to bf16 is right", r, got, want[r]);
+        }
+    }
+    fsdp2_tensor_release(tg);
+    workspace_free(&ws);
+    free(ids), free(dy);
+}
+END_TEST
+
+START_TEST(bf16_layernorm_equals_f32_on_rounded_parameters)
+{
+    const int64_t rows = 5, dim = 37;
+    float *x = random_f32(rows * dim, -2, 3), *w = random_f32(dim, 0.5f, 1.5f);
+    float *b = random_f32(dim, -1, 1), *dy = random_f32(rows * dim, -1, 1);
+    uint16_t *w16 = to_bf16(w, dim), *b16 = to_bf16(b, dim);
+    float *wr = from_bf16(w16, dim), *br = from_bf16(b16, dim);
+    float *y16 = f32_array(rows * dim), *y32 = f32_array(rows * dim), m[5], s[5];
+    size_t bytes;
+    NN_OK(fsdp2_nn_layernorm_workspace_bytes(dim, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    fsdp2_tensor_t *a = wrap(w16, FSDP2_BF16, 1, dim, 0), *c = wrap(b16, FSDP2_BF16, 1, dim, 0);
+    fsdp2_tensor_t *ar = wrap(wr, FSDP2_F32, 1, dim, 0), *cr = wrap(br, FSDP2_F32, 1, dim, 0);
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, a, c, 1e-5f, y16, m, s, &ws));
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, ar, cr, 1e-5f, y32, m, s, NULL));
+    assert_close_f32("bf16 layernorm y", y16, y32, rows * dim, 1e-6);
+    uint16_t *gw16 = calloc((size_t)dim, 2), *gb16 = calloc((size_t)dim, 2);
+    float *gw = f32_array(dim), *gb = f32_array(dim);
+    float *dx16 = f32_array(rows * dim), *dx32 = f32_array(rows * dim);
+    fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 1, dim, 0), *tgb16 = wrap(gb16, FSDP2_BF16, 1, dim, 0);
+    fsdp2_tensor_t *tgw = wrap(gw, FSDP2_F32, 1, dim, 0), *tgb = wrap(gb, FSDP2_F32, 1, dim, 0);
+    NN_OK(fsdp2_nn_layernorm_backward(x, rows, a, m, s, dy, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_layernorm_backward(x, rows, ar, m, s, dy, dx32, tgw, tgb, NULL));
+    assert_close_f32("bf16 layernorm dx", dx16, dx32, rows * dim, 1e-6);
+    for (int64_t i = 0; i < dim; i++) {
+        ck_assert_uint_eq(gw16[i], fsdp2_f32_to_bf16(gw[i]));
+        ck_assert_uint_eq(gb16[i], fsdp2_f32_to_bf16(gb[i]));
+    }
+    fsdp2_tensor_release(a), fsdp2_tensor_release(c), fsdp2_tensor_release(ar);
+    fsdp2_tensor_release(cr), fsdp2_tensor_release(tgw16), fsdp2_tensor_release(tgb16);
+    fsdp2_tensor_release(tgw), fsdp2_tensor_release(tgb);
+    workspace_free(&ws);
+    free(x), free(w), free(b), free(dy), free(w16), free(b16), free(wr), free(br), free(y16);
+    free(y32), free(gw16), free(gb16), free(gw), free(gb), free(dx16), free(dx32);
+}
+END_TEST
+
+/* The mask recomputed here from fsdp2_philox4x32 by the rule nn.h states. */
+static float mask_of(uint64_t seed, uint64_t index, double p)
+{
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t counter[4] = {(uint32_t)(index / 4), (uint32_t)(index / 4 >> 32), 0x64726f70u, 0};
+    uint32_t r[4];
+    fsdp2_philox4x32(counter, key, r);
+    return (double)r[index % 4] * 0x1.0p-32 < p ? 0.0f : (float)(1.0 / (1.0 - p));
+}
+
+START_TEST(dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask)
+{
+    enum { N = 40000 };
+    const double p = 0.3;
+    float *x = random_f32(N, 0.5f, 1.5f), *y = f32_array(N), *z = f32_array(N);
+    NN_OK(fsdp2_nn_dropout_forward(x, y, N, p, 77, 1000));
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < N; i++) {
+        float want = x[i] * mask_of(77, 1000 + (uint64_t)i, p);
+        if (y[i] != want)
+            ck_abort_msg("y[%lld] = %.9g, want %.9g", (long long)i, y[i], want);
+        dropped += y[i] == 0.0f;
+    }
+    ck_assert_msg(fabs((double)dropped / N - p) < 0.01, "dropped %lld of %d", (long long)dropped, N);
+    /* in pieces at their offsets: the same values; in place too */
+    memcpy(z, x, sizeof(float) * N);
+    NN_OK(fsdp2_nn_dropout_forward(z, z, 13, p, 77, 1000));
+    NN_OK(fsdp2_nn_dropout_forward(z + 13, z + 13, N - 13, p, 77, 1013));
+    ck_assert_int_eq(memcmp(y, z, sizeof(float) * N), 0);
+    /* backward: dx += dy * mask */
+    float *dx = f32_array(N);
+    for (int64_t i = 0; i < N; i++)
+        dx[i] = 1.0f;
+    NN_OK(fsdp2_nn_dropout_backward(x, dx, N, p, 77, 1000));
+    for (int64_t i = 0; i < N; i++)
+        ck_assert(dx[i] == 1.0f + y[i]);
+    /* another seed: another mask; p = 0: a copy */
+    NN_OK(fsdp2_nn_dropout_forward(x, z, N, p, 78, 1000));
+    ck_assert_int_ne(memcmp(y, z, sizeof(float) * N), 0);
+    NN_OK(fsdp2_nn_dropout_forward(x, z, N, 0, 78, 0));
+    ck_assert_int_eq(memcmp(x, z, sizeof(float) * N), 0);
+    free(x), free(y), free(z), free(dx);
+}
+END_TEST
+
+START_TEST(residual_forward_and_backward_fan_out)
+{
+    float a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40}, dy[4] = {1, -1, 2, -2};
+    NN_OK(fsdp2_nn_residual_forward(a, b, a, 4));
+    ck_assert(a[0] == 11 && a[3] == 44);
+    float da[4] = {1, 1, 1, 1}, db[4] = {0};
+    NN_OK(fsdp2_nn_residual_backward(dy, da, db, 4));
+    ck_assert(da[0] == 2 && da[1] == 0 && db[2] == 2 && db[3] == -2);
+    ck_assert_int_eq(fsdp2_nn_residual_backward(dy, dy, NULL, 4), FSDP2_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
+START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
+{
+    float w[12] = {0}, x[8] = {0}, y[8], big[64];
+    for (int i = 0; i < 8; i++)
+        y[i] = 5.0f;
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 3, 4);
+    /* a bias of the wrong length */
+    fsdp2_tensor_t *tb = wrap(w, FSDP2_F32, 1, 4, 0);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tw, tb, y, NULL), FSDP2_ERR_SHAPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "[4]") && strstr(fsdp2_last_error(), "[3]"), "%s",
+                  fsdp2_last_error());
+    ck_assert(y[0] == 5.0f);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, -1, tw, NULL, y, NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "-1"), "%s", fsdp2_last_error());
+    /* a meta parameter and an f16 one */
+    fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
+    int64_t shape[2] = {3, 4};
+    fsdp2_tensor_t *tm, *th;
+    NN_OK(fsdp2_tensor_empty(meta, FSDP2_F32, 2, shape, &tm));
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tm, NULL, y, NULL), FSDP2_ERR_DEVICE_MISMATCH);
+    NN_OK(fsdp2_tensor_from_blob(w, (fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, FSDP2_F16, 2, shape,
+                                 NULL, NULL, &th));
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, th, NULL, y, NULL), FSDP2_ERR_DTYPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "f16"), "%s", fsdp2_last_error());
+    /* an id out of range: named, and the output untouched */
+    int32_t ids[3] = {0, 3, 2};
+    ck_assert_int_eq(fsdp2_nn_embedding_forward(ids, 3, tw, big, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "id 3 at index 1"), "%s", fsdp2_last_error());
+    ck_assert(y[0] == 5.0f);
+    /* heads that do not divide dim; a workspace too small for attention */
+    ck_assert_int_eq(fsdp2_nn_attention_forward(big, 1, 2, 10, 3, big, big),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "dim = 10"), "%s", fsdp2_last_error());
+    fsdp2_nn_workspace_t ws = {big, 8};
+    ck_assert_int_eq(fsdp2_nn_attention_backward(big, big, 1, 4, 2, 1, big, big, &ws),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "given 8"), "%s", fsdp2_last_error());
+    /* a target out of range, a NaN divisor, a bad dropout probability */
+    int32_t targets[2] = {1, 4};
+    double loss = -1;
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, 2, 4, -100, 0, &loss, y, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "target 4 of row 1"), "%s", fsdp2_last_error());
+    ck_assert(y[0] == 5.0f && loss == -1);
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, 1, 4, -100, NAN, &loss, y, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, y, 8, 1.0, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "probability 1"), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_dropout_backward(x, x, 8, 0.5, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert(y[0] == 5.0f);
+    /* a layer norm weight given where a gradient of another length is */
+    fsdp2_tensor_t *g5 = wrap(w, FSDP2_F32, 1, 5, 0), *n4 = wrap(w, FSDP2_F32, 1, 4, 0);
+    float m[2] = {0}, s[2] = {1, 1};
+    ck_assert_int_eq(fsdp2_nn_layernorm_backward(x, 2, n4, m, s, x, y, g5, NULL, NULL),
+                     FSDP2_ERR_SHAPE_MISMATCH);
+    ck_assert(y[0] == 5.0f);
+    fsdp2_tensor_release(g5), fsdp2_tensor_release(n4);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tb), fsdp2_tensor_release(tm);
+    fsdp2_tensor_release(th);
+}
+END_TEST
+
+START_TEST(zero_rows_and_empty_layers_are_accepted_and_write_nothing)
+{
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 2, 3);
+    NN_OK(fsdp2_nn_linear_forward(NULL, 0, tw, NULL, NULL, NULL));
+    NN_OK(fsdp2_nn_linear_backward(NULL, 0, tw, NULL, NULL, NULL, NULL, NULL));
+    NN_OK(fsdp2_nn_attention_forward(NULL, 0, 4, 6, 2, NULL, NULL));
+    double loss = -1;
+    int64_t counted = -1;
+    NN_OK(fsdp2_nn_cross_entropy(NULL, NULL, 0, 5, -100, 0, &loss, NULL, &counted, NULL));
+    ck_assert(loss == 0 && counted == 0);
+    /* every row ignored: loss 0, gradient zeroed */
+    float z[4] = {1, 2, 3, 4}, dz[4] = {9, 9, 9, 9};
+    int32_t t[2] = {-100, -100};
+    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, &counted, NULL));
+    ck_assert(loss == 0 && counted == 0 && dz[0] == 0 && dz[3] == 0);
+    fsdp2_tensor_release(tw);
+}
+END_TEST
+
+static Suite *nn_semantics_suite(void)
+{
+    Suite *s = suite_create("nn_semantics");
+    TCase *tc = tcase_create("semantics");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, every_backward_adds_to_its_gradients);
+    tcase_add_test(tc, bf16_linear_equals_f32_on_rounded_weights_across_blocks);
+    tcase_add_test(tc, bf16_embedding_gradient_sums_repeated_ids_in_f32_first);
+    tcase_add_test(tc, bf16_layernorm_equals_f32_on_rounded_parameters);
+    tcase_add_test(tc, dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask);
+    tcase_add_test(tc, residual_forward_and_backward_fan_out);
+    tcase_add_test(tc, bad_input_is_refused_naming_the_value_and_writes_nothing);
+    tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(nn_semantics_suite)
