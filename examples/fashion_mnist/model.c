@@ -4,8 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers.h"
 #include "model.h"
+
+_Static_assert(sizeof(int) == sizeof(int32_t), "labels are passed to lib/nn as int32_t");
 
 #define TRY(call)                                \
     do {                                         \
@@ -58,6 +59,23 @@ static float *buffer(int64_t n)
     return calloc((size_t)n, sizeof(float));
 }
 
+/* The workspace the layers need: the largest of any layer's. */
+static fsdp2_status_t plan_workspace(fm_model_t *m)
+{
+    size_t most = 0, need = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const fm_layer_t *l = &m->layers[i];
+        if (l->conv)
+            TRY(fsdp2_nn_conv2d_workspace_bytes(l->in, l->h, l->w, l->out, l->k, &need));
+        else
+            TRY(fsdp2_nn_linear_workspace_bytes(l->in, l->out, &need));
+        most = need > most ? need : most;
+    }
+    m->ws.bytes = most;
+    m->ws.data = aligned_alloc(64, (most + 63) / 64 * 64);
+    return m->ws.data ? FSDP2_SUCCESS : FSDP2_ERR_OUT_OF_MEMORY;
+}
+
 fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_model_t **out)
 {
     fm_model_t *m = calloc(1, sizeof(*m));
@@ -79,36 +97,19 @@ fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_
         TRY(add_layer(m, "fc1", 0, 9216, 128, 0, 0, 0));
         TRY(add_layer(m, "fc2", 0, 128, 10, 0, 0, 0));
     }
-    int64_t most_w = 0, most_b = 0;
-    for (int i = 0; i < m->nlayers; i++) {
-        const fm_layer_t *l = &m->layers[i];
-        int64_t w = (int64_t)l->out * l->in * (l->conv ? l->k * l->k : 1);
-        most_w = w > most_w ? w : most_w;
-        most_b = l->out > most_b ? l->out : most_b;
-    }
-    m->w32 = buffer(most_w);
-    m->dw32 = buffer(most_w);
-    m->b32 = buffer(most_b);
-    m->db32 = buffer(most_b);
-    if (!m->w32 || !m->dw32 || !m->b32 || !m->db32)
-        return FSDP2_ERR_OUT_OF_MEMORY;
+    TRY(plan_workspace(m));
     const int64_t *sizes = kind == FM_MLP ? mlp_sizes : cnn_sizes;
     int n = kind == FM_MLP ? 3 : 5;
     for (int i = 0; i < n; i++) {
         m->a[i] = buffer(sizes[i] * max_batch);
         m->d[i] = buffer(sizes[i] * max_batch);
-        if (!m->a[i] || !m->d[i])
+        m->g[i] = buffer(sizes[i] * max_batch);
+        if (!m->a[i] || !m->d[i] || !m->g[i])
             return FSDP2_ERR_OUT_OF_MEMORY;
     }
     if (kind == FM_CNN) {
-        m->conv_chunk = max_batch < 4 ? max_batch : 4; /* measured: larger chunks leave the caches */
-        int64_t need1 = conv_scratch(1, 28, 28, 32, 3, m->conv_chunk);
-        int64_t need2 = conv_scratch(32, 26, 26, 64, 3, m->conv_chunk);
-        m->col = buffer(need1 > need2 ? need1 : need2);
         m->pool_arg = calloc((size_t)cnn_sizes[2] * max_batch, sizeof(int32_t));
-        m->mask1 = buffer(cnn_sizes[2] * max_batch);
-        m->mask2 = buffer(cnn_sizes[3] * max_batch);
-        if (!m->col || !m->pool_arg || !m->mask1 || !m->mask2)
+        if (!m->pool_arg)
             return FSDP2_ERR_OUT_OF_MEMORY;
     }
     return FSDP2_SUCCESS;
@@ -122,15 +123,10 @@ void fm_model_destroy(fm_model_t *m)
     for (int i = 0; i < 8; i++) {
         free(m->a[i]);
         free(m->d[i]);
+        free(m->g[i]);
     }
-    free(m->col);
-    free(m->w32);
-    free(m->dw32);
-    free(m->b32);
-    free(m->db32);
+    free(m->ws.data);
     free(m->pool_arg);
-    free(m->mask1);
-    free(m->mask2);
     free(m);
 }
 
@@ -170,76 +166,6 @@ static int is_unit(const fm_layer_t *l)
     return fsdp2_module_state(l->module, &st) == FSDP2_SUCCESS && st.sharded;
 }
 
-typedef struct views {
-    float *w, *b, *dw, *db;
-    fsdp2_tensor_t *dw_t, *db_t; /* bf16 compute: the gradients to add dw, db into */
-} views_t;
-
-/* A parameter (or its gradient) as float: itself, or (bf16 compute) converted into
- * scratch. */
-static float *as_f32(const fsdp2_tensor_t *t, float *scratch)
-{
-    if (t->dtype == FSDP2_F32)
-        return t->data;
-    fsdp2_convert(scratch, FSDP2_F32, t->data, t->dtype, (size_t)t->numel);
-    return scratch;
-}
-
-static fsdp2_status_t get_views(fm_model_t *m, const fm_layer_t *l, int grads, views_t *v)
-{
-    fsdp2_tensor_t *t;
-    memset(v, 0, sizeof(*v));
-    TRY(fsdp2_param_unsharded(l->weight, &t));
-    v->w = as_f32(t, m->w32);
-    TRY(fsdp2_param_unsharded(l->bias, &t));
-    v->b = as_f32(t, m->b32);
-    if (!grads)
-        return FSDP2_SUCCESS;
-    TRY(fsdp2_param_grad(l->weight, &v->dw_t));
-    TRY(fsdp2_param_grad(l->bias, &v->db_t));
-    if (v->dw_t->dtype == FSDP2_F32) {
-        v->dw = v->dw_t->data;
-        v->db = v->db_t->data;
-        v->dw_t = v->db_t = NULL;
-    } else { /* computed in f32 scratch, added into the bf16 gradients after */
-        memset(m->dw32, 0, sizeof(float) * (size_t)v->dw_t->numel);
-        memset(m->db32, 0, sizeof(float) * (size_t)v->db_t->numel);
-        v->dw = m->dw32;
-        v->db = m->db32;
-    }
-    return FSDP2_SUCCESS;
-}
-
-/* bf16 compute: the gradients computed in f32 added into the library's bf16 buffers. */
-static void flush_grads(const views_t *v)
-{
-    fsdp2_tensor_t *t[2] = {v->dw_t, v->db_t};
-    const float *from[2] = {v->dw, v->db};
-    for (int k = 0; k < 2 && t[k]; k++) {
-        uint16_t *g = t[k]->data;
-        for (int64_t i = 0; i < t[k]->numel; i++)
-            g[i] = fsdp2_f32_to_bf16(fsdp2_bf16_to_f32(g[i]) + from[k][i]);
-    }
-}
-
-static fsdp2_status_t linear_fwd(fm_model_t *m, const fm_layer_t *l, const float *x, float *y,
-                                 int batch)
-{
-    views_t v;
-    TRY(get_views(m, l, 0, &v));
-    linear_forward(x, v.w, v.b, y, batch, l->in, l->out);
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t conv_fwd(fm_model_t *m, const fm_layer_t *l, const float *x, float *y,
-                               int batch)
-{
-    views_t v;
-    TRY(get_views(m, l, 0, &v));
-    conv_forward(x, v.w, v.b, y, m->col, m->conv_chunk, batch, l->in, l->h, l->w, l->out, l->k);
-    return FSDP2_SUCCESS;
-}
-
 static fsdp2_status_t enter(const fm_layer_t *l, int backward)
 {
     if (!is_unit(l))
@@ -254,102 +180,138 @@ static fsdp2_status_t leave(const fm_layer_t *l, int backward)
     return backward ? fsdp2_post_backward(l->module) : fsdp2_post_forward(l->module);
 }
 
-/* Forward of every layer into m->a[]; the logits are the last. */
+/* One layer forward inside its hooks, on the unsharded parameters (f32 or bf16: the
+ * layers convert). */
+static fsdp2_status_t layer_fwd(fm_model_t *m, const fm_layer_t *l, const float *x, float *y,
+                                int batch)
+{
+    fsdp2_tensor_t *w, *b;
+    TRY(enter(l, 0));
+    TRY(fsdp2_param_unsharded(l->weight, &w));
+    TRY(fsdp2_param_unsharded(l->bias, &b));
+    if (l->conv)
+        TRY(fsdp2_nn_conv2d_forward(x, batch, l->h, l->w, w, b, y, &m->ws));
+    else
+        TRY(fsdp2_nn_linear_forward(x, batch, w, b, y, &m->ws));
+    return leave(l, 0);
+}
+
+/* One layer backward inside its hooks: gradients added into the library's (bf16 under
+ * mixed precision) unsharded gradients; dx (zeroed here) gets the input's. */
+static fsdp2_status_t layer_bwd(fm_model_t *m, const fm_layer_t *l, const float *x,
+                                const float *dy, float *dx, int64_t dx_numel, int batch)
+{
+    fsdp2_tensor_t *w, *dw, *db;
+    TRY(enter(l, 1));
+    TRY(fsdp2_param_unsharded(l->weight, &w));
+    TRY(fsdp2_param_grad(l->weight, &dw));
+    TRY(fsdp2_param_grad(l->bias, &db));
+    if (dx)
+        memset(dx, 0, sizeof(float) * (size_t)dx_numel);
+    if (l->conv)
+        TRY(fsdp2_nn_conv2d_backward(x, batch, l->h, l->w, w, dy, dx, dw, db, &m->ws));
+    else
+        TRY(fsdp2_nn_linear_backward(x, batch, w, dy, dx, dw, db, &m->ws));
+    return leave(l, 1);
+}
+
+/* dx = relu'(y) dy, dx zeroed first. */
+static fsdp2_status_t relu_bwd(const float *y, const float *dy, float *dx, int64_t n)
+{
+    memset(dx, 0, sizeof(float) * (size_t)n);
+    return fsdp2_nn_relu_backward(y, dy, dx, n);
+}
+
+static fsdp2_status_t dropout_bwd(const float *dy, float *dx, int64_t n, double p, uint64_t seed)
+{
+    memset(dx, 0, sizeof(float) * (size_t)n);
+    return fsdp2_nn_dropout_backward(dy, dx, n, p, seed, 0);
+}
+
+/* Forward of every layer into m->a[]; the logits are the last. ReLU and dropout run in
+ * place on their input (their backwards read the result). */
 static fsdp2_status_t forward(fm_model_t *m, const float *x, int batch, int train)
 {
     fm_layer_t *L = m->layers;
+    const int64_t B = batch;
     if (m->kind == FM_MLP) {
         const float *in = x;
         for (int i = 0; i < 3; i++) {
-            TRY(enter(&L[i], 0));
-            TRY(linear_fwd(m, &L[i], in, m->a[i], batch));
+            TRY(layer_fwd(m, &L[i], in, m->a[i], batch));
             if (i < 2)
-                relu_forward(m->a[i], (int64_t)batch * mlp_sizes[i]);
-            TRY(leave(&L[i], 0));
+                TRY(fsdp2_nn_relu_forward(m->a[i], m->a[i], B * mlp_sizes[i]));
             in = m->a[i];
         }
         return FSDP2_SUCCESS;
     }
     uint64_t call = m->dropout_calls++;
-    TRY(enter(&L[0], 0));
-    TRY(conv_fwd(m, &L[0], x, m->a[0], batch));
-    TRY(leave(&L[0], 0));
-    relu_forward(m->a[0], (int64_t)batch * cnn_sizes[0]);
-    TRY(enter(&L[1], 0));
-    TRY(conv_fwd(m, &L[1], m->a[0], m->a[1], batch));
-    TRY(leave(&L[1], 0));
-    relu_forward(m->a[1], (int64_t)batch * cnn_sizes[1]);
-    maxpool_forward(m->a[1], m->a[2], m->pool_arg, batch, 64, 24, 24);
+    m->dropout_key[0] = m->dropout_seed * 7919 + call * 2;
+    m->dropout_key[1] = m->dropout_key[0] + 1;
+    TRY(layer_fwd(m, &L[0], x, m->a[0], batch));
+    TRY(fsdp2_nn_relu_forward(m->a[0], m->a[0], B * cnn_sizes[0]));
+    TRY(layer_fwd(m, &L[1], m->a[0], m->a[1], batch));
+    TRY(fsdp2_nn_relu_forward(m->a[1], m->a[1], B * cnn_sizes[1]));
+    TRY(fsdp2_nn_maxpool2d_forward(m->a[1], B * 64, 24, 24, m->a[2], m->pool_arg));
     if (train)
-        dropout_forward(m->a[2], m->mask1, (int64_t)batch * cnn_sizes[2], 0.25,
-                        m->dropout_seed * 7919 + call * 2, 0);
-    TRY(enter(&L[2], 0));
-    TRY(linear_fwd(m, &L[2], m->a[2], m->a[3], batch));
-    TRY(leave(&L[2], 0));
-    relu_forward(m->a[3], (int64_t)batch * cnn_sizes[3]);
+        TRY(fsdp2_nn_dropout_forward(m->a[2], m->a[2], B * cnn_sizes[2], 0.25, m->dropout_key[0],
+                                     0));
+    TRY(layer_fwd(m, &L[2], m->a[2], m->a[3], batch));
+    TRY(fsdp2_nn_relu_forward(m->a[3], m->a[3], B * cnn_sizes[3]));
     if (train)
-        dropout_forward(m->a[3], m->mask2, (int64_t)batch * cnn_sizes[3], 0.5,
-                        m->dropout_seed * 7919 + call * 2 + 1, 0);
-    TRY(enter(&L[3], 0));
-    TRY(linear_fwd(m, &L[3], m->a[3], m->a[4], batch));
-    return leave(&L[3], 0);
+        TRY(fsdp2_nn_dropout_forward(m->a[3], m->a[3], B * cnn_sizes[3], 0.5, m->dropout_key[1],
+                                     0));
+    return layer_fwd(m, &L[3], m->a[3], m->a[4], batch);
 }
 
-static fsdp2_status_t linear_bwd(fm_model_t *m, const fm_layer_t *l, const float *x,
-                                 const float *dy, float *dx, int batch)
-{
-    views_t v;
-    TRY(enter(l, 1));
-    TRY(get_views(m, l, 1, &v));
-    linear_backward(x, v.w, dy, v.dw, v.db, dx, batch, l->in, l->out);
-    flush_grads(&v);
-    return leave(l, 1);
-}
-
-static fsdp2_status_t conv_bwd(fm_model_t *m, const fm_layer_t *l, const float *x, const float *dy,
-                               float *dx, int batch)
-{
-    views_t v;
-    TRY(enter(l, 1));
-    TRY(get_views(m, l, 1, &v));
-    conv_backward(x, v.w, dy, v.dw, v.db, dx, m->col, m->conv_chunk, batch, l->in, l->h, l->w,
-                  l->out, l->k);
-    flush_grads(&v);
-    return leave(l, 1);
-}
-
-/* Backward from d loss / d logits (in the last d[]) down to the first layer. */
+/* Backward from d loss / d logits (in the last d[]) down to the first layer: d[i] is the
+ * gradient of a[i] as the next layer read it, g[i] the one before the in-place ops. */
 static fsdp2_status_t backward(fm_model_t *m, const float *x, int batch)
 {
     fm_layer_t *L = m->layers;
+    const int64_t B = batch;
     if (m->kind == FM_MLP) {
         for (int i = 2; i >= 0; i--) {
-            TRY(linear_bwd(m, &L[i], i ? m->a[i - 1] : x, m->d[i], i ? m->d[i - 1] : NULL, batch));
+            const float *dy = i == 2 ? m->d[2] : m->g[i];
+            float *dx = i ? m->d[i - 1] : NULL;
+            TRY(layer_bwd(m, &L[i], i ? m->a[i - 1] : x, dy, dx, i ? B * mlp_sizes[i - 1] : 0,
+                          batch));
             if (i)
-                relu_backward(m->a[i - 1], m->d[i - 1], (int64_t)batch * mlp_sizes[i - 1]);
+                TRY(relu_bwd(m->a[i - 1], m->d[i - 1], m->g[i - 1], B * mlp_sizes[i - 1]));
         }
         return FSDP2_SUCCESS;
     }
-    TRY(linear_bwd(m, &L[3], m->a[3], m->d[4], m->d[3], batch));
-    dropout_backward(m->d[3], m->mask2, (int64_t)batch * cnn_sizes[3]);
-    relu_backward(m->a[3], m->d[3], (int64_t)batch * cnn_sizes[3]);
-    TRY(linear_bwd(m, &L[2], m->a[2], m->d[3], m->d[2], batch));
-    dropout_backward(m->d[2], m->mask1, (int64_t)batch * cnn_sizes[2]);
-    maxpool_backward(m->d[2], m->pool_arg, m->d[1], batch, 64, 24, 24);
-    relu_backward(m->a[1], m->d[1], (int64_t)batch * cnn_sizes[1]);
-    TRY(conv_bwd(m, &L[1], m->a[0], m->d[1], m->d[0], batch));
-    relu_backward(m->a[0], m->d[0], (int64_t)batch * cnn_sizes[0]);
-    return conv_bwd(m, &L[0], x, m->d[0], NULL, batch);
+    TRY(layer_bwd(m, &L[3], m->a[3], m->d[4], m->d[3], B * cnn_sizes[3], batch));
+    TRY(dropout_bwd(m->d[3], m->g[3], B * cnn_sizes[3], 0.5, m->dropout_key[1]));
+    TRY(relu_bwd(m->a[3], m->g[3], m->d[3], B * cnn_sizes[3]));
+    TRY(layer_bwd(m, &L[2], m->a[2], m->d[3], m->d[2], B * cnn_sizes[2], batch));
+    TRY(dropout_bwd(m->d[2], m->g[2], B * cnn_sizes[2], 0.25, m->dropout_key[0]));
+    memset(m->d[1], 0, sizeof(float) * (size_t)(B * cnn_sizes[1]));
+    TRY(fsdp2_nn_maxpool2d_backward(m->g[2], m->pool_arg, B * 64, 24, 24, m->d[1]));
+    TRY(relu_bwd(m->a[1], m->d[1], m->g[1], B * cnn_sizes[1]));
+    TRY(layer_bwd(m, &L[1], m->a[0], m->g[1], m->d[0], B * cnn_sizes[0], batch));
+    TRY(relu_bwd(m->a[0], m->d[0], m->g[0], B * cnn_sizes[0]));
+    return layer_bwd(m, &L[0], x, m->g[0], NULL, 0, batch);
+}
+
+/* Mean cross-entropy of the logits (the last a[]); its gradient into the last d[]. */
+static fsdp2_status_t loss_of(fm_model_t *m, const int *labels, int batch, int grad, double *loss,
+                              int *correct)
+{
+    int last = m->kind == FM_MLP ? 2 : 4;
+    int64_t hits;
+    TRY(fsdp2_nn_cross_entropy(m->a[last], (const int32_t *)labels, batch, 10, -1, 0, loss,
+                               grad ? m->d[last] : NULL, NULL, &hits));
+    *correct = (int)hits;
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fm_model_forward_backward(fm_model_t *m, const float *x, const int *labels,
                                          int batch, double *loss, int *correct)
 {
-    int last = m->kind == FM_MLP ? 2 : 4;
     TRY(fsdp2_pre_forward(m->root));
     TRY(forward(m, x, batch, 1));
     TRY(fsdp2_post_forward(m->root));
-    *loss = log_softmax_nll(m->a[last], labels, m->d[last], batch, 10, correct);
+    TRY(loss_of(m, labels, batch, 1, loss, correct));
     TRY(fsdp2_pre_backward(m->root));
     TRY(backward(m, x, batch));
     TRY(fsdp2_post_backward(m->root));
@@ -359,10 +321,11 @@ fsdp2_status_t fm_model_forward_backward(fm_model_t *m, const float *x, const in
 fsdp2_status_t fm_model_evaluate(fm_model_t *m, const float *x, const int *labels, int batch,
                                  double *loss_sum, int *correct)
 {
-    int last = m->kind == FM_MLP ? 2 : 4;
+    double mean;
     TRY(fsdp2_pre_forward(m->root));
     TRY(forward(m, x, batch, 0));
     TRY(fsdp2_post_forward(m->root));
-    *loss_sum = batch * log_softmax_nll(m->a[last], labels, NULL, batch, 10, correct);
+    TRY(loss_of(m, labels, batch, 0, &mean, correct));
+    *loss_sum = batch * mean;
     return FSDP2_SUCCESS;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <fsdp2/fsdp2.h>
+#include <fsdp2/nn.h>
 
 #define FM_MAX_LAYERS 4
 
@@ -32,12 +33,12 @@ typedef struct fm_model {
     uint64_t seed;         /* parameters: the same on every rank */
     uint64_t dropout_seed; /* per rank: its samples get their own masks */
     uint64_t dropout_calls;
-    /* Activations and their gradients, sized for max_batch (see model.c). */
-    float *x, *a[8], *d[8], *col; /* col: convolution scratch for conv_chunk samples */
-    int conv_chunk;
-    float *w32, *b32, *dw32, *db32; /* bf16 compute: the largest layer's, as f32 */
+    /* Activations a[] and the gradients of the layers' outputs d[] and inputs g[] (the
+     * layers add into gradients: g[] are zeroed per step), sized for max_batch. */
+    float *a[8], *d[8], *g[8];
     int32_t *pool_arg;
-    float *mask1, *mask2;
+    fsdp2_nn_workspace_t ws; /* the largest any layer needs */
+    uint64_t dropout_key[2]; /* this step's dropout seeds, for the backward */
 } fm_model_t;
 
 /* Builds the tree (not sharded yet). */

@@ -139,6 +139,37 @@ FSDP2_API fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *
 FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db,
                                                     int64_t n);
 
+/* ---- 2-D convolution, no padding, stride 1 ----
+ * x [batch, c, h, w], weight [o, c, k, k], bias [o] -> y [batch, o, h - k + 1, w - k + 1],
+ * as GEMMs over an im2col matrix of a few samples at a time (the workspace holds it). */
+
+FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_workspace_bytes(int64_t c, int64_t h, int64_t w,
+                                                         int64_t o, int64_t k, size_t *bytes);
+
+/* y is written. bias may be NULL. */
+FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
+                                                 int64_t w, const fsdp2_tensor_t *weight,
+                                                 const fsdp2_tensor_t *bias, float *y,
+                                                 fsdp2_nn_workspace_t *ws);
+
+/* dx += the input gradient; dweight, dbias += theirs. */
+FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, int64_t batch, int64_t h,
+                                                  int64_t w, const fsdp2_tensor_t *weight,
+                                                  const float *dy, float *dx,
+                                                  fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
+                                                  fsdp2_nn_workspace_t *ws);
+
+/* ---- 2x2 max pooling, stride 2 ----
+ * x [planes, h, w] (planes = batch x channels) -> y [planes, h / 2, w / 2] (an odd last row
+ * or column is dropped); argmax [planes, h / 2, w / 2] keeps each maximum's index in its
+ * plane (the first of equal values) for the backward. */
+FSDP2_API fsdp2_status_t fsdp2_nn_maxpool2d_forward(const float *x, int64_t planes, int64_t h,
+                                                    int64_t w, float *y, int32_t *argmax);
+/* dx[argmax] += dy. */
+FSDP2_API fsdp2_status_t fsdp2_nn_maxpool2d_backward(const float *dy, const int32_t *argmax,
+                                                     int64_t planes, int64_t h, int64_t w,
+                                                     float *dx);
+
 /* ---- causal multi-head self-attention ----
  * qkv [batch, seq, 3 * dim]: the fused projection's output, q then k then v, head h in
  * columns [h * hd, (h + 1) * hd) of each with hd = dim / heads. y [batch, seq, dim]: the

@@ -1,6 +1,6 @@
 /* What the unit-test programs of the Fashion-MNIST example (test_fmnist_data.c,
- * test_fmnist_sampler.c, test_fmnist_layers.c) share: the per-test timeout, checked
- * allocation, and seeded random inputs. Each program's TCase "regressions" holds the
+ * test_fmnist_sampler.c) share: the per-test timeout, checked allocation, and seeded
+ * random inputs. Each program's TCase "regressions" holds the
  * bugs these tests found, since fixed. */
 #ifndef FSDP2_TESTS_FMNIST_UNITS_H
 #define FSDP2_TESTS_FMNIST_UNITS_H

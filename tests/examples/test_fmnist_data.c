@@ -6,7 +6,7 @@
  * real data set's sizes, class counts and pixel sums as computed by Python's gzip module.
  *
  * Hot loops fail with `if (!ok) ck_abort_msg(...)` so one mismatch reports one element.
- * The sampler is test_fmnist_sampler.c, the layers test_fmnist_layers.c; the known-bug
+ * The sampler is test_fmnist_sampler.c (the layers are lib/nn's, tested in tests/nn); the known-bug
  * switch is in fmnist_units.h. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -302,6 +302,119 @@ START_TEST(embedding_backward_matches_finite_differences_with_repeated_ids)
 }
 END_TEST
 
+/* ---- conv2d: in[0] x [a=batch, c, h, w], in[1] w [o, c, k, k], in[2] b [o] ----
+ * sizes: c = channels, d = kernel, rows = o, and h, w packed in b as h * 1000 + w. */
+
+static void ref_conv(const gc_t *g, double *y)
+{
+    int64_t B = g->a, C = g->c, K = g->d, O = g->rows, H = g->b / 1000, W = g->b % 1000;
+    int64_t oh = H - K + 1, ow = W - K + 1;
+    for (int64_t s = 0; s < B; s++)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < ow; j++) {
+                    double acc = g->in[2][o];
+                    for (int64_t c = 0; c < C; c++)
+                        for (int64_t ki = 0; ki < K; ki++)
+                            for (int64_t kj = 0; kj < K; kj++)
+                                acc += g->in[0][((s * C + c) * H + i + ki) * W + j + kj] *
+                                       g->in[1][((o * C + c) * K + ki) * K + kj];
+                    y[((s * O + o) * oh + i) * ow + j] = acc;
+                }
+}
+
+START_TEST(conv2d_backward_matches_finite_differences)
+{
+    /* batch, c, h, w, o, k: a non-square image, k = 1, k = h, and 6 samples (a full chunk of
+     * 4 and a partial one) */
+    const int64_t shapes[][6] = {{2, 3, 6, 6, 4, 3}, {2, 2, 7, 5, 3, 3}, {3, 4, 5, 6, 2, 1},
+                                 {2, 3, 4, 4, 5, 4}, {6, 1, 5, 5, 2, 2}};
+    for (int s = 0; s < 5; s++) {
+        int64_t B = shapes[s][0], C = shapes[s][1], H = shapes[s][2], W = shapes[s][3];
+        int64_t O = shapes[s][4], K = shapes[s][5], ny = B * O * (H - K + 1) * (W - K + 1);
+        gc_t g = {.a = B, .b = H * 1000 + W, .c = C, .d = K, .rows = O, .forward = ref_conv,
+                  .nin = 3};
+        g.in[0] = random_values(g.n[0] = B * C * H * W, -1, 1);
+        g.in[1] = random_values(g.n[1] = O * C * K * K, -0.5, 0.5);
+        g.in[2] = random_values(g.n[2] = O, -0.2, 0.2);
+        double *r = random_values(g.ny = ny, -1, 1);
+        g.r = r;
+        float *x = to_f32(g.in[0], g.n[0]), *w = to_f32(g.in[1], g.n[1]);
+        float *b = to_f32(g.in[2], g.n[2]), *dy = to_f32(r, ny), *y = f32_array(ny);
+        float *dx = f32_array(g.n[0]), *dw = f32_array(g.n[1]), *db = f32_array(O);
+        int64_t wshape[4] = {O, C, K, K};
+        fsdp2_tensor_t *tw, *tdw, *tb = wrap(b, FSDP2_F32, 1, O, 0);
+        fsdp2_tensor_t *tdb = wrap(db, FSDP2_F32, 1, O, 0);
+        fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+        NN_OK(fsdp2_tensor_from_blob(w, cpu, FSDP2_F32, 4, wshape, NULL, NULL, &tw));
+        NN_OK(fsdp2_tensor_from_blob(dw, cpu, FSDP2_F32, 4, wshape, NULL, NULL, &tdw));
+        size_t bytes;
+        NN_OK(fsdp2_nn_conv2d_workspace_bytes(C, H, W, O, K, &bytes));
+        fsdp2_nn_workspace_t ws = workspace_new(bytes);
+        NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, tw, tb, y, &ws));
+        check_forward(&g, y, "conv2d y");
+        NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, tw, dy, dx, tdw, tdb, &ws));
+        check_grad(&g, 0, dx, "conv2d dx");
+        check_grad(&g, 1, dw, "conv2d dweight");
+        check_grad(&g, 2, db, "conv2d dbias");
+        workspace_free(&ws);
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tb);
+        fsdp2_tensor_release(tdw), fsdp2_tensor_release(tdb);
+        free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db), free(r);
+        for (int k = 0; k < 3; k++)
+            free(g.in[k]);
+    }
+}
+END_TEST
+
+/* ---- maxpool2d: in[0] x [a planes, b=h, c=w] ---- */
+
+static void ref_maxpool(const gc_t *g, double *y)
+{
+    int64_t H = g->b, W = g->c, oh = H / 2, ow = W / 2;
+    for (int64_t p = 0; p < g->a; p++)
+        for (int64_t i = 0; i < oh; i++)
+            for (int64_t j = 0; j < ow; j++) {
+                double m = -INFINITY;
+                for (int di = 0; di < 2; di++)
+                    for (int dj = 0; dj < 2; dj++) {
+                        double v = g->in[0][(p * H + 2 * i + di) * W + 2 * j + dj];
+                        m = v > m ? v : m;
+                    }
+                y[(p * oh + i) * ow + j] = m;
+            }
+}
+
+/* Inputs are a shuffled ladder 0.01 apart (no ties, and a step of 1e-5 never changes which
+ * element wins); w = 7 leaves a last column no window reads. */
+START_TEST(maxpool2d_backward_matches_finite_differences_on_inputs_without_ties)
+{
+    const int64_t P = 6, H = 6, W = 7, n = P * H * W, ny = P * 3 * 3;
+    gc_t g = {.a = P, .b = H, .c = W, .forward = ref_maxpool, .nin = 1};
+    g.in[0] = malloc(sizeof(double) * n);
+    g.n[0] = n;
+    for (int64_t i = 0; i < n; i++)
+        g.in[0][i] = (float)(0.01 * (double)i - 1.0);
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_next(&rng_state) % (uint64_t)(i + 1));
+        double t = g.in[0][i];
+        g.in[0][i] = g.in[0][j];
+        g.in[0][j] = t;
+    }
+    double *r = random_values(g.ny = ny, -1, 1);
+    g.r = r;
+    float *x = to_f32(g.in[0], n), *dy = to_f32(r, ny), *y = f32_array(ny), *dx = f32_array(n);
+    int32_t *arg = calloc((size_t)ny, sizeof(int32_t));
+    NN_OK(fsdp2_nn_maxpool2d_forward(x, P, H, W, y, arg));
+    check_forward(&g, y, "maxpool y");
+    for (int64_t i = 0; i < ny; i++) /* the index names the maximum */
+        ck_assert(x[(i / 9) * H * W + arg[i]] == y[i]);
+    NN_OK(fsdp2_nn_maxpool2d_backward(dy, arg, P, H, W, dx));
+    check_grad(&g, 0, dx, "maxpool dx");
+    free(x), free(dy), free(y), free(dx), free(arg), free(r), free(g.in[0]);
+}
+END_TEST
+
 /* ---- losses: the scalar itself is differentiated (r = [1]) ---- */
 
 static void ref_cross_entropy(const gc_t *g, double *y)
@@ -372,6 +485,8 @@ static Suite *nn_gradcheck_suite(void)
     tcase_add_test(tc, attention_backward_matches_finite_differences_for_odd_head_dims);
     tcase_add_test(tc, embedding_backward_matches_finite_differences_with_repeated_ids);
     tcase_add_test(tc, cross_entropy_and_mse_gradients_match_finite_differences);
+    tcase_add_test(tc, conv2d_backward_matches_finite_differences);
+    tcase_add_test(tc, maxpool2d_backward_matches_finite_differences_on_inputs_without_ties);
     suite_add_tcase(s, tc);
     return s;
 }

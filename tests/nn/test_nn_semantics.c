@@ -247,6 +247,48 @@ START_TEST(bf16_layernorm_equals_f32_on_rounded_parameters)
 }
 END_TEST
 
+START_TEST(bf16_conv2d_equals_f32_on_rounded_parameters)
+{
+    const int64_t B = 5, C = 2, H = 7, W = 6, O = 3, K = 3, nx = B * C * H * W;
+    const int64_t nw = O * C * K * K, ny = B * O * (H - K + 1) * (W - K + 1);
+    float *x = random_f32(nx, -1, 1), *w = random_f32(nw, -1, 1), *b = random_f32(O, -1, 1);
+    float *dy = random_f32(ny, -1, 1);
+    uint16_t *w16 = to_bf16(w, nw), *b16 = to_bf16(b, O);
+    float *wr = from_bf16(w16, nw), *br = from_bf16(b16, O);
+    int64_t shape[4] = {O, C, K, K};
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_tensor_t *tw16, *twr, *tgw16, *tgw;
+    uint16_t *gw16 = calloc((size_t)nw, 2), *gb16 = calloc((size_t)O, 2);
+    float *gw = f32_array(nw), *gb = f32_array(O);
+    NN_OK(fsdp2_tensor_from_blob(w16, cpu, FSDP2_BF16, 4, shape, NULL, NULL, &tw16));
+    NN_OK(fsdp2_tensor_from_blob(wr, cpu, FSDP2_F32, 4, shape, NULL, NULL, &twr));
+    NN_OK(fsdp2_tensor_from_blob(gw16, cpu, FSDP2_BF16, 4, shape, NULL, NULL, &tgw16));
+    NN_OK(fsdp2_tensor_from_blob(gw, cpu, FSDP2_F32, 4, shape, NULL, NULL, &tgw));
+    fsdp2_tensor_t *tb16 = wrap(b16, FSDP2_BF16, 1, O, 0), *tbr = wrap(br, FSDP2_F32, 1, O, 0);
+    fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 1, O, 0), *tgb = wrap(gb, FSDP2_F32, 1, O, 0);
+    size_t bytes;
+    NN_OK(fsdp2_nn_conv2d_workspace_bytes(C, H, W, O, K, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    float *y16 = f32_array(ny), *y32 = f32_array(ny), *dx16 = f32_array(nx), *dx32 = f32_array(nx);
+    NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, tw16, tb16, y16, &ws));
+    NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, twr, tbr, y32, &ws));
+    ck_assert_int_eq(memcmp(y16, y32, sizeof(float) * (size_t)ny), 0);
+    NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, tw16, dy, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, twr, dy, dx32, tgw, tgb, &ws));
+    ck_assert_int_eq(memcmp(dx16, dx32, sizeof(float) * (size_t)nx), 0);
+    for (int64_t i = 0; i < nw; i++)
+        ck_assert_uint_eq(gw16[i], fsdp2_f32_to_bf16(gw[i]));
+    for (int64_t i = 0; i < O; i++)
+        ck_assert_uint_eq(gb16[i], fsdp2_f32_to_bf16(gb[i]));
+    fsdp2_tensor_release(tw16), fsdp2_tensor_release(twr), fsdp2_tensor_release(tgw16);
+    fsdp2_tensor_release(tgw), fsdp2_tensor_release(tb16), fsdp2_tensor_release(tbr);
+    fsdp2_tensor_release(tgb16), fsdp2_tensor_release(tgb);
+    workspace_free(&ws);
+    free(x), free(w), free(b), free(dy), free(w16), free(b16), free(wr), free(br), free(gw16);
+    free(gb16), free(gw), free(gb), free(y16), free(y32), free(dx16), free(dx32);
+}
+END_TEST
+
 /* The mask recomputed here from fsdp2_philox4x32 by the rule nn.h states. */
 static float mask_of(uint64_t seed, uint64_t index, double p)
 {
@@ -386,6 +428,23 @@ START_TEST(zero_rows_and_empty_layers_are_accepted_and_write_nothing)
 }
 END_TEST
 
+/* Logits of 1000 and more: exp would overflow without the max subtracted. Closed form:
+ * two classes a, b with target a: loss = log(1 + exp(b - a)), d/da = p_a - 1, d/db = p_b. */
+START_TEST(cross_entropy_stays_exact_for_logits_of_1000)
+{
+    float z[4] = {1000.0f, 1001.0f, 3000.0f, 2990.0f}, dz[4];
+    int32_t t[2] = {0, 0};
+    double loss;
+    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, NULL, NULL));
+    double l0 = log1p(exp(1.0)), l1 = log1p(exp(-10.0));
+    ck_assert_msg(fabs(loss - (l0 + l1) / 2) < 1e-6, "loss %.9g, closed form %.9g", loss,
+                  (l0 + l1) / 2);
+    double p0 = 1 / (1 + exp(1.0)), p1 = 1 / (1 + exp(-10.0));
+    ck_assert(fabs(dz[0] - (p0 - 1) / 2) < 1e-6 && fabs(dz[1] - (1 - p0) / 2) < 1e-6);
+    ck_assert(fabs(dz[2] - (p1 - 1) / 2) < 1e-6 && fabs(dz[3] - (1 - p1) / 2) < 1e-6);
+}
+END_TEST
+
 static Suite *nn_semantics_suite(void)
 {
     Suite *s = suite_create("nn_semantics");
@@ -395,8 +454,10 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, bf16_linear_equals_f32_on_rounded_weights_across_blocks);
     tcase_add_test(tc, bf16_embedding_gradient_sums_repeated_ids_in_f32_first);
     tcase_add_test(tc, bf16_layernorm_equals_f32_on_rounded_parameters);
+    tcase_add_test(tc, bf16_conv2d_equals_f32_on_rounded_parameters);
     tcase_add_test(tc, dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask);
     tcase_add_test(tc, residual_forward_and_backward_fan_out);
+    tcase_add_test(tc, cross_entropy_stays_exact_for_logits_of_1000);
     tcase_add_test(tc, bad_input_is_refused_naming_the_value_and_writes_nothing);
     tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
     suite_add_tcase(s, tc);
