@@ -98,6 +98,33 @@ FSDP2_API fsdp2_status_t fsdp2_optimizer_state_names(const fsdp2_optimizer_t *op
                                                      size_t *count);
 
 /* Learning-rate schedules: the rate at a step (or epoch) from the base rate. Pure. */
+/* Hyperparameters of a parameter group (PyTorch's param_groups): the parameters a
+ * group picks train with its weight decay and with the optimizer's lr times lr_scale
+ * (so a schedule set by fsdp2_optimizer_set_lr drives every group). Parameters no group
+ * picks keep the options' weight decay and lr. */
+typedef struct fsdp2_param_group {
+    unsigned size; /* sizeof(fsdp2_param_group_t) */
+    double weight_decay; /* >= 0, as the options' field for the optimizer's kind */
+    double lr_scale;     /* >= 0 */
+} fsdp2_param_group_t;
+
+#define FSDP2_PARAM_GROUP_INIT {sizeof(fsdp2_param_group_t), 0.0, 1.0}
+
+/* Whether a parameter belongs to a group: by its name, shape or dtype (for GPT-2, decay
+ * on matrices only: info->ndim == 2). */
+typedef int (*fsdp2_param_select_fn)(const fsdp2_param_info_t *info, void *user);
+
+/* Gives every trained parameter that select picks the group's hyperparameters; a later
+ * call overrides an earlier one for the parameters both pick. *count (may be NULL) gets
+ * how many it picked. Local (not collective), does not block; call it between steps,
+ * with the same groups on every rank. Shards on cuda take only the options'
+ * hyperparameters: a group there is refused (FSDP2_ERR_UNSUPPORTED). The groups are not
+ * part of a checkpoint: an application sets them again after a resume, as with torch. */
+FSDP2_API fsdp2_status_t fsdp2_optimizer_add_param_group(fsdp2_optimizer_t *opt,
+                                                         const fsdp2_param_group_t *group,
+                                                         fsdp2_param_select_fn select,
+                                                         void *user, size_t *count);
+
 typedef enum fsdp2_lr_schedule_kind {
     FSDP2_LR_CONSTANT = 0,
     FSDP2_LR_STEP = 1,   /* torch StepLR: base * gamma^(floor(t / step_size)) */

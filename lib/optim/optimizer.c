@@ -33,6 +33,7 @@ typedef struct optim_param {
     fsdp2_dtensor_t *state[OPTIM_MAX_STATE];
     fsdp2_tensor_t *state_local[OPTIM_MAX_STATE];
     optim_shard_t shard; /* the data pointers of the tensors above */
+    double weight_decay, lr_scale; /* its group's; the options' and 1 without one */
 } optim_param_t;
 
 /* The device copy of one dtype's shard table and chunk table (cuda). */
@@ -170,6 +171,8 @@ static fsdp2_status_t add_param(fsdp2_optimizer_t *opt, const fsdp2_param_t *p,
                            (int)opt->device.type, opt->device.index);
     op->param = p;
     op->dtype = di.dtype;
+    op->weight_decay = opt->options.weight_decay;
+    op->lr_scale = 1.0;
     FSDP2_CHECK(fsdp2_dtensor_to_local(value, &op->value));
     int64_t numel = op->value->numel;
     FSDP2_CHECK(local_of(grad, numel, info->fqn, "gradient", &op->grad));
@@ -378,10 +381,13 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
     } else {
         for (size_t i = 0; i < opt->num_params; i++) {
             const optim_param_t *op = &opt->params[i];
+            optim_coeffs_t g = c;
+            g.weight_decay = op->weight_decay;
+            g.lr = c.lr * op->lr_scale;
             if (op->dtype == FSDP2_F32)
-                optim_update_f32(&c, &op->shard);
+                optim_update_f32(&g, &op->shard);
             else
-                optim_update_f64(&c, &op->shard);
+                optim_update_f64(&g, &op->shard);
         }
     }
     if (status == FSDP2_SUCCESS)
@@ -389,6 +395,37 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
     if (traced >= 0)
         fsdp2_trace_host_end(traced);
     return status;
+}
+
+fsdp2_status_t fsdp2_optimizer_add_param_group(fsdp2_optimizer_t *opt,
+                                               const fsdp2_param_group_t *group,
+                                               fsdp2_param_select_fn select, void *user,
+                                               size_t *count)
+{
+    FSDP2_ARG_CHECK(opt && group && select, "optimizer_add_param_group: NULL argument");
+    fsdp2_param_group_t g = FSDP2_PARAM_GROUP_INIT;
+    FSDP2_CHECK(fsdp2_options_copy("param_group", &g, sizeof(g), group, NULL, 0));
+    FSDP2_ARG_CHECK(g.weight_decay >= 0 && isfinite(g.weight_decay),
+                    "param group: weight_decay %g must be finite and >= 0", g.weight_decay);
+    FSDP2_ARG_CHECK(g.lr_scale >= 0 && isfinite(g.lr_scale),
+                    "param group: lr_scale %g must be finite and >= 0", g.lr_scale);
+    if (opt->device.type == FSDP2_DEVICE_CUDA)
+        return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
+                           "param groups: the shards are on cuda, where the update takes the "
+                           "options' hyperparameters only");
+    size_t picked = 0;
+    for (size_t i = 0; i < opt->num_params; i++) {
+        fsdp2_param_info_t info;
+        FSDP2_CHECK(fsdp2_param_info(opt->params[i].param, &info));
+        if (!select(&info, user))
+            continue;
+        opt->params[i].weight_decay = g.weight_decay;
+        opt->params[i].lr_scale = g.lr_scale;
+        picked++;
+    }
+    if (count)
+        *count = picked;
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_optimizer_zero_grad(fsdp2_optimizer_t *opt)

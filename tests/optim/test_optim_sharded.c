@@ -374,12 +374,22 @@ static void ref_adadelta(const fsdp2_optimizer_options_t *o, int n, float *p, co
         p[k] = p[k] + (float)-o->lr * delta[k];
 }
 
-static void ref_step(ref_t *ref, const fsdp2_optimizer_options_t *o, int t)
+/* The grouped runs: matrices (even j) decay by GROUP_DECAY at the optimizer's lr,
+ * vectors do not decay and train at GROUP_LR_SCALE of it. */
+#define GROUP_DECAY 0.1
+#define GROUP_LR_SCALE 0.5
+
+static void ref_step(ref_t *ref, const fsdp2_optimizer_options_t *options, int t, int grouped)
 {
     for (int j = 0; j < NP; j++) {
         if (j == FROZEN)
             continue;
         int n = numel_of(j);
+        fsdp2_optimizer_options_t group = *options, *o = &group;
+        if (grouped) {
+            group.weight_decay = j % 2 ? 0.0 : GROUP_DECAY;
+            group.lr = j % 2 ? options->lr * GROUP_LR_SCALE : options->lr;
+        }
         switch (o->kind) {
         case FSDP2_OPTIMIZER_SGD:
             ref_sgd(o, t == 1, n, ref->p[j], ref->g[j], ref->a[j], ref->tmp);
@@ -531,7 +541,45 @@ static int compare_states(run_t *r, const fsdp2_optimizer_t *opt,
     return fails;
 }
 
-static int train(run_t *r, const fsdp2_optimizer_options_t *o)
+static int pick_matrices(const fsdp2_param_info_t *info, void *user)
+{
+    return info->ndim == 2 && user == NULL;
+}
+
+static int pick_vectors(const fsdp2_param_info_t *info, void *user)
+{
+    return info->ndim == 1 && user == NULL;
+}
+
+/* Matrices decay, vectors train at a fraction of the lr: 3 and 2 trained (fc2.bias is
+ * frozen). */
+static int set_groups(rank_ctx_t *c, fsdp2_optimizer_t *opt)
+{
+    fsdp2_param_group_t decay = FSDP2_PARAM_GROUP_INIT, slow = FSDP2_PARAM_GROUP_INIT;
+    decay.weight_decay = GROUP_DECAY;
+    slow.lr_scale = GROUP_LR_SCALE;
+    size_t matrices = 0, vectors = 0;
+    int fails = OK(c, fsdp2_optimizer_add_param_group(opt, &decay, pick_matrices, NULL, &matrices));
+    fails += OK(c, fsdp2_optimizer_add_param_group(opt, &slow, pick_vectors, NULL, &vectors));
+    fails += RANK_CHECK(c, matrices == 3 && vectors == 2,
+                        "groups picked %zu matrices and %zu vectors, want 3 and 2", matrices,
+                        vectors);
+    /* bad groups change nothing: the run below checks every value */
+    fsdp2_param_group_t bad = decay;
+    bad.weight_decay = -0.5;
+    fsdp2_status_t st = fsdp2_optimizer_add_param_group(opt, &bad, pick_vectors, NULL, NULL);
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT &&
+                               strstr(fsdp2_last_error(), "weight_decay -0.5"),
+                        "weight_decay -0.5: %s (%s)", fsdp2_status_name(st), fsdp2_last_error());
+    bad = slow;
+    bad.size = 3;
+    st = fsdp2_optimizer_add_param_group(opt, &bad, pick_vectors, NULL, NULL);
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT, "size 3: %s (%s)",
+                        fsdp2_status_name(st), fsdp2_last_error());
+    return fails;
+}
+
+static int train(run_t *r, const fsdp2_optimizer_options_t *o, int grouped)
 {
     rank_ctx_t *c = r->c;
     fsdp2_optimizer_t *opt = NULL;
@@ -551,6 +599,8 @@ static int train(run_t *r, const fsdp2_optimizer_options_t *o)
                         "optimizer_create allocated %llu bytes, want %llu of state",
                         (unsigned long long)(after - before), (unsigned long long)want_bytes);
     fails += check_state_layout(r, opt, o);
+    if (grouped && !fails)
+        fails += set_groups(c, opt);
     ref_t *ref = malloc(sizeof(*ref));
     ref_init(ref);
     for (int s = 0; s < STEPS && !fails; s++) {
@@ -566,7 +616,7 @@ static int train(run_t *r, const fsdp2_optimizer_options_t *o)
                             "step %d allocated: %llu -> %llu bytes, %llu -> %llu allocations",
                             s + 1, (unsigned long long)before, (unsigned long long)after,
                             (unsigned long long)allocs0, (unsigned long long)allocs1);
-        ref_step(ref, o, s + 1);
+        ref_step(ref, o, s + 1, grouped);
         fails += compare_params(r, ref, s + 1);
     }
     if (!fails) {
@@ -582,13 +632,18 @@ static int train(run_t *r, const fsdp2_optimizer_options_t *o)
     return fails;
 }
 
+typedef struct train_case {
+    fsdp2_optimizer_options_t options;
+    int grouped;
+} train_case_t;
+
 static int body_train(rank_ctx_t *c)
 {
-    const fsdp2_optimizer_options_t *o = c->arg;
+    const train_case_t *tc = c->arg;
     run_t r;
     int fails = run_open(c, &r);
     if (!fails)
-        fails += train(&r, o);
+        fails += train(&r, &tc->options, tc->grouped);
     return fails + run_close(&r);
 }
 
@@ -728,26 +783,33 @@ static void run_case(int ws, rank_fn body, void *arg, const char *what)
 
 START_TEST(sgd_nesterov_momentum_weight_decay_on_shards_matches_the_unsharded_reference)
 {
-    fsdp2_optimizer_options_t o = FSDP2_SGD_OPTIONS_INIT(0.05);
-    o.momentum = 0.9;
-    o.nesterov = 1;
-    o.weight_decay = 0.01;
-    run_case(_i, body_train, &o, "sgd");
+    train_case_t tc = {FSDP2_SGD_OPTIONS_INIT(0.05), 0};
+    tc.options.momentum = 0.9;
+    tc.options.nesterov = 1;
+    tc.options.weight_decay = 0.01;
+    run_case(_i, body_train, &tc, "sgd");
 }
 END_TEST
 
 START_TEST(adamw_on_shards_matches_the_unsharded_reference)
 {
-    fsdp2_optimizer_options_t o = FSDP2_ADAMW_OPTIONS_INIT(1e-2);
-    run_case(_i, body_train, &o, "adamw");
+    train_case_t tc = {FSDP2_ADAMW_OPTIONS_INIT(1e-2), 0};
+    run_case(_i, body_train, &tc, "adamw");
+}
+END_TEST
+
+START_TEST(adamw_with_param_groups_on_shards_matches_the_grouped_reference)
+{
+    train_case_t tc = {FSDP2_ADAMW_OPTIONS_INIT(1e-2), 1};
+    run_case(_i, body_train, &tc, "adamw with param groups");
 }
 END_TEST
 
 START_TEST(adadelta_with_weight_decay_on_shards_matches_the_unsharded_reference)
 {
-    fsdp2_optimizer_options_t o = FSDP2_ADADELTA_OPTIONS_INIT(1.0);
-    o.weight_decay = 0.01;
-    run_case(_i, body_train, &o, "adadelta");
+    train_case_t tc = {FSDP2_ADADELTA_OPTIONS_INIT(1.0), 0};
+    tc.options.weight_decay = 0.01;
+    run_case(_i, body_train, &tc, "adadelta");
 }
 END_TEST
 
@@ -764,6 +826,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, sgd_nesterov_momentum_weight_decay_on_shards_matches_the_unsharded_reference, 1, 5);
     tcase_add_loop_test(tc, adamw_on_shards_matches_the_unsharded_reference, 1, 5);
+    tcase_add_loop_test(tc, adamw_with_param_groups_on_shards_matches_the_grouped_reference, 1, 5);
     tcase_add_loop_test(tc, adadelta_with_weight_decay_on_shards_matches_the_unsharded_reference, 1, 5);
     suite_add_tcase(s, tc);
 
