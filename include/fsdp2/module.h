@@ -47,6 +47,16 @@ FSDP2_API fsdp2_status_t fsdp2_module_add_param(fsdp2_module_t *m, const char *n
                                                 fsdp2_tensor_t *value, int requires_grad,
                                                 fsdp2_param_t **param);
 
+/* Gives target, a parameter declared elsewhere in the same tree, another name in m: a
+ * tied weight (GPT-2's LM head reads the token embedding). No new parameter or storage:
+ * fsdp2_module_find_param finds target under both names; parameter lists, state dicts,
+ * optimizers and clipping see it once, under its own name. Both names must land in the
+ * same fully_shard unit, since one unsharded tensor serves both uses and their gradient
+ * contributions are summed before its one reduce-scatter: fully_shard refuses a unit
+ * that would hold one name and not the other, naming both. Refused once m is sharded. */
+FSDP2_API fsdp2_status_t fsdp2_module_tie_param(fsdp2_module_t *m, const char *name,
+                                                fsdp2_param_t *target);
+
 /* Declares a buffer (running statistics and the like): kept whole on every rank, never
  * sharded; the module keeps a reference. */
 FSDP2_API fsdp2_status_t fsdp2_module_add_buffer(fsdp2_module_t *m, const char *name,

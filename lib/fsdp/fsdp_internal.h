@@ -49,6 +49,12 @@ typedef struct named_tensor {
     fsdp2_tensor_t *tensor;
 } named_tensor_t;
 
+/* Another name of a parameter declared elsewhere in the tree (a tied weight). */
+typedef struct tied_param {
+    char name[FSDP2_NAME_MAX];
+    fsdp2_param_t *target;
+} tied_param_t;
+
 struct fsdp2_module {
     char name[FSDP2_NAME_MAX];
     fsdp2_module_t *parent;
@@ -58,6 +64,8 @@ struct fsdp2_module {
     size_t num_params;
     named_tensor_t *buffers;
     size_t num_buffers;
+    tied_param_t *ties;
+    size_t num_ties;
     fsdp_group_t *group; /* set by fully_shard */
 };
 

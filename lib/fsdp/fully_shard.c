@@ -79,6 +79,42 @@ static fsdp2_status_t gather_params(fsdp_group_t *g, fsdp2_module_t *m,
     return FSDP2_SUCCESS;
 }
 
+static int group_has(const fsdp_group_t *g, const fsdp2_param_t *p)
+{
+    for (size_t i = 0; i < g->num_params; i++) {
+        if (g->params[i] == p)
+            return 1;
+    }
+    return 0;
+}
+
+/* Every tie in the part of m's subtree that g takes must name one of g's parameters, and
+ * every parameter of g's must not be tied from a unit sharded before (nested groups'
+ * subtrees are skipped here: their ties were checked when they were sharded). */
+static fsdp2_status_t check_ties(const fsdp_group_t *g, const fsdp2_module_t *m)
+{
+    for (size_t i = 0; i < m->num_ties; i++) {
+        const fsdp2_param_t *t = m->ties[i].target;
+        if (group_has(g, t))
+            continue;
+        char here[FSDP2_FQN_MAX], there[FSDP2_FQN_MAX], unit[FSDP2_FQN_MAX];
+        fsdp_module_fqn(m, here, sizeof(here));
+        fsdp_module_fqn(t->owner, there, sizeof(there));
+        fsdp_module_fqn(g->module, unit, sizeof(unit));
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "fully_shard '%s': '%s%s%s' is tied to '%s%s%s', which is not in this "
+                           "unit (%s): a tied parameter's names must all be in one unit; shard "
+                           "their common ancestor instead",
+                           unit, here, *here ? "." : "", m->ties[i].name, there, *there ? "." : "",
+                           t->name, t->group ? "it is in a unit sharded before" : "it is outside it");
+    }
+    for (size_t i = 0; i < m->num_children; i++) {
+        if (!m->children[i]->group)
+            FSDP2_CHECK(check_ties(g, m->children[i]));
+    }
+    return FSDP2_SUCCESS;
+}
+
 /* The options of earlier versions, as their headers declared them (for their sizes,
  * tail padding included): before mixed precision (v1), and with the two-dtype policy
  * before output_dtype, cast_forward_inputs and offload (v2). */
@@ -404,6 +440,8 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
         status = check_reshard_value(g, o->reshard_after_forward, "fully_shard");
     if (status == FSDP2_SUCCESS)
         status = gather_params(g, m, o);
+    if (status == FSDP2_SUCCESS)
+        status = check_ties(g, m);
     if (status == FSDP2_SUCCESS)
         status = build(g, &o->mp, fqn);
     if (status == FSDP2_SUCCESS)

@@ -68,6 +68,10 @@ static int name_taken(const fsdp2_module_t *m, const char *name)
         if (!strcmp(m->buffers[i].name, name))
             return 1;
     }
+    for (size_t i = 0; i < m->num_ties; i++) {
+        if (!strcmp(m->ties[i].name, name))
+            return 1;
+    }
     return 0;
 }
 
@@ -162,6 +166,21 @@ fsdp2_status_t fsdp2_module_add_param(fsdp2_module_t *m, const char *name, fsdp2
     return FSDP2_SUCCESS;
 }
 
+fsdp2_status_t fsdp2_module_tie_param(fsdp2_module_t *m, const char *name, fsdp2_param_t *target)
+{
+    FSDP2_ARG_CHECK(m && target, "tie_param: module or target is NULL");
+    FSDP2_CHECK(check_name(name, "parameter", 0));
+    FSDP2_CHECK(check_new_name(m, name));
+    FSDP2_CHECK(check_unsharded(m, "tie_param"));
+    FSDP2_ARG_CHECK(fsdp_module_top(m) == fsdp_module_top(target->owner),
+                    "tie_param '%s': the target '%s' belongs to another module tree", name,
+                    target->name);
+    FSDP2_CHECK(grow((void **)&m->ties, m->num_ties, sizeof(*m->ties)));
+    snprintf(m->ties[m->num_ties].name, sizeof(m->ties[m->num_ties].name), "%s", name);
+    m->ties[m->num_ties++].target = target;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_module_add_buffer(fsdp2_module_t *m, const char *name, fsdp2_tensor_t *value)
 {
     FSDP2_ARG_CHECK(m && value, "add_buffer: module or value is NULL");
@@ -200,6 +219,7 @@ static void module_free(fsdp2_module_t *m)
     free(m->children);
     free(m->params);
     free(m->buffers);
+    free(m->ties);
     free(m);
 }
 
@@ -324,6 +344,12 @@ fsdp2_status_t fsdp2_module_find_param(const fsdp2_module_t *m, const char *fqn,
     for (size_t i = 0; owner && i < owner->num_params; i++) {
         if (!strcmp(owner->params[i]->name, last)) {
             *param = owner->params[i];
+            return FSDP2_SUCCESS;
+        }
+    }
+    for (size_t i = 0; owner && i < owner->num_ties; i++) {
+        if (!strcmp(owner->ties[i].name, last)) {
+            *param = owner->ties[i].target;
             return FSDP2_SUCCESS;
         }
     }
