@@ -194,7 +194,8 @@ FSDP2_API fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const flo
  * ignore_index are skipped (any other target must lie in [0, classes)).
  * *loss = sum over the counted rows of -log softmax(logits)[target], divided by divisor,
  * or by the number of counted rows when divisor <= 0 (the mean). dlogits (may be NULL) is
- * written with d *loss / d logits (ignored rows get 0). counted and correct (argmax equal
+ * written with d *loss / d logits (ignored rows get 0); it may be logits itself (in place,
+ * which saves a [rows, classes] buffer for a large vocabulary). counted and correct (argmax equal
  * to the target) may be NULL. */
 FSDP2_API fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets,
                                                 int64_t rows, int64_t classes,

@@ -1,0 +1,647 @@
+/* GPT-2 trained with FSDP on a byte-level corpus (Debian's fortunes by default).
+ *
+ *   fsdp2run --nproc-per-node 4 build/examples/gpt2 --preset tiny --steps 200
+ *
+ * Every step draws a global batch of --batch windows from (seed, step), whatever the
+ * world size; rank r trains on its batch / ws of them, in --grad-accum micro-batches
+ * (the gradient is synchronised on the last only). AdamW with weight decay on the
+ * matrices only, a cosine schedule with warmup, clipping at --clip. Rank 0 prints the
+ * loss, the validation loss every --val-every steps, the speed and the memory per rank:
+ * parameters + gradients + optimizer state, FSDP's planned buffers, the activations, and
+ * the allocator's measured peak, which equals their sum. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <fsdp2/fsdp2.h>
+
+#include "data.h"
+#include "hf.h"
+#include "model.h"
+
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        fsdp2_status_t s_ = (call);                                                        \
+        if (s_ != FSDP2_SUCCESS) {                                                         \
+            fprintf(stderr, "error: %s: %s\n", fsdp2_strerror(s_), fsdp2_last_error());    \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+typedef struct args {
+    const char *preset, *data, *json, *save, *resume, *export_path, *init_from, *param_dtype;
+    const char *dump_batches;
+    gpt2_config_t cfg;
+    long steps, seed, val_every, val_batches, sample, log_every, save_every;
+    int batch, grad_accum, threads, no_shard, checkpointing, reshard_after_forward;
+    double lr, min_lr, weight_decay, clip;
+    long warmup;
+} args_t;
+
+typedef struct run {
+    args_t a;
+    int rank, ws;
+    fsdp2_context_t *ctx;
+    fsdp2_group_t *world;
+    fsdp2_stream_t *current;
+    fsdp2_mesh_t *mesh, *self_mesh;
+    gpt2_model_t *model;
+    fsdp2_optimizer_t *opt;
+    fsdp2_state_dict_t *state;
+    gpt2_text_t text;
+    int local_batch, micro;
+    long first_step;
+    FILE *json, *dump;
+    int json_records;
+} run_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(const char *prog, const char *bad)
+{
+    fprintf(stderr,
+            "%s%s%s"
+            "usage: %s [--preset tiny|small|gpt2-124m] [--layers N --heads N --dim N --seq-len N]\n"
+            "          [--steps N] [--batch GLOBAL] [--grad-accum K] [--lr X] [--min-lr X]\n"
+            "          [--warmup N] [--weight-decay X] [--clip X] [--seed N] [--data PATH]\n"
+            "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard]\n"
+            "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
+            "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
+            "          [--save DIR [--save-every N]] [--resume DIR] [--export FILE.safetensors]\n"
+            "          [--init-from FILE.safetensors] [--dump-batches FILE]\n",
+            bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
+    exit(2);
+}
+
+static long number(const char *flag, const char *text, long lo, long hi)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
+        exit(2);
+    }
+    return v;
+}
+
+static double real(const char *flag, const char *text)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (!*text || *end || !(v >= 0) || !isfinite(v)) {
+        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
+        exit(2);
+    }
+    return v;
+}
+
+/* The presets: layers, heads, dim, seq, vocab (byte-level: 256; gpt2-124m keeps GPT-2's
+ * 50257 tokens padded to 50304, of which the bytes use the first 256). */
+static int preset(const char *name, gpt2_config_t *c)
+{
+    if (!strcmp(name, "tiny"))
+        *c = (gpt2_config_t){4, 4, 128, 128, 256};
+    else if (!strcmp(name, "small"))
+        *c = (gpt2_config_t){6, 6, 384, 256, 256};
+    else if (!strcmp(name, "gpt2-124m"))
+        *c = (gpt2_config_t){12, 12, 768, 1024, 50304};
+    else
+        return -1;
+    return 0;
+}
+
+static void parse(int argc, char **argv, args_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->preset = "tiny";
+    a->data = "/usr/share/games/fortunes";
+    a->param_dtype = "f32";
+    a->steps = 200;
+    a->seed = 1;
+    a->val_every = 50;
+    a->val_batches = 8;
+    a->log_every = 10;
+    a->batch = 8;
+    a->grad_accum = 1;
+    a->reshard_after_forward = 1;
+    a->lr = 1e-3;
+    a->min_lr = 1e-4;
+    a->warmup = 20;
+    a->weight_decay = 0.1;
+    a->clip = 1.0;
+    int layers = 0, heads = 0, dim = 0, seq = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--no-shard")) {
+            a->no_shard = 1;
+            continue;
+        }
+        if (!strcmp(f, "--activation-checkpointing")) {
+            a->checkpointing = 1;
+            continue;
+        }
+        if (!strcmp(f, "--help") || !strcmp(f, "-h"))
+            usage(argv[0], NULL);
+        if (!v)
+            usage(argv[0], f);
+        i++;
+        if (!strcmp(f, "--preset"))
+            a->preset = v;
+        else if (!strcmp(f, "--data"))
+            a->data = v;
+        else if (!strcmp(f, "--json"))
+            a->json = v;
+        else if (!strcmp(f, "--save"))
+            a->save = v;
+        else if (!strcmp(f, "--resume"))
+            a->resume = v;
+        else if (!strcmp(f, "--export"))
+            a->export_path = v;
+        else if (!strcmp(f, "--init-from"))
+            a->init_from = v;
+        else if (!strcmp(f, "--dump-batches"))
+            a->dump_batches = v;
+        else if (!strcmp(f, "--param-dtype"))
+            a->param_dtype = v;
+        else if (!strcmp(f, "--layers"))
+            layers = (int)number(f, v, 1, GPT2_MAX_LAYERS);
+        else if (!strcmp(f, "--heads"))
+            heads = (int)number(f, v, 1, 1 << 10);
+        else if (!strcmp(f, "--dim"))
+            dim = (int)number(f, v, 1, 1 << 16);
+        else if (!strcmp(f, "--seq-len"))
+            seq = (int)number(f, v, 1, 1 << 15);
+        else if (!strcmp(f, "--steps") || !strcmp(f, "--max-steps"))
+            a->steps = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--batch"))
+            a->batch = (int)number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--grad-accum"))
+            a->grad_accum = (int)number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--threads"))
+            a->threads = (int)number(f, v, 1, 1024);
+        else if (!strcmp(f, "--seed"))
+            a->seed = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--val-every"))
+            a->val_every = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--val-batches"))
+            a->val_batches = number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--sample"))
+            a->sample = number(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--log-every"))
+            a->log_every = number(f, v, 1, 1L << 40);
+        else if (!strcmp(f, "--save-every"))
+            a->save_every = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--warmup"))
+            a->warmup = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--reshard-after-forward"))
+            a->reshard_after_forward = (int)number(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--lr"))
+            a->lr = real(f, v);
+        else if (!strcmp(f, "--min-lr"))
+            a->min_lr = real(f, v);
+        else if (!strcmp(f, "--weight-decay"))
+            a->weight_decay = real(f, v);
+        else if (!strcmp(f, "--clip"))
+            a->clip = real(f, v);
+        else
+            usage(argv[0], f);
+    }
+    if (preset(a->preset, &a->cfg)) {
+        fprintf(stderr, "error: --preset %s is not tiny, small or gpt2-124m\n", a->preset);
+        exit(2);
+    }
+    a->cfg.layers = layers ? layers : a->cfg.layers;
+    a->cfg.heads = heads ? heads : a->cfg.heads;
+    a->cfg.dim = dim ? dim : a->cfg.dim;
+    a->cfg.seq = seq ? seq : a->cfg.seq;
+    if (a->cfg.dim % a->cfg.heads) {
+        fprintf(stderr, "error: --dim %d is not divisible by --heads %d\n", a->cfg.dim,
+                a->cfg.heads);
+        exit(2);
+    }
+    if (strcmp(a->param_dtype, "f32") && strcmp(a->param_dtype, "bf16")) {
+        fprintf(stderr, "error: --param-dtype %s is not f32 or bf16\n", a->param_dtype);
+        exit(2);
+    }
+    if (a->min_lr > a->lr) {
+        fprintf(stderr, "error: --min-lr %g is above --lr %g\n", a->min_lr, a->lr);
+        exit(2);
+    }
+}
+
+/* ---- setup ---- */
+
+static int is_matrix(const fsdp2_param_info_t *info, void *user)
+{
+    (void)user;
+    /* GPT-2 practice: decay the weights of the linear layers; not biases, norms or the
+     * embeddings (wte, wpe) */
+    return info->ndim == 2 && strncmp(info->fqn, "wte.", 4) && strncmp(info->fqn, "wpe.", 4);
+}
+
+static void setup(run_t *r)
+{
+    args_t *a = &r->a;
+    CHECK(fsdp2_init(NULL, &r->ctx));
+    fsdp2_process_info_t info;
+    CHECK(fsdp2_context_info(r->ctx, &info));
+    CHECK(fsdp2_context_world(r->ctx, &r->world));
+    CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
+    r->rank = info.rank;
+    r->ws = info.world_size;
+    if (!a->threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = info.local_world_size > 0 ? info.local_world_size : 1;
+        a->threads = cores / local > 1 ? (int)(cores / local) : 1;
+    }
+    openblas_set_num_threads(a->threads);
+    CHECK(fsdp2_stream_current((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &r->current));
+    if (a->batch % (r->ws * a->grad_accum)) {
+        fprintf(stderr, "error: --batch %d is not divisible by %d ranks x --grad-accum %d\n",
+                a->batch, r->ws, a->grad_accum);
+        exit(2);
+    }
+    r->local_batch = a->batch / r->ws;
+    r->micro = r->local_batch / a->grad_accum;
+    char err[1200];
+    if (gpt2_text_load(a->data, &r->text, err, sizeof(err))) {
+        fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    if (r->text.n - r->text.train_n < (size_t)a->cfg.seq + 2) {
+        fprintf(stderr, "error: %s: %zu bytes of validation text, fewer than --seq-len %d + 2\n",
+                a->data, r->text.n - r->text.train_n, a->cfg.seq);
+        exit(1);
+    }
+    CHECK(gpt2_create(&a->cfg, (uint64_t)a->seed, &r->model));
+    fsdp2_mesh_t *mesh = r->mesh;
+    if (a->no_shard) {
+        /* Replicated: every rank a mesh of its own, the gradients all-reduced (DDP). */
+        fsdp2_store_t *store;
+        char name[32];
+        int one = 1;
+        snprintf(name, sizeof(name), "self-%d", r->rank);
+        CHECK(fsdp2_context_store(r->ctx, &store));
+        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
+        mesh = r->self_mesh;
+    }
+    CHECK(gpt2_shard(r->model, mesh, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
+                     a->reshard_after_forward));
+    fsdp2_optimizer_options_t oo = FSDP2_ADAMW_OPTIONS_INIT(a->lr);
+    oo.beta2 = 0.95;
+    oo.weight_decay = 0.0; /* the matrices' group decays */
+    CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
+    fsdp2_param_group_t decay = FSDP2_PARAM_GROUP_INIT;
+    decay.weight_decay = a->weight_decay;
+    CHECK(fsdp2_optimizer_add_param_group(r->opt, &decay, is_matrix, NULL, NULL));
+    CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
+    CHECK(gpt2_allocate(r->model, r->micro > 1 ? r->micro : 1, a->checkpointing));
+    if (a->init_from)
+        CHECK(gpt2_hf_import(r->model, a->init_from));
+    if (a->resume) {
+        fsdp2_checkpoint_report_t rep = {.size = sizeof(rep)};
+        CHECK(fsdp2_checkpoint_load(r->state, a->resume, NULL, &rep));
+        int64_t steps;
+        CHECK(fsdp2_optimizer_steps(r->opt, &steps));
+        r->first_step = (long)steps;
+        if (!r->rank)
+            printf("resumed from %s at step %ld (saved by %d rank%s)\n", a->resume, r->first_step,
+                   rep.saved_world_size, rep.saved_world_size > 1 ? "s" : "");
+    }
+}
+
+/* ---- the step ---- */
+
+/* --no-shard: average the whole gradients over the world. */
+static void all_reduce_grads(run_t *r)
+{
+    size_t n = 0;
+    CHECK(fsdp2_module_params(r->model->root, NULL, 0, &n));
+    fsdp2_param_t **ps = calloc(n, sizeof(*ps));
+    CHECK(fsdp2_module_params(r->model->root, ps, n, &n));
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_dtensor_t *g;
+        fsdp2_tensor_t *local;
+        CHECK(fsdp2_param_sharded_grad(ps[i], &g));
+        CHECK(fsdp2_dtensor_to_local(g, &local));
+        CHECK(fsdp2_all_reduce_async(r->world, local->data, (size_t)local->numel, FSDP2_F32, &avg,
+                                     r->current));
+        fsdp2_tensor_release(local);
+    }
+    free(ps);
+}
+
+static void world_sum(run_t *r, double *v, int n)
+{
+    CHECK(fsdp2_all_reduce_async(r->world, v, (size_t)n, FSDP2_F64, NULL, r->current));
+    CHECK(fsdp2_stream_synchronize(r->current));
+}
+
+static double lr_at(const args_t *a, long step)
+{
+    fsdp2_lr_schedule_t s = {FSDP2_LR_COSINE, 0, 0, a->warmup, a->steps > a->warmup ? a->steps : a->warmup,
+                             a->min_lr};
+    double lr;
+    CHECK(fsdp2_lr_at(&s, a->lr, step + 1, &lr)); /* step 0 trains at lr / warmup, not 0 */
+    return lr;
+}
+
+/* One optimizer step: the mean training loss over the global batch, the gradient norm
+ * before clipping. */
+static double train_step(run_t *r, long step, double *norm)
+{
+    args_t *a = &r->a;
+    gpt2_model_t *m = r->model;
+    int T = a->cfg.seq;
+    double loss_sum = 0;
+    for (int k = 0; k < a->grad_accum; k++) {
+        for (int j = 0; j < r->micro; j++) {
+            int index = r->rank * r->local_batch + k * r->micro + j;
+            gpt2_train_window(&r->text, (uint64_t)a->seed, step, index, T, m->tokens + j * T,
+                              m->targets + j * T);
+        }
+        if (r->dump) /* the batches, for the PyTorch peer: (step, window, tokens) */
+            for (int j = 0; j < r->micro; j++) {
+                int index = r->rank * r->local_batch + k * r->micro + j;
+                fprintf(r->dump, "%ld %d", step, index);
+                for (int t = 0; t < T; t++)
+                    fprintf(r->dump, " %d", m->tokens[j * T + t]);
+                fprintf(r->dump, " %d\n", m->targets[j * T + T - 1]);
+            }
+        CHECK(fsdp2_set_requires_gradient_sync(m->root, k == a->grad_accum - 1));
+        double loss;
+        CHECK(gpt2_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
+        loss_sum += loss;
+    }
+    if (a->no_shard)
+        all_reduce_grads(r);
+    CHECK(fsdp2_clip_grad_norm(m->root, a->clip > 0 ? a->clip : INFINITY, 2.0, norm));
+    CHECK(fsdp2_optimizer_set_lr(r->opt, lr_at(a, step)));
+    CHECK(fsdp2_optimizer_step(r->opt));
+    CHECK(fsdp2_optimizer_zero_grad(r->opt));
+    double v[1] = {loss_sum};
+    world_sum(r, v, 1);
+    return v[0] / r->ws;
+}
+
+/* The mean loss over val_batches windows of the validation text, split over the ranks. */
+static double validate(run_t *r)
+{
+    gpt2_model_t *m = r->model;
+    int T = r->a.cfg.seq, count = (int)r->a.val_batches * r->a.batch;
+    double v[2] = {0, 0};
+    for (int first = 0; first < count; first += r->ws * m->max_batch) {
+        int n = 0;
+        for (int j = 0; j < m->max_batch; j++) {
+            int index = first + j * r->ws + r->rank;
+            if (index >= count)
+                index = count - 1; /* padding: computed so the collectives pair, not counted */
+            else
+                n = j + 1;
+            gpt2_val_window(&r->text, index, count, T, m->tokens + j * T, m->targets + j * T);
+        }
+        double loss;
+        CHECK(gpt2_step(m, n ? n : 1, 0, 1.0, &loss));
+        if (n) {
+            v[0] += loss;
+            v[1] += (double)n * T;
+        }
+    }
+    world_sum(r, v, 2);
+    return v[0] / v[1];
+}
+
+/* ---- memory ---- */
+
+typedef struct memory {
+    uint64_t state, planned, activations, expected, peak;
+} memory_t;
+
+static uint64_t optimizer_bytes(run_t *r)
+{
+    size_t n = 0;
+    CHECK(fsdp2_module_params(r->model->root, NULL, 0, &n));
+    fsdp2_param_t **ps = calloc(n, sizeof(*ps));
+    CHECK(fsdp2_module_params(r->model->root, ps, n, &n));
+    const char *names[8];
+    size_t k;
+    CHECK(fsdp2_optimizer_state_names(r->opt, names, 8, &k));
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < k; j++) {
+            fsdp2_dtensor_t *st;
+            fsdp2_tensor_t *local;
+            CHECK(fsdp2_optimizer_state(r->opt, ps[i], names[j], &st));
+            CHECK(fsdp2_dtensor_to_local(st, &local));
+            bytes += local->nbytes;
+            fsdp2_tensor_release(local);
+        }
+    free(ps);
+    return bytes;
+}
+
+/* This rank's memory; the largest over the ranks when all is set (collective then). */
+static memory_t memory(run_t *r)
+{
+    fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
+    CHECK(fsdp2_memory_plan(r->model->root, &plan));
+    fsdp2_memory_stats_t st;
+    CHECK(fsdp2_memory_stats_get((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &st));
+    uint64_t opt = optimizer_bytes(r);
+    memory_t mem = {plan.sharded_params + plan.sharded_grads + opt,
+                    plan.total - plan.sharded_params - plan.sharded_grads,
+                    r->model->activation_bytes, 0, st.peak_allocated_bytes};
+    mem.expected = mem.state + mem.planned + mem.activations;
+    return mem;
+}
+
+static void print_memory(const run_t *r, const memory_t *m, const char *prefix)
+{
+    if (r->rank)
+        return;
+    printf("%smemory per rank (MiB): params+grads+optimizer %.2f, FSDP buffers %.2f, "
+           "activations %.2f = %.2f planned; measured peak %.2f\n",
+           prefix, m->state / 1048576.0, m->planned / 1048576.0, m->activations / 1048576.0,
+           m->expected / 1048576.0, m->peak / 1048576.0);
+}
+
+/* ---- sampling ---- */
+
+static void sample(run_t *r)
+{
+    gpt2_model_t *m = r->model;
+    int T = r->a.cfg.seq, len = 1;
+    m->tokens[0] = '\n';
+    const uint32_t key[2] = {(uint32_t)r->a.seed, 0x73616d70u};
+    if (!r->rank)
+        printf("sample:\n");
+    for (long i = 0; i < r->a.sample; i++) {
+        const float *z;
+        CHECK(gpt2_next_logits(m, len, &z));
+        /* softmax over the byte tokens, then a draw from Philox (the same on every rank) */
+        double max = z[0], sum = 0, u;
+        for (int v = 1; v < 256; v++)
+            max = z[v] > max ? z[v] : max;
+        for (int v = 0; v < 256; v++)
+            sum += exp(z[v] - max);
+        const uint32_t counter[4] = {(uint32_t)i, 0, 0, 0};
+        uint32_t rnd[4];
+        fsdp2_philox4x32(counter, key, rnd);
+        u = rnd[0] * 0x1.0p-32 * sum;
+        int next = 255;
+        for (int v = 0; v < 256; v++) {
+            u -= exp(z[v] - max);
+            if (u < 0) {
+                next = v;
+                break;
+            }
+        }
+        if (!r->rank) {
+            putchar(next);
+            fflush(stdout);
+        }
+        if (len == T) { /* the window slides */
+            memmove(m->tokens, m->tokens + 1, sizeof(int32_t) * (size_t)(T - 1));
+            len--;
+        }
+        m->tokens[len++] = next;
+    }
+    if (!r->rank)
+        printf("\n");
+}
+
+/* ---- the run ---- */
+
+static void json_record(run_t *r, long step, double loss, double val, double ms, double tokens_s,
+                        const memory_t *mem, double lr, double norm)
+{
+    if (!r->json)
+        return;
+    char v[32];
+    snprintf(v, sizeof(v), isnan(val) ? "null" : "%.7f", val);
+    fprintf(r->json,
+            "%s\n  {\"step\": %ld, \"train_loss\": %.7f, \"val_loss\": %s, \"lr\": %.6g, "
+            "\"grad_norm\": %.6g, \"ms\": %.3f, \"tokens_per_s\": %.1f, \"state_bytes\": %llu, "
+            "\"fsdp_bytes\": %llu, \"activation_bytes\": %llu, \"planned_bytes\": %llu, "
+            "\"peak_bytes\": %llu}",
+            r->json_records++ ? "," : "", step, loss, v, lr, norm, ms,
+            tokens_s, (unsigned long long)mem->state, (unsigned long long)mem->planned,
+            (unsigned long long)mem->activations, (unsigned long long)mem->expected,
+            (unsigned long long)mem->peak);
+}
+
+static void save(run_t *r, long step)
+{
+    char seed[32];
+    snprintf(seed, sizeof(seed), "%ld", r->a.seed);
+    const char *keys[2] = {"seed", "preset"}, *values[2] = {seed, r->a.preset};
+    fsdp2_checkpoint_options_t co = FSDP2_CHECKPOINT_OPTIONS_INIT;
+    co.step = step;
+    co.extra_keys = keys;
+    co.extra_values = values;
+    co.num_extra = 2;
+    CHECK(fsdp2_checkpoint_save(r->state, r->a.save, &co));
+    if (!r->rank)
+        printf("saved %s (step %ld)\n", r->a.save, step);
+}
+
+int main(int argc, char **argv)
+{
+    run_t r = {0};
+    parse(argc, argv, &r.a);
+    args_t *a = &r.a;
+    setup(&r);
+    if (!r.rank) {
+        printf("gpt2: %s (%d layers, %d heads, dim %d, seq %d, vocab %d: %lld parameters), %s "
+               "over %d rank%s, global batch %d (%d per rank in %d micro-batch%s), %s "
+               "parameters%s, %d GEMM thread%s per rank\n",
+               a->preset, a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab,
+               (long long)gpt2_numel(&a->cfg), a->no_shard ? "replicated (--no-shard)" : "FSDP",
+               r.ws, r.ws > 1 ? "s" : "", a->batch, r.local_batch, a->grad_accum,
+               a->grad_accum > 1 ? "es" : "", a->param_dtype,
+               a->checkpointing ? ", activation checkpointing" : "", a->threads,
+               a->threads > 1 ? "s" : "");
+        if (a->json && !(r.json = fopen(a->json, "w"))) {
+            fprintf(stderr, "error: cannot write %s\n", a->json);
+            exit(1);
+        }
+    }
+    if (a->dump_batches) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%d", a->dump_batches, r.rank);
+        if (!(r.dump = fopen(path, "w"))) {
+            fprintf(stderr, "error: cannot write %s\n", path);
+            exit(1);
+        }
+    }
+    memory_t mem = memory(&r);
+    print_memory(&r, &mem, "");
+    if (r.json)
+        fprintf(r.json,
+                "{\"preset\": \"%s\", \"layers\": %d, \"heads\": %d, \"dim\": %d, \"seq\": %d, "
+                "\"vocab\": %d, \"ws\": %d, \"batch\": %d, \"grad_accum\": %d, \"sharded\": %s, "
+                "\"param_dtype\": \"%s\", \"activation_checkpointing\": %s, \"threads\": %d, "
+                "\"records\": [",
+                a->preset, a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab, r.ws,
+                a->batch, a->grad_accum, a->no_shard ? "false" : "true", a->param_dtype,
+                a->checkpointing ? "true" : "false", a->threads);
+    double t_log = now(), loss_log = 0;
+    long steps_log = 0;
+    for (long step = r.first_step; step < a->steps; step++) {
+        double norm = 0, loss = train_step(&r, step, &norm);
+        loss_log += loss;
+        steps_log++;
+        int last = step + 1 == a->steps;
+        int val_now = a->val_every && ((step + 1) % a->val_every == 0 || last);
+        if ((step + 1) % a->log_every == 0 || last || val_now || step == r.first_step) {
+            double secs = now() - t_log, ms = 1000 * secs / steps_log;
+            double tokens_s = (double)steps_log * a->batch * a->cfg.seq / secs;
+            double val = val_now ? validate(&r) : NAN;
+            mem = memory(&r);
+            if (!r.rank) {
+                printf("step %5ld | loss %.4f", step + 1, loss_log / steps_log);
+                if (val_now)
+                    printf(" | val %.4f", val);
+                printf(" | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | peak %.2f MiB\n",
+                       lr_at(a, step), norm, ms, tokens_s, mem.peak / 1048576.0);
+                fflush(stdout);
+            }
+            json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem,
+                        lr_at(a, step), norm);
+            t_log = now();
+            loss_log = 0;
+            steps_log = 0;
+        }
+        if (a->save && ((a->save_every && (step + 1) % a->save_every == 0) || last))
+            save(&r, step + 1);
+    }
+    mem = memory(&r);
+    print_memory(&r, &mem, "end: ");
+    if (r.json) {
+        fprintf(r.json, "\n]}\n");
+        fclose(r.json);
+    }
+    if (r.dump)
+        fclose(r.dump);
+    if (a->export_path)
+        CHECK(gpt2_hf_export(r.model, r.world, r.rank, a->export_path));
+    if (a->sample)
+        sample(&r);
+    CHECK(fsdp2_state_dict_destroy(r.state));
+    CHECK(fsdp2_optimizer_destroy(r.opt));
+    gpt2_destroy(r.model);
+    fsdp2_mesh_destroy(r.self_mesh);
+    gpt2_text_free(&r.text);
+    CHECK(fsdp2_finalize(r.ctx));
+    return 0;
+}
