@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# examples/gpt2 end to end on a small corpus of its own (gpt2_corpus.txt):
+#   - the Hugging Face export has GPT2LMHeadModel's names, shapes and layouts (a reader
+#     written from the safetensors spec), and --init-from / --export round-trip a file of
+#     patterned values byte for byte; a file with a wrong shape is refused, naming it;
+#   - 3 steps of tiny reach PyTorch's losses (gpt2_fixture.json) within 1e-5 relative at
+#     ws 1, at ws 1 with 2 accumulated micro-batches, at ws 2 and at ws 2 with activation
+#     checkpointing.
+# The fixture came from PyTorch, never run here:
+#   gpt2 --preset tiny --data gpt2_corpus.txt --steps 0 --export init.safetensors
+#   gpt2 --preset tiny --data gpt2_corpus.txt --batch 4 --steps 3 --dump-batches b
+#   python3 bench/peer_gpt2.py --init init.safetensors --batches b.0 --batch 4 --steps 3
+# usage: gpt2_check.sh FSDP2RUN GPT2 SAFETENSORS_CHECKER
+set -euo pipefail
+run=$1 gpt2=$2 checker=$3
+here=$(cd "$(dirname "$0")" && pwd)
+corpus=$here/gpt2_corpus.txt
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--preset tiny --data "$corpus" --val-every 0 --log-every 1)
+
+"$gpt2" "${common[@]}" --steps 0 --export "$work/init.safetensors" > "$work/export.log"
+"$checker" check "$work/init.safetensors" 4 128 128 256
+
+"$checker" pattern "$work/init.safetensors" "$work/pattern.safetensors"
+mkdir "$work/again"
+"$gpt2" "${common[@]}" --steps 0 --init-from "$work/pattern.safetensors" \
+    --export "$work/again/out.safetensors" > "$work/roundtrip.log"
+cmp "$work/pattern.safetensors" "$work/again/out.safetensors"
+# the same round trip with each rank reading only its rows
+"$run" --nproc-per-node 2 "$gpt2" "${common[@]}" --steps 0 \
+    --init-from "$work/pattern.safetensors" --export "$work/again/out2.safetensors" \
+    > "$work/roundtrip2.log" 2>&1
+cmp "$work/pattern.safetensors" "$work/again/out2.safetensors"
+
+# a wrong shape: refused with the tensor's name, exit status 1
+"$gpt2" --preset tiny --dim 64 --data "$corpus" --steps 0 --export "$work/again/d64.safetensors" \
+    > /dev/null
+if "$gpt2" "${common[@]}" --steps 0 --init-from "$work/again/d64.safetensors" \
+    > "$work/bad.log" 2>&1; then
+    echo "FAIL: a file of dim 64 was loaded into a model of dim 128"; exit 1
+fi
+grep -q "transformer.wte.weight" "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
+
+losses() { # ws, json, extra flags...
+    local ws=$1 json=$2
+    shift 2
+    "$run" --nproc-per-node "$ws" "$gpt2" "${common[@]}" --batch 4 --steps 3 --json "$json" \
+        "$@" > "$json.log" 2>&1 || { cat "$json.log"; exit 1; }
+}
+losses 1 "$work/ws1.json"
+losses 1 "$work/accum.json" --grad-accum 2
+losses 2 "$work/ws2.json"
+losses 2 "$work/ckpt.json" --activation-checkpointing
+python3 - "$here/gpt2_fixture.json" "$work"/{ws1,accum,ws2,ckpt}.json <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["losses"]
+bad = 0
+for path in sys.argv[2:]:
+    got = [r["train_loss"] for r in json.load(open(path))["records"]]
+    for step, (g, w) in enumerate(zip(got, want), 1):
+        rel = abs(g - w) / abs(w)
+        if len(got) != len(want) or rel > 1e-5:
+            print(f"FAIL {path}: step {step} loss {g!r}, PyTorch {w!r} (relative {rel:.2e})")
+            bad += 1
+sys.exit(1 if bad else 0)
+PY
+echo "gpt2: export, round trips and losses at ws 1 and 2 match"
