@@ -240,6 +240,16 @@ static void parse(int argc, char **argv, args_t *a)
 
 /* ---- setup ---- */
 
+/* Linear warmup over --warmup steps, then cosine down to --min-lr at --steps: the
+ * optimizer applies it before each step (t counts from 1) and checkpoints carry it. */
+static fsdp2_lr_schedule_t schedule_of(const args_t *a)
+{
+    fsdp2_lr_schedule_t s = {FSDP2_LR_COSINE, 0, 0, a->warmup,
+                             a->steps > a->warmup ? a->steps : a->warmup, a->min_lr};
+    return s;
+}
+
+
 static int is_matrix(const fsdp2_param_info_t *info, void *user)
 {
     (void)user;
@@ -303,6 +313,8 @@ static void setup(run_t *r)
     fsdp2_param_group_t decay = FSDP2_PARAM_GROUP_INIT;
     decay.weight_decay = a->weight_decay;
     CHECK(fsdp2_optimizer_add_param_group(r->opt, &decay, is_matrix, NULL, NULL));
+    fsdp2_lr_schedule_t sched = schedule_of(a);
+    CHECK(fsdp2_optimizer_set_lr_schedule(r->opt, &sched, a->lr));
     CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
     CHECK(gpt2_allocate(r->model, r->micro > 1 ? r->micro : 1, a->checkpointing));
     if (a->init_from)
@@ -310,6 +322,11 @@ static void setup(run_t *r)
     if (a->resume) {
         fsdp2_checkpoint_report_t rep = {.size = sizeof(rep)};
         CHECK(fsdp2_checkpoint_load(r->state, a->resume, NULL, &rep));
+        char seed[32];
+        CHECK(fsdp2_checkpoint_extra(a->resume, "seed", seed, sizeof(seed)));
+        if (atol(seed) != a->seed && !r->rank)
+            printf("note: the checkpoint was trained with --seed %s; going on with %ld\n", seed,
+                   a->seed);
         int64_t steps;
         CHECK(fsdp2_optimizer_steps(r->opt, &steps));
         r->first_step = (long)steps;
@@ -347,15 +364,6 @@ static void world_sum(run_t *r, double *v, int n)
     CHECK(fsdp2_stream_synchronize(r->current));
 }
 
-static double lr_at(const args_t *a, long step)
-{
-    fsdp2_lr_schedule_t s = {FSDP2_LR_COSINE, 0, 0, a->warmup, a->steps > a->warmup ? a->steps : a->warmup,
-                             a->min_lr};
-    double lr;
-    CHECK(fsdp2_lr_at(&s, a->lr, step + 1, &lr)); /* step 0 trains at lr / warmup, not 0 */
-    return lr;
-}
-
 /* One optimizer step: the mean training loss over the global batch, the gradient norm
  * before clipping. */
 static double train_step(run_t *r, long step, double *norm)
@@ -386,7 +394,6 @@ static double train_step(run_t *r, long step, double *norm)
     if (a->no_shard)
         all_reduce_grads(r);
     CHECK(fsdp2_clip_grad_norm(m->root, a->clip > 0 ? a->clip : INFINITY, 2.0, norm));
-    CHECK(fsdp2_optimizer_set_lr(r->opt, lr_at(a, step)));
     CHECK(fsdp2_optimizer_step(r->opt));
     CHECK(fsdp2_optimizer_zero_grad(r->opt));
     double v[1] = {loss_sum};
@@ -606,18 +613,18 @@ int main(int argc, char **argv)
         if ((step + 1) % a->log_every == 0 || last || val_now || step == r.first_step) {
             double secs = now() - t_log, ms = 1000 * secs / steps_log;
             double tokens_s = (double)steps_log * a->batch * a->cfg.seq / secs;
-            double val = val_now ? validate(&r) : NAN;
+            double val = val_now ? validate(&r) : NAN, lr;
+            CHECK(fsdp2_optimizer_lr(r.opt, &lr));
             mem = memory(&r);
             if (!r.rank) {
                 printf("step %5ld | loss %.4f", step + 1, loss_log / steps_log);
                 if (val_now)
                     printf(" | val %.4f", val);
-                printf(" | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | peak %.2f MiB\n",
-                       lr_at(a, step), norm, ms, tokens_s, mem.peak / 1048576.0);
+                printf(" | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | peak %.2f MiB\n", lr, norm,
+                       ms, tokens_s, mem.peak / 1048576.0);
                 fflush(stdout);
             }
-            json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem,
-                        lr_at(a, step), norm);
+            json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem, lr, norm);
             t_log = now();
             loss_log = 0;
             steps_log = 0;

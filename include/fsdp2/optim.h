@@ -151,6 +151,21 @@ typedef struct fsdp2_lr_schedule {
 FSDP2_API fsdp2_status_t fsdp2_lr_at(const fsdp2_lr_schedule_t *schedule, double base_lr,
                                      int64_t t, double *lr);
 
+/* Drives the optimizer's lr from a schedule: before each step the lr becomes
+ * fsdp2_lr_at(schedule, base_lr, t) with t = the steps taken so far + 1 (steps count from
+ * 1, so a warmup never spends a step at lr 0), overriding fsdp2_optimizer_set_lr. The
+ * schedule and base_lr go into checkpoints with the step count, and fsdp2_checkpoint_load
+ * puts them back: a resumed run continues the schedule where it stopped, at any world
+ * size. NULL turns it off (the lr then stays where the schedule left it). Local, not
+ * collective: call it on every rank alike. */
+FSDP2_API fsdp2_status_t fsdp2_optimizer_set_lr_schedule(fsdp2_optimizer_t *opt,
+                                                         const fsdp2_lr_schedule_t *schedule,
+                                                         double base_lr);
+/* The schedule in use: *on = 0 when none (schedule and base_lr are then untouched). */
+FSDP2_API fsdp2_status_t fsdp2_optimizer_lr_schedule(const fsdp2_optimizer_t *opt,
+                                                     fsdp2_lr_schedule_t *schedule,
+                                                     double *base_lr, int *on);
+
 /* Clips the gradients of every sharded parameter under root that requires gradients:
  * the global norm over all of them on all ranks (norm_type 2.0, or INFINITY for the
  * max; others are FSDP2_ERR_INVALID_ARGUMENT), then, when max_norm / (norm + 1e-6) < 1,

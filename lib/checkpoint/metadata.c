@@ -237,6 +237,27 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
     const cJSON *ostep_item = cJSON_GetObjectItemCaseSensitive(m->root, "optim.step");
     if (ostep_item && !get_u64(ostep_item, NULL, &ostep))
         return corrupt(m, "optim.step is not a whole number from 0 to 2^53", NULL);
+    const cJSON *sched = cJSON_GetObjectItemCaseSensitive(m->root, "optim.lr_schedule");
+    if (sched) {
+        const char *keys[6] = {"base_lr", "gamma", "min_lr", "kind", "step_size", "warmup"};
+        double d[3];
+        uint64_t u[4];
+        for (int k = 0; k < 3; k++) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(sched, keys[k]);
+            if (!cJSON_IsNumber(x))
+                return corrupt(m, "optim.lr_schedule: a number is missing", keys[k]);
+            d[k] = x->valuedouble;
+        }
+        for (int k = 0; k < 4; k++) {
+            const char *key = k < 3 ? keys[3 + k] : "total";
+            if (!get_u64(sched, key, &u[k]))
+                return corrupt(m, "optim.lr_schedule: a whole number is missing", key);
+        }
+        m->has_lr_schedule = 1;
+        m->base_lr = d[0];
+        m->lr_schedule = (fsdp2_lr_schedule_t){(fsdp2_lr_schedule_kind_t)u[0], (int64_t)u[1], d[1],
+                                               (int64_t)u[2], (int64_t)u[3], d[2]};
+    }
     m->version = (int)v;
     m->world_size = (int)ws;
     m->block = block;

@@ -7,6 +7,8 @@
 
 #include <cjson/cJSON.h>
 
+#include <fsdp2/optim.h>
+
 #include "checkpoint/checkpoint_internal.h"
 #include "checkpoint/safetensors.h"
 
@@ -32,6 +34,9 @@ typedef struct meta {
     int version, world_size;
     int64_t step, optim_step;
     int has_optim_step;
+    int has_lr_schedule; /* "optim.lr_schedule": the optimizer's, with its base lr */
+    fsdp2_lr_schedule_t lr_schedule;
+    double base_lr;
     uint64_t block;
     meta_tensor_t *tensors;
     size_t num_tensors;

@@ -234,6 +234,20 @@ static fsdp2_status_t write_metadata(const fsdp2_state_dict_t *sd, const char *p
         int64_t steps = 0;
         fsdp2_optimizer_steps(sd->opt, &steps);
         cJSON_AddNumberToObject(root, "optim.step", (double)steps);
+        fsdp2_lr_schedule_t ls;
+        double base_lr;
+        int on = 0;
+        fsdp2_optimizer_lr_schedule(sd->opt, &ls, &base_lr, &on);
+        if (on) {
+            cJSON *o = cJSON_AddObjectToObject(root, "optim.lr_schedule");
+            cJSON_AddNumberToObject(o, "kind", (double)ls.kind);
+            cJSON_AddNumberToObject(o, "base_lr", base_lr);
+            cJSON_AddNumberToObject(o, "step_size", (double)ls.step_size);
+            cJSON_AddNumberToObject(o, "gamma", ls.gamma);
+            cJSON_AddNumberToObject(o, "warmup", (double)ls.warmup);
+            cJSON_AddNumberToObject(o, "total", (double)ls.total);
+            cJSON_AddNumberToObject(o, "min_lr", ls.min_lr);
+        }
     }
     for (size_t i = 0; i < o->num_extra; i++)
         cJSON_AddStringToObject(extra, o->extra_keys[i], o->extra_values[i]);

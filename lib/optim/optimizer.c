@@ -51,6 +51,9 @@ struct fsdp2_optimizer {
     size_t num_params;
     optim_param_t *params;
     fsdp2_device_t device;          /* where every shard lives */
+    int has_schedule;
+    fsdp2_lr_schedule_t schedule;
+    double base_lr;
     optim_device_table_t tables[2]; /* cuda: f32, f64 */
 };
 
@@ -368,8 +371,13 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
         op.bytes = opt->state_bytes;
         traced = fsdp2_trace_host_begin(TRACE_TRACK_OPTIMIZER, NULL, &op);
     }
-    optim_coeffs_t c = coeffs_of(opt);
     fsdp2_status_t status = FSDP2_SUCCESS;
+    if (opt->has_schedule) {
+        double lr;
+        FSDP2_CHECK(fsdp2_lr_at(&opt->schedule, opt->base_lr, opt->steps + 1, &lr));
+        opt->options.lr = lr;
+    }
+    optim_coeffs_t c = coeffs_of(opt);
     if (opt->device.type == FSDP2_DEVICE_CUDA) {
 #ifdef FSDP2_HAVE_CUDA
         static const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_F64};
@@ -425,6 +433,36 @@ fsdp2_status_t fsdp2_optimizer_add_param_group(fsdp2_optimizer_t *opt,
     }
     if (count)
         *count = picked;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_optimizer_set_lr_schedule(fsdp2_optimizer_t *opt,
+                                               const fsdp2_lr_schedule_t *schedule,
+                                               double base_lr)
+{
+    FSDP2_ARG_CHECK(opt, "optimizer_set_lr_schedule: optimizer is NULL");
+    if (!schedule) {
+        opt->has_schedule = 0;
+        return FSDP2_SUCCESS;
+    }
+    double lr;
+    FSDP2_CHECK(fsdp2_lr_at(schedule, base_lr, 1, &lr)); /* validates every field */
+    opt->schedule = *schedule;
+    opt->base_lr = base_lr;
+    opt->has_schedule = 1;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_optimizer_lr_schedule(const fsdp2_optimizer_t *opt,
+                                           fsdp2_lr_schedule_t *schedule, double *base_lr,
+                                           int *on)
+{
+    FSDP2_ARG_CHECK(opt && schedule && base_lr && on, "optimizer_lr_schedule: NULL argument");
+    *on = opt->has_schedule;
+    if (opt->has_schedule) {
+        *schedule = opt->schedule;
+        *base_lr = opt->base_lr;
+    }
     return FSDP2_SUCCESS;
 }
 

@@ -478,6 +478,27 @@ static int dump_or_compare(model_t *m, const char *path, const char *want, size_
     return fails;
 }
 
+/* The lr of the training runs: a cosine schedule on the optimizer, which the checkpoint
+ * carries (the resumed run never sets it: a lost schedule would train its last 3 steps
+ * at the options' lr and change the bits). */
+static const fsdp2_lr_schedule_t SCHEDULE = {FSDP2_LR_COSINE, 0, 0.0, 2, 6, 1e-4};
+#define SCHEDULE_BASE_LR 3e-3
+
+static int check_schedule(rank_ctx_t *c, fsdp2_optimizer_t *opt, const char *when)
+{
+    fsdp2_lr_schedule_t got;
+    double base = 0;
+    int on = 0;
+    int fails = OK(c, fsdp2_optimizer_lr_schedule(opt, &got, &base, &on));
+    return fails + RANK_CHECK(c, on && got.kind == SCHEDULE.kind && got.warmup == SCHEDULE.warmup &&
+                                     got.total == SCHEDULE.total && got.min_lr == SCHEDULE.min_lr &&
+                                     base == SCHEDULE_BASE_LR,
+                              "%s: lr schedule on %d, kind %d, warmup %lld, total %lld, min_lr "
+                              "%g, base %g",
+                              when, on, (int)got.kind, (long long)got.warmup,
+                              (long long)got.total, got.min_lr, base);
+}
+
 /* 6 steps straight, dumped to job->dump; then, in a fresh tree, 3 steps saved to
  * job->dir. Both start from the formula (seed 0) and a zero AdamW state. */
 static int body_train_straight_and_half(rank_ctx_t *c)
@@ -489,6 +510,7 @@ static int body_train_straight_and_half(rank_ctx_t *c)
         model_t m = {0};
         fails += model_open(c, mesh, VARIANT_BASE, 0, &m);
         fails += fails ? 0 : zero_states(&m);
+        fails += fails ? 0 : OK(c, fsdp2_optimizer_set_lr_schedule(m.opt, &SCHEDULE, SCHEDULE_BASE_LR));
         fails += fails ? 0 : train(&m, 0, half ? 3 : 6, job->per_rank_grads);
         fails += fails ? 0 : model_check_steps(&m, half ? 3 : 6, "training");
         if (!fails && !half)
@@ -515,6 +537,7 @@ static int body_resume(rank_ctx_t *c)
     fsdp2_checkpoint_report_t report = {.size = sizeof(report)};
     fails += fails ? 0 : model_load(&m, job->dir, 1, &report);
     fails += fails ? 0 : model_check_steps(&m, 3, when);
+    fails += fails ? 0 : check_schedule(c, m.opt, when);
     fails += fails ? 0 : train(&m, 3, 3, job->per_rank_grads);
     fails += fails ? 0 : model_check_steps(&m, 6, when);
     fails += fails ? 0 : dump_or_compare(&m, job->dump, want, want_len, when);
