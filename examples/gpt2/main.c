@@ -316,7 +316,25 @@ static void setup(run_t *r)
     fsdp2_lr_schedule_t sched = schedule_of(a);
     CHECK(fsdp2_optimizer_set_lr_schedule(r->opt, &sched, a->lr));
     CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));
-    CHECK(gpt2_allocate(r->model, r->micro > 1 ? r->micro : 1, a->checkpointing));
+    /* FSDP's buffers (refused by the library when they do not fit the device), then the
+     * activations: both before step 1 */
+    fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
+    CHECK(fsdp2_memory_plan(r->model->root, &plan));
+    uint64_t limit = 0, acts = gpt2_activation_bytes(&a->cfg, r->micro, a->checkpointing);
+    fsdp2_memory_stats_t st;
+    CHECK(fsdp2_memory_capacity((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &limit));
+    CHECK(fsdp2_memory_stats_get((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &st));
+    if (limit && st.allocated_bytes + acts > limit) {
+        fprintf(stderr,
+                "error: rank %d needs %.2f MiB: %.2f MiB of parameters, gradients, optimizer "
+                "state and FSDP buffers, and %.2f MiB of activations; the cpu device holds %.2f "
+                "MiB (FSDP2_CPU_MEMORY_LIMIT). Refused before step 1: more ranks shard the first "
+                "part; --activation-checkpointing or a smaller --batch shrink the second\n",
+                r->rank, (st.allocated_bytes + acts) / 1048576.0, st.allocated_bytes / 1048576.0,
+                acts / 1048576.0, limit / 1048576.0);
+        exit(1);
+    }
+    CHECK(gpt2_allocate(r->model, r->micro, a->checkpointing));
     if (a->init_from)
         CHECK(gpt2_hf_import(r->model, a->init_from));
     if (a->resume) {

@@ -67,6 +67,12 @@ FSDP2_API fsdp2_status_t fsdp2_memory_stats_get(fsdp2_device_t device,
 /* Sets the peak to the bytes live now. */
 FSDP2_API fsdp2_status_t fsdp2_memory_stats_reset_peak(fsdp2_device_t device);
 
+/* The most bytes libfsdp2's allocator may hold live on device, in *limit: for the cpu
+ * device FSDP2_CPU_MEMORY_LIMIT (a capacity, as a GPU's memory size: an allocation past
+ * it fails with FSDP2_ERR_OUT_OF_MEMORY, and FSDP refuses a plan that does not fit before
+ * step 1); 0 means no limit. */
+FSDP2_API fsdp2_status_t fsdp2_memory_capacity(fsdp2_device_t device, uint64_t *limit);
+
 FSDP2_EXTERN_C_END
 
 #endif

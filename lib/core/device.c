@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/device_ops.h"
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -179,6 +180,40 @@ static alloc_entry_t *table_find(const void *ptr)
     return NULL;
 }
 
+/* FSDP2_CPU_MEMORY_LIMIT for the cpu device (0: none); other devices have no limit here
+ * (their own allocator refuses what does not fit). */
+static uint64_t device_limit(fsdp2_device_t device)
+{
+    return device.type == FSDP2_DEVICE_CPU ? (uint64_t)fsdp2_env_int(FSDP2_ENV_CPU_MEMORY_LIMIT) : 0;
+}
+
+fsdp2_status_t fsdp2_memory_capacity(fsdp2_device_t device, uint64_t *limit)
+{
+    FSDP2_ARG_CHECK(limit, "limit is NULL");
+    const fsdp2_device_ops_t *ops = NULL;
+    FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
+    *limit = device_limit(device);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp_memory_check_fits(fsdp2_device_t device, uint64_t need, const char *what)
+{
+    uint64_t limit = device_limit(device);
+    if (!limit)
+        return FSDP2_SUCCESS;
+    pthread_mutex_lock(&alloc_lock);
+    uint64_t live = alloc_stats[stats_slot(device)].allocated_bytes;
+    pthread_mutex_unlock(&alloc_lock);
+    if (need <= limit && live <= limit - need)
+        return FSDP2_SUCCESS;
+    return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY,
+                       "%s needs %llu bytes with %llu live: %llu in all, more than "
+                       "FSDP2_CPU_MEMORY_LIMIT=%llu (%.1f MiB short)",
+                       what, (unsigned long long)need, (unsigned long long)live,
+                       (unsigned long long)(live + need), (unsigned long long)limit,
+                       (double)(live + need - limit) / 1048576.0);
+}
+
 fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **ptr)
 {
     FSDP2_ARG_CHECK(ptr, "ptr is NULL");
@@ -187,21 +222,38 @@ fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **pt
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     if (bytes == 0)
         return FSDP2_SUCCESS;
-    void *p = NULL;
-    FSDP2_CHECK(ops->alloc(device.index, bytes, &p));
+    /* The bytes are counted (reserved) before the allocation, so that concurrent
+     * allocations cannot pass the cpu limit together. */
     int slot = stats_slot(device);
+    uint64_t limit = device_limit(device);
+    fsdp2_memory_stats_t *s = &alloc_stats[slot];
     pthread_mutex_lock(&alloc_lock);
-    fsdp2_status_t status = table_insert(p, bytes, slot);
-    if (status == FSDP2_SUCCESS) {
-        fsdp2_memory_stats_t *s = &alloc_stats[slot];
+    uint64_t live = s->allocated_bytes;
+    int fits = !limit || (bytes <= limit && live <= limit - bytes);
+    if (fits)
         s->allocated_bytes += bytes;
+    pthread_mutex_unlock(&alloc_lock);
+    if (!fits)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY,
+                           "cpu device: %zu bytes more with %llu live would pass "
+                           "FSDP2_CPU_MEMORY_LIMIT=%llu",
+                           bytes, (unsigned long long)live, (unsigned long long)limit);
+    void *p = NULL;
+    fsdp2_status_t status = ops->alloc(device.index, bytes, &p);
+    pthread_mutex_lock(&alloc_lock);
+    if (status == FSDP2_SUCCESS)
+        status = table_insert(p, bytes, slot);
+    if (status == FSDP2_SUCCESS) {
         s->alloc_count++;
         if (s->allocated_bytes > s->peak_allocated_bytes)
             s->peak_allocated_bytes = s->allocated_bytes;
+    } else {
+        s->allocated_bytes -= bytes;
     }
     pthread_mutex_unlock(&alloc_lock);
     if (status != FSDP2_SUCCESS) {
-        ops->free(device.index, p);
+        if (p)
+            ops->free(device.index, p);
         return status;
     }
     FSDP2_LOG(TRACE, CORE, "alloc %zu bytes at %p", bytes, p);

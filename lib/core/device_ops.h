@@ -82,4 +82,8 @@ extern const fsdp2_device_ops_t fsdp2_cuda_ops;
  * FSDP2_ERR_INVALID_ARGUMENT for meta (it has no runtime). */
 fsdp2_status_t fsdp2_device_ops_get(fsdp2_device_t device, const fsdp2_device_ops_t **ops);
 
+/* Whether need more bytes fit the device's limit (FSDP2_CPU_MEMORY_LIMIT) with what is
+ * live now; FSDP2_ERR_OUT_OF_MEMORY naming what, the bytes and the limit otherwise. */
+fsdp2_status_t fsdp_memory_check_fits(fsdp2_device_t device, uint64_t need, const char *what);
+
 #endif

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 
-typedef enum env_kind { ENV_INT, ENV_SECONDS, ENV_ENUM, ENV_LIST } env_kind_t;
+typedef enum env_kind { ENV_INT, ENV_SECONDS, ENV_BYTES, ENV_ENUM, ENV_LIST } env_kind_t;
 
 typedef struct env_var {
     const char *name;
@@ -77,6 +77,20 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
         if (errno || end == text || *end != '\0' || v < (long long)lo || v > (long long)hi)
             goto bad;
         *value = v;
+        return FSDP2_SUCCESS;
+    }
+    case ENV_BYTES: {
+        /* Decimal digits and an optional binary suffix ("512M", "24G"). */
+        size_t digits = strspn(text, "0123456789");
+        const char *suffixes = "KMGT", *at = text[digits] ? strchr(suffixes, text[digits]) : NULL;
+        if (digits == 0 || digits > 16 || (text[digits] && (!at || text[digits + 1])))
+            goto bad;
+        uint64_t v = strtoull(text, NULL, 10);
+        int shift = at ? 10 * (int)(at - suffixes + 1) : 0;
+        parse_range(var->accepted, &lo, &hi);
+        if (v > (uint64_t)hi >> shift || (double)(v << shift) < lo)
+            goto bad;
+        *value = (int64_t)(v << shift);
         return FSDP2_SUCCESS;
     }
     case ENV_SECONDS: {

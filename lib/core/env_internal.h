@@ -7,8 +7,9 @@
 #include <fsdp2/env.h>
 
 /* XX(id, variable, kind, default, accepted, help). kind: INT (accepted = "min..max"),
- * SECONDS (a positive decimal, accepted = "min..max"), ENUM (accepted = "a|b|c"),
- * LIST (comma separated words from accepted = "a|b|c", or "all"). */
+ * SECONDS (a positive decimal, accepted = "min..max"), BYTES (a whole number with an
+ * optional K, M, G or T suffix for KiB .. TiB, accepted = "min..max" in bytes), ENUM
+ * (accepted = "a|b|c"), LIST (comma separated words from accepted = "a|b|c", or "all"). */
 #define FSDP2_ENV_MAP(XX)                                                                  \
     XX(LOG_LEVEL, "FSDP2_LOG_LEVEL", ENUM, "warn", "error|warn|info|debug|trace",          \
        "how much libfsdp2 prints to stderr")                                               \
@@ -43,6 +44,10 @@
        "(the group goes single-copy only where every rank allows it)")                     \
     XX(TRACE_EVENTS, "FSDP2_TRACE_EVENTS", INT, "262144", "1024..67108864",                 \
        "records in the trace buffer (248 bytes each; allocated when tracing first starts, kept)") \
+    XX(CPU_MEMORY_LIMIT, "FSDP2_CPU_MEMORY_LIMIT", BYTES, "0", "0..1125899906842624",       \
+       "the cpu device's capacity for libfsdp2's allocator, as a GPU's memory size: an "    \
+       "allocation past it fails, and an FSDP plan that does not fit is refused before "    \
+       "step 1 (0: no limit)")                                                             \
     XX(STORE_BIND, "FSDP2_STORE_BIND", ENUM, "told", "told|any",                            \
        "where rank 0's rendezvous store listens: told = only on the address the ranks were "\
        "told (MASTER_ADDR; loopback for a job on one host), any = every interface")
@@ -56,7 +61,7 @@ typedef enum fsdp2_env_id {
 
 /* The variable's validated value; the default when unset or when the table failed to
  * validate (fsdp2_env_init reports that). For ENUM: the index into accepted; for LIST:
- * a bit mask over accepted's words; for SECONDS: milliseconds. */
+ * a bit mask over accepted's words; for SECONDS: milliseconds; for BYTES: bytes. */
 int64_t fsdp2_env_int(fsdp2_env_id_t id);
 
 /* Reads the environment again (tests only: not thread-safe against concurrent users). */

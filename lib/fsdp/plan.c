@@ -19,9 +19,11 @@
  * gathers nothing and needs no buffer, and its gradients are added straight into the
  * sharded gradients. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device_ops.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "fsdp/fsdp_internal.h"
@@ -254,6 +256,17 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     }
     r->plan.total = r->plan.sharded_params + r->plan.sharded_grads;
     r->ring_size = ring_bytes ? r->group->requested_unsharded_buffers : 0;
+    /* Everything below, refused at once when it cannot fit the device's limit. */
+    int sends = send_bytes ? (r->ring_size >= 2 ? 2 : 1) : 0;
+    uint64_t need = (uint64_t)r->ring_size * ring_bytes + (grad_bytes ? 2 * (uint64_t)grad_bytes : 0) +
+                    (uint64_t)sends * send_bytes + (uint64_t)r->group->ws * rs_bytes;
+    char what[160];
+    snprintf(what, sizeof(what),
+             "the FSDP plan (%d unsharded buffers of %zu bytes, 2 gradient buffers of %zu, "
+             "%d cast buffers of %zu, reduce-scatter staging of %zu)",
+             r->ring_size, ring_bytes, grad_bytes, sends, send_bytes,
+             (size_t)r->group->ws * rs_bytes);
+    FSDP2_CHECK(fsdp_memory_check_fits(r->device, need, what));
     for (int b = 0; b < r->ring_size; b++) {
         r->buffers[b].bytes = ring_bytes;
         FSDP2_CHECK(alloc(r, ring_bytes, &r->buffers[b].data, &r->plan.unsharded_params));

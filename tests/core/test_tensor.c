@@ -21,6 +21,8 @@
 #include <fsdp2/status.h>
 #include <fsdp2/tensor.h>
 
+#include "core/env_internal.h"
+
 #define TEST_TIMEOUT_S 60
 
 static const fsdp2_device_t CPU = FSDP2_DEVICE_CPU_INIT;
@@ -192,6 +194,38 @@ START_TEST(peak_tracks_the_most_bytes_live_at_once_and_reset_lowers_it)
 
     ASSERT_OK(fsdp2_memory_stats_reset_peak(CPU));
     ck_assert_uint_eq(cpu_stats().peak_allocated_bytes, base.allocated_bytes);
+}
+END_TEST
+
+/* FSDP2_CPU_MEMORY_LIMIT: what fits is allocated, the allocation that would pass it is
+ * refused naming the bytes and the limit, and nothing is counted for it. */
+START_TEST(an_allocation_past_the_cpu_memory_limit_is_refused_and_counts_nothing)
+{
+    fsdp2_memory_stats_t base = cpu_stats();
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%llu", (unsigned long long)(base.allocated_bytes + 1000));
+    ck_assert_int_eq(setenv("FSDP2_CPU_MEMORY_LIMIT", limit, 1), 0);
+    ASSERT_OK(fsdp2_env_reload());
+    uint64_t capacity = 0;
+    ASSERT_OK(fsdp2_memory_capacity(CPU, &capacity));
+    ck_assert_uint_eq(capacity, base.allocated_bytes + 1000);
+    const int64_t fits[] = {600}, over[] = {401};
+    fsdp2_tensor_t *a = NULL, *b = NULL;
+    ASSERT_OK(fsdp2_tensor_empty(CPU, FSDP2_U8, 1, fits, &a));
+    fsdp2_status_t st = fsdp2_tensor_empty(CPU, FSDP2_U8, 1, over, &b);
+    ck_assert_msg(st == FSDP2_ERR_OUT_OF_MEMORY && strstr(fsdp2_last_error(), "401 bytes") &&
+                      strstr(fsdp2_last_error(), limit),
+                  "%s: %s", fsdp2_status_name(st), fsdp2_last_error());
+    ck_assert_ptr_null(b);
+    ck_assert_uint_eq(cpu_stats().allocated_bytes, base.allocated_bytes + 600);
+    const int64_t exact[] = {400}; /* up to the limit exactly */
+    ASSERT_OK(fsdp2_tensor_empty(CPU, FSDP2_U8, 1, exact, &b));
+    ASSERT_OK(fsdp2_tensor_release(a));
+    ASSERT_OK(fsdp2_tensor_release(b));
+    ck_assert_int_eq(unsetenv("FSDP2_CPU_MEMORY_LIMIT"), 0);
+    ASSERT_OK(fsdp2_env_reload());
+    ASSERT_OK(fsdp2_memory_capacity(CPU, &capacity));
+    ck_assert_uint_eq(capacity, 0);
 }
 END_TEST
 
@@ -1021,6 +1055,7 @@ static Suite *tensor_suite(void)
     tcase_add_test(alloc, shape_arguments_out_of_range_are_errors_not_crashes);
     tcase_add_test(alloc, zeros_fills_every_byte_with_zero_for_every_dtype);
     tcase_add_test(alloc, peak_tracks_the_most_bytes_live_at_once_and_reset_lowers_it);
+    tcase_add_test(alloc, an_allocation_past_the_cpu_memory_limit_is_refused_and_counts_nothing);
     tcase_add_test(alloc, empty_rejects_unknown_dtype);
     suite_add_tcase(s, alloc);
 

@@ -6,7 +6,10 @@
 #   - 3 steps of tiny reach PyTorch's losses (gpt2_fixture.json) within 1e-5 relative at
 #     ws 1, at ws 1 with 2 accumulated micro-batches, at ws 2 and at ws 2 with activation
 #     checkpointing, and when 2 steps saved at ws 2 resume at ws 1 for the third (the
-#     checkpoint carries the lr schedule and the step, which is the data position).
+#     checkpoint carries the lr schedule and the step, which is the data position);
+#   - under FSDP2_CPU_MEMORY_LIMIT=40M, ws 1 is refused before step 1 with the bytes
+#     needed and available, and ws 2 trains; a limit below the FSDP plan is refused by
+#     the library, naming the plan.
 # The fixture came from PyTorch, never run here:
 #   gpt2 --preset tiny --data gpt2_corpus.txt --steps 0 --export init.safetensors
 #   gpt2 --preset tiny --data gpt2_corpus.txt --batch 4 --steps 3 --dump-batches b
@@ -42,6 +45,19 @@ if "$gpt2" "${common[@]}" --steps 0 --init-from "$work/again/d64.safetensors" \
     echo "FAIL: a file of dim 64 was loaded into a model of dim 128"; exit 1
 fi
 grep -q "transformer.wte.weight" "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
+
+if FSDP2_CPU_MEMORY_LIMIT=40M "$gpt2" "${common[@]}" --steps 1 > "$work/limit1.log" 2>&1; then
+    echo "FAIL: ws 1 trained under a 40 MiB limit"; exit 1
+fi
+grep -q "needs 65.64 MiB.*holds 40.00 MiB.*Refused before step 1" "$work/limit1.log" ||
+    { cat "$work/limit1.log"; exit 1; }
+FSDP2_CPU_MEMORY_LIMIT=40M "$run" --nproc-per-node 2 "$gpt2" "${common[@]}" --steps 1 \
+    > "$work/limit2.log" 2>&1 || { cat "$work/limit2.log"; exit 1; }
+if FSDP2_CPU_MEMORY_LIMIT=13500K "$gpt2" "${common[@]}" --steps 1 > "$work/plan.log" 2>&1; then
+    echo "FAIL: the FSDP plan was allocated past the limit"; exit 1
+fi
+grep -q "the FSDP plan .* needs .*FSDP2_CPU_MEMORY_LIMIT=13824000" "$work/plan.log" ||
+    { cat "$work/plan.log"; exit 1; }
 
 losses() { # ws, json, extra flags...
     local ws=$1 json=$2
