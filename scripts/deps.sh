@@ -2,12 +2,13 @@
 # Installs the Debian packages libfsdp2 needs, only those missing (quick when none are).
 # Sourced by scripts/demo and scripts/test. (libudev-dev: static links of hwloc need -ludev;
 # dataset-fashion-mnist: the main job's data, also read by the example's tests;
+# fortunes: the GPT-2 example's default text;
 # librsvg2-bin, libxml2-utils: the tests render and validate fsdp2-trace's SVG.)
 set -euo pipefail
 
 FSDP2_PACKAGES=(meson ninja-build pkg-config gcc g++ libc6-dev libucx-dev ucx-utils libhwloc-dev
                 hwloc libudev-dev libcjson-dev check libopenblas-dev zlib1g-dev
-                dataset-fashion-mnist librsvg2-bin libxml2-utils)
+                dataset-fashion-mnist fortunes librsvg2-bin libxml2-utils)
 
 # fsdp2_install_deps [PACKAGE...]: the given packages, or FSDP2_PACKAGES.
 fsdp2_install_deps() {
