@@ -7,8 +7,11 @@
 #
 # Threads: the host's cores shared among the ranks (at least 1 each) for both sides;
 # PyTorch gets OMP_WAIT_POLICY=PASSIVE and OPENBLAS_NUM_THREADS too (Debian's torch runs
-# its GEMMs in OpenBLAS, whose threads otherwise spin against its OpenMP pool). The ms
-# per step are the mean over the steps after the first.
+# its GEMMs in OpenBLAS, whose threads otherwise spin against its OpenMP pool). Both run
+# their GEMMs in the same OpenBLAS, with OPENBLAS_CORETYPE set from the CPU's flags when
+# unset (SkylakeX with AVX-512, Haswell with AVX2): a virtual machine that hides its CPU
+# model makes OpenBLAS fall back to its SSE3 kernels. The ms per step are the mean over
+# the steps after the first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets="tiny small" wss="1 2 4" steps=8 json=bench-gpt2.json batch=8
@@ -25,6 +28,15 @@ done
 run=./build/tools/fsdp2run gpt2=./build/examples/gpt2
 [ -x $gpt2 ] || { echo "build first: ninja -C build" >&2; exit 1; }
 cores=$(nproc)
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+    case " $flags " in
+    *" avx512f "*) export OPENBLAS_CORETYPE=SkylakeX ;;
+    *" avx2 "*) export OPENBLAS_CORETYPE=Haswell ;;
+    esac
+fi
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(OpenBLAS's own choice)}, $cores cores"
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 results=()
@@ -51,10 +63,11 @@ for preset in $presets; do
         done
     done
 done
-printf '%s\n' "${results[@]}" | python3 -c '
+printf '%s\n' "${results[@]}" > "$work/runs.txt"
+python3 - "$json" "$batch" "$steps" "$work/runs.txt" <<'PY'
 import json, sys
-rows, out = [], {"batch": int(sys.argv[2]), "steps": int(sys.argv[3]), "runs": []}
-for line in sys.stdin:
+out = {"batch": int(sys.argv[2]), "steps": int(sys.argv[3]), "runs": []}
+for line in open(sys.argv[4]):
     preset, ws, threads, side, path = line.split()
     d = json.load(open(path))
     if side == "torch":
@@ -63,17 +76,20 @@ for line in sys.stdin:
         recs = [r for r in d["records"] if r["step"] > 1]
         ms = sum(r["ms"] for r in recs) / len(recs)
     seq = {"tiny": 128, "small": 256}.get(preset, 1024)
-    tok = out["batch"] * seq / (ms / 1000)
     out["runs"].append({"preset": preset, "ws": int(ws), "threads_per_rank": int(threads),
-                        "side": side, "ms_per_step": ms, "tokens_per_s": tok})
-print(f"{\"preset\":8} {\"ws\":>3} {\"thr\":>3} {\"fsdp ms\":>9} {\"ddp-style ms\":>13} {\"torch ms\":>9} {\"fsdp tok/s\":>11} {\"torch tok/s\":>12} {\"torch/fsdp\":>10}")
+                        "side": side, "ms_per_step": ms,
+                        "tokens_per_s": out["batch"] * seq / (ms / 1000)})
+head = ("preset", "ws", "thr", "fsdp ms", "ddp-style ms", "torch ms", "fsdp tok/s", "torch tok/s",
+        "fsdp speedup")
+print("%-8s %3s %3s %9s %13s %9s %11s %12s %12s" % head)
 by = {}
 for r in out["runs"]:
     by.setdefault((r["preset"], r["ws"], r["threads_per_rank"]), {})[r["side"]] = r
 for (preset, ws, thr), s in by.items():
     f, n, t = s["fsdp"], s["no_shard"], s["torch"]
-    print(f"{preset:8} {ws:3d} {thr:3d} {f[\"ms_per_step\"]:9.1f} {n[\"ms_per_step\"]:13.1f} {t[\"ms_per_step\"]:9.1f} "
-          f"{f[\"tokens_per_s\"]:11.0f} {t[\"tokens_per_s\"]:12.0f} {t[\"ms_per_step\"] / f[\"ms_per_step\"]:10.2f}")
+    print("%-8s %3d %3d %9.1f %13.1f %9.1f %11.0f %12.0f %11.2fx" %
+          (preset, ws, thr, f["ms_per_step"], n["ms_per_step"], t["ms_per_step"],
+           f["tokens_per_s"], t["tokens_per_s"], t["ms_per_step"] / f["ms_per_step"]))
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 print("wrote", sys.argv[1])
-' "$json" "$batch" "$steps"
+PY

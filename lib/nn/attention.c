@@ -37,7 +37,7 @@ static void causal_softmax(float *p, int64_t seq)
             max = row[j] > max ? row[j] : max;
         double sum = 0;
         for (int64_t j = 0; j <= i; j++) {
-            row[j] = expf(row[j] - max);
+            row[j] = nn_expf(row[j] - max);
             sum += row[j];
         }
         float inv = (float)(1.0 / sum);

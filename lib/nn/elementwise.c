@@ -4,6 +4,7 @@
 
 #include <fsdp2/random.h>
 
+#include "../core/dtype_convert.h"
 #include "nn_common.h"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
@@ -16,25 +17,39 @@ static fsdp2_status_t check_n(int64_t n, int pointers_ok)
     return FSDP2_SUCCESS;
 }
 
+FSDP2_VECTOR_CLONES
+static void gelu(const float *restrict x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + nn_tanhf(GELU_K * (v + GELU_C * v * v * v)));
+    }
+}
+
+FSDP2_VECTOR_CLONES
+static void gelu_grad(const float *restrict x, const float *restrict dy, float *restrict dx,
+                      int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], t = nn_tanhf(GELU_K * (v + GELU_C * v * v * v));
+        float d = 0.5f * (1.0f + t) +
+                  0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+        dx[i] += dy[i] * d;
+    }
+}
+
 fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n)
 {
     FSDP2_CHECK(check_n(n, x && y));
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_C * v * v * v)));
-    }
+    gelu(x, y, n);
     return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx, int64_t n)
 {
     FSDP2_CHECK(check_n(n, x && dy && dx));
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i], t = tanhf(GELU_K * (v + GELU_C * v * v * v));
-        float d = 0.5f * (1.0f + t) +
-                  0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
-        dx[i] += dy[i] * d;
-    }
+    FSDP2_ARG_CHECK(dx != dy && dx != x, "dx aliases x or dy: the backward adds into dx");
+    gelu_grad(x, dy, dx, n);
     return FSDP2_SUCCESS;
 }
 

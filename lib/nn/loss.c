@@ -42,7 +42,7 @@ fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *target
             arg = z[j] > z[arg] ? j : arg;
         double s = 0;
         for (int64_t j = 0; j < classes; j++)
-            s += expf(z[j] - z[arg]);
+            s += nn_expf(z[j] - z[arg]);
         double lse = z[arg] + log(s);
         sum += lse - z[targets[r]];
         hits += arg == targets[r];
@@ -52,7 +52,7 @@ fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *target
          * itself (3e-5 at 1000), which the exponent turns into a relative error */
         float inv = (float)(1.0 / div);
         for (int64_t j = 0; j < classes; j++)
-            d[j] = expf((float)((double)z[j] - lse)) * inv;
+            d[j] = nn_expf((float)((double)z[j] - lse)) * inv;
         d[targets[r]] -= inv;
     }
     *loss = count > 0 ? sum / div : 0.0;

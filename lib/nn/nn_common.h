@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <fsdp2/nn.h>
 
@@ -39,5 +40,36 @@ void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count);
 void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t count);
 /* t's elements as f32: t's own data when f32, else converted into scratch. */
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch);
+
+/* e^x for |x| <= 87 to 2 ulp (and 0 or 1.7e38 beyond), branch-free so that loops over it
+ * vectorise (libm's expf does not): x = n ln 2 + f with |f| <= ln 2 / 2, a degree-7
+ * Taylor polynomial for e^f (error below 3e-9), and 2^n through the exponent bits. */
+static inline float nn_expf(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float r = x * 1.44269504089f + magic, n = r - magic;
+    float f = x - n * 0.693145751953125f - n * 1.42860682030941723212e-6f;
+    float p = 1.0f / 5040;
+    p = p * f + 1.0f / 720;
+    p = p * f + 1.0f / 120;
+    p = p * f + 1.0f / 24;
+    p = p * f + 1.0f / 6;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    int32_t bits;
+    memcpy(&bits, &r, sizeof(bits)); /* the low mantissa bits of r hold n */
+    int32_t scale_bits = (int32_t)((uint32_t)(bits - 0x4b400000 + 127) << 23);
+    float scale;
+    memcpy(&scale, &scale_bits, sizeof(scale));
+    return p * scale;
+}
+
+/* tanh(u) = 1 - 2 / (e^(2u) + 1): saturates to +-1 without NaN; absolute error 2e-7. */
+static inline float nn_tanhf(float u)
+{
+    return 1.0f - 2.0f / (nn_expf(2.0f * u) + 1.0f);
+}
 
 #endif
