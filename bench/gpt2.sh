@@ -29,13 +29,13 @@ run=./build/tools/fsdp2run gpt2=./build/examples/gpt2
 [ -x $gpt2 ] || { echo "build first: ninja -C build" >&2; exit 1; }
 cores=$(nproc)
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-    case " $flags " in
+    cpuflags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+    case " $cpuflags " in
     *" avx512f "*) export OPENBLAS_CORETYPE=SkylakeX ;;
     *" avx2 "*) export OPENBLAS_CORETYPE=Haswell ;;
     esac
 fi
-echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(OpenBLAS's own choice)}, $cores cores"
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, $cores cores"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
