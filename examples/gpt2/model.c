@@ -119,8 +119,14 @@ fsdp2_status_t gpt2_shard(gpt2_model_t *m, fsdp2_mesh_t *mesh, fsdp2_dtype_t par
     o.reshard_after_forward = reshard_after_forward;
     o.mp.param_dtype = param_dtype;
     o.mp.reduce_dtype = FSDP2_F32;
-    for (int l = 0; l < m->cfg.layers; l++)
-        TRY(fsdp2_fully_shard(m->blocks[l].module, &o));
+    for (int l = 0; l < m->cfg.layers; l++) {
+        /* The last block's backward comes right after its forward: regathering it would
+         * be an all-gather nothing can hide (PyTorch's recipes keep it unsharded too). */
+        fsdp2_shard_options_t last = o;
+        if (l == m->cfg.layers - 1 && reshard_after_forward == 1)
+            last.reshard_after_forward = 0;
+        TRY(fsdp2_fully_shard(m->blocks[l].module, &last));
+    }
     TRY(fsdp2_fully_shard(m->root, &o));
     return fsdp2_module_materialize(m->root, NULL, NULL);
 }
