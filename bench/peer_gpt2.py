@@ -137,6 +137,8 @@ def main():
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--dtype", default="f32", choices=["f32", "f64"])
     p.add_argument("--bench", action="store_true")
+    p.add_argument("--autocast-bf16", action="store_true",
+                   help="forward under torch.autocast(cpu, bfloat16): PyTorch's own bf16 run")
     p.add_argument("--threads", type=int, default=0)
     a = p.parse_args()
     L, H, C, T, V = PRESETS[a.preset]
@@ -168,8 +170,9 @@ def main():
             group["lr"] = lr_at(a, step)
         if step == 1:
             t0 = time.perf_counter()
-        logits = net(x)
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
+            logits = net(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, V), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
