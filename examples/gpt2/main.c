@@ -545,6 +545,17 @@ static void sample(run_t *r)
         printf("\n");
 }
 
+/* A progress bar on a terminal (rank 0), redrawn each step until a log line replaces it. */
+static void progress(const run_t *r, long step, double loss)
+{
+    if (r->rank || !isatty(STDOUT_FILENO))
+        return;
+    int width = 30, done = r->a.steps ? (int)(width * (step + 1) / r->a.steps) : width;
+    printf("\r[%.*s%*s] step %ld/%ld loss %.4f", done, "##############################",
+           width - done, "", step + 1, r->a.steps, loss);
+    fflush(stdout);
+}
+
 /* ---- the run ---- */
 
 static void json_record(run_t *r, long step, double loss, double val, double ms, double tokens_s,
@@ -628,7 +639,10 @@ int main(int argc, char **argv)
         steps_log++;
         int last = step + 1 == a->steps;
         int val_now = a->val_every && ((step + 1) % a->val_every == 0 || last);
+        progress(&r, step, loss);
         if ((step + 1) % a->log_every == 0 || last || val_now || step == r.first_step) {
+            if (!r.rank && isatty(STDOUT_FILENO))
+                printf("\r%60s\r", "");
             double secs = now() - t_log, ms = 1000 * secs / steps_log;
             double tokens_s = (double)steps_log * a->batch * a->cfg.seq / secs;
             double val = val_now ? validate(&r) : NAN, lr;
