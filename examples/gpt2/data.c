@@ -70,6 +70,7 @@ int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
         }
         char **names = NULL;
         size_t count = 0;
+        int short_of_memory = 0;
         struct dirent *e;
         while ((e = readdir(d))) {
             char full[4096];
@@ -81,6 +82,7 @@ int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
             char **bigger = realloc(names, (count + 1) * sizeof(*names));
             if (!bigger || !(bigger[count] = strdup(full))) {
                 names = bigger ? bigger : names;
+                short_of_memory = 1; /* a partial corpus would differ between ranks */
                 break;
             }
             names = bigger;
@@ -89,6 +91,10 @@ int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
         closedir(d);
         qsort(names, count, sizeof(*names), by_name);
         int rc = 0;
+        if (short_of_memory) {
+            snprintf(err, len, "out of memory listing %s", path);
+            rc = -1;
+        }
         for (size_t i = 0; i < count; i++) {
             if (!rc)
                 rc = append_file(names[i], &text->bytes, &text->n, &cap, err, len);

@@ -148,8 +148,13 @@ fsdp2_status_t gpt2_hf_export(gpt2_model_t *m, fsdp2_group_t *world, int rank, c
         fsdp2_status_t s = fsdp2_param_sharded(e[i].param, &dt);
         if (s == FSDP2_SUCCESS)
             s = fsdp2_dtensor_full_tensor(dt, NULL, &full);
-        if (s != FSDP2_SUCCESS)
+        if (s != FSDP2_SUCCESS) {
+            if (f) { /* no partial file */
+                fclose(f);
+                unlink(tmp);
+            }
             return s;
+        }
         if (f && status == FSDP2_SUCCESS) {
             const float *v = full->data;
             if (!e[i].transposed) {

@@ -348,6 +348,16 @@ static void setup(run_t *r)
         int64_t steps;
         CHECK(fsdp2_optimizer_steps(r->opt, &steps));
         r->first_step = (long)steps;
+        /* the checkpoint's lr schedule goes on: say so when the flags asked for another */
+        fsdp2_lr_schedule_t saved, asked = schedule_of(a);
+        double base;
+        int on;
+        CHECK(fsdp2_optimizer_lr_schedule(r->opt, &saved, &base, &on));
+        if (!r->rank && on && (saved.warmup != asked.warmup || saved.total != asked.total ||
+                               saved.min_lr != asked.min_lr || base != a->lr))
+            printf("note: going on with the checkpoint's schedule (lr %g to %g, warmup %lld, "
+                   "total %lld steps), not the flags'\n",
+                   base, saved.min_lr, (long long)saved.warmup, (long long)saved.total);
         if (!r->rank)
             printf("resumed from %s at step %ld (saved by %d rank%s)\n", a->resume, r->first_step,
                    rep.saved_world_size, rep.saved_world_size > 1 ? "s" : "");
@@ -475,7 +485,7 @@ static uint64_t optimizer_bytes(run_t *r)
     return bytes;
 }
 
-/* This rank's memory; the largest over the ranks when all is set (collective then). */
+/* This rank's memory: the library's plan and counters, and the example's activations. */
 static memory_t memory(run_t *r)
 {
     fsdp2_memory_plan_t plan = {.size = sizeof(plan)};

@@ -182,8 +182,7 @@ uint64_t gpt2_activation_bytes(const gpt2_config_t *cfg, int max_batch, int chec
     return sum;
 }
 
-static void carve_acts(gpt2_acts_t *a, float *p, const gpt2_config_t *c, int64_t batch,
-                       int64_t rows)
+static void carve_acts(gpt2_acts_t *a, float *p, const gpt2_config_t *c, int64_t rows)
 {
     int64_t C = c->dim;
     float **fields[] = {&a->ln1, &a->qkv, &a->atty, &a->res_mid, &a->ln2, &a->fc, &a->gelu};
@@ -197,7 +196,6 @@ static void carve_acts(gpt2_acts_t *a, float *p, const gpt2_config_t *c, int64_t
     a->mean2 = p, p += rows;
     a->rstd2 = p, p += rows;
     a->probs = p;
-    (void)batch;
 }
 
 fsdp2_status_t gpt2_allocate(gpt2_model_t *m, int max_batch, int checkpointing)
@@ -215,7 +213,7 @@ fsdp2_status_t gpt2_allocate(gpt2_model_t *m, int max_batch, int checkpointing)
     }
     m->max_batch = max_batch;
     m->checkpointing = checkpointing;
-    int64_t rows = (int64_t)max_batch * c->seq, C = c->dim, L = c->layers;
+    int64_t rows = (int64_t)max_batch * c->seq, C = c->dim;
     int32_t *ids = m->allocations[0];
     m->tokens = ids, m->targets = ids + rows, m->positions = ids + 2 * rows;
     m->res = m->allocations[1];
@@ -225,7 +223,7 @@ fsdp2_status_t gpt2_allocate(gpt2_model_t *m, int max_batch, int checkpointing)
         return FSDP2_ERR_OUT_OF_MEMORY;
     for (int l = 0; l < sets; l++)
         carve_acts(&m->acts[l], (float *)m->allocations[2] + l * block_floats(c, max_batch, rows),
-                   c, max_batch, rows);
+                   c, rows);
     float *p = m->allocations[3];
     m->proj = p, p += rows * C;
     m->lnf = p, p += rows * C;
@@ -242,7 +240,6 @@ fsdp2_status_t gpt2_allocate(gpt2_model_t *m, int max_batch, int checkpointing)
     }
     m->ws.data = m->allocations[6];
     m->ws.bytes = bytes[6];
-    (void)L;
     return FSDP2_SUCCESS;
 }
 

@@ -47,8 +47,9 @@ typedef struct fsdp2_nn_workspace {
 
 /* ---- linear: y[rows, out] = x[rows, in] weight[out, in]^T + bias[out] ---- */
 
-/* Workspace both directions need for a weight [out, in] (about 2 MiB at most per
- * workspace, whatever the layer's size: bf16 weights are converted in blocks of rows). */
+/* Workspace both directions need for a weight [out, in]: about 2 MiB whatever the number
+ * of rows, as bf16 weights are converted in blocks of rows of about 1 MiB (at least one
+ * row: 8 in + 4 out bytes and alignment when a row alone is larger). */
 FSDP2_API fsdp2_status_t fsdp2_nn_linear_workspace_bytes(int64_t in, int64_t out,
                                                          size_t *bytes);
 

@@ -97,10 +97,9 @@ FSDP2_API fsdp2_status_t fsdp2_optimizer_state_names(const fsdp2_optimizer_t *op
                                                      const char **names, size_t capacity,
                                                      size_t *count);
 
-/* Learning-rate schedules: the rate at a step (or epoch) from the base rate. Pure. */
 /* Hyperparameters of a parameter group (PyTorch's param_groups): the parameters a
  * group picks train with its weight decay and with the optimizer's lr times lr_scale
- * (so a schedule set by fsdp2_optimizer_set_lr drives every group). Parameters no group
+ * (so fsdp2_optimizer_set_lr and a schedule drive every group). Parameters no group
  * picks keep the options' weight decay and lr. */
 typedef struct fsdp2_param_group {
     unsigned size; /* sizeof(fsdp2_param_group_t) */
@@ -125,6 +124,7 @@ FSDP2_API fsdp2_status_t fsdp2_optimizer_add_param_group(fsdp2_optimizer_t *opt,
                                                          fsdp2_param_select_fn select,
                                                          void *user, size_t *count);
 
+/* Learning-rate schedules: the rate at a step (or epoch) from the base rate. Pure. */
 typedef enum fsdp2_lr_schedule_kind {
     FSDP2_LR_CONSTANT = 0,
     FSDP2_LR_STEP = 1,   /* torch StepLR: base * gamma^(floor(t / step_size)) */

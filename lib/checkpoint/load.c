@@ -191,10 +191,8 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
     }
     if (status == FSDP2_SUCCESS && sd->opt && m.has_optim_step)
         status = fsdp2_optimizer_set_steps(sd->opt, m.optim_step);
-    if (status == FSDP2_SUCCESS && sd->opt && m.has_lr_schedule &&
-        fsdp2_optimizer_set_lr_schedule(sd->opt, &m.lr_schedule, m.base_lr) != FSDP2_SUCCESS)
-        status = fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint %s: optim.lr_schedule: %s", dir,
-                             fsdp2_last_error());
+    if (status == FSDP2_SUCCESS && sd->opt && m.has_lr_schedule) /* validated by meta_load */
+        status = fsdp2_optimizer_set_lr_schedule(sd->opt, &m.lr_schedule, m.base_lr);
     for (int i = 0; of && i < of->count; i++)
         st_close(&of->files[i]);
     free(of);

@@ -257,6 +257,10 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
         m->base_lr = d[0];
         m->lr_schedule = (fsdp2_lr_schedule_t){(fsdp2_lr_schedule_kind_t)u[0], (int64_t)u[1], d[1],
                                                (int64_t)u[2], (int64_t)u[3], d[2]};
+        double lr; /* validated here, before a load writes anything */
+        if (u[0] > FSDP2_LR_COSINE ||
+            fsdp2_lr_at(&m->lr_schedule, m->base_lr, 1, &lr) != FSDP2_SUCCESS)
+            return corrupt(m, "optim.lr_schedule is not a valid schedule", NULL);
     }
     m->version = (int)v;
     m->world_size = (int)ws;

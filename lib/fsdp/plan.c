@@ -236,6 +236,35 @@ static fsdp2_status_t make_streams(fsdp_root_t *r)
     return FSDP2_SUCCESS;
 }
 
+static int is_under(const fsdp2_module_t *m, const fsdp2_module_t *ancestor)
+{
+    for (const fsdp2_module_t *x = m->parent; x; x = x->parent) {
+        if (x == ancestor)
+            return 1;
+    }
+    return 0;
+}
+
+/* Bytes bind_groups will allocate per group after the shared buffers: own buffers,
+ * gradient accumulators and post-forward shards (the same conditions as there). */
+static uint64_t group_bytes(const fsdp_root_t *r)
+{
+    uint64_t need = 0;
+    for (size_t i = 0; i < r->num_groups; i++) {
+        const fsdp_group_t *g = r->groups[i];
+        int encloses = 0;
+        for (size_t j = 0; j < r->num_groups && !encloses; j++)
+            encloses = is_under(r->groups[j]->module, g->module);
+        if ((encloses || !g->requires_gradient_sync) && g->grad_full_numel)
+            need += (uint64_t)g->grad_full_numel * g->pe;
+        if (g->reshard_after_forward && g->pf_ranks && g != r->group && g->shard_numel)
+            need += (uint64_t)g->pf_shard_numel * g->pe;
+        if (g->dedicated && !(g->ws == 1 && !g->cast))
+            need += gathered_bytes(g);
+    }
+    return need;
+}
+
 static fsdp2_status_t allocate(fsdp_root_t *r)
 {
     size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0, send_bytes = 0;
@@ -258,14 +287,16 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
     r->ring_size = ring_bytes ? r->group->requested_unsharded_buffers : 0;
     /* Everything below, refused at once when it cannot fit the device's limit. */
     int sends = send_bytes ? (r->ring_size >= 2 ? 2 : 1) : 0;
+    uint64_t groups = group_bytes(r);
     uint64_t need = (uint64_t)r->ring_size * ring_bytes + (grad_bytes ? 2 * (uint64_t)grad_bytes : 0) +
-                    (uint64_t)sends * send_bytes + (uint64_t)r->group->ws * rs_bytes;
-    char what[160];
+                    (uint64_t)sends * send_bytes + (uint64_t)r->group->ws * rs_bytes + groups;
+    char what[224];
     snprintf(what, sizeof(what),
              "the FSDP plan (%d unsharded buffers of %zu bytes, 2 gradient buffers of %zu, "
-             "%d cast buffers of %zu, reduce-scatter staging of %zu)",
+             "%d cast buffers of %zu, reduce-scatter staging of %zu, %llu in the groups' own "
+             "buffers and accumulators)",
              r->ring_size, ring_bytes, grad_bytes, sends, send_bytes,
-             (size_t)r->group->ws * rs_bytes);
+             (size_t)r->group->ws * rs_bytes, (unsigned long long)groups);
     FSDP2_CHECK(fsdp_memory_check_fits(r->device, need, what));
     for (int b = 0; b < r->ring_size; b++) {
         r->buffers[b].bytes = ring_bytes;
@@ -287,15 +318,6 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
         FSDP2_CHECK(alloc(r, r->rs_input_bytes, &r->rs_input, &r->plan.reduce_scatter));
     }
     return FSDP2_SUCCESS;
-}
-
-static int is_under(const fsdp2_module_t *m, const fsdp2_module_t *ancestor)
-{
-    for (const fsdp2_module_t *x = m->parent; x; x = x->parent) {
-        if (x == ancestor)
-            return 1;
-    }
-    return 0;
 }
 
 static fsdp2_status_t bind_groups(fsdp_root_t *r)

@@ -7,6 +7,8 @@
 
 #include "nn_common.h"
 
+/* Samples per im2col GEMM. Part of the workspace size the query reports, so a constant
+ * of the API rather than an environment tunable. */
 #define CONV_CHUNK 4
 
 typedef struct conv_dims {

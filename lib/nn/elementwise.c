@@ -4,7 +4,7 @@
 
 #include <fsdp2/random.h>
 
-#include "../core/dtype_convert.h"
+#include "core/dtype_convert.h"
 #include "nn_common.h"
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
@@ -18,7 +18,7 @@ static fsdp2_status_t check_n(int64_t n, int pointers_ok)
 }
 
 FSDP2_VECTOR_CLONES
-static void gelu(const float *restrict x, float *y, int64_t n)
+static void gelu(const float *x, float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         float v = x[i];
@@ -64,6 +64,7 @@ fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n)
 fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx, int64_t n)
 {
     FSDP2_CHECK(check_n(n, y && dy && dx));
+    FSDP2_ARG_CHECK(dx != dy || n == 0, "dx aliases dy: the backward adds into dx");
     for (int64_t i = 0; i < n; i++)
         dx[i] += y[i] > 0 ? dy[i] : 0.0f;
     return FSDP2_SUCCESS;

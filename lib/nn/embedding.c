@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype_convert.h"
+#include "core/dtype_convert.h"
 #include "nn_common.h"
 
 static fsdp2_status_t check_ids(const int32_t *ids, int64_t n, int64_t num)

@@ -3,7 +3,7 @@
 
 #include <fsdp2/dtype.h>
 
-#include "../core/dtype_convert.h"
+#include "core/dtype_convert.h"
 #include "nn_common.h"
 
 #define NN_ALIGN 64

@@ -9,7 +9,7 @@
 
 #include <fsdp2/nn.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 /* A parameter or gradient tensor: on a cpu device, f32 or bf16, of this shape. what names
  * it in the error ("linear weight"). */
@@ -41,7 +41,7 @@ void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t cou
 /* t's elements as f32: t's own data when f32, else converted into scratch. */
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch);
 
-/* e^x for |x| <= 87 to 2 ulp (and 0 or 1.7e38 beyond), branch-free so that loops over it
+/* e^x for |x| <= 87 to 2 ulp (e^-87 below, e^88 above), branch-free so that loops over it
  * vectorise (libm's expf does not): x = n ln 2 + f with |f| <= ln 2 / 2, a degree-7
  * Taylor polynomial for e^f (error below 3e-9), and 2^n through the exponent bits. */
 static inline float nn_expf(float x)

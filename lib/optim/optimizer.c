@@ -373,12 +373,14 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
     }
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (opt->has_schedule) {
-        double lr;
-        FSDP2_CHECK(fsdp2_lr_at(&opt->schedule, opt->base_lr, opt->steps + 1, &lr));
+        double lr = opt->options.lr;
+        status = fsdp2_lr_at(&opt->schedule, opt->base_lr, opt->steps + 1, &lr);
         opt->options.lr = lr;
     }
     optim_coeffs_t c = coeffs_of(opt);
-    if (opt->device.type == FSDP2_DEVICE_CUDA) {
+    if (status != FSDP2_SUCCESS) {
+        /* a schedule refused: nothing updated, the span below still closes */
+    } else if (opt->device.type == FSDP2_DEVICE_CUDA) {
 #ifdef FSDP2_HAVE_CUDA
         static const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_F64};
         for (int d = 0; d < 2 && status == FSDP2_SUCCESS; d++)
@@ -421,16 +423,29 @@ fsdp2_status_t fsdp2_optimizer_add_param_group(fsdp2_optimizer_t *opt,
         return fsdp2_error(FSDP2_ERR_UNSUPPORTED,
                            "param groups: the shards are on cuda, where the update takes the "
                            "options' hyperparameters only");
+    /* Picked first, applied after: a failure changes nothing. */
+    unsigned char *pick = calloc(opt->num_params ? opt->num_params : 1, 1);
+    if (!pick)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "param group over %zu parameters",
+                           opt->num_params);
     size_t picked = 0;
     for (size_t i = 0; i < opt->num_params; i++) {
         fsdp2_param_info_t info;
-        FSDP2_CHECK(fsdp2_param_info(opt->params[i].param, &info));
-        if (!select(&info, user))
-            continue;
-        opt->params[i].weight_decay = g.weight_decay;
-        opt->params[i].lr_scale = g.lr_scale;
-        picked++;
+        fsdp2_status_t s = fsdp2_param_info(opt->params[i].param, &info);
+        if (s != FSDP2_SUCCESS) {
+            free(pick);
+            return s;
+        }
+        pick[i] = select(&info, user) != 0;
+        picked += pick[i];
     }
+    for (size_t i = 0; i < opt->num_params; i++) {
+        if (pick[i]) {
+            opt->params[i].weight_decay = g.weight_decay;
+            opt->params[i].lr_scale = g.lr_scale;
+        }
+    }
+    free(pick);
     if (count)
         *count = picked;
     return FSDP2_SUCCESS;

@@ -58,6 +58,16 @@ if FSDP2_CPU_MEMORY_LIMIT=13500K "$gpt2" "${common[@]}" --steps 1 > "$work/plan.
 fi
 grep -q "the FSDP plan .* needs .*FSDP2_CPU_MEMORY_LIMIT=13824000" "$work/plan.log" ||
     { cat "$work/plan.log"; exit 1; }
+# the plan's check is exact: one byte short of parameters, gradients, optimizer state
+# and every FSDP buffer (1.70 MiB at ws 1) is refused by the plan; exactly enough passes
+# it, and the activations are then refused by the example
+all=$(sed -n 's/.* live: \([0-9]*\) in all.*/\1/p' "$work/plan.log")
+FSDP2_CPU_MEMORY_LIMIT=$((all - 1)) "$gpt2" "${common[@]}" --steps 1 > "$work/plan2.log" 2>&1 &&
+    { echo "FAIL: a limit one byte short of the plan passed"; exit 1; }
+grep -q "the FSDP plan" "$work/plan2.log" || { cat "$work/plan2.log"; exit 1; }
+FSDP2_CPU_MEMORY_LIMIT=$all "$gpt2" "${common[@]}" --steps 1 > "$work/plan3.log" 2>&1 &&
+    { echo "FAIL: the activations fitted a limit of the plan alone"; exit 1; }
+grep -q "Refused before step 1" "$work/plan3.log" || { cat "$work/plan3.log"; exit 1; }
 
 losses() { # ws, json, extra flags...
     local ws=$1 json=$2
@@ -72,6 +82,18 @@ losses 2 "$work/ckpt.json" --activation-checkpointing
 "$run" --nproc-per-node 2 "$gpt2" "${common[@]}" --batch 4 --steps 2 --save "$work/saved" \
     > "$work/save.log" 2>&1 || { cat "$work/save.log"; exit 1; }
 losses 1 "$work/resumed.json" --resume "$work/saved"
+# a checkpoint whose lr schedule is not one is refused as corrupt, naming the field
+cp -r "$work/saved" "$work/badsched"
+python3 - "$work/badsched/metadata.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["optim.lr_schedule"]["kind"] = 9
+json.dump(m, open(sys.argv[1], "w"))
+PY
+if "$gpt2" "${common[@]}" --batch 4 --steps 3 --resume "$work/badsched" > "$work/bad2.log" 2>&1; then
+    echo "FAIL: a checkpoint with lr schedule kind 9 was resumed"; exit 1
+fi
+grep -q "optim.lr_schedule is not a valid schedule" "$work/bad2.log" || { cat "$work/bad2.log"; exit 1; }
 python3 - "$here/gpt2_fixture.json" "$work"/{ws1,accum,ws2,ckpt,resumed}.json <<'PY'
 import json, sys
 want = json.load(open(sys.argv[1]))["losses"]

@@ -395,6 +395,8 @@ START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
     ck_assert_int_eq(fsdp2_nn_dropout_forward(x, y, 8, 1.0, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "probability 1"), "%s", fsdp2_last_error());
     ck_assert_int_eq(fsdp2_nn_dropout_backward(x, x, 8, 0.5, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_relu_backward(x, y, y, 8), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, y, y, 8), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert(y[0] == 5.0f);
     /* a layer norm weight given where a gradient of another length is */
     fsdp2_tensor_t *g5 = wrap(w, FSDP2_F32, 1, 5, 0), *n4 = wrap(w, FSDP2_F32, 1, 4, 0);
@@ -424,6 +426,14 @@ START_TEST(zero_rows_and_empty_layers_are_accepted_and_write_nothing)
     int32_t t[2] = {-100, -100};
     NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, &counted, NULL));
     ck_assert(loss == 0 && counted == 0 && dz[0] == 0 && dz[3] == 0);
+    /* in = 0: an empty product, y = the bias (BLAS would refuse its leading dims) */
+    float b[2] = {0.5f, -2.0f}, y[6] = {9, 9, 9, 9, 9, 9}, none[1] = {0};
+    fsdp2_tensor_t *w0 = wrap(none, FSDP2_F32, 2, 2, 0), *tb = wrap(b, FSDP2_F32, 1, 2, 0);
+    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, tb, y, NULL));
+    ck_assert(y[0] == 0.5f && y[1] == -2.0f && y[4] == 0.5f && y[5] == -2.0f);
+    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, NULL, y, NULL));
+    ck_assert(y[0] == 0.0f && y[5] == 0.0f);
+    fsdp2_tensor_release(w0), fsdp2_tensor_release(tb);
     fsdp2_tensor_release(tw);
 }
 END_TEST
