@@ -250,11 +250,13 @@ static void ref_attention(const gc_t *g, double *y)
     free(p);
 }
 
-START_TEST(attention_backward_matches_finite_differences_for_odd_head_dims)
+START_TEST(attention_backward_matches_finite_differences_for_odd_head_dims_and_row_blocks)
 {
-    /* batch, seq, dim, heads: head dims 4, 5, 7, 1 */
-    const int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 15, 3}, {1, 9, 14, 2}, {2, 4, 3, 3}};
-    for (int s = 0; s < 4; s++) {
+    /* batch, seq, dim, heads: head dims 4, 5, 7, 1, and 150 positions (query blocks of
+     * 64, 64 and 22 rows) */
+    const int64_t shapes[][4] = {{1, 1, 4, 1}, {2, 7, 15, 3}, {1, 9, 14, 2}, {2, 4, 3, 3},
+                                 {1, 150, 6, 2}};
+    for (int s = 0; s < 5; s++) {
         int64_t B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], H = shapes[s][3];
         gc_t g = {.a = B, .b = T, .c = C, .d = H, .forward = ref_attention, .nin = 1};
         g.in[0] = random_values(g.n[0] = B * T * 3 * C, -1.5, 1.5);
@@ -482,7 +484,7 @@ static Suite *nn_gradcheck_suite(void)
     tcase_add_test(tc, linear_backward_matches_finite_differences);
     tcase_add_test(tc, layernorm_backward_matches_finite_differences);
     tcase_add_test(tc, gelu_backward_matches_finite_differences);
-    tcase_add_test(tc, attention_backward_matches_finite_differences_for_odd_head_dims);
+    tcase_add_test(tc, attention_backward_matches_finite_differences_for_odd_head_dims_and_row_blocks);
     tcase_add_test(tc, embedding_backward_matches_finite_differences_with_repeated_ids);
     tcase_add_test(tc, cross_entropy_and_mse_gradients_match_finite_differences);
     tcase_add_test(tc, conv2d_backward_matches_finite_differences);
