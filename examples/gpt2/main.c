@@ -632,6 +632,13 @@ int main(int argc, char **argv)
     }
     memory_t mem = memory(&r);
     print_memory(&r, &mem, "");
+    if (a->checkpointing && !r.rank) {
+        uint64_t full = gpt2_activation_bytes(&a->cfg, r.micro, 0);
+        printf("activation checkpointing: %.2f MiB of activations instead of %.2f (%.2f MiB "
+               "saved per rank)\n",
+               mem.activations / 1048576.0, full / 1048576.0,
+               (full - mem.activations) / 1048576.0);
+    }
     if (r.json)
         fprintf(r.json,
                 "{\"preset\": \"%s\", \"layers\": %d, \"heads\": %d, \"dim\": %d, \"seq\": %d, "

@@ -124,3 +124,21 @@ emit("mse.pred", p)
 emit("mse.target", t)
 scalar("mse.loss", loss)
 emit("mse.dpred", pl.grad)
+
+# conv2d (no padding, stride 1): x [3, 2, 6, 5], weight [4, 2, 3, 3], bias [4]
+x, w, b = f32(3, 2, 6, 5), f32(4, 2, 3, 3, scale=0.3), f32(4, scale=0.1)
+dy = f32(3, 4, 4, 3)
+xl, wl, bl = leaf(x), leaf(w), leaf(b)
+y = F.conv2d(xl, wl, bl)
+y.backward(dy)
+for n, t in [("conv.x", x), ("conv.w", w), ("conv.b", b), ("conv.dy", dy), ("conv.y", y),
+             ("conv.dx", xl.grad), ("conv.dw", wl.grad), ("conv.db", bl.grad)]:
+    emit(n, t)
+
+# 2x2 max pooling, stride 2: x [2, 3, 6, 7] (the last column is dropped)
+x, dy = f32(2, 3, 6, 7), f32(2, 3, 3, 3)
+xl = leaf(x)
+y = F.max_pool2d(xl, 2)
+y.backward(dy)
+for n, t in [("pool.x", x), ("pool.dy", dy), ("pool.y", y), ("pool.dx", xl.grad)]:
+    emit(n, t)

@@ -141,6 +141,41 @@ START_TEST(cross_entropy_with_an_ignored_row_and_mse_match_pytorch)
 }
 END_TEST
 
+START_TEST(conv2d_and_max_pooling_match_pytorch)
+{
+    const int64_t nx = 3 * 2 * 6 * 5, nw = 4 * 2 * 3 * 3, ny = 3 * 4 * 4 * 3;
+    float *x = fixture_f32("conv.x", nx), *w = fixture_f32("conv.w", nw);
+    float *b = fixture_f32("conv.b", 4), *dy = fixture_f32("conv.dy", ny);
+    float *y = f32_array(ny), *dx = f32_array(nx), *dw = f32_array(nw), *db = f32_array(4);
+    int64_t shape[4] = {4, 2, 3, 3};
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_tensor_t *tw, *tdw, *tb = wrap(b, FSDP2_F32, 1, 4, 0), *tdb = wrap(db, FSDP2_F32, 1, 4, 0);
+    NN_OK(fsdp2_tensor_from_blob(w, cpu, FSDP2_F32, 4, shape, NULL, NULL, &tw));
+    NN_OK(fsdp2_tensor_from_blob(dw, cpu, FSDP2_F32, 4, shape, NULL, NULL, &tdw));
+    fsdp2_nn_workspace_t ws = workspace_new(WS_BYTES);
+    NN_OK(fsdp2_nn_conv2d_forward(x, 3, 6, 5, tw, tb, y, &ws));
+    assert_close("conv2d y", y, fixture("conv.y", ny), ny, TOL);
+    NN_OK(fsdp2_nn_conv2d_backward(x, 3, 6, 5, tw, dy, dx, tdw, tdb, &ws));
+    assert_close("conv2d dx", dx, fixture("conv.dx", nx), nx, TOL);
+    assert_close("conv2d dw", dw, fixture("conv.dw", nw), nw, TOL);
+    assert_close("conv2d db", db, fixture("conv.db", 4), 4, TOL);
+    workspace_free(&ws);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw), fsdp2_tensor_release(tb);
+    fsdp2_tensor_release(tdb);
+    free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
+
+    const int64_t px = 2 * 3 * 6 * 7, py = 2 * 3 * 3 * 3;
+    x = fixture_f32("pool.x", px), dy = fixture_f32("pool.dy", py);
+    y = f32_array(py), dx = f32_array(px);
+    int32_t *arg = calloc((size_t)py, sizeof(int32_t));
+    NN_OK(fsdp2_nn_maxpool2d_forward(x, 6, 6, 7, y, arg));
+    assert_close("maxpool y", y, fixture("pool.y", py), py, 1e-7);
+    NN_OK(fsdp2_nn_maxpool2d_backward(dy, arg, 6, 6, 7, dx));
+    assert_close("maxpool dx", dx, fixture("pool.dx", px), px, 1e-7);
+    free(x), free(dy), free(y), free(dx), free(arg);
+}
+END_TEST
+
 static Suite *nn_layers_suite(void)
 {
     Suite *s = suite_create("nn_layers");
@@ -152,6 +187,7 @@ static Suite *nn_layers_suite(void)
     tcase_add_test(tc, gelu_tanh_and_relu_match_pytorch);
     tcase_add_test(tc, causal_attention_with_head_dim_5_matches_pytorch);
     tcase_add_test(tc, cross_entropy_with_an_ignored_row_and_mse_match_pytorch);
+    tcase_add_test(tc, conv2d_and_max_pooling_match_pytorch);
     suite_add_tcase(s, tc);
     return s;
 }
