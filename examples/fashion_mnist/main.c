@@ -408,31 +408,6 @@ static void test_epoch(run_t *r, double *loss, double *accuracy)
     *accuracy = 100.0 * v[1] / v[2];
 }
 
-/* Bytes of optimizer state this rank holds (its shards of every state tensor). */
-static uint64_t optimizer_bytes(run_t *r)
-{
-    const char *names[8];
-    size_t n;
-    CHECK(fsdp2_optimizer_state_names(r->opt, names, 8, &n));
-    uint64_t bytes = 0;
-    for (int i = 0; i < r->model->nlayers; i++) {
-        fsdp2_param_t *ps[2] = {r->model->layers[i].weight, r->model->layers[i].bias};
-        for (int k = 0; k < 2; k++) {
-            for (size_t j = 0; j < n && j < 8; j++) {
-                fsdp2_dtensor_t *state;
-                fsdp2_dtensor_info_t info;
-                CHECK(fsdp2_optimizer_state(r->opt, ps[k], names[j], &state));
-                CHECK(fsdp2_dtensor_info(state, &info));
-                int64_t numel = 1;
-                for (int d = 0; d < info.ndim; d++)
-                    numel *= info.local_shape[d];
-                bytes += (uint64_t)numel * sizeof(float);
-            }
-        }
-    }
-    return bytes;
-}
-
 /* planned: the FSDP plan plus the optimizer state; measured: the allocator's peak;
  * state: parameters + gradients + optimizer state of this rank. */
 static void report_memory(run_t *r, uint64_t *planned, uint64_t *measured, uint64_t *state)
@@ -442,7 +417,8 @@ static void report_memory(run_t *r, uint64_t *planned, uint64_t *measured, uint6
     fsdp2_memory_stats_t st;
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     CHECK(fsdp2_memory_stats_get(cpu, &st));
-    uint64_t opt = optimizer_bytes(r);
+    uint64_t opt;
+    CHECK(fsdp2_optimizer_state_bytes(r->opt, &opt));
     *planned = plan.total + opt;
     *measured = st.peak_allocated_bytes;
     *state = plan.sharded_params + plan.sharded_grads + opt;

@@ -257,7 +257,13 @@ fsdp2_status_t gpt2_hf_import(gpt2_model_t *m, const char *path)
         } else { /* file [cols=in][rows=out]: our rows are a slice of each file row */
             want_bytes = (ssize_t)(count * cols * 4);
             float *row = malloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
-            for (int64_t c = 0; row && c < cols && count; c++) {
+            if (!row) {
+                fsdp2_tensor_release(local);
+                status = FSDP2_ERR_OUT_OF_MEMORY;
+                fprintf(stderr, "error: out of memory reading %s\n", e[i].name);
+                break;
+            }
+            for (int64_t c = 0; c < cols && count; c++) {
                 ssize_t k = pread(fd, row, (size_t)count * 4,
                                   (off_t)(begin + (uint64_t)((c * e[i].rows + r0) * 4)));
                 got += k > 0 ? k : 0;

@@ -371,7 +371,11 @@ static void all_reduce_grads(run_t *r)
 {
     size_t n = 0;
     CHECK(fsdp2_module_params(r->model->root, NULL, 0, &n));
-    fsdp2_param_t **ps = calloc(n, sizeof(*ps));
+    fsdp2_param_t **ps = calloc(n ? n : 1, sizeof(*ps));
+    if (!ps) {
+        fprintf(stderr, "error: out of memory listing %zu parameters\n", n);
+        exit(1);
+    }
     CHECK(fsdp2_module_params(r->model->root, ps, n, &n));
     fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
     for (size_t i = 0; i < n; i++) {
@@ -462,29 +466,6 @@ typedef struct memory {
     uint64_t state, planned, activations, expected, peak;
 } memory_t;
 
-static uint64_t optimizer_bytes(run_t *r)
-{
-    size_t n = 0;
-    CHECK(fsdp2_module_params(r->model->root, NULL, 0, &n));
-    fsdp2_param_t **ps = calloc(n, sizeof(*ps));
-    CHECK(fsdp2_module_params(r->model->root, ps, n, &n));
-    const char *names[8];
-    size_t k;
-    CHECK(fsdp2_optimizer_state_names(r->opt, names, 8, &k));
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < k; j++) {
-            fsdp2_dtensor_t *st;
-            fsdp2_tensor_t *local;
-            CHECK(fsdp2_optimizer_state(r->opt, ps[i], names[j], &st));
-            CHECK(fsdp2_dtensor_to_local(st, &local));
-            bytes += local->nbytes;
-            fsdp2_tensor_release(local);
-        }
-    free(ps);
-    return bytes;
-}
-
 /* This rank's memory: the library's plan and counters, and the example's activations. */
 static memory_t memory(run_t *r)
 {
@@ -492,7 +473,8 @@ static memory_t memory(run_t *r)
     CHECK(fsdp2_memory_plan(r->model->root, &plan));
     fsdp2_memory_stats_t st;
     CHECK(fsdp2_memory_stats_get((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &st));
-    uint64_t opt = optimizer_bytes(r);
+    uint64_t opt;
+    CHECK(fsdp2_optimizer_state_bytes(r->opt, &opt));
     memory_t mem = {plan.sharded_params + plan.sharded_grads + opt,
                     plan.total - plan.sharded_params - plan.sharded_grads,
                     r->model->activation_bytes, 0, st.peak_allocated_bytes};

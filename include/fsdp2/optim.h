@@ -91,6 +91,10 @@ FSDP2_API fsdp2_status_t fsdp2_optimizer_set_steps(fsdp2_optimizer_t *opt, int64
 FSDP2_API fsdp2_status_t fsdp2_optimizer_state(const fsdp2_optimizer_t *opt,
                                                const fsdp2_param_t *param, const char *name,
                                                fsdp2_dtensor_t **state);
+/* Bytes of optimizer state this rank holds (its shards of every state tensor, allocated
+ * at creation) in *bytes. */
+FSDP2_API fsdp2_status_t fsdp2_optimizer_state_bytes(const fsdp2_optimizer_t *opt,
+                                                     uint64_t *bytes);
 /* The names of the state this optimizer keeps per parameter: *count of them, the first
  * min(count, capacity) in names (static strings). */
 FSDP2_API fsdp2_status_t fsdp2_optimizer_state_names(const fsdp2_optimizer_t *opt,

@@ -105,6 +105,26 @@ static size_t gathered_bytes(const fsdp_group_t *g)
     return (size_t)g->ws * (size_t)g->shard_numel * g->pe;
 }
 
+/* What bind_groups gives a group beyond the shared buffers, decided once here so that
+ * the plan's size and its allocations cannot disagree: a gradient accumulator when its
+ * backward encloses other groups' (or gradient sync is off), a post-forward shard, and
+ * a buffer of its own when it keeps its parameters (none at one rank without a cast:
+ * its shard is its parameters). */
+static int wants_accumulator(const fsdp_group_t *g)
+{
+    return g->encloses_groups || !g->requires_gradient_sync;
+}
+
+static int wants_post_forward(const fsdp_group_t *g)
+{
+    return g->reshard_after_forward != 0;
+}
+
+static uint64_t own_buffer_bytes(const fsdp_group_t *g)
+{
+    return g->ws == 1 && !g->cast ? 0 : gathered_bytes(g);
+}
+
 /* Points buffer b's pieces and parameter views of g at that buffer's memory. */
 static fsdp2_status_t bind_buffer(fsdp_group_t *g, int b)
 {
@@ -133,7 +153,7 @@ fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
         g->dedicated = 1;
         return bind_buffer(g, FSDP_MAX_RING);
     }
-    g->own.bytes = gathered_bytes(g);
+    g->own.bytes = own_buffer_bytes(g);
     FSDP2_CHECK(alloc(r, g->own.bytes, &g->own.data, &r->plan.unsharded_params));
     FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
     g->dedicated = 1;
@@ -245,22 +265,20 @@ static int is_under(const fsdp2_module_t *m, const fsdp2_module_t *ancestor)
     return 0;
 }
 
-/* Bytes bind_groups will allocate per group after the shared buffers: own buffers,
- * gradient accumulators and post-forward shards (the same conditions as there). */
-static uint64_t group_bytes(const fsdp_root_t *r)
+/* Bytes of those (each allocator's own conditions besides: nothing to hold, the root). */
+static uint64_t group_bytes(fsdp_root_t *r)
 {
     uint64_t need = 0;
     for (size_t i = 0; i < r->num_groups; i++) {
-        const fsdp_group_t *g = r->groups[i];
-        int encloses = 0;
-        for (size_t j = 0; j < r->num_groups && !encloses; j++)
-            encloses = is_under(r->groups[j]->module, g->module);
-        if ((encloses || !g->requires_gradient_sync) && g->grad_full_numel)
+        fsdp_group_t *g = r->groups[i];
+        for (size_t j = 0; j < r->num_groups && !g->encloses_groups; j++)
+            g->encloses_groups = is_under(r->groups[j]->module, g->module);
+        if (wants_accumulator(g) && g->grad_full_numel)
             need += (uint64_t)g->grad_full_numel * g->pe;
-        if (g->reshard_after_forward && g->pf_ranks && g != r->group && g->shard_numel)
+        if (wants_post_forward(g) && g->pf_ranks && g != r->group && g->shard_numel)
             need += (uint64_t)g->pf_shard_numel * g->pe;
-        if (g->dedicated && !(g->ws == 1 && !g->cast))
-            need += gathered_bytes(g);
+        if (g->dedicated)
+            need += own_buffer_bytes(g);
     }
     return need;
 }
@@ -325,12 +343,11 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         /* A group whose backward encloses other groups' backwards holds its gradients
-         * across theirs: it gets a buffer of its own, not one of the ring. */
-        for (size_t j = 0; j < r->num_groups && !g->encloses_groups; j++)
-            g->encloses_groups = is_under(r->groups[j]->module, g->module);
-        if (g->encloses_groups || !g->requires_gradient_sync)
+         * across theirs (encloses_groups, set by group_bytes): it gets a buffer of its
+         * own, not one of the ring. */
+        if (wants_accumulator(g))
             FSDP2_CHECK(fsdp_group_accumulator(g));
-        if (g->reshard_after_forward)
+        if (wants_post_forward(g))
             FSDP2_CHECK(fsdp_group_post_forward(g));
         if (g->dedicated) {
             g->dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */

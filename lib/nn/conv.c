@@ -38,6 +38,28 @@ fsdp2_status_t fsdp2_nn_conv2d_workspace_bytes(int64_t c, int64_t h, int64_t w, 
     return FSDP2_SUCCESS;
 }
 
+/* The workspace of both directions, in the order the query sized it: the im2col matrix,
+ * the GEMM's output (or the gradient's copy), the weight as f32, the weight and bias
+ * gradient sums. */
+typedef struct conv_scratch {
+    float *col, *out, *w, *gw, *gb;
+} conv_scratch_t;
+
+static fsdp2_status_t conv_scratch(fsdp2_nn_workspace_t *ws, const conv_dims_t *d, const char *what,
+                                   conv_scratch_t *s)
+{
+    size_t need;
+    nn_carve_t cv;
+    FSDP2_CHECK(fsdp2_nn_conv2d_workspace_bytes(d->c, d->h, d->w, d->o, d->k, &need));
+    FSDP2_CHECK(nn_carve_begin(ws, need, what, &cv));
+    s->col = nn_carve_floats(&cv, d->kk * d->n * CONV_CHUNK);
+    s->out = nn_carve_floats(&cv, d->o * d->n * CONV_CHUNK);
+    s->w = nn_carve_floats(&cv, d->o * d->kk);
+    s->gw = nn_carve_floats(&cv, d->o * d->kk);
+    s->gb = nn_carve_floats(&cv, d->o);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t check_conv(const float *x, int64_t batch, int64_t h, int64_t w,
                                  const fsdp2_tensor_t *weight, conv_dims_t *d)
 {
@@ -87,15 +109,11 @@ fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
     FSDP2_ARG_CHECK(y || batch == 0, "y is NULL");
     if (bias)
         FSDP2_CHECK(nn_check_param(bias, "conv2d bias", 1, &d.o));
-    size_t need;
-    FSDP2_CHECK(fsdp2_nn_conv2d_workspace_bytes(d.c, h, w, d.o, d.k, &need));
-    nn_carve_t cv;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "conv2d forward", &cv));
-    float *col = nn_carve_floats(&cv, d.kk * d.n * CONV_CHUNK);
-    float *out = nn_carve_floats(&cv, d.o * d.n * CONV_CHUNK);
-    const float *wf = nn_as_f32(weight, nn_carve_floats(&cv, d.o * d.kk));
-    (void)nn_carve_floats(&cv, d.o * d.kk);
-    const float *bf = bias ? nn_as_f32(bias, nn_carve_floats(&cv, d.o)) : NULL;
+    conv_scratch_t sc;
+    FSDP2_CHECK(conv_scratch(ws, &d, "conv2d forward", &sc));
+    float *col = sc.col, *out = sc.out;
+    const float *wf = nn_as_f32(weight, sc.w);
+    const float *bf = bias ? nn_as_f32(bias, sc.gb) : NULL;
     for (int64_t s0 = 0; s0 < batch; s0 += CONV_CHUNK) {
         int64_t m = batch - s0 < CONV_CHUNK ? batch - s0 : CONV_CHUNK, ld = m * d.n;
         for (int64_t j = 0; j < m; j++)
@@ -127,14 +145,10 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, int64_t batch, int64_t h
         FSDP2_CHECK(nn_check_param(dweight, "conv2d weight gradient", 4, weight->shape));
     if (dbias)
         FSDP2_CHECK(nn_check_param(dbias, "conv2d bias gradient", 1, &d.o));
-    size_t need;
-    FSDP2_CHECK(fsdp2_nn_conv2d_workspace_bytes(d.c, h, w, d.o, d.k, &need));
-    nn_carve_t cv;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "conv2d backward", &cv));
-    float *col = nn_carve_floats(&cv, d.kk * d.n * CONV_CHUNK);
-    float *g = nn_carve_floats(&cv, d.o * d.n * CONV_CHUNK);
-    const float *wf = nn_as_f32(weight, nn_carve_floats(&cv, d.o * d.kk));
-    float *gw = nn_carve_floats(&cv, d.o * d.kk), *gb = nn_carve_floats(&cv, d.o);
+    conv_scratch_t sc;
+    FSDP2_CHECK(conv_scratch(ws, &d, "conv2d backward", &sc));
+    float *col = sc.col, *g = sc.out, *gw = sc.gw, *gb = sc.gb;
+    const float *wf = nn_as_f32(weight, sc.w);
     int w32 = dweight && dweight->dtype == FSDP2_F32, b32 = dbias && dbias->dtype == FSDP2_F32;
     if (dweight && !w32)
         memset(gw, 0, sizeof(float) * (size_t)(d.o * d.kk));

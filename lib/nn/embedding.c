@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype_convert.h"
+#include "core/cpu_kernels.h"
 #include "nn_common.h"
 
 static fsdp2_status_t check_ids(const int32_t *ids, int64_t n, int64_t num)
@@ -45,17 +45,12 @@ fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n,
     for (int64_t i = 0; i < n; i++) {
         float *row = y + i * dim;
         int64_t at = (int64_t)ids[i] * dim;
-        if (!accumulate) {
+        size_t elem = weight->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
+        if (!accumulate)
             nn_load(row, weight, at, dim);
-        } else if (weight->dtype == FSDP2_F32) {
-            const float *w = (const float *)weight->data + at;
-            for (int64_t j = 0; j < dim; j++)
-                row[j] += w[j];
-        } else {
-            const uint16_t *w = (const uint16_t *)weight->data + at;
-            for (int64_t j = 0; j < dim; j++)
-                row[j] += cvt_bf16_to_f32(w[j]);
-        }
+        else
+            fsdp2_cpu_accumulate(row, FSDP2_F32, (const char *)weight->data + (size_t)at * elem,
+                                 weight->dtype, (size_t)dim, 1.0);
     }
     return FSDP2_SUCCESS;
 }
@@ -81,12 +76,8 @@ fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, int64_t n, const 
     FSDP2_ARG_CHECK(dy || n == 0 || dim == 0, "dy is NULL");
     FSDP2_ARG_CHECK(n <= INT32_MAX, "n = %lld ids: more than %d", (long long)n, INT32_MAX);
     if (dweight->dtype == FSDP2_F32) {
-        for (int64_t i = 0; i < n; i++) {
-            float *g = (float *)dweight->data + (int64_t)ids[i] * dim;
-            const float *d = dy + i * dim;
-            for (int64_t j = 0; j < dim; j++)
-                g[j] += d[j];
-        }
+        for (int64_t i = 0; i < n; i++)
+            nn_add_into(dweight, (int64_t)ids[i] * dim, dy + i * dim, dim);
         return FSDP2_SUCCESS;
     }
     size_t need;

@@ -3,7 +3,7 @@
 
 #include <fsdp2/dtype.h>
 
-#include "core/dtype_convert.h"
+#include "core/cpu_kernels.h"
 #include "nn_common.h"
 
 #define NN_ALIGN 64
@@ -75,26 +75,17 @@ float *nn_carve_floats(nn_carve_t *c, int64_t n)
 
 void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count)
 {
-    if (t->dtype == FSDP2_F32) {
-        memcpy(dst, (const float *)t->data + first, sizeof(float) * (size_t)count);
-        return;
-    }
-    const uint16_t *src = (const uint16_t *)t->data + first;
-    for (int64_t i = 0; i < count; i++)
-        dst[i] = cvt_bf16_to_f32(src[i]);
+    size_t elem = t->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
+    /* f32 or bf16, checked by nn_check_param: the conversion cannot fail */
+    fsdp2_convert(dst, FSDP2_F32, (const char *)t->data + (size_t)first * elem, t->dtype,
+                  (size_t)count);
 }
 
 void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t count)
 {
-    if (t->dtype == FSDP2_F32) {
-        float *d = (float *)t->data + first;
-        for (int64_t i = 0; i < count; i++)
-            d[i] += src[i];
-        return;
-    }
-    uint16_t *d = (uint16_t *)t->data + first;
-    for (int64_t i = 0; i < count; i++)
-        d[i] = cvt_f32_to_bf16(cvt_bf16_to_f32(d[i]) + src[i]);
+    size_t elem = t->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
+    fsdp2_cpu_accumulate((char *)t->data + (size_t)first * elem, t->dtype, src, FSDP2_F32,
+                         (size_t)count, 1.0);
 }
 
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch)

@@ -481,6 +481,13 @@ fsdp2_status_t fsdp2_optimizer_lr_schedule(const fsdp2_optimizer_t *opt,
     return FSDP2_SUCCESS;
 }
 
+fsdp2_status_t fsdp2_optimizer_state_bytes(const fsdp2_optimizer_t *opt, uint64_t *bytes)
+{
+    FSDP2_ARG_CHECK(opt && bytes, "optimizer_state_bytes: NULL argument");
+    *bytes = opt->state_bytes;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_optimizer_zero_grad(fsdp2_optimizer_t *opt)
 {
     FSDP2_ARG_CHECK(opt, "optimizer_zero_grad: optimizer is NULL");

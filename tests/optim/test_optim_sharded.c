@@ -598,6 +598,10 @@ static int train(run_t *r, const fsdp2_optimizer_options_t *o, int grouped)
     fails += RANK_CHECK(c, after - before == want_bytes,
                         "optimizer_create allocated %llu bytes, want %llu of state",
                         (unsigned long long)(after - before), (unsigned long long)want_bytes);
+    uint64_t reported = 0;
+    fails += OK(c, fsdp2_optimizer_state_bytes(opt, &reported));
+    fails += RANK_CHECK(c, reported == want_bytes, "optimizer_state_bytes %llu, want %llu",
+                        (unsigned long long)reported, (unsigned long long)want_bytes);
     fails += check_state_layout(r, opt, o);
     if (grouped && !fails)
         fails += set_groups(c, opt);
