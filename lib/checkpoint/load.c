@@ -15,7 +15,9 @@
 #include "checkpoint/checkpoint_internal.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
+#include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/options.h"
 
 /* Appends name to a comma-separated list, marking truncation with "...". */
@@ -157,7 +159,7 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
         r->version = m.version;
         r->step = m.step;
         r->saved_world_size = m.world_size;
-        names = calloc(m.num_tensors ? m.num_tensors : 1, sizeof(*names));
+        names = fsdp2_calloc(m.num_tensors ? m.num_tensors : 1, sizeof(*names));
         if (!names)
             status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint load");
     }
@@ -166,11 +168,16 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
     if (status == FSDP2_SUCCESS)
         status = compare(sd, 0, &m, find_meta, names, m.num_tensors, options->strict, r,
                          "checkpoint load");
-    open_files_t *of = status == FSDP2_SUCCESS ? calloc(1, sizeof(*of)) : NULL;
+    open_files_t *of = status == FSDP2_SUCCESS ? fsdp2_calloc(1, sizeof(*of)) : NULL;
     if (status == FSDP2_SUCCESS && !of)
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint load");
     if (of)
         snprintf(of->dir, sizeof(of->dir), "%s", dir);
+    /* From here on the model is part loaded. What the files hold (a corrupt tensor, a
+     * missing file: the same for every rank that reads it) is an error the caller can
+     * mend and load again, with the groups usable; a failure of this rank's own (memory,
+     * a read, the device) fails its mesh together. */
+    int reading = status == FSDP2_SUCCESS;
     for (size_t i = 0; i < sd->count && status == FSDP2_SUCCESS; i++) {
         const sd_entry_t *e = &sd->entries[i];
         const meta_tensor_t *t = meta_find(&m, e->name);
@@ -198,6 +205,10 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
     free(of);
     free(names);
     meta_free(&m);
+    if (status == FSDP2_ERR_OUT_OF_MEMORY ||
+        (reading && (status == FSDP2_ERR_IO || status == FSDP2_ERR_BACKEND ||
+                     status == FSDP2_ERR_INTERNAL)))
+        fsdp2_mesh_fail(sd->mesh, status);
     return status;
 }
 
@@ -247,7 +258,7 @@ fsdp2_status_t fsdp2_checkpoint_import_full(fsdp2_state_dict_t *sd, const char *
     fsdp2_checkpoint_report_t *r = report ? report : &local;
     st_file_t f;
     FSDP2_CHECK(st_open(path, &f));
-    const char **names = calloc(f.num_entries ? f.num_entries : 1, sizeof(*names));
+    const char **names = fsdp2_calloc(f.num_entries ? f.num_entries : 1, sizeof(*names));
     fsdp2_status_t status = names ? FSDP2_SUCCESS : fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "import");
     for (size_t i = 0; names && i < f.num_entries; i++)
         names[i] = f.entries[i].name;
@@ -367,7 +378,7 @@ fsdp2_status_t fsdp2_load_state_dict(fsdp2_state_dict_t *dst, const fsdp2_state_
     fsdp2_checkpoint_report_t local = {.size = sizeof(local)};
     FSDP2_CHECK(check_report(report, &options, &defaults));
     fsdp2_checkpoint_report_t *r = report ? report : &local;
-    const char **names = calloc(src->count ? src->count : 1, sizeof(*names));
+    const char **names = fsdp2_calloc(src->count ? src->count : 1, sizeof(*names));
     if (!names)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "load_state_dict");
     for (size_t i = 0; i < src->count; i++)

@@ -5,7 +5,9 @@
 #include <string.h>
 
 #include "checkpoint/checkpoint_internal.h"
+#include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 /* blob of this rank (len bytes) -> the group's blobs concatenated in group-rank order. */
 static fsdp2_status_t gather_group(fsdp2_group_t *g, fsdp2_stream_t *s, const char *blob,
@@ -13,7 +15,7 @@ static fsdp2_status_t gather_group(fsdp2_group_t *g, fsdp2_stream_t *s, const ch
 {
     int n;
     FSDP2_CHECK(fsdp2_group_size(g, &n));
-    int64_t mine = (int64_t)len, *lens = calloc((size_t)n, sizeof(int64_t));
+    int64_t mine = (int64_t)len, *lens = fsdp2_calloc((size_t)n, sizeof(int64_t));
     if (!lens)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint exchange");
     fsdp2_status_t status = fsdp2_all_gather_async(g, &mine, lens, 1, FSDP2_I64, s);
@@ -26,9 +28,9 @@ static fsdp2_status_t gather_group(fsdp2_group_t *g, fsdp2_stream_t *s, const ch
     }
     char *padded = NULL, *all = NULL, *joined = NULL;
     if (status == FSDP2_SUCCESS) {
-        padded = calloc(most ? most : 1, 1);
-        all = calloc(most ? most * (size_t)n : 1, 1);
-        joined = malloc(total ? total : 1);
+        padded = fsdp2_calloc(most ? most : 1, 1);
+        all = fsdp2_calloc(most ? most * (size_t)n : 1, 1);
+        joined = fsdp2_malloc(total ? total : 1);
         if (!padded || !all || !joined)
             status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint exchange");
     }
@@ -56,7 +58,16 @@ static fsdp2_status_t gather_group(fsdp2_group_t *g, fsdp2_stream_t *s, const ch
     return status;
 }
 
+static fsdp2_status_t all_texts(fsdp2_mesh_t *mesh, const char *mine, char ***all, int *n);
+
+/* A failure inside the exchange leaves the peers in (or before) its collectives: the
+ * mesh's groups fail together. */
 fsdp2_status_t ckpt_all_texts(fsdp2_mesh_t *mesh, const char *mine, char ***all, int *n)
+{
+    return fsdp2_mesh_fail(mesh, all_texts(mesh, mine, all, n));
+}
+
+static fsdp2_status_t all_texts(fsdp2_mesh_t *mesh, const char *mine, char ***all, int *n)
 {
     *all = NULL;
     *n = 0;
@@ -68,7 +79,7 @@ fsdp2_status_t ckpt_all_texts(fsdp2_mesh_t *mesh, const char *mine, char ***all,
     FSDP2_CHECK(fsdp2_stream_current(cpu, &s));
     /* Texts travel with their NULs, so the joined blob splits back into them. */
     size_t len = strlen(mine) + 1;
-    char *blob = malloc(len);
+    char *blob = fsdp2_malloc(len);
     if (!blob)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint exchange");
     memcpy(blob, mine, len);
@@ -86,7 +97,7 @@ fsdp2_status_t ckpt_all_texts(fsdp2_mesh_t *mesh, const char *mine, char ***all,
             len = joined_len;
         }
     }
-    char **texts = status == FSDP2_SUCCESS ? calloc((size_t)size, sizeof(char *)) : NULL;
+    char **texts = status == FSDP2_SUCCESS ? fsdp2_calloc((size_t)size, sizeof(char *)) : NULL;
     if (status == FSDP2_SUCCESS && !texts)
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint exchange");
     size_t at = 0;

@@ -10,6 +10,7 @@
 
 #include "checkpoint/metadata.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 void meta_free(meta_t *m)
 {
@@ -85,7 +86,7 @@ static fsdp2_status_t parse_chunk(const meta_t *m, const meta_tensor_t *t, const
     size_t want = (size_t)((k->bytes + m->block - 1) / m->block);
     if (!cJSON_IsArray(crcs) || (size_t)cJSON_GetArraySize(crcs) != want)
         return corrupt(m, "a chunk's checksum list has the wrong length", t->name);
-    k->crc = calloc(want ? want : 1, sizeof(uint32_t));
+    k->crc = fsdp2_calloc(want ? want : 1, sizeof(uint32_t));
     if (!k->crc)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
     const cJSON *x;
@@ -127,7 +128,7 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
     if (!cJSON_IsArray(chunks))
         return corrupt(m, "no chunk list", t->name);
     size_t n = (size_t)cJSON_GetArraySize(chunks);
-    t->chunks = calloc(n ? n : 1, sizeof(*t->chunks));
+    t->chunks = fsdp2_calloc(n ? n : 1, sizeof(*t->chunks));
     if (!t->chunks)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
     const cJSON *c;
@@ -159,6 +160,8 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
  * is a regular file. */
 static fsdp2_status_t read_file(const char *path, char **text)
 {
+    if (fsdp2_fault_hit(FAULT_IO))
+        return fsdp2_fault_error(FAULT_IO, "read metadata");
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return fsdp2_error(errno == ENOENT ? FSDP2_ERR_NOT_FOUND : FSDP2_ERR_IO,
@@ -173,7 +176,7 @@ static fsdp2_status_t read_file(const char *path, char **text)
         return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint: %s is missing or over %u MiB", path,
                            CKPT_MAX_METADATA >> 20);
     }
-    char *buf = malloc((size_t)st.st_size + 1);
+    char *buf = fsdp2_malloc((size_t)st.st_size + 1);
     size_t at = 0;
     while (buf && at < (size_t)st.st_size) {
         ssize_t n = read(fd, buf + at, (size_t)st.st_size - at);
@@ -272,7 +275,7 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
     if (!cJSON_IsObject(tensors))
         return corrupt(m, "no tensors object", NULL);
     size_t n = (size_t)cJSON_GetArraySize(tensors);
-    m->tensors = calloc(n ? n : 1, sizeof(*m->tensors));
+    m->tensors = fsdp2_calloc(n ? n : 1, sizeof(*m->tensors));
     if (!m->tensors)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint metadata");
     const cJSON *t;
@@ -313,6 +316,10 @@ fsdp2_status_t meta_file_of(open_files_t *of, const char *name, st_file_t **f)
     }
     char path[4200];
     snprintf(path, sizeof(path), "%s/%s", of->dir, name);
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) /* the checkpoint's fault, not a read's */
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "%s: missing (metadata.json names it): %s", path,
+                           strerror(ENOENT));
     FSDP2_CHECK(st_open(path, &of->files[of->count]));
     snprintf(of->names[of->count], sizeof(of->names[0]), "%s", name);
     *f = &of->files[of->count++];
@@ -374,7 +381,7 @@ fsdp2_status_t meta_read_rows(open_files_t *of, const meta_t *m, const meta_tens
             at = run_end;
             continue;
         }
-        if (!bounce && !(bounce = malloc((size_t)m->block)))
+        if (!bounce && !(bounce = fsdp2_malloc((size_t)m->block)))
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint: %llu bytes",
                                (unsigned long long)m->block);
         size_t n = (size_t)(block_end - at);

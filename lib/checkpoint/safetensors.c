@@ -19,6 +19,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 
 static const struct {
@@ -271,7 +272,7 @@ static fsdp2_status_t parse_meta(const cJSON *item, const char *what, st_file_t 
     size_t count = (size_t)cJSON_GetArraySize(item);
     if (count == 0)
         return FSDP2_SUCCESS;
-    f->meta = calloc(count, sizeof(*f->meta));
+    f->meta = fsdp2_calloc(count, sizeof(*f->meta));
     if (f->meta == NULL)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: %zu metadata entries", what, count);
     for (const cJSON *kv = item->child; kv != NULL; kv = kv->next) {
@@ -309,7 +310,7 @@ static fsdp2_status_t check_unique(const st_file_t *f, const char *what)
     size_t n = f->num_entries > f->num_meta ? f->num_entries : f->num_meta;
     if (n < 2)
         return FSDP2_SUCCESS;
-    const char **names = malloc(n * sizeof(*names));
+    const char **names = fsdp2_malloc(n * sizeof(*names));
     if (names == NULL)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: %zu names", what, n);
     for (size_t i = 0; i < f->num_entries; i++)
@@ -396,7 +397,7 @@ static fsdp2_status_t parse_text(const char *text, size_t len, uint64_t data_siz
         goto cleanup;
     }
     size_t count = (size_t)cJSON_GetArraySize(root);
-    if (count > 0 && (f->entries = calloc(count, sizeof(*f->entries))) == NULL) {
+    if (count > 0 && (f->entries = fsdp2_calloc(count, sizeof(*f->entries))) == NULL) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: %zu tensors", what, count);
         goto cleanup;
     }
@@ -442,7 +443,7 @@ fsdp2_status_t st_parse_header(const char *json, size_t len, uint64_t data_size,
     if (data_size > UINT64_MAX - 8 - len)
         return fsdp2_error(FSDP2_ERR_CORRUPT, "%s: data size %" PRIu64 " overflows", what,
                            data_size);
-    char *text = malloc(len + 1);
+    char *text = fsdp2_malloc(len + 1);
     if (text == NULL)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: header of %zu bytes", what, len);
     if (len > 0)
@@ -467,6 +468,8 @@ fsdp2_status_t st_parse_header(const char *json, size_t len, uint64_t data_size,
 static fsdp2_status_t pread_full(int fd, void *buf, size_t len, uint64_t offset, const char *path)
 {
     unsigned char *p = buf;
+    if (fsdp2_fault_hit(FAULT_IO))
+        return fsdp2_fault_error(FAULT_IO, "pread");
     while (len > 0) {
         ssize_t n = pread(fd, p, len, (off_t)offset);
         if (n < 0 && errno == EINTR)
@@ -523,7 +526,7 @@ fsdp2_status_t st_open(const char *path, st_file_t *f)
                              len > ST_MAX_HEADER ? (uint64_t)ST_MAX_HEADER : size - 8);
         goto cleanup;
     }
-    text = malloc((size_t)len + 1);
+    text = fsdp2_malloc((size_t)len + 1);
     if (text == NULL) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: header of %" PRIu64 " bytes", path, len);
         goto cleanup;

@@ -14,6 +14,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 /* The writer's buffer; writes of at least this size go straight to the file. */
 #define ST_WRITE_BUFFER (1u << 20)
@@ -92,7 +93,7 @@ static fsdp2_status_t writer_reserve(st_writer_t *w)
     if (2 * (w->num_tensors + 1) > w->names.cap) {
         name_set_t old = w->names;
         w->names.cap = old.cap ? 2 * old.cap : 32;
-        w->names.slots = calloc(w->names.cap, sizeof(size_t));
+        w->names.slots = fsdp2_calloc(w->names.cap, sizeof(size_t));
         if (w->names.slots == NULL) {
             w->names = old;
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s: name table", w->path);
@@ -109,9 +110,9 @@ fsdp2_status_t st_writer_create(const char *path, st_writer_t **out)
     FSDP2_ARG_CHECK(path != NULL && out != NULL, "st_writer_create: path=%p w=%p",
                     (const void *)path, (void *)out);
     *out = NULL;
-    st_writer_t *w = calloc(1, sizeof(*w));
+    st_writer_t *w = fsdp2_calloc(1, sizeof(*w));
     if (w == NULL || (w->path = strdup(path)) == NULL ||
-        (w->buf = malloc(ST_WRITE_BUFFER)) == NULL) {
+        (w->buf = fsdp2_malloc(ST_WRITE_BUFFER)) == NULL) {
         if (w != NULL) {
             free(w->path);
             free(w);
@@ -272,6 +273,10 @@ static cJSON *build_header(const st_writer_t *w)
 static fsdp2_status_t write_all(st_writer_t *w, const void *data, size_t len)
 {
     const unsigned char *p = data;
+    if (fsdp2_fault_hit(FAULT_IO)) {
+        w->state = ST_FAILED;
+        return fsdp2_fault_error(FAULT_IO, "write");
+    }
     while (len > 0) {
         ssize_t n = write(w->fd, p, len);
         if (n < 0 && errno == EINTR)
@@ -418,6 +423,10 @@ fsdp2_status_t st_writer_finish(st_writer_t *w)
         goto cleanup;
     }
     FSDP2_CHECK_GOTO(writer_flush(w), status, cleanup);
+    if (fsdp2_fault_hit(FAULT_IO)) {
+        status = fsdp2_fault_error(FAULT_IO, "fsync");
+        goto cleanup;
+    }
     if (fsync(w->fd) != 0) {
         status = fsdp2_error(FSDP2_ERR_IO, "%s: fsync: %s", w->path, strerror(errno));
         goto cleanup;

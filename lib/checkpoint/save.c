@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -18,6 +19,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/options.h"
 #include "core/log_internal.h"
 
@@ -50,6 +52,8 @@ fsdp2_status_t ckpt_remove_dir(const char *dir)
 
 static fsdp2_status_t fsync_path(const char *path)
 {
+    if (fsdp2_fault_hit(FAULT_IO))
+        return fsdp2_fault_error(FAULT_IO, "fsync directory");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot open %s: %s", path, strerror(errno));
@@ -127,7 +131,7 @@ static fsdp2_status_t write_rank_file(const fsdp2_state_dict_t *sd, const char *
     st_writer_t *w = NULL;
     cJSON *chunks = cJSON_CreateArray();
     fsdp2_status_t status = chunks ? st_writer_create(path, &w) : FSDP2_ERR_OUT_OF_MEMORY;
-    sd_block_t *blocks = calloc(sd->count ? sd->count : 1, sizeof(*blocks));
+    sd_block_t *blocks = fsdp2_calloc(sd->count ? sd->count : 1, sizeof(*blocks));
     if (!blocks && status == FSDP2_SUCCESS)
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint");
     for (size_t i = 0; i < sd->count && status == FSDP2_SUCCESS; i++) {
@@ -187,6 +191,8 @@ static fsdp2_status_t write_rank_file(const fsdp2_state_dict_t *sd, const char *
 
 fsdp2_status_t ckpt_write_text(const char *path, const char *text)
 {
+    if (fsdp2_fault_hit(FAULT_IO))
+        return fsdp2_fault_error(FAULT_IO, "write metadata");
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return fsdp2_error(FSDP2_ERR_IO, "checkpoint: cannot create %s: %s", path, strerror(errno));
@@ -366,6 +372,9 @@ static fsdp2_status_t check_save_args(const fsdp2_state_dict_t *sd, const char *
     return FSDP2_SUCCESS;
 }
 
+static fsdp2_status_t save(const fsdp2_state_dict_t *sd, const char *dir, const char *partial,
+                           int rank, const fsdp2_checkpoint_options_t *o);
+
 fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *dir,
                                      const fsdp2_checkpoint_options_t *options)
 {
@@ -376,8 +385,34 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
     FSDP2_CHECK(ckpt_mesh_rank(sd->mesh, &rank, &size));
     char clean[4096], partial[4200];
     ckpt_clean_path(dir, clean, sizeof(clean));
-    dir = clean;
-    snprintf(partial, sizeof(partial), "%s.partial", dir);
+    snprintf(partial, sizeof(partial), "%s.partial", clean);
+    fsdp2_status_t status = save(sd, clean, partial, rank, o);
+    /* Where the ranks could not agree (an exchange failed and the mesh failed with it),
+     * nothing half made stays: rank 0, which alone publishes, removes the partial
+     * directory, again while a peer's file appears in it (a peer that has not yet learned
+     * of the failure may still be writing; once the directory is gone it cannot create
+     * one). Only rank 0 touches it: a peer that fails after the exchange it needed could
+     * otherwise take a file from a checkpoint rank 0 is publishing. */
+    if (status != FSDP2_SUCCESS) {
+        char keep[1024];
+        snprintf(keep, sizeof(keep), "%s", fsdp2_last_error());
+        struct stat st;
+        for (int tries = 0;
+             rank == 0 && tries < 40 && stat(partial, &st) == 0 && S_ISDIR(st.st_mode);
+             tries++) {
+            if (ckpt_remove_dir(partial) == FSDP2_SUCCESS)
+                break;
+            struct timespec nap = {0, 25 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+        fsdp2_error(status, "%s", keep);
+    }
+    return status;
+}
+
+static fsdp2_status_t save(const fsdp2_state_dict_t *sd, const char *dir, const char *partial,
+                           int rank, const fsdp2_checkpoint_options_t *o)
+{
 
     /* 1. Rank 0 clears a stale partial directory and makes a fresh one. */
     fsdp2_status_t mine = FSDP2_SUCCESS;
@@ -405,7 +440,7 @@ fsdp2_status_t fsdp2_checkpoint_save(const fsdp2_state_dict_t *sd, const char *d
     char *failure = NULL;
     if (mine != FSDP2_SUCCESS) {
         size_t len = strlen(fsdp2_last_error()) + 16;
-        failure = malloc(len);
+        failure = fsdp2_malloc(len);
         if (failure)
             snprintf(failure, len, "!%d %s", (int)mine, fsdp2_last_error());
     }

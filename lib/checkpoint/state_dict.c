@@ -5,6 +5,7 @@
 
 #include "checkpoint/checkpoint_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "dtensor/dtensor_internal.h"
 #include "fsdp/fsdp_internal.h"
 
@@ -51,7 +52,7 @@ static fsdp2_status_t add_params(fsdp2_state_dict_t *sd, fsdp2_module_t *root)
 {
     size_t n;
     FSDP2_CHECK(fsdp2_module_params(root, NULL, 0, &n));
-    fsdp2_param_t **params = calloc(n ? n : 1, sizeof(*params));
+    fsdp2_param_t **params = fsdp2_calloc(n ? n : 1, sizeof(*params));
     if (!params)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "state dict");
     fsdp2_status_t status = fsdp2_module_params(root, params, n, &n);
@@ -112,7 +113,7 @@ fsdp2_status_t fsdp2_state_dict_create(fsdp2_module_t *root, fsdp2_optimizer_t *
 {
     FSDP2_ARG_CHECK(root && out, "state_dict: root or out is NULL");
     *out = NULL;
-    fsdp2_state_dict_t *sd = calloc(1, sizeof(*sd));
+    fsdp2_state_dict_t *sd = fsdp2_calloc(1, sizeof(*sd));
     if (!sd)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "state dict");
     sd->opt = opt;

@@ -13,6 +13,7 @@
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/options.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
@@ -31,6 +32,45 @@ const char *fsdp2_coll_kind_name(coll_kind_t kind)
     return "collective";
 }
 
+static int is_reduction(coll_kind_t kind)
+{
+    return kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE;
+}
+
+void fsdp2_coll_stamp(const coll_op_t *op, coll_stamp_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->kind = (uint32_t)op->kind;
+    s->dtype = (uint32_t)op->dtype;
+    s->bytes = (uint64_t)op->count * op->elem_size;
+    s->root = op->kind == COLL_BROADCAST ? op->root : 0;
+    s->reduce = is_reduction(op->kind) ? (uint32_t)op->reduce.op : 0;
+}
+
+int fsdp2_coll_stamp_equal(const coll_stamp_t *a, const coll_stamp_t *b)
+{
+    return a->kind == b->kind && a->dtype == b->dtype && a->bytes == b->bytes &&
+           a->root == b->root && a->reduce == b->reduce;
+}
+
+void fsdp2_coll_stamp_text(const coll_stamp_t *s, uint64_t seq, char *buf, size_t len)
+{
+    unsigned long long q = (unsigned long long)seq, bytes = (unsigned long long)s->bytes;
+    if (s->kind > COLL_BARRIER) /* from a peer that speaks another protocol */
+        snprintf(buf, len, "an unknown collective %u (seq %llu)", s->kind, q);
+    else if (s->kind == COLL_BARRIER)
+        snprintf(buf, len, "barrier (seq %llu)", q);
+    else if (s->kind == COLL_BROADCAST)
+        snprintf(buf, len, "broadcast of %llu B from rank %d (seq %llu)", bytes, s->root, q);
+    else if (is_reduction((coll_kind_t)s->kind))
+        snprintf(buf, len, "%s of %llu B of %s, %s (seq %llu)",
+                 fsdp2_coll_kind_name((coll_kind_t)s->kind), bytes,
+                 fsdp2_dtype_name((fsdp2_dtype_t)s->dtype), s->reduce ? "avg" : "sum", q);
+    else
+        snprintf(buf, len, "%s of %llu B (seq %llu)", fsdp2_coll_kind_name((coll_kind_t)s->kind),
+                 bytes, q);
+}
+
 fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
 {
     char message[384];
@@ -47,6 +87,24 @@ fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const c
     }
     pthread_mutex_unlock(&g->error_lock);
     return fsdp2_error(status, "group '%s' rank %d: %s", g->name, g->rank, message);
+}
+
+void fsdp2_group_error_text(fsdp2_group_t *g, char *buf, size_t len)
+{
+    pthread_mutex_lock(&g->error_lock);
+    snprintf(buf, len, "%s", g->error_message);
+    pthread_mutex_unlock(&g->error_lock);
+}
+
+void fsdp2_group_break(fsdp2_group_t *g, fsdp2_status_t status, const char *reason)
+{
+    char kept[1024], message[512];
+    snprintf(kept, sizeof(kept), "%s", fsdp2_last_error());
+    snprintf(message, sizeof(message), "%s", reason ? reason : "");
+    fsdp2_group_fail(g, status == FSDP2_SUCCESS ? FSDP2_ERR_ABORTED : status, "%s", message);
+    if (!atomic_exchange(&g->aborted, 1) && g->ops->abort)
+        g->ops->abort(g, message);
+    fsdp2_error_set_message(kept);
 }
 
 fsdp2_status_t fsdp2_group_check(fsdp2_group_t *g)
@@ -149,10 +207,7 @@ fsdp2_status_t fsdp2_group_destroy(fsdp2_group_t *g)
                   g->name, g->ops->in_flight(g), g->ops->in_flight(g) == 1 ? "" : "s");
         int left = drain(g, g->timeout_ms);
         if (left > 0) {
-            atomic_store(&g->aborted, 1);
-            fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "destroyed with collectives in flight");
-            if (g->ops->abort)
-                g->ops->abort(g);
+            fsdp2_group_break(g, FSDP2_ERR_ABORTED, "destroyed with collectives in flight");
             left = drain(g, 1000);
         }
         if (left > 0)
@@ -186,10 +241,7 @@ fsdp2_status_t fsdp2_group_size(const fsdp2_group_t *g, int *size)
 fsdp2_status_t fsdp2_group_abort(fsdp2_group_t *g)
 {
     FSDP2_ARG_CHECK(g, "group is NULL");
-    atomic_store(&g->aborted, 1);
-    fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "aborted by the application");
-    if (g->ops->abort)
-        g->ops->abort(g);
+    fsdp2_group_break(g, FSDP2_ERR_ABORTED, "aborted by the application");
     return FSDP2_SUCCESS;
 }
 
@@ -239,20 +291,18 @@ static fsdp2_status_t enqueue(fsdp2_group_t *g, coll_op_t *op, fsdp2_stream_t *s
     FSDP2_CHECK(fsdp2_group_check(g));
     op->seq = atomic_fetch_add(&g->next_seq, 1);
     trace_token_t traced = trace_begin(g, op, stream);
-    fsdp2_status_t status = g->ops->enqueue(g, op, stream);
+    fsdp2_status_t status = fsdp2_fault_hit(FAULT_COLLECTIVE)
+                                ? fsdp2_fault_error(FAULT_COLLECTIVE, what)
+                                : g->ops->enqueue(g, op, stream);
     if (traced >= 0)
         fsdp2_trace_stream_end(stream, traced);
     if (status != FSDP2_SUCCESS && fsdp2_group_check(g) == FSDP2_SUCCESS) {
         /* The sequence number is spent: this rank is now out of step with its peers, so
-         * the group cannot be used any more, and the peers are told at once (over shared
-         * memory; across hosts they fail by their timeout). */
-        char message[384];
-        snprintf(message, sizeof(message), "%s", fsdp2_last_error());
-        status = fsdp2_group_fail(g, status, "%s could not be enqueued: %s", what, message);
-        snprintf(message, sizeof(message), "%s", fsdp2_last_error());
-        if (g->ops->abort)
-            g->ops->abort(g);
-        return fsdp2_error(status, "%s", message);
+         * the group cannot be used any more, and the peers are told at once. */
+        char reason[512];
+        snprintf(reason, sizeof(reason), "%s could not be enqueued: %s", what, fsdp2_last_error());
+        fsdp2_group_break(g, status, reason);
+        return fsdp2_group_check(g);
     }
     return status;
 }

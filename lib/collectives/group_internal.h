@@ -44,6 +44,21 @@ static inline int coll_in_place_block(const void *whole, const void *part, size_
     return whole && (const char *)part == (const char *)whole + (size_t)rank * block_bytes;
 }
 
+/* What a collective is, as the members compare it: under one sequence number every
+ * member must make the same call (kind, bytes per rank, dtype, broadcast root, reduce
+ * op). Both transports check it at first contact with a peer. */
+typedef struct coll_stamp {
+    uint32_t kind, dtype;
+    uint64_t bytes;
+    int32_t root;   /* a broadcast's root, else 0 */
+    uint32_t reduce; /* a reduction's op, else 0 */
+} coll_stamp_t;
+
+void fsdp2_coll_stamp(const coll_op_t *op, coll_stamp_t *s);
+int fsdp2_coll_stamp_equal(const coll_stamp_t *a, const coll_stamp_t *b);
+/* "all_gather of 4096 B (seq 7)", "broadcast of 64 B from rank 1 (seq 2)", ... */
+void fsdp2_coll_stamp_text(const coll_stamp_t *s, uint64_t seq, char *buf, size_t len);
+
 struct fsdp2_group;
 
 typedef struct fsdp2_group_ops {
@@ -53,8 +68,9 @@ typedef struct fsdp2_group_ops {
     void (*destroy)(struct fsdp2_group *g);
     /* Enqueues op on stream; op is copied. */
     fsdp2_status_t (*enqueue)(struct fsdp2_group *g, const coll_op_t *op, fsdp2_stream_t *stream);
-    /* Optional: tells the peers now that this member aborted (thread-safe). */
-    void (*abort)(struct fsdp2_group *g);
+    /* Optional: tells the peers now that this member failed, and why (thread-safe; never
+     * called from inside the backend's own progress callbacks). */
+    void (*abort)(struct fsdp2_group *g, const char *reason);
     /* Collectives enqueued and not finished yet (thread-safe): destroy waits for 0. */
     int (*in_flight)(struct fsdp2_group *g);
 } fsdp2_group_ops_t;
@@ -83,6 +99,16 @@ const char *fsdp2_coll_kind_name(coll_kind_t kind);
  * message also set as this thread's last error. */
 fsdp2_status_t fsdp2_group_fail(struct fsdp2_group *g, fsdp2_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* A failure of this rank inside the group's collective sequence (a collective it could
+ * not enqueue or run, or a failed step around them): fails the group here with status,
+ * ends this rank's collectives still running, and tells the peers at once (they fail
+ * with FSDP2_ERR_PEER_FAILED naming this rank and reason). Keeps this thread's last
+ * error as it was. Idempotent: only the first failure is recorded and sent. */
+void fsdp2_group_break(struct fsdp2_group *g, fsdp2_status_t status, const char *reason);
+
+/* The group's recorded failure message into buf ("" while healthy). */
+void fsdp2_group_error_text(struct fsdp2_group *g, char *buf, size_t len);
 
 /* The sticky error, with its message set as this thread's last error; FSDP2_SUCCESS if
  * healthy. Collectives call it before starting so a failed group fails fast. */

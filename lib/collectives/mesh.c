@@ -41,6 +41,21 @@ static void keep_creator(fsdp2_mesh_t *m, fsdp2_store_t *store, const char *name
     m->options = options ? *options : defaults;
 }
 
+fsdp2_status_t fsdp2_mesh_fail(fsdp2_mesh_t *mesh, fsdp2_status_t status)
+{
+    if (status == FSDP2_SUCCESS || !mesh)
+        return status;
+    char reason[512];
+    snprintf(reason, sizeof(reason), "%s", fsdp2_last_error());
+    for (int d = 0; d < mesh->layout.ndim; d++)
+        if (mesh->groups[d])
+            fsdp2_group_break(mesh->groups[d], status, reason);
+    for (int b = 0; b < mesh->num_blocks; b++)
+        if (mesh->blocks[b].group)
+            fsdp2_group_break(mesh->blocks[b].group, status, reason);
+    return status;
+}
+
 static _Atomic(fsdp2_mesh_t *) default_mesh;
 
 fsdp2_mesh_t *fsdp2_default_mesh(void)

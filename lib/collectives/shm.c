@@ -127,19 +127,40 @@ static char *slot_of(const run_t *x, int r, uint64_t step)
     return x->sg->ring + ((size_t)r * SHM_SLOTS + (size_t)(step % SHM_SLOTS)) * SHM_SLOT;
 }
 
-static void mark_broken(shm_group_t *sg, int rank)
+/* The first rank to mark the segment broken also leaves its reason there. */
+static void mark_broken(shm_group_t *sg, int rank, const char *reason)
 {
     int expected = 0;
-    atomic_compare_exchange_strong(&sg->hdr->broken, &expected, rank + 1);
+    if (atomic_compare_exchange_strong(&sg->hdr->broken, &expected, rank + 1)) {
+        snprintf(sg->hdr->reason, sizeof(sg->hdr->reason), "%s", reason);
+        atomic_store_explicit(&sg->hdr->reason_ready, 1, memory_order_release);
+    }
     for (int r = 0; r < sg->g->size; r++) {
         atomic_fetch_add(&sg->lines[r].bell, 1);
         syscall(SYS_futex, (unsigned *)&sg->lines[r].bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }
 
-void fsdp2_shm_abort(shm_group_t *sg)
+void fsdp2_shm_abort(shm_group_t *sg, const char *reason)
 {
-    mark_broken(sg, sg->g->rank);
+    mark_broken(sg, sg->g->rank, reason);
+}
+
+/* Why the rank that broke the segment failed: it writes the reason right after marking
+ * it, so a short wait finds it unless that rank died in between. */
+static void broken_reason(const shm_group_t *sg, char *buf, size_t len)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (atomic_load_explicit(&sg->hdr->reason_ready, memory_order_acquire)) {
+            size_t n = strnlen(sg->hdr->reason, sizeof(sg->hdr->reason) - 1);
+            n = n < len - 1 ? n : len - 1;
+            memcpy(buf, sg->hdr->reason, n);
+            buf[n] = '\0';
+            return;
+        }
+        sched_yield();
+    }
+    snprintf(buf, len, "its reason was not published");
 }
 
 /* Fails the group and marks the segment broken, so that peers fail now rather than at
@@ -154,7 +175,9 @@ static fsdp2_status_t run_fail(run_t *x, fsdp2_status_t status, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(message, sizeof(message), fmt, ap);
     va_end(ap);
-    mark_broken(x->sg, x->me);
+    char reason[512];
+    snprintf(reason, sizeof(reason), "group '%s' rank %d: %s", x->sg->g->name, x->me, message);
+    mark_broken(x->sg, x->me, reason);
     return fsdp2_group_fail(x->sg->g, status, "%s", message);
 }
 
@@ -163,9 +186,12 @@ static fsdp2_status_t check_health(run_t *x, int peer)
 {
     fsdp2_group_t *g = x->sg->g;
     int broken = atomic_load(&x->sg->hdr->broken);
-    if (broken && broken != x->me + 1)
-        return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: rank %d's collective failed",
-                                x->what, broken - 1);
+    if (broken && broken != x->me + 1) {
+        char reason[512];
+        broken_reason(x->sg, reason, sizeof(reason));
+        return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: rank %d failed: %s", x->what,
+                                broken - 1, reason);
+    }
     if (atomic_load(&g->aborted))
         return run_fail(x, FSDP2_ERR_ABORTED, "%s: aborted", x->what);
     if (atomic_load(&g->error) != FSDP2_SUCCESS)
@@ -295,40 +321,13 @@ static shm_stamp_t *stamp_of(const shm_group_t *sg, int r, uint64_t seq)
     return &sg->stamps[(size_t)r * SHM_STAMPS + seq % SHM_STAMPS];
 }
 
-static int is_reduction(coll_kind_t kind)
-{
-    return kind == COLL_REDUCE_SCATTER || kind == COLL_ALL_REDUCE;
-}
-
 /* This rank's collective, before its first step (its head's release publishes it). */
 static void stamp_write(shm_group_t *sg, const coll_op_t *op)
 {
     shm_stamp_t *s = stamp_of(sg, sg->g->rank, op->seq);
-    s->kind = (uint32_t)op->kind;
-    s->dtype = (uint32_t)op->dtype;
-    s->bytes = (uint64_t)op->count * op->elem_size;
-    s->root = op->kind == COLL_BROADCAST ? op->root : 0;
-    s->reduce = is_reduction(op->kind) ? (uint32_t)op->reduce.op : 0;
+    fsdp2_coll_stamp(op, &s->call);
     atomic_store_explicit(&s->seq1, op->seq + 1, memory_order_release);
     atomic_store_explicit(&sg->lines[sg->g->rank].last_stamp, op->seq + 1, memory_order_release);
-}
-
-/* "all_gather of 4096 B (seq 7)" */
-static void stamp_text(const shm_stamp_t *s, uint64_t seq, char *buf, size_t len)
-{
-    const char *kind = fsdp2_coll_kind_name((coll_kind_t)s->kind);
-    if (s->kind == COLL_BARRIER)
-        snprintf(buf, len, "barrier (seq %llu)", (unsigned long long)seq);
-    else if (s->kind == COLL_BROADCAST)
-        snprintf(buf, len, "broadcast of %llu B from rank %d (seq %llu)",
-                 (unsigned long long)s->bytes, s->root, (unsigned long long)seq);
-    else if (is_reduction((coll_kind_t)s->kind))
-        snprintf(buf, len, "%s of %llu B of %s, %s (seq %llu)", kind, (unsigned long long)s->bytes,
-                 fsdp2_dtype_name((fsdp2_dtype_t)s->dtype), s->reduce ? "avg" : "sum",
-                 (unsigned long long)seq);
-    else
-        snprintf(buf, len, "%s of %llu B (seq %llu)", kind, (unsigned long long)s->bytes,
-                 (unsigned long long)seq);
 }
 
 /* The first time this collective meets rank r (r has posted a step we waited for): r's
@@ -344,17 +343,15 @@ static fsdp2_status_t check_stamp(run_t *x, int r)
     const shm_stamp_t *theirs = stamp_of(x->sg, r, op->seq);
     uint64_t seq = op->seq;
     if (atomic_load_explicit(&theirs->seq1, memory_order_acquire) == seq + 1 &&
-        theirs->kind == mine->kind && theirs->dtype == mine->dtype &&
-        theirs->bytes == mine->bytes && theirs->root == mine->root &&
-        theirs->reduce == mine->reduce)
+        fsdp2_coll_stamp_equal(&theirs->call, &mine->call))
         return FSDP2_SUCCESS;
     char a[160], b[160];
-    stamp_text(mine, seq, a, sizeof(a));
+    fsdp2_coll_stamp_text(&mine->call, seq, a, sizeof(a));
     uint64_t last = atomic_load_explicit(&x->sg->lines[r].last_stamp, memory_order_acquire);
     if (atomic_load_explicit(&theirs->seq1, memory_order_acquire) == seq + 1)
-        stamp_text(theirs, seq, b, sizeof(b));
+        fsdp2_coll_stamp_text(&theirs->call, seq, b, sizeof(b));
     else if (last)
-        stamp_text(stamp_of(x->sg, r, last - 1), last - 1, b, sizeof(b));
+        fsdp2_coll_stamp_text(&stamp_of(x->sg, r, last - 1)->call, last - 1, b, sizeof(b));
     else
         snprintf(b, sizeof(b), "no collective yet");
     fsdp2_status_t status = fsdp2_group_fail(
@@ -362,7 +359,9 @@ static fsdp2_status_t check_stamp(run_t *x, int r)
         "rank %d called %s where rank %d called %s: the ranks of a group must call the "
         "same collectives in the same order",
         r, b, x->me, a);
-    mark_broken(x->sg, x->me);
+    char reason[640];
+    fsdp2_group_error_text(x->sg->g, reason, sizeof(reason));
+    mark_broken(x->sg, x->me, reason);
     return status;
 }
 
@@ -578,7 +577,9 @@ fsdp2_status_t fsdp2_shm_run(shm_group_t *sg, const coll_op_t *op)
     if (status != FSDP2_SUCCESS) {
         /* The group has failed here, so this rank will not take part: the peers must
          * not wait for it until their timeout. */
-        mark_broken(sg, g->rank);
+        char reason[640];
+        fsdp2_group_error_text(g, reason, sizeof(reason));
+        mark_broken(sg, g->rank, reason);
         return status;
     }
     stamp_write(sg, op);

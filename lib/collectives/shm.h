@@ -25,9 +25,9 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
 
 void fsdp2_shm_destroy(shm_group_t *sg);
 
-/* Marks the segment broken: the peers' collectives fail at once instead of at their
- * timeout. Thread-safe; for fsdp2_group_abort. */
-void fsdp2_shm_abort(shm_group_t *sg);
+/* Marks the segment broken, with this rank's reason: the peers' collectives fail at
+ * once (naming this rank and the reason) instead of at their timeout. Thread-safe. */
+void fsdp2_shm_abort(shm_group_t *sg, const char *reason);
 
 /* Runs op on the calling thread (a stream's host function): waits for its turn (the
  * group's collectives run in sequence order), then for the peers. Fails the group on

@@ -84,6 +84,8 @@ typedef struct shm_header {
     uint64_t magic;
     int64_t size;
     _Alignas(SHM_LINE) atomic_int broken; /* 1 + the rank whose collective failed first */
+    atomic_int reason_ready; /* reason is written (by the rank that set broken) */
+    char reason[512];        /* why that rank failed, for its peers' messages */
 } shm_header_t;
 
 /* A rank's line: what it publishes, and where those waiting for it sleep. */
@@ -104,11 +106,9 @@ typedef struct rank_line {
 #define SHM_STAMPS 64
 typedef struct shm_stamp {
     shm_counter_t seq1; /* 1 + the sequence number (0: never written) */
-    uint32_t kind, dtype;
-    uint64_t bytes;
-    int32_t root;
-    uint32_t reduce; /* the reduce op of a reduction, else 0 */
+    coll_stamp_t call;
 } shm_stamp_t;
+_Static_assert(sizeof(shm_header_t) <= SHM_PAGE, "the header fits its page");
 _Static_assert(sizeof(rank_line_t) == SHM_LINE, "a rank's line is one cache line");
 
 struct shm_group {

@@ -108,6 +108,8 @@ static void note_immediate(req_list_t *rl, int from, const void *req,
 void fsdp2_ucx_add_send(ucx_group_t *ug, req_list_t *rl, int peer, const void *buf,
                         size_t bytes, uint64_t tag)
 {
+    if (rl->stamp_from)
+        rl->stamp_from[rl->n] = -1;
     rl->peer[rl->n] = peer;
     rl->req[rl->n++] = post_send(ug, peer, buf, bytes, tag);
 }
@@ -116,6 +118,8 @@ void fsdp2_ucx_add_recv(ucx_group_t *ug, req_list_t *rl, int from, void *buf, si
                         uint64_t tag)
 {
     ucp_tag_recv_info_t info = {.length = SIZE_MAX};
+    if (rl->stamp_from)
+        rl->stamp_from[rl->n] = -1;
     rl->peer[rl->n] = RECV_FROM(from);
     rl->want[rl->n] = bytes;
     rl->req[rl->n] = post_recv(ug, buf, bytes, tag, &info);
@@ -130,6 +134,8 @@ static void add_recv_iov(ucx_group_t *ug, req_list_t *rl, int from, const fsdp2_
     size_t bytes = 0;
     for (size_t k = 0; k < n; k++)
         bytes += iov[k].bytes;
+    if (rl->stamp_from)
+        rl->stamp_from[rl->n] = -1;
     rl->peer[rl->n] = RECV_FROM(from);
     rl->want[rl->n] = bytes;
     rl->req[rl->n] = post_recv_iov(ug, iov, n, tag, &info);
@@ -226,11 +232,29 @@ static fsdp2_status_t length_mismatch(ucx_group_t *ug, const char *what, int pee
                             what, peer, got, want);
 }
 
-/* Waits for requests reqs[0..n) (NULL entries are done), then clears them. want (may be
- * NULL) holds each receive's expected length. */
-static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers,
-                               const size_t *want, int n, const char *what)
+/* A peer's stamp arrived: it must be this rank's call. */
+static fsdp2_status_t check_stamp(ucx_group_t *ug, const req_list_t *rl, int peer)
 {
+    fsdp2_group_t *g = ug->g;
+    if (fsdp2_coll_stamp_equal(&rl->stamps[peer], &rl->stamps[g->rank]))
+        return FSDP2_SUCCESS;
+    char a[160], b[160];
+    fsdp2_coll_stamp_text(&rl->stamps[g->rank], rl->seq, a, sizeof(a));
+    fsdp2_coll_stamp_text(&rl->stamps[peer], rl->seq, b, sizeof(b));
+    return fsdp2_group_fail(g, FSDP2_ERR_INVALID_STATE,
+                            "rank %d called %s where rank %d called %s: the ranks of a group "
+                            "must call the same collectives in the same order",
+                            peer, b, g->rank, a);
+}
+
+/* Waits for the requests of rl (NULL entries are done), then clears them: each receive
+ * must bring its expected length, and each stamp this rank's call. */
+static fsdp2_status_t wait_all(ucx_group_t *ug, req_list_t *rl, const char *what)
+{
+    void **reqs = rl->req;
+    const int *peers = rl->peer;
+    const size_t *want = rl->want;
+    int n = rl->n;
     fsdp2_group_t *g = ug->g;
     int64_t deadline = fsdp2_now_ms() + g->timeout_ms;
     int idle = 0;
@@ -265,6 +289,13 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers,
             }
             ucp_request_free(reqs[i]);
             reqs[i] = NULL;
+            if (s == UCS_OK && rl->stamp_from && rl->stamp_from[i] >= 0) {
+                fsdp2_status_t mismatch = check_stamp(ug, rl, rl->stamp_from[i]);
+                if (mismatch != FSDP2_SUCCESS) {
+                    cancel_all(ug, reqs, peers, n);
+                    return mismatch;
+                }
+            }
         }
         if (failed != UCS_OK) {
             /* a transfer failed: was it because a peer on this host died? */
@@ -295,6 +326,12 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, void **reqs, const int *peers,
         if (atomic_load(&g->aborted)) {
             cancel_all(ug, reqs, peers, n);
             return fsdp2_group_fail(g, FSDP2_ERR_ABORTED, "%s: aborted", what);
+        }
+        int from = atomic_load(&ug->abort_from);
+        if (from) {
+            cancel_all(ug, reqs, peers, n);
+            return fsdp2_group_fail(g, FSDP2_ERR_PEER_FAILED, "%s: rank %d failed: %s", what,
+                                    from - 1, ug->abort_in.reason);
         }
         check_liveness(ug, peers, n, reqs);
         int peer = failed_peer_among(ug, reqs, peers, n);
@@ -331,11 +368,104 @@ fsdp2_status_t fsdp2_ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *
         cancel_all(ug, rl->req, rl->peer, rl->n);
         status = length_mismatch(ug, what, rl->short_peer, rl->short_got, rl->short_want);
     } else {
-        status = wait_all(ug, rl->req, rl->peer, rl->want, rl->n, what);
+        status = wait_all(ug, rl, what);
     }
     rl->n = 0;
     rl->short_peer = -1;
     return status;
+}
+
+/* ---- failing together ---- */
+
+static void abort_arrived(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                          void *arg)
+{
+    (void)req;
+    ucx_group_t *ug = arg;
+    if (status != UCS_OK)
+        return; /* cancelled at destroy */
+    int from = (int)((info->sender_tag >> 16) & 0xfff); /* the tag's source (make_tag) */
+    ug->abort_in.reason[sizeof(ug->abort_in.reason) - 1] = '\0';
+    int expected = 0;
+    atomic_compare_exchange_strong(&ug->abort_from, &expected, from + 1);
+}
+
+fsdp2_status_t fsdp2_ucx_listen_aborts(ucx_group_t *ug)
+{
+    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                 UCP_OP_ATTR_FIELD_USER_DATA |
+                                                 UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                                 .cb.recv = abort_arrived,
+                                 .user_data = ug};
+    void *req = ucp_tag_recv_nbx(ug->worker, &ug->abort_in, sizeof(ug->abort_in),
+                                 make_tag(0, PHASE_ABORT, 0, 0), PHASE_MASK, &param);
+    if (UCS_PTR_IS_ERR(req))
+        return fsdp2_error(FSDP2_ERR_BACKEND, "group '%s': receive for abort messages: %s",
+                           ug->g->name, ucs_status_string(UCS_PTR_STATUS(req)));
+    ug->abort_req = req;
+    return FSDP2_SUCCESS;
+}
+
+void fsdp2_ucx_stop_listening(ucx_group_t *ug)
+{
+    if (!ug->abort_req)
+        return;
+    ucp_request_cancel(ug->worker, ug->abort_req);
+    ucp_request_free(ug->abort_req);
+    ug->abort_req = NULL;
+}
+
+void fsdp2_ucx_send_abort(ucx_group_t *ug, const char *reason)
+{
+    fsdp2_group_t *g = ug->g;
+    if (!ug->worker || !ug->abort_reqs || atomic_exchange(&ug->abort_sent, 1))
+        return;
+    ug->abort_out.rank = g->rank;
+    ug->abort_out.status = atomic_load(&g->error);
+    snprintf(ug->abort_out.reason, sizeof(ug->abort_out.reason), "%s", reason);
+    ucp_request_param_t param = {.op_attr_mask = 0};
+    int n = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (r == g->rank || !ug->eps[r] || atomic_load(&ug->peer_errors[r].failed))
+            continue;
+        void *req = ucp_tag_send_nbx(ug->eps[r], &ug->abort_out, sizeof(ug->abort_out),
+                                     make_tag(0, PHASE_ABORT, g->rank, 0), &param);
+        if (req && !UCS_PTR_IS_ERR(req))
+            ug->abort_reqs[n++] = req;
+    }
+    /* A short while for them to leave: the peers may be dead or stuck, and this rank is
+     * failing anyway. What is still in flight is released by UCX when it completes. */
+    int64_t deadline = fsdp2_now_ms() + 500;
+    for (int i = 0; i < n; i++) {
+        while (ucp_request_check_status(ug->abort_reqs[i]) == UCS_INPROGRESS &&
+               fsdp2_now_ms() < deadline)
+            ucp_worker_progress(ug->worker);
+        ucp_request_free(ug->abort_reqs[i]);
+    }
+    FSDP2_LOG(INFO, COLL, "group '%s': told %d peer%s this rank failed", g->name, n,
+              n == 1 ? "" : "s");
+}
+
+/* This rank's call goes to every peer with a collective's first round, and each peer's
+ * is received beside its data; wait_all compares them as they arrive, so two different
+ * calls under one sequence number fail at once on both sides, naming both, even where
+ * their data messages would never match. */
+static void add_stamps(ucx_group_t *ug, req_list_t *rl, const coll_op_t *op)
+{
+    fsdp2_group_t *g = ug->g;
+    fsdp2_coll_stamp(op, &rl->stamps[g->rank]);
+    rl->seq = op->seq;
+    for (int k = 1; k < g->size; k++) {
+        int r = (g->rank + g->size - k) % g->size;
+        fsdp2_ucx_add_recv(ug, rl, r, &rl->stamps[r], sizeof(coll_stamp_t),
+                           make_tag(op->seq, PHASE_STAMP, r, 0));
+        rl->stamp_from[rl->n - 1] = r;
+    }
+    for (int k = 1; k < g->size; k++) {
+        int p = (g->rank + k) % g->size;
+        fsdp2_ucx_add_send(ug, rl, p, &rl->stamps[g->rank], sizeof(coll_stamp_t),
+                           make_tag(op->seq, PHASE_STAMP, g->rank, 0));
+    }
 }
 
 /* ---- algorithms ---- */
@@ -346,6 +476,7 @@ static fsdp2_status_t run_all_gather(ucx_group_t *ug, const coll_op_t *op, req_l
     size_t bytes = op->count * op->elem_size;
     char *recv = op->recv;
     rl->n = 0;
+    add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         fsdp2_ucx_add_recv(ug, rl, r, recv + (size_t)r * bytes, bytes,
@@ -365,6 +496,7 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
 {
     fsdp2_group_t *g = ug->g;
     rl->n = 0;
+    add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         size_t first = op->offsets[r], count = op->offsets[r + 1] - first;
@@ -470,6 +602,8 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
     fsdp2_status_t status = FSDP2_SUCCESS;
     for (size_t s = 0, off = 0; off < most && status == FSDP2_SUCCESS; s++, off += seg) {
         rl->n = 0;
+        if (s == 0)
+            add_stamps(ug, rl, op);
         size_t m = off < mine ? (mine - off < seg ? mine - off : seg) : 0;
         for (int k = 1; k < g->size && m; k++) {
             int r = (g->rank + g->size - k) % g->size;
@@ -541,6 +675,7 @@ static fsdp2_status_t run_broadcast(ucx_group_t *ug, const coll_op_t *op, req_li
     fsdp2_group_t *g = ug->g;
     size_t bytes = op->count * op->elem_size;
     rl->n = 0;
+    add_stamps(ug, rl, op);
     if (g->rank == op->root) {
         for (int k = 1; k < g->size; k++) {
             int p = (g->rank + k) % g->size;
@@ -558,6 +693,7 @@ static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list
 {
     fsdp2_group_t *g = ug->g;
     rl->n = 0;
+    add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         fsdp2_ucx_add_recv(ug, rl, r, NULL, 0, make_tag(op->seq, PHASE_BARRIER, r, 0));
@@ -591,6 +727,7 @@ static fsdp2_status_t ucx_run(void *arg)
     ucx_slot_t *slot = arg;
     ucx_group_t *ug = slot->ug;
     coll_op_t op = slot->op;
+    atomic_store(&slot->ran, 1);
     fsdp2_status_t status = fsdp2_group_check(ug->g);
     if (status == FSDP2_SUCCESS && ug->shm) {
         status = fsdp2_shm_run(ug->shm, &op);
@@ -602,6 +739,14 @@ static fsdp2_status_t ucx_run(void *arg)
         case COLL_ALL_REDUCE: status = run_all_reduce(ug, &op, slot->list); break;
         case COLL_BROADCAST: status = run_broadcast(ug, &op, slot->list); break;
         case COLL_BARRIER: status = run_barrier(ug, &op, slot->list); break;
+        }
+        /* Peers that still wait for this rank would otherwise wait out their timeout
+         * (across hosts nothing else tells them); a failure that came from a peer's
+         * abort message was already sent to all by that peer. */
+        if (status != FSDP2_SUCCESS && !atomic_load(&ug->abort_from)) {
+            char reason[640];
+            fsdp2_group_error_text(ug->g, reason, sizeof(reason));
+            fsdp2_ucx_send_abort(ug, reason);
         }
     }
     slot_release(ug, slot);
@@ -643,12 +788,13 @@ fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
         pthread_cond_timedwait(&ug->changed, &ug->lock, &ts);
     }
     slot->busy = 1;
+    atomic_store(&slot->ran, 0);
     slot->op = *op;
     if (is_reduction(op))
         ug->reductions_in_flight++;
     pthread_mutex_unlock(&ug->lock);
     fsdp2_status_t status = fsdp2_stream_launch_host(stream, ucx_run, slot);
-    if (status != FSDP2_SUCCESS && !stream->is_current)
-        slot_release(ug, slot); /* never launched (inline runs free the slot themselves) */
+    if (status != FSDP2_SUCCESS && !atomic_load(&slot->ran))
+        slot_release(ug, slot); /* never ran (a run frees the slot itself) */
     return status;
 }

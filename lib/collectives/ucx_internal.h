@@ -19,7 +19,18 @@
 #define UCX_SEGMENT (1u << 20) /* bytes per peer per reduction round */
 #define UCX_SPIN 200          /* idle progress calls (each followed by a yield) before blocking */
 
-enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2 };
+/* A tag's phase: the data of a collective's rounds, an all-reduce's gather, a barrier,
+ * the stamp each rank sends its peers with a collective's first round, and the message
+ * that tells the peers this rank's group failed (any sequence number and source). */
+enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2, PHASE_STAMP = 3, PHASE_ABORT = 4 };
+#define PHASE_MASK (0xfull << 28)
+
+/* The abort message: who failed and why (the reason as its group recorded it). */
+typedef struct ucx_abort_msg {
+    int32_t rank;
+    int32_t status;
+    char reason[504];
+} ucx_abort_msg_t;
 
 typedef struct ucx_group ucx_group_t;
 
@@ -27,6 +38,7 @@ typedef struct ucx_slot {
     coll_op_t op;
     ucx_group_t *ug;
     int busy;
+    atomic_int ran; /* ucx_run started on it: it frees the slot when done */
     struct req_list *list; /* used by the thread running the op */
 } ucx_slot_t;
 
@@ -46,6 +58,16 @@ struct ucx_group {
     int scratch_busy[UCX_SCRATCH_SETS];
     int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */
     struct ucx_peer_error *peer_errors; /* [size]: the error handlers' arguments */
+    /* Failing together across hosts: a receive for any peer's abort message is posted at
+     * creation (abort_req, into abort_in); its callback sets abort_from (1 + that peer).
+     * This rank's own goes out once (abort_sent) from abort_out, with abort_reqs [size]
+     * for its sends: nothing is allocated when a group fails. */
+    void *abort_req;
+    ucx_abort_msg_t abort_in;
+    atomic_int abort_from;
+    ucx_abort_msg_t abort_out;
+    atomic_int abort_sent;
+    void **abort_reqs;
     shm_group_t *shm; /* every member on this host: collectives go through shared memory */
 };
 
@@ -66,6 +88,9 @@ typedef struct req_list {
     void **req;
     int *peer;
     size_t *want; /* a receive's expected bytes: a message of another length is a mismatch */
+    int *stamp_from; /* the peer whose stamp the request receives, else -1 (NULL: none) */
+    coll_stamp_t *stamps; /* [size]: this rank's call at [rank], each peer's as it arrives */
+    uint64_t seq;         /* the collective the stamps describe */
     int n;
     /* A receive that completed at once with another length than wanted: -1 if none. */
     int short_peer;
@@ -90,5 +115,12 @@ void fsdp2_ucx_close_endpoint(ucx_group_t *ug, int r);
 void fsdp2_ucx_check_one(ucx_group_t *ug, int peer);
 fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
                                  fsdp2_stream_t *stream);
+/* Posts the receive for the peers' abort messages (set-up, after the endpoints). */
+fsdp2_status_t fsdp2_ucx_listen_aborts(ucx_group_t *ug);
+/* Cancels it (destroy). */
+void fsdp2_ucx_stop_listening(ucx_group_t *ug);
+/* Tells every peer still reachable that this rank's group failed, and why: once, waiting
+ * at most a short while for the messages to leave. Thread-safe. */
+void fsdp2_ucx_send_abort(ucx_group_t *ug, const char *reason);
 
 #endif

@@ -91,6 +91,8 @@ static void peer_failed(void *arg, ucp_ep_h ep, ucs_status_t s)
 static void ucx_group_free(ucx_group_t *ug)
 {
     fsdp2_shm_destroy(ug->shm);
+    if (ug->worker)
+        fsdp2_ucx_stop_listening(ug);
     for (int r = 0; ug->eps && ug->worker && r < ug->g->size; r++)
         fsdp2_ucx_close_endpoint(ug, r);
     free(ug->eps);
@@ -101,6 +103,8 @@ static void ucx_group_free(ucx_group_t *ug)
             free(ug->slots[i].list->req);
             free(ug->slots[i].list->peer);
             free(ug->slots[i].list->want);
+            free(ug->slots[i].list->stamp_from);
+            free(ug->slots[i].list->stamps);
             free(ug->slots[i].list);
         }
     }
@@ -109,6 +113,7 @@ static void ucx_group_free(ucx_group_t *ug)
         free((void *)ug->sources[i]);
     }
     free(ug->peer_errors);
+    free(ug->abort_reqs);
     pthread_mutex_destroy(&ug->lock);
     pthread_cond_destroy(&ug->changed);
     free(ug);
@@ -262,18 +267,26 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     fsdp2_status_t status = FSDP2_SUCCESS;
     ug->eps = calloc((size_t)g->size, sizeof(*ug->eps));
     ug->peer_errors = calloc((size_t)g->size, sizeof(*ug->peer_errors));
-    int ok = ug->eps && ug->peer_errors;
+    ug->abort_reqs = calloc((size_t)g->size, sizeof(void *));
+    atomic_init(&ug->abort_from, 0);
+    atomic_init(&ug->abort_sent, 0);
+    int ok = ug->eps && ug->peer_errors && ug->abort_reqs;
+    /* A round's requests: a send and a receive per peer for the data and as many for
+     * the stamps. */
+    size_t most = 4 * (size_t)g->size + 2;
     for (int i = 0; i < UCX_SLOTS && ok; i++) {
         ug->slots[i].ug = ug;
         req_list_t *rl = calloc(1, sizeof(*rl));
         ug->slots[i].list = rl;
         if (rl) {
-            rl->req = calloc(2 * (size_t)g->size + 2, sizeof(void *));
-            rl->peer = calloc(2 * (size_t)g->size + 2, sizeof(int));
-            rl->want = calloc(2 * (size_t)g->size + 2, sizeof(size_t));
+            rl->req = calloc(most, sizeof(void *));
+            rl->peer = calloc(most, sizeof(int));
+            rl->want = calloc(most, sizeof(size_t));
+            rl->stamp_from = calloc(most, sizeof(int));
+            rl->stamps = calloc((size_t)g->size, sizeof(coll_stamp_t));
             rl->short_peer = -1;
         }
-        ok = rl && rl->req && rl->peer && rl->want;
+        ok = rl && rl->req && rl->peer && rl->want && rl->stamp_from && rl->stamps;
     }
     /* Scratch for reductions, allocated now so that no step allocates. */
     for (int i = 0; i < UCX_SCRATCH_SETS && ok; i++) {
@@ -311,6 +324,8 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     if (status == FSDP2_SUCCESS && all_local && all_shm && g->size > 1 &&
         g->size <= FSDP2_SHM_MAX_RANKS)
         status = fsdp2_shm_create(g, store, shm_peer_gone, ug, &ug->shm);
+    if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
+        status = fsdp2_ucx_listen_aborts(ug);
 cleanup:
     if (status != FSDP2_SUCCESS) {
         int had_context = ug->has_context;
@@ -339,11 +354,13 @@ static int ucx_in_flight(fsdp2_group_t *g)
     return busy;
 }
 
-static void ucx_abort(fsdp2_group_t *g)
+static void ucx_abort(fsdp2_group_t *g, const char *reason)
 {
     ucx_group_t *ug = g->backend;
     if (ug->shm)
-        fsdp2_shm_abort(ug->shm);
+        fsdp2_shm_abort(ug->shm, reason);
+    else
+        fsdp2_ucx_send_abort(ug, reason);
 }
 
 const fsdp2_group_ops_t fsdp2_ucx_group_ops = {

@@ -11,6 +11,7 @@
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log_internal.h"
 
 #define FSDP2_MAX_CUDA_DEVICES 64
@@ -222,6 +223,8 @@ fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **pt
     FSDP2_CHECK(fsdp2_device_ops_get(device, &ops));
     if (bytes == 0)
         return FSDP2_SUCCESS;
+    if (fsdp2_fault_hit(FAULT_ALLOC))
+        return fsdp2_fault_error(FAULT_ALLOC, "device_alloc");
     /* The bytes are counted (reserved) before the allocation, so that concurrent
      * allocations cannot pass the cpu limit together. */
     int slot = stats_slot(device);

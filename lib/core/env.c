@@ -7,6 +7,7 @@
 
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log_internal.h"
 
 typedef enum env_kind { ENV_INT, ENV_SECONDS, ENV_BYTES, ENV_ENUM, ENV_LIST } env_kind_t;
@@ -173,6 +174,13 @@ static void env_parse_all(void)
         env_values[i] = v;
         env_from_user[i] = 1;
     }
+    /* The fault-injection test aid, for the chosen rank (RANK, as launchers set it). */
+    const char *rank = getenv("RANK");
+    int64_t want = env_values[FSDP2_ENV_FAULT_RANK];
+    if (env_status == FSDP2_SUCCESS &&
+        (want < 0 || (rank && *rank && strtoll(rank, NULL, 10) == want)))
+        fsdp2_fault_configure((fault_kind_t)env_values[FSDP2_ENV_FAULT_KIND],
+                              (uint64_t)env_values[FSDP2_ENV_FAULT_AT]);
 }
 
 static void env_log_all(void)

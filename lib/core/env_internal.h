@@ -50,7 +50,15 @@
        "step 1 (0: no limit)")                                                             \
     XX(STORE_BIND, "FSDP2_STORE_BIND", ENUM, "told", "told|any",                            \
        "where rank 0's rendezvous store listens: told = only on the address the ranks were "\
-       "told (MASTER_ADDR; loopback for a job on one host), any = every interface")
+       "told (MASTER_ADDR; loopback for a job on one host), any = every interface")     \
+    XX(FAULT_KIND, "FSDP2_FAULT_KIND", ENUM, "none", "none|alloc|enqueue|collective|io",     \
+       "a test aid: the kind of failure point FSDP2_FAULT_AT counts (allocations, stream "   \
+       "enqueues, collective starts, checkpoint reads and writes)")                        \
+    XX(FAULT_AT, "FSDP2_FAULT_AT", INT, "0", "0..1000000000000",                            \
+       "a test aid: the Nth point of FSDP2_FAULT_KIND in this process fails as the real "   \
+       "failure would (0: none)")                                                          \
+    XX(FAULT_RANK, "FSDP2_FAULT_RANK", INT, "-1", "-1..1048575",                            \
+       "a test aid: only the process whose RANK is this injects the fault (-1: every rank)")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,

@@ -4,6 +4,7 @@
 
 #include "core/device_ops.h"
 #include "core/error.h"
+#include "core/fault.h"
 
 static fsdp2_status_t check_dtype(fsdp2_dtype_t dtype, const char *what, size_t *bytes)
 {
@@ -48,6 +49,8 @@ fsdp2_status_t fsdp2_fill_async(void *dst, fsdp2_dtype_t dtype, size_t n, double
     if (n == 0)
         return FSDP2_SUCCESS;
     FSDP2_ARG_CHECK(dst, "fill: dst is NULL with n=%zu", n);
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "fill");
     return stream->ops->fill(dst, dtype, n, value, stream);
 }
 
@@ -69,6 +72,8 @@ fsdp2_status_t fsdp2_chunk_copy_async(const fsdp2_chunk_copy_t *c, fsdp2_stream_
     FSDP2_ARG_CHECK(d1 <= s0 || s1 <= d0,
                     "chunk copy: destination [%p, +%zu) overlaps source [%p, +%zu)", c->dst,
                     (size_t)(d1 - d0), c->src, (size_t)(s1 - s0));
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "chunk_copy");
     return stream->ops->chunk_copy(c, stream);
 }
 
@@ -97,6 +102,8 @@ fsdp2_status_t fsdp2_accumulate_async(void *y, fsdp2_dtype_t y_dtype, const void
     FSDP2_ARG_CHECK(!overlap || (y0 == x0 && y_dtype == x_dtype),
                     "accumulate: y [%p, +%zu) overlaps x [%p, +%zu) (only y == x is allowed)", y,
                     n * yb, x, n * xb);
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "accumulate");
     return stream->ops->accumulate(y, y_dtype, x, x_dtype, n, alpha, stream);
 }
 

@@ -5,6 +5,7 @@
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/trace_internal.h"
 
 static int same_device(fsdp2_device_t a, fsdp2_device_t b)
@@ -71,6 +72,8 @@ fsdp2_status_t fsdp2_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t *ev
                     "the event's device (type %d index %d) is not the stream's (type %d index %d)",
                     (int)event->device.type, event->device.index, (int)stream->device.type,
                     stream->device.index);
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "stream_wait_event");
     if (!fsdp2_tracing())
         return stream->ops->stream_wait_event(stream, event);
     trace_token_t waiting = fsdp2_trace_wait_begin(stream, event);
@@ -84,6 +87,8 @@ fsdp2_status_t fsdp2_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t *ev
 fsdp2_status_t fsdp2_stream_launch_host(fsdp2_stream_t *stream, fsdp2_host_fn fn, void *arg)
 {
     FSDP2_ARG_CHECK(stream && fn, "stream or fn is NULL");
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "launch_host");
     return stream->ops->stream_launch_host(stream, fn, arg);
 }
 
@@ -93,6 +98,8 @@ fsdp2_status_t fsdp2_memcpy_async(void *dst, const void *src, size_t bytes, fsdp
     if (bytes == 0)
         return FSDP2_SUCCESS;
     FSDP2_ARG_CHECK(dst && src, "dst=%p or src=%p is NULL with %zu bytes", dst, src, bytes);
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "memcpy_async");
     return stream->ops->memcpy_async(dst, src, bytes, stream);
 }
 
@@ -124,6 +131,8 @@ fsdp2_status_t fsdp2_event_record(fsdp2_event_t *event, fsdp2_stream_t *stream)
                     "index %d)",
                     (int)event->device.type, event->device.index, (int)stream->device.type,
                     stream->device.index);
+    if (fsdp2_fault_hit(FAULT_ENQUEUE))
+        return fsdp2_fault_error(FAULT_ENQUEUE, "event_record");
     FSDP2_CHECK(event->ops->event_record(event, stream));
     if (fsdp2_tracing())
         fsdp2_trace_event_recorded(event, stream);

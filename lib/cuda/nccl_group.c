@@ -371,8 +371,11 @@ static void nccl_destroy(fsdp2_group_t *g)
     leave_device(prev);
 }
 
-static void nccl_abort(fsdp2_group_t *g)
+/* NCCL has no message to tell the peers why: their communicators fail by their own
+ * watchdog (the group's timeout), as with ncclCommAbort everywhere. */
+static void nccl_abort(fsdp2_group_t *g, const char *reason)
 {
+    (void)reason;
     nccl_group_t *ng = ng_of(g);
     int prev = -1;
     if (enter_device(ng->device, &prev) != FSDP2_SUCCESS)

@@ -7,6 +7,7 @@
 #include <fsdp2/kernels.h>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "dtensor/dtensor_internal.h"
 
 fsdp2_status_t dtensor_mesh_geometry(const fsdp2_mesh_t *mesh, int *ndim, int *shape, int *coords)
@@ -60,7 +61,7 @@ fsdp2_status_t dtensor_wrap(fsdp2_mesh_t *mesh, const fsdp2_placement_t *placeme
                             const int64_t *shape, fsdp2_tensor_t *local, fsdp2_dtensor_t **out)
 {
     FSDP2_ARG_CHECK(local, "dtensor: local tensor is NULL");
-    fsdp2_dtensor_t *dt = calloc(1, sizeof(*dt));
+    fsdp2_dtensor_t *dt = fsdp2_calloc(1, sizeof(*dt));
     if (!dt)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "dtensor");
     int64_t local_shape[FSDP2_MAX_DIMS];

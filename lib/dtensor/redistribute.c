@@ -13,6 +13,7 @@
 
 #include <fsdp2/kernels.h>
 
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include "dtensor/dtensor_internal.h"
 
@@ -375,13 +376,17 @@ static fsdp2_status_t redistribute(const fsdp2_dtensor_t *dt, const fsdp2_placem
     memcpy(p.cur, dt->placements, sizeof(p.cur));
     FSDP2_CHECK(fsdp2_dtype_size(dt->dtype, &p.elem));
     FSDP2_CHECK(dtensor_stream(stream, p.device, &p.stream));
-    FSDP2_CHECK(fsdp2_tensor_retain(dt->local, &p.local));
-    fsdp2_status_t status = run_plan(&p, dst);
+    fsdp2_status_t status = fsdp2_tensor_retain(dt->local, &p.local);
+    if (status == FSDP2_SUCCESS)
+        status = run_plan(&p, dst);
     if (status == FSDP2_SUCCESS)
         status = dtensor_wrap(dt->mesh, dst, dt->ndim, dt->shape, p.local, out);
     if (status != FSDP2_SUCCESS)
         fsdp2_tensor_release(p.local);
-    return status;
+    /* A failure here (an allocation, an enqueue, a collective) leaves the peers in, or
+     * on their way to, collectives this rank will not join: the mesh's groups fail
+     * together. */
+    return fsdp2_mesh_fail(dt->mesh, status);
 }
 
 fsdp2_status_t fsdp2_dtensor_redistribute(const fsdp2_dtensor_t *dt,
@@ -428,5 +433,5 @@ fsdp2_status_t fsdp2_dtensor_full_tensor(const fsdp2_dtensor_t *dt, fsdp2_stream
         status = fsdp2_tensor_retain(whole->local, full);
     }
     fsdp2_dtensor_release(whole);
-    return status;
+    return fsdp2_mesh_fail(dt->mesh, status);
 }

@@ -5,6 +5,7 @@
 
 #include <fsdp2/kernels.h>
 
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include "fsdp/fsdp_internal.h"
 
@@ -198,13 +199,18 @@ static fsdp2_status_t zero_module(fsdp2_module_t *m, void *arg)
     if (!g || !g->grad_shard)
         return FSDP2_SUCCESS;
     fsdp2_stream_t *compute;
-    FSDP2_CHECK(fsdp2_stream_current(g->device, &compute));
-    if (g->root) { /* reductions still adding into the gradients (is_last_backward 0) */
-        FSDP2_CHECK(fsdp2_event_record(g->root->rs_done, g->root->rs));
-        FSDP2_CHECK(fsdp2_stream_wait_event(compute, g->root->rs_done));
+    fsdp2_status_t status = fsdp2_stream_current(g->device, &compute);
+    if (status == FSDP2_SUCCESS && g->root) {
+        /* reductions still adding into the gradients (is_last_backward 0) */
+        status = fsdp2_event_record(g->root->rs_done, g->root->rs);
+        if (status == FSDP2_SUCCESS)
+            status = fsdp2_stream_wait_event(compute, g->root->rs_done);
     }
-    return fsdp2_fill_async(g->grad_shard->data, g->dtype, (size_t)g->grad_shard_numel, 0.0,
-                            compute);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_fill_async(g->grad_shard->data, g->dtype, (size_t)g->grad_shard_numel,
+                                  0.0, compute);
+    /* This rank's gradients are part zeroed: its next step would differ from its peers'. */
+    return fsdp2_mesh_fail(g->mesh, status);
 }
 
 fsdp2_status_t fsdp2_module_zero_grad(fsdp2_module_t *m)

@@ -190,6 +190,18 @@ struct fsdp_root {
      * be written by reduce-scatters (the optimizer, clipping, zero_grad, saving and the
      * next step's root pre_forward are refused until backward_finish). */
     int backward_open;
+    /* A failure where no status could be returned (recording a released buffer's free
+     * event): the hook that caused it returns it. */
+    fsdp2_status_t deferred;
+    char deferred_message[512];
+    /* Gradient clipping's scratch, allocated with the plan so that clipping allocates
+     * nothing inside a step: the tree's parameters and their local gradient shards
+     * (clip_capacity of each), and one double per rank of the largest mesh dim. */
+    fsdp2_param_t **clip_params;
+    fsdp2_tensor_t **clip_grads;
+    size_t clip_capacity;
+    double *clip_all;
+    int clip_all_len;
 };
 
 /* module.c */

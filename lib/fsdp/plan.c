@@ -383,6 +383,19 @@ static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
     r->last_order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->last_order));
     if (!r->order || !r->last_order)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
+    FSDP2_CHECK(fsdp2_module_params(rootm, NULL, 0, &r->clip_capacity));
+    int most = 1;
+    for (size_t i = 0; i < r->num_groups; i++) {
+        most = r->groups[i]->ws > most ? r->groups[i]->ws : most;
+        most = r->groups[i]->replicas > most ? r->groups[i]->replicas : most;
+    }
+    r->clip_params = calloc(r->clip_capacity ? r->clip_capacity : 1, sizeof(*r->clip_params));
+    r->clip_grads = calloc(r->clip_capacity ? r->clip_capacity : 1, sizeof(*r->clip_grads));
+    r->clip_all = calloc((size_t)most, sizeof(*r->clip_all));
+    r->clip_all_len = most;
+    if (!r->clip_params || !r->clip_grads || !r->clip_all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root: clipping scratch for %zu "
+                           "parameters", r->clip_capacity);
     /* Before any forward, the predicted order is the tree's. */
     memcpy(r->last_order, r->groups, r->num_groups * sizeof(*r->groups));
     r->last_order_len = r->num_groups;
@@ -485,6 +498,9 @@ void fsdp_root_free(fsdp_root_t *r)
     free(r->groups);
     free(r->order);
     free(r->last_order);
+    free(r->clip_params);
+    free(r->clip_grads);
+    free(r->clip_all);
     free(r);
 }
 

@@ -22,9 +22,31 @@
 
 #include <fsdp2/kernels.h>
 
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
+
+/* A failure after a hook's checks: this rank's step is broken, so every group of the
+ * root's meshes fails here and tells its peers, rather than leave them waiting in
+ * collectives this rank will not join. */
+static fsdp2_status_t step_failed(fsdp_root_t *r, fsdp2_status_t status)
+{
+    if (status == FSDP2_SUCCESS && r->deferred != FSDP2_SUCCESS)
+        status = fsdp2_error(r->deferred, "%s", r->deferred_message);
+    r->deferred = FSDP2_SUCCESS;
+    if (status == FSDP2_SUCCESS)
+        return status;
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp2_mesh_t *mesh = r->groups[i]->mesh;
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = r->groups[j]->mesh == mesh;
+        if (!seen)
+            fsdp2_mesh_fail(mesh, status);
+    }
+    return status;
+}
 
 static fsdp2_status_t state_error(const fsdp_group_t *g, const char *fmt, const char *what)
 {
@@ -104,7 +126,9 @@ static fsdp2_status_t group_of(fsdp2_module_t *m, const char *what, fsdp_group_t
         return fsdp2_error(FSDP2_ERR_INVALID_STATE, "%s: module '%s' is not sharded", what,
                            fqn[0] ? fqn : "(root)");
     }
-    FSDP2_CHECK(fsdp_root_get(m, r));
+    /* The first hook plans the root's buffers: a failure there leaves the peers in the
+     * collectives of their first step, so the mesh's groups fail together. */
+    FSDP2_CHECK(fsdp2_mesh_fail(m->group->mesh, fsdp_root_get(m, r)));
     *g = m->group;
     if (!(*g)->root)
         return state_error(*g, "%s: module '%s' was sharded after its root planned its buffers",
@@ -130,7 +154,14 @@ static void release(fsdp_group_t *g)
     trace_end_hold(&g->trace_hold);
     if (g->buffer >= 0) {
         unsharded_buffer_t *buf = fsdp_buffer(g, g->buffer);
-        fsdp2_event_record(buf->free, g->root->compute);
+        /* Without this record the buffer's next all-gather would not wait for its last
+         * reader: the step has failed, and the hook that released it says so. */
+        fsdp2_status_t status = fsdp2_event_record(buf->free, g->root->compute);
+        if (status != FSDP2_SUCCESS && g->root->deferred == FSDP2_SUCCESS) {
+            g->root->deferred = status;
+            snprintf(g->root->deferred_message, sizeof(g->root->deferred_message), "%s",
+                     fsdp2_last_error());
+        }
         buf->owner = NULL;
     }
     g->buffer = -1;
@@ -400,11 +431,12 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
     }
     if (index_of(r->order, r->order_len, g) < 0)
         r->order[r->order_len++] = g;
-    FSDP2_CHECK(issue_unshard(r, g, 1));
+    fsdp2_status_t status = issue_unshard(r, g, 1);
+    if (status != FSDP2_SUCCESS)
+        return step_failed(r, status);
     /* In use from here on, so that its own prefetch cannot take its buffer. */
     fsdp2_training_state_t before = g->training_state;
     g->training_state = FSDP2_STATE_FORWARD;
-    fsdp2_status_t status;
     if (g->explicit_forward_prefetch) {
         status = prefetch(r, g->forward_prefetch, g->num_forward_prefetch);
     } else {
@@ -419,7 +451,7 @@ fsdp2_status_t fsdp2_pre_forward(fsdp2_module_t *m)
         g->training_state = before;
     else
         g->trace_slice = trace_begin(g, r->compute, TRACE_FORWARD, 0, g->pdtype);
-    return status;
+    return step_failed(r, status);
 }
 
 fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
@@ -440,7 +472,7 @@ fsdp2_status_t fsdp2_post_forward(fsdp2_module_t *m)
     if (g->pf_shard && g->buffer >= 0 && !g->alias)
         status = keep_post_forward(r, g);
     release(g);
-    return status;
+    return step_failed(r, status);
 }
 
 /* The gradient buffer for g's backward, zeroed on compute unless it holds gradients
@@ -497,12 +529,15 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
     if (!r->in_step || !g->forward_done)
         return state_error(g, "%s on '%s' before its forward in this step", "pre_backward");
     FSDP2_CHECK(check_inside_root(r, g, FSDP2_STATE_BACKWARD, "pre_backward"));
+    fsdp2_status_t status = FSDP2_SUCCESS;
     if (!g->requires_gradient_sync)
-        FSDP2_CHECK(fsdp_group_accumulator(g)); /* planned already unless set mid-way */
-    FSDP2_CHECK(issue_unshard(r, g, 1));
+        status = fsdp_group_accumulator(g); /* planned already unless set mid-way */
+    if (status == FSDP2_SUCCESS)
+        status = issue_unshard(r, g, 1);
+    if (status != FSDP2_SUCCESS)
+        return step_failed(r, status);
     fsdp2_training_state_t before = g->training_state;
     g->training_state = FSDP2_STATE_BACKWARD; /* its prefetch must not take its buffer */
-    fsdp2_status_t status;
     if (g->explicit_backward_prefetch) {
         status = prefetch(r, g->backward_prefetch, g->num_backward_prefetch);
     } else {
@@ -519,7 +554,7 @@ fsdp2_status_t fsdp2_pre_backward(fsdp2_module_t *m)
         g->trace_slice = trace_begin(g, r->compute, TRACE_BACKWARD, 0, g->pdtype);
         r->backward_open = 1;
     }
-    return status;
+    return step_failed(r, status);
 }
 
 /* chunk_cat: per rank, the padded chunks of every gradient, rank-major, into the staging
@@ -667,7 +702,7 @@ fsdp2_status_t fsdp2_post_backward(fsdp2_module_t *m)
     trace_end_hold(&g->trace_grad_hold);
     if (g->reshard_after_backward)
         release(g);
-    return status;
+    return step_failed(r, status);
 }
 
 fsdp2_status_t fsdp2_module_run(fsdp2_module_t *m, fsdp2_phase_t phase, fsdp2_module_fn fn,
@@ -701,12 +736,16 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
                                "backward_finish");
     }
     /* A prefetch nobody used may still read shards the optimizer is about to write. */
-    FSDP2_CHECK(fsdp2_event_record(r->ag_done, r->ag));
-    FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->ag_done));
-    if (r->group->is_last_backward) {
-        FSDP2_CHECK(fsdp2_event_record(r->rs_done, r->rs));
-        FSDP2_CHECK(fsdp2_stream_wait_event(r->compute, r->rs_done));
+    fsdp2_status_t status = fsdp2_event_record(r->ag_done, r->ag);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_stream_wait_event(r->compute, r->ag_done);
+    if (status == FSDP2_SUCCESS && r->group->is_last_backward) {
+        status = fsdp2_event_record(r->rs_done, r->rs);
+        if (status == FSDP2_SUCCESS)
+            status = fsdp2_stream_wait_event(r->compute, r->rs_done);
     }
+    if (status != FSDP2_SUCCESS)
+        return step_failed(r, status);
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *x = r->groups[i];
         if (x->unshard_state != FSDP2_SHARDED && x->reshard_after_backward)
@@ -723,7 +762,7 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
     r->in_step = 0;
     r->backward_open = 0;
     r->grad_owner[0] = r->grad_owner[1] = NULL;
-    return FSDP2_SUCCESS;
+    return step_failed(r, FSDP2_SUCCESS);
 }
 
 fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done)
@@ -733,7 +772,7 @@ fsdp2_status_t fsdp2_unshard(fsdp2_module_t *m, fsdp2_event_t **done)
     if (done)
         *done = NULL;
     FSDP2_CHECK(group_of(m, "unshard", &g, &r));
-    FSDP2_CHECK(issue_unshard(r, g, 1));
+    FSDP2_CHECK(step_failed(r, issue_unshard(r, g, 1)));
     g->pinned = g->buffer >= 0; /* until fsdp2_reshard or its hooks release it */
     if (done)
         *done = g->gathered;
@@ -748,7 +787,7 @@ fsdp2_status_t fsdp2_unshard_wait(fsdp2_module_t *m)
     if (g->unshard_state == FSDP2_SHARDED)
         return state_error(g, "%s: module '%s' has no all-gather issued (call fsdp2_unshard)",
                            "unshard_wait");
-    return wait_unshard(r, g);
+    return step_failed(r, wait_unshard(r, g));
 }
 
 fsdp2_status_t fsdp2_reshard(fsdp2_module_t *m)
@@ -760,5 +799,5 @@ fsdp2_status_t fsdp2_reshard(fsdp2_module_t *m)
         return state_error(g, "%s: module '%s' is between its hooks", "reshard");
     if (g->unshard_state != FSDP2_SHARDED)
         release(g);
-    return FSDP2_SUCCESS;
+    return step_failed(r, FSDP2_SUCCESS);
 }

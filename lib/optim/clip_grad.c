@@ -19,6 +19,7 @@
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
 
+#include "collectives/mesh_default.h"
 #include "core/error.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
@@ -27,9 +28,15 @@
 #include "cuda/cuda_optim.h"
 #endif
 
-/* The local gradient shards under a root, all on one mesh. */
+/* The local gradient shards under a root, all on one mesh. The arrays are the FSDP
+ * root's scratch (planned with it: no allocation inside a step); only a tree without a
+ * planned root (nothing sharded, or a tree the plan refuses) allocates its own. */
 typedef struct clip_set {
     size_t count;
+    fsdp2_param_t **params;
+    double *all;   /* one double per rank of a mesh dim (the inf-norm's all-gather) */
+    int all_len;
+    int owned;     /* params and grads were allocated here */
     fsdp2_device_t device; /* the first gradient's: all must be on it */
     fsdp2_tensor_t **grads; /* retained; count of them */
     fsdp2_mesh_t *mesh;     /* the first gradient's, NULL when there is none */
@@ -42,7 +49,10 @@ static void clip_set_free(clip_set_t *set)
 {
     for (size_t i = 0; set->grads && i < set->count; i++)
         fsdp2_tensor_release(set->grads[i]);
-    free(set->grads);
+    if (set->owned) {
+        free(set->grads);
+        free(set->params);
+    }
 }
 
 static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
@@ -80,27 +90,41 @@ static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
     return FSDP2_SUCCESS;
 }
 
+/* The scratch: the FSDP root's when root is part of a sharded tree. */
+static fsdp2_status_t take_scratch(fsdp2_module_t *root, size_t count, clip_set_t *set)
+{
+    fsdp2_module_t *top = fsdp_root_module(root);
+    fsdp_root_t *r = NULL;
+    if (top && fsdp_root_get(top, &r) == FSDP2_SUCCESS && count <= r->clip_capacity) {
+        set->params = r->clip_params;
+        set->grads = r->clip_grads;
+        set->all = r->clip_all;
+        set->all_len = r->clip_all_len;
+        return FSDP2_SUCCESS;
+    }
+    /* No planned root (a tree that cannot be planned, which add_grad then names): the
+     * arrays are allocated here, before any collective. */
+    set->owned = 1;
+    set->params = calloc(count ? count : 1, sizeof(*set->params));
+    set->grads = calloc(count ? count : 1, sizeof(*set->grads));
+    if (!set->params || !set->grads)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %zu parameters", count);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t collect_grads(fsdp2_module_t *root, clip_set_t *set)
 {
     size_t count = 0;
     FSDP2_CHECK(fsdp2_module_params(root, NULL, 0, &count));
-    fsdp2_param_t **all = calloc(count ? count : 1, sizeof(*all));
-    set->grads = calloc(count ? count : 1, sizeof(*set->grads));
-    fsdp2_status_t status = FSDP2_SUCCESS;
-    if (!all || !set->grads) {
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %zu parameters", count);
-        goto cleanup;
-    }
-    FSDP2_CHECK_GOTO(fsdp2_module_params(root, all, count, &count), status, cleanup);
+    FSDP2_CHECK(take_scratch(root, count, set));
+    FSDP2_CHECK(fsdp2_module_params(root, set->params, count, &count));
     for (size_t i = 0; i < count; i++) {
         fsdp2_param_info_t info;
-        FSDP2_CHECK_GOTO(fsdp2_param_info(all[i], &info), status, cleanup);
+        FSDP2_CHECK(fsdp2_param_info(set->params[i], &info));
         if (info.requires_grad && info.sharded)
-            FSDP2_CHECK_GOTO(add_grad(set, all[i], &info), status, cleanup);
+            FSDP2_CHECK(add_grad(set, set->params[i], &info));
     }
-cleanup:
-    free(all);
-    return status;
+    return FSDP2_SUCCESS;
 }
 
 /* max that keeps a NaN once seen, as torch's inf-norm does. */
@@ -136,7 +160,7 @@ static double local_share(const clip_set_t *set, int inf)
 }
 
 /* Combines *share over the ranks of one mesh dim's group, in place. */
-static fsdp2_status_t combine(fsdp2_group_t *group, int inf, double *share)
+static fsdp2_status_t combine(const clip_set_t *set, fsdp2_group_t *group, int inf, double *share)
 {
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     fsdp2_stream_t *stream;
@@ -148,9 +172,10 @@ static fsdp2_status_t combine(fsdp2_group_t *group, int inf, double *share)
     }
     int ws = 0;
     FSDP2_CHECK(fsdp2_group_size(group, &ws));
-    double *all = calloc((size_t)ws, sizeof(*all));
-    if (!all)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %d ranks", ws);
+    if (ws > set->all_len)
+        return fsdp2_error(FSDP2_ERR_INTERNAL, "clip_grad_norm: a mesh dim of %d ranks, "
+                           "scratch for %d", ws, set->all_len);
+    double *all = set->all;
     fsdp2_status_t status = fsdp2_all_gather_async(group, share, all, 1, FSDP2_F64, stream);
     if (status == FSDP2_SUCCESS)
         status = fsdp2_stream_synchronize(stream);
@@ -160,7 +185,6 @@ static fsdp2_status_t combine(fsdp2_group_t *group, int inf, double *share)
             m = nan_max(m, all[r]);
         *share = m;
     }
-    free(all);
     return status;
 }
 
@@ -191,9 +215,10 @@ static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *n
                                "clip_grad_norm: the inf-norm over %d ranks on cuda needs more "
                                "than the %zu-byte scratch",
                                ws, FSDP2_CUDA_SCRATCH);
-        double *all = malloc((size_t)ws * sizeof(*all));
-        if (!all)
-            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %d ranks", ws);
+        if (ws > set->all_len)
+            return fsdp2_error(FSDP2_ERR_INTERNAL, "clip_grad_norm: a mesh dim of %d ranks, "
+                               "scratch for %d", ws, set->all_len);
+        double *all = set->all;
         fsdp2_status_t status =
             fsdp2_all_gather_async(group, scratch, scratch + 1, 1, FSDP2_F64, stream);
         if (status == FSDP2_SUCCESS)
@@ -203,7 +228,6 @@ static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *n
         double m = 0.0;
         for (int r = 0; status == FSDP2_SUCCESS && r < ws; r++)
             m = nan_max(m, all[r]);
-        free(all);
         FSDP2_CHECK(status);
         FSDP2_CHECK(fsdp2_memcpy_async(scratch, &m, sizeof(m), stream));
     }
@@ -226,7 +250,7 @@ static fsdp2_status_t global_norm(const clip_set_t *set, int inf, double *norm)
             continue;
         fsdp2_group_t *group = NULL;
         FSDP2_CHECK(fsdp2_mesh_group(set->mesh, d, &group));
-        FSDP2_CHECK(combine(group, inf, &share));
+        FSDP2_CHECK(combine(set, group, inf, &share));
     }
     *norm = inf ? share : sqrt(share);
     return FSDP2_SUCCESS;
@@ -274,14 +298,17 @@ fsdp2_status_t fsdp2_clip_grad_norm(fsdp2_module_t *root, double max_norm, doubl
         traced = fsdp2_trace_host_begin(TRACE_TRACK_OPTIMIZER, NULL, &op);
     }
     FSDP2_CHECK_GOTO(collect_grads(root, &set), status, cleanup);
-    /* Every rank has the same tree, so all agree on skipping when nothing is sharded. */
+    /* Every rank has the same tree, so all agree on skipping when nothing is sharded. A
+     * failure from here on leaves the peers in (or before) the norm's collectives: the
+     * mesh's groups fail together. */
     if (set.mesh)
-        FSDP2_CHECK_GOTO(global_norm(&set, inf, &norm), status, cleanup);
+        FSDP2_CHECK_GOTO(fsdp2_mesh_fail(set.mesh, global_norm(&set, inf, &norm)), status,
+                         cleanup);
     /* torch multiplies by clamp(coef, max=1): scaling only below 1 is the same numbers
      * (and a NaN norm makes NaN gradients there as here). */
     double coef = max_norm / (norm + 1e-6);
     if (!(coef >= 1.0))
-        FSDP2_CHECK_GOTO(scale(&set, coef), status, cleanup);
+        FSDP2_CHECK_GOTO(fsdp2_mesh_fail(set.mesh, scale(&set, coef)), status, cleanup);
     if (total_norm)
         *total_norm = norm;
 cleanup:
