@@ -296,10 +296,13 @@ static void set_env_int(const char *name, long value)
 /* The child between fork and exec: its own session, the pipes as stdout/stderr, the
  * parent's signal set-up undone, the rank's environment, the binding. */
 static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int err_w,
-                      const sigset_t *old_mask, const fsdp2_topology_t *topo,
+                      int report_w, const sigset_t *old_mask, const fsdp2_topology_t *topo,
                       const char *master_addr, int master_port, int omp_threads)
 {
     setsid();
+    /* the report pipe's write end stays open across exec, for the library */
+    if (report_w >= 0 && fcntl(report_w, F_SETFD, 0) == 0)
+        set_env_int("FSDP2_RUN_REPORT_FD", report_w);
     if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0)
         _exit(FSDP2RUN_EXIT_ERROR);
     if (r->local_rank != 0) {
@@ -344,7 +347,7 @@ static int threads_per_rank(int nproc)
     return cpus / nproc > 1 ? cpus / nproc : 1;
 }
 
-static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r,
+static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r, int report_w,
                       const sigset_t *old_mask, const fsdp2_topology_t *topo,
                       const char *master_addr, int master_port)
 {
@@ -368,7 +371,8 @@ static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r,
         goto fail;
     }
     if (pid == 0)
-        run_child(o, r, out[1], err[1], old_mask, topo, master_addr, master_port, threads);
+        run_child(o, r, out[1], err[1], report_w, old_mask, topo, master_addr, master_port,
+                  threads);
     close(out[1]);
     close(err[1]);
     fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -455,7 +459,12 @@ static int launch(const options_t *o)
     sigprocmask(SIG_BLOCK, &mask, &old_mask);
     signal(SIGPIPE, SIG_IGN);
 
-    supervisor_t sv = {.nranks = o->nproc_per_node, .grace_ms = grace_ms, .kill_at_ms = -1};
+    supervisor_t sv = {.nranks = o->nproc_per_node, .grace_ms = grace_ms, .kill_at_ms = -1,
+                       .report_fd = -1};
+    /* Each rank says there whether its first failure was its own or a peer's echo. */
+    int report[2] = {-1, -1};
+    if (pipe2(report, O_CLOEXEC | O_NONBLOCK) == 0)
+        sv.report_fd = report[0];
     sv.signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     sv.ranks = calloc((size_t)sv.nranks, sizeof(*sv.ranks));
     int status = FSDP2RUN_EXIT_ERROR, reraise = 0;
@@ -467,7 +476,7 @@ static int launch(const options_t *o)
         rank_proc_t *r = &sv.ranks[i];
         r->local_rank = i;
         r->rank = o->node_rank * o->nproc_per_node + i;
-        if (spawn_rank(o, &sv, r, &old_mask, topo, master_addr, master_port) != 0) {
+        if (spawn_rank(o, &sv, r, report[1], &old_mask, topo, master_addr, master_port) != 0) {
             /* Stop the ones already started, then collect them and their output. */
             sv.interrupted_by = 0;
             fsdp2run_signal_ranks(&sv, SIGKILL);
@@ -478,8 +487,15 @@ static int launch(const options_t *o)
             goto cleanup;
         }
     }
+    if (report[1] >= 0)
+        close(report[1]);
+    report[1] = -1;
     status = fsdp2run_supervise(&sv, &reraise);
 cleanup:
+    if (report[1] >= 0)
+        close(report[1]);
+    if (sv.report_fd >= 0)
+        close(sv.report_fd);
     if (sv.ranks)
         for (int i = 0; i < o->nproc_per_node; i++)
             for (int k = 0; k < 2; k++)

@@ -21,11 +21,17 @@ typedef struct rank_stream {
     char *buf;   /* FSDP2RUN_LINE_MAX bytes */
 } rank_stream_t;
 
+/* A rank's report of its first group failure (lib/collectives/group.c): its own, or an
+ * echo of a peer's. */
+enum { SAYS_ORIGIN = 1, SAYS_ECHO = 2 };
+
 typedef struct rank_proc {
     int rank, local_rank;
     pid_t pid;   /* also its process group id: each rank leads its own session */
     int running; /* started and not yet reaped */
     int status;  /* waitpid status once reaped */
+    int failed_at; /* 1 + its place among the ranks that exited failing (0: did not) */
+    int says;      /* what it told FSDP2_RUN_REPORT_FD: 0 nothing, SAYS_ORIGIN, SAYS_ECHO */
     rank_stream_t streams[2]; /* stdout, stderr */
 } rank_proc_t;
 
@@ -39,6 +45,8 @@ typedef struct supervisor {
     int killed;           /* SIGKILL has been sent */
     int interrupted_by;   /* first signal the launcher got, 0 if none */
     rank_proc_t *first_failure;
+    int failures;         /* ranks that exited failing so far */
+    int report_fd;        /* read end of FSDP2_RUN_REPORT_FD's pipe, -1 if none */
     int dead_out[3];      /* writes to fd 1 / 2 failed (closed pipe): discard */
     char *line;           /* the prefixed line being printed */
     size_t line_cap;

@@ -177,6 +177,8 @@ static void start_stopping(supervisor_t *sv)
 static void on_rank_exit(supervisor_t *sv, rank_proc_t *r)
 {
     int failed = !(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0);
+    if (failed)
+        r->failed_at = ++sv->failures;
     /* Once stopping (a failure or a signal to the launcher), later exits are the
      * consequence, not the cause. */
     if (!failed || sv->first_failure || sv->interrupted_by)
@@ -252,6 +254,53 @@ static void kill_stragglers(supervisor_t *sv)
  * have left behind holding the write ends. A pipe holds at most 1 MiB (Linux's default
  * pipe-max-size); reading no more than that from each keeps a leftover process that
  * writes without pause from holding us here. */
+/* The ranks' reports ("RANK origin|echo" lines) into their `says`. */
+static void read_reports(supervisor_t *sv)
+{
+    char buf[4096];
+    size_t used = 0;
+    ssize_t n;
+    while (sv->report_fd >= 0 &&
+           (n = read(sv->report_fd, buf + used, sizeof(buf) - 1 - used)) > 0) {
+        used += (size_t)n;
+        buf[used] = '\0';
+        char *line = buf, *nl;
+        while ((nl = strchr(line, '\n')) != NULL) {
+            *nl = '\0';
+            int rank = -1;
+            char kind[16] = "";
+            if (sscanf(line, "%d %15s", &rank, kind) == 2)
+                for (int i = 0; i < sv->nranks; i++)
+                    if (sv->ranks[i].rank == rank)
+                        sv->ranks[i].says = !strcmp(kind, "echo") ? SAYS_ECHO : SAYS_ORIGIN;
+            line = nl + 1;
+        }
+        used = strlen(line);
+        memmove(buf, line, used);
+    }
+}
+
+/* The rank to name as having failed first: the earliest failing rank that reported a
+ * failure of its own; else the first to exit failing, unless it reported only an echo
+ * of a peer's and a failing rank that did not exists (a crash reports nothing). */
+static rank_proc_t *origin_of_failure(supervisor_t *sv)
+{
+    rank_proc_t *best = NULL;
+    for (int i = 0; i < sv->nranks; i++) {
+        rank_proc_t *r = &sv->ranks[i];
+        if (r->failed_at && r->says == SAYS_ORIGIN && (!best || r->failed_at < best->failed_at))
+            best = r;
+    }
+    if (best || !sv->first_failure || sv->first_failure->says != SAYS_ECHO)
+        return best ? best : sv->first_failure;
+    for (int i = 0; i < sv->nranks; i++) {
+        rank_proc_t *r = &sv->ranks[i];
+        if (r->failed_at && !r->says && (!best || r->failed_at < best->failed_at))
+            best = r;
+    }
+    return best ? best : sv->first_failure;
+}
+
 static void drain(supervisor_t *sv)
 {
     size_t budget = (size_t)1 << 20;
@@ -322,10 +371,15 @@ int fsdp2run_supervise(supervisor_t *sv, int *reraise)
 
     *reraise = 0;
     if (sv->first_failure) {
-        rank_proc_t *r = sv->first_failure;
+        read_reports(sv);
+        rank_proc_t *r = origin_of_failure(sv);
         char what[96];
         describe_status(r->status, what, sizeof(what));
-        fprintf(stderr, "fsdp2run: rank %d failed first: it %s\n", r->rank, what);
+        if (r == sv->first_failure)
+            fprintf(stderr, "fsdp2run: rank %d failed first: it %s\n", r->rank, what);
+        else
+            fprintf(stderr, "fsdp2run: rank %d failed first: it %s (rank %d, which exited "
+                    "first, failed because it did)\n", r->rank, what, sv->first_failure->rank);
         return fsdp2run_shell_status(r->status);
     }
     if (sv->interrupted_by) {

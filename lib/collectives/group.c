@@ -3,10 +3,12 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "collectives/group_internal.h"
 #include "core/clock.h"
@@ -71,6 +73,27 @@ void fsdp2_coll_stamp_text(const coll_stamp_t *s, uint64_t seq, char *buf, size_
                  bytes, q);
 }
 
+/* Tells a launcher that watches (fsdp2run: FSDP2_RUN_REPORT_FD, a pipe) whether this
+ * process's first group failure was its own ("origin") or a peer's ("echo"), so that it
+ * can name the rank that failed first rather than the first to exit. Once per process;
+ * a line of a few bytes is one atomic write, and a full pipe drops it. */
+static void report_to_launcher(int echo)
+{
+    static atomic_int reported;
+    const char *fd_text = getenv("FSDP2_RUN_REPORT_FD"), *rank = getenv("RANK");
+    if (!fd_text || !rank || atomic_exchange(&reported, 1))
+        return;
+    char *end;
+    long fd = strtol(fd_text, &end, 10);
+    long r = strtol(rank, &end, 10);
+    if (fd < 3 || fd > 1 << 20 || r < 0)
+        return;
+    char line[48];
+    int n = snprintf(line, sizeof(line), "%ld %s\n", r, echo ? "echo" : "origin");
+    if (write((int)fd, line, (size_t)n) != n)
+        FSDP2_LOG(DEBUG, COLL, "could not tell the launcher (FSDP2_RUN_REPORT_FD=%s)", fd_text);
+}
+
 fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
 {
     char message[384];
@@ -84,6 +107,7 @@ fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const c
         snprintf(g->error_message, sizeof(g->error_message), "group '%s' rank %d: %s", g->name,
                  g->rank, message);
         FSDP2_LOG(WARN, COLL, "%s", g->error_message);
+        report_to_launcher(status == FSDP2_ERR_PEER_FAILED);
     }
     pthread_mutex_unlock(&g->error_lock);
     return fsdp2_error(status, "group '%s' rank %d: %s", g->name, g->rank, message);

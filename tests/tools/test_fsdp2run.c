@@ -475,6 +475,30 @@ static TCase *tcase_with_harness(const char *name)
     return tc;
 }
 
+/* Rank 1's first collective cannot start (fault injection): it fails on its own and its
+ * peers fail because it did, and exit first. fsdp2run names rank 1 (the ranks report
+ * which failures were echoes) and returns its status. */
+START_TEST(the_rank_named_as_failing_first_is_the_one_whose_failure_was_its_own)
+{
+    setenv("FSDP2_FAULT_KIND", "collective", 1);
+    setenv("FSDP2_FAULT_AT", "1", 1);
+    setenv("FSDP2_FAULT_RANK", "1", 1);
+    setenv("FSDP2RUN_GRACE_SECONDS", "30", 1);
+    const char *args[] = {"--nproc-per-node", "3", path_of("FAIL_RANK"), NULL};
+    pid_t pid = start(args);
+    int status = wait_exit(pid, WAIT_MS, err_path);
+    unsetenv("FSDP2_FAULT_KIND");
+    unsetenv("FSDP2_FAULT_AT");
+    unsetenv("FSDP2_FAULT_RANK");
+    char *err = slurp(err_path);
+    ck_assert_msg(exit_code(status) == 2, "exit %d; stderr:\n%s", exit_code(status), err);
+    ck_assert_msg(strstr(err, "rank 1 failed first: it exited with status 2") &&
+                      strstr(err, "which exited first, failed because it did"),
+                  "stderr:\n%s", err);
+    free(err);
+}
+END_TEST
+
 static Suite *fsdp2run_suite(void)
 {
     Suite *s = suite_create("fsdp2run");
@@ -494,6 +518,7 @@ static Suite *fsdp2run_suite(void)
     TCase *fail = tcase_with_harness("failures");
     tcase_add_test(fail, failing_rank_status_is_returned_and_the_others_are_stopped);
     tcase_add_test(fail, rank_killed_by_sigkill_gives_137);
+    tcase_add_test(fail, the_rank_named_as_failing_first_is_the_one_whose_failure_was_its_own);
     tcase_add_test(fail, ranks_ignoring_sigterm_are_killed_after_the_grace_period);
     tcase_add_loop_test(fail, signals_to_the_launcher_reach_every_rank, 0, 3);
     suite_add_tcase(s, fail);

@@ -1,0 +1,41 @@
+/* A rank for fsdp2run's tests that fails in a collective: run with fault injection so
+ * that rank 1's first collective cannot start (FSDP2_FAULT_RANK=1, FSDP2_FAULT_KIND=
+ * collective, FSDP2_FAULT_AT=1). Rank 1 (the origin) ignores SIGTERM and exits 2 after
+ * 300 ms; the others (echoes of its failure) exit 1 at once, so that they exit first. No
+ * rank finalizes: a failed job's ranks leave as a crashing application's would. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <fsdp2/fsdp2.h>
+
+int main(void)
+{
+    fsdp2_context_t *ctx;
+    fsdp2_process_info_t info;
+    fsdp2_group_t *world;
+    fsdp2_stream_t *stream;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    if (fsdp2_init(NULL, &ctx) != FSDP2_SUCCESS || fsdp2_context_info(ctx, &info) != FSDP2_SUCCESS ||
+        fsdp2_context_world(ctx, &world) != FSDP2_SUCCESS ||
+        fsdp2_stream_current(cpu, &stream) != FSDP2_SUCCESS) {
+        fprintf(stderr, "fail_rank: set-up: %s\n", fsdp2_last_error());
+        return 9;
+    }
+    if (info.rank == 1) /* (the library's threads exist: a mask would not cover them) */
+        signal(SIGTERM, SIG_IGN);
+    float x = 1.0f;
+    fsdp2_status_t s = fsdp2_all_reduce_async(world, &x, 1, FSDP2_F32, NULL, stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(stream);
+    fprintf(stderr, "fail_rank %d: %s: %s\n", info.rank, fsdp2_status_name(s), fsdp2_last_error());
+    if (s == FSDP2_SUCCESS)
+        return 0;
+    if (info.rank == 1) {
+        struct timespec nap = {0, 300 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        return 2;
+    }
+    return 1;
+}
