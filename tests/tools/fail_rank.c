@@ -2,11 +2,13 @@
  * that rank 1's first collective cannot start (FSDP2_FAULT_RANK=1, FSDP2_FAULT_KIND=
  * collective, FSDP2_FAULT_AT=1). Rank 1 (the origin) ignores SIGTERM and exits 2 after
  * 300 ms; the others (echoes of its failure) exit 1 at once, so that they exit first. No
- * rank finalizes: a failed job's ranks leave as a crashing application's would. */
+ * rank finalizes: a failed job's ranks leave as a crashing application's would (_exit,
+ * so that a leak checker does not turn the exit status into its own). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <fsdp2/fsdp2.h>
 
@@ -30,12 +32,13 @@ int main(void)
     if (s == FSDP2_SUCCESS)
         s = fsdp2_stream_synchronize(stream);
     fprintf(stderr, "fail_rank %d: %s: %s\n", info.rank, fsdp2_status_name(s), fsdp2_last_error());
+    fflush(NULL);
     if (s == FSDP2_SUCCESS)
-        return 0;
+        _exit(0);
     if (info.rank == 1) {
         struct timespec nap = {0, 300 * 1000 * 1000};
         nanosleep(&nap, NULL);
-        return 2;
+        _exit(2);
     }
-    return 1;
+    _exit(1);
 }
