@@ -57,6 +57,19 @@ static fsdp2_status_t init_layout(fsdp2_dtensor_t *dt, fsdp2_mesh_t *mesh,
                               local_shape, dt->offset);
 }
 
+fsdp2_status_t dtensor_wrap_into(fsdp2_dtensor_t *dt, fsdp2_mesh_t *mesh,
+                                 const fsdp2_placement_t *placements, int ndim,
+                                 const int64_t *shape, fsdp2_tensor_t *local)
+{
+    FSDP2_ARG_CHECK(local, "dtensor: local tensor is NULL");
+    int64_t local_shape[FSDP2_MAX_DIMS];
+    FSDP2_CHECK(init_layout(dt, mesh, placements, ndim, shape, local_shape));
+    FSDP2_CHECK(fsdp2_tensor_check(local, "dtensor local", local->dtype, ndim, local_shape));
+    dt->dtype = local->dtype;
+    dt->local = local;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t dtensor_wrap(fsdp2_mesh_t *mesh, const fsdp2_placement_t *placements, int ndim,
                             const int64_t *shape, fsdp2_tensor_t *local, fsdp2_dtensor_t **out)
 {
@@ -64,16 +77,11 @@ fsdp2_status_t dtensor_wrap(fsdp2_mesh_t *mesh, const fsdp2_placement_t *placeme
     fsdp2_dtensor_t *dt = fsdp2_calloc(1, sizeof(*dt));
     if (!dt)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "dtensor");
-    int64_t local_shape[FSDP2_MAX_DIMS];
-    fsdp2_status_t status = init_layout(dt, mesh, placements, ndim, shape, local_shape);
-    if (status == FSDP2_SUCCESS)
-        status = fsdp2_tensor_check(local, "dtensor local", local->dtype, ndim, local_shape);
+    fsdp2_status_t status = dtensor_wrap_into(dt, mesh, placements, ndim, shape, local);
     if (status != FSDP2_SUCCESS) {
         free(dt);
         return status;
     }
-    dt->dtype = local->dtype;
-    dt->local = local;
     *out = dt;
     return FSDP2_SUCCESS;
 }

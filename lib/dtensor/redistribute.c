@@ -1,5 +1,7 @@
 /* Redistribution: one mesh dim at a time, each step a collective over that dim's group
- * (or a local slice), ending with a synchronized stream so its temporaries can go.
+ * (or a local slice), ending with a synchronized stream so its temporaries can go. A dry
+ * run on shapes alone checks the plan and lists the tensors it makes; they are allocated
+ * together before the first collective (all or nothing), each freed after its step.
  *
  * Order matters when two mesh dims shard the same tensor dim: the inner piece (later
  * mesh dim) is a chunk of the outer one, so gathering the outer dim first would gather
@@ -9,13 +11,18 @@
  * inside a mesh dim whose Shard(d) changes is gathered and sliced again; a Partial
  * becomes a Shard(d) by reduce-scatter only when that keeps the outer-first order,
  * otherwise by all-reduce and a phase 2 slice. */
+#include <stdlib.h>
 #include <string.h>
 
 #include <fsdp2/kernels.h>
 
 #include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "dtensor/dtensor_internal.h"
+
+/* The tensors a plan makes: at most three per step, at most two steps per mesh dim. */
+#define PLAN_MAX_TENSORS (6 * FSDP2_MESH_MAX_DIMS)
 
 typedef struct plan {
     fsdp2_mesh_t *mesh;
@@ -30,6 +37,14 @@ typedef struct plan {
     fsdp2_stream_t *stream;
     fsdp2_placement_t cur[FSDP2_MESH_MAX_DIMS];
     fsdp2_tensor_t *local; /* owned */
+    /* The dry run (dry) records the shape of every tensor the plan makes, in order, and
+     * makes meta tensors instead; the real run then takes them, allocated beforehand
+     * (made[taken++]), so that nothing is allocated once the first collective started. */
+    int dry;
+    int count, taken;
+    int ndims[PLAN_MAX_TENSORS];
+    int64_t shapes[PLAN_MAX_TENSORS][FSDP2_MAX_DIMS];
+    fsdp2_tensor_t *made[PLAN_MAX_TENSORS]; /* owned until taken */
 } plan_t;
 
 /* The pieces of tensor dim d along mesh dim i, seen from a parent of shape P (the data
@@ -65,10 +80,44 @@ static fsdp2_status_t layout(const plan_t *p, const fsdp2_placement_t *placement
                               p->shape, shape, offset);
 }
 
-static fsdp2_status_t new_tensor(const plan_t *p, int ndim, const int64_t *shape,
-                                 fsdp2_tensor_t **t)
+static fsdp2_status_t new_tensor(plan_t *p, int ndim, const int64_t *shape, fsdp2_tensor_t **t)
 {
+    *t = NULL;
+    if (p->dry) {
+        if (p->count == PLAN_MAX_TENSORS)
+            return fsdp2_error(FSDP2_ERR_INTERNAL, "redistribute: more than %d tensors",
+                               PLAN_MAX_TENSORS);
+        p->ndims[p->count] = ndim;
+        memcpy(p->shapes[p->count], shape, sizeof(int64_t) * (size_t)ndim);
+        p->count++;
+        fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
+        return fsdp2_tensor_empty(meta, p->dtype, ndim, shape, t);
+    }
+    if (p->taken < p->count) {
+        fsdp2_tensor_t *made = p->made[p->taken];
+        if (made->ndim != ndim || memcmp(made->shape, shape, sizeof(int64_t) * (size_t)ndim))
+            return fsdp2_error(FSDP2_ERR_INTERNAL, "redistribute: tensor %d of the plan has "
+                               "another shape than its dry run's", p->taken);
+        p->made[p->taken++] = NULL;
+        *t = made;
+        return FSDP2_SUCCESS;
+    }
     return fsdp2_tensor_empty(p->device, p->dtype, ndim, shape, t);
+}
+
+/* The dry run's part of a step's temporaries: the padded send and receive buffers of an
+ * uneven all-gather (send one piece, receive all) or reduce-scatter (the reverse). */
+static fsdp2_status_t dry_temporaries(plan_t *p, const pieces_t *q, int gather)
+{
+    if (!p->dry || q->even)
+        return FSDP2_SUCCESS;
+    int64_t one = q->block, all = q->block * q->k;
+    fsdp2_tensor_t *t;
+    FSDP2_CHECK(new_tensor(p, 1, gather ? &one : &all, &t));
+    fsdp2_tensor_release(t);
+    FSDP2_CHECK(new_tensor(p, 1, gather ? &all : &one, &t));
+    fsdp2_tensor_release(t);
+    return FSDP2_SUCCESS;
 }
 
 /* rows x cols elements between two buffers with row strides (all in elements). */
@@ -86,7 +135,7 @@ static fsdp2_status_t copy2d(const plan_t *p, void *dst, int64_t dst_stride, con
 static fsdp2_status_t finish_step(plan_t *p, fsdp2_status_t status, fsdp2_tensor_t *next,
                                   fsdp2_tensor_t *tmp0, fsdp2_tensor_t *tmp1)
 {
-    fsdp2_status_t synced = fsdp2_stream_synchronize(p->stream);
+    fsdp2_status_t synced = p->dry ? FSDP2_SUCCESS : fsdp2_stream_synchronize(p->stream);
     if (status == FSDP2_SUCCESS)
         status = synced;
     fsdp2_tensor_release(tmp0);
@@ -122,9 +171,9 @@ static fsdp2_status_t step_gather(plan_t *p, int i)
     fsdp2_tensor_t *next = NULL, *send = NULL, *recv = NULL;
     FSDP2_CHECK(new_tensor(p, p->ndim, parent, &next));
     p->cur[i] = after[i];
-    if (is_meta(p))
-        return finish_step(p, FSDP2_SUCCESS, next, NULL, NULL);
     pieces_t q = pieces_of(p, parent, i, d);
+    if (is_meta(p) || p->dry)
+        return finish_step(p, dry_temporaries(p, &q, 1), next, NULL, NULL);
     fsdp2_group_t *g;
     fsdp2_status_t status = FSDP2_SUCCESS;
     FSDP2_CHECK_GOTO(group_of(p, i, &g), status, done);
@@ -181,7 +230,7 @@ static fsdp2_status_t step_all_reduce(plan_t *p, int i)
     fsdp2_tensor_t *next = NULL;
     FSDP2_CHECK(new_tensor(p, p->ndim, p->local->shape, &next));
     p->cur[i] = (fsdp2_placement_t)FSDP2_REPLICATE_INIT;
-    if (is_meta(p))
+    if (is_meta(p) || p->dry)
         return finish_step(p, FSDP2_SUCCESS, next, NULL, NULL);
     fsdp2_group_t *g;
     fsdp2_status_t status = FSDP2_SUCCESS;
@@ -208,9 +257,9 @@ static fsdp2_status_t step_reduce_scatter(plan_t *p, int i, int d)
     fsdp2_tensor_t *next = NULL, *send = NULL, *recv = NULL;
     FSDP2_CHECK(new_tensor(p, p->ndim, mine_shape, &next));
     p->cur[i] = after[i];
-    if (is_meta(p))
-        return finish_step(p, FSDP2_SUCCESS, next, NULL, NULL);
     pieces_t q = pieces_of(p, p->local->shape, i, d);
+    if (is_meta(p) || p->dry)
+        return finish_step(p, dry_temporaries(p, &q, 0), next, NULL, NULL);
     fsdp2_group_t *g;
     fsdp2_status_t status = FSDP2_SUCCESS;
     FSDP2_CHECK_GOTO(group_of(p, i, &g), status, done);
@@ -256,7 +305,7 @@ static fsdp2_status_t step_slice(plan_t *p, int i, int d)
     fsdp2_tensor_t *next = NULL;
     FSDP2_CHECK(new_tensor(p, p->ndim, mine_shape, &next));
     p->cur[i] = after[i];
-    if (is_meta(p))
+    if (is_meta(p) || p->dry)
         return finish_step(p, FSDP2_SUCCESS, next, NULL, NULL);
     pieces_t q = pieces_of(p, p->local->shape, i, d);
     int64_t off, len;
@@ -273,7 +322,7 @@ static fsdp2_status_t step_partition(plan_t *p, int i, fsdp2_reduce_op_t op)
     fsdp2_tensor_t *next = NULL;
     FSDP2_CHECK(new_tensor(p, p->ndim, p->local->shape, &next));
     p->cur[i] = (fsdp2_placement_t){FSDP2_PLACEMENT_PARTIAL, 0, op};
-    if (is_meta(p))
+    if (is_meta(p) || p->dry)
         return finish_step(p, FSDP2_SUCCESS, next, NULL, NULL);
     fsdp2_status_t status;
     if (op == FSDP2_REDUCE_SUM && p->coords[i] != 0)
@@ -376,13 +425,41 @@ static fsdp2_status_t redistribute(const fsdp2_dtensor_t *dt, const fsdp2_placem
     memcpy(p.cur, dt->placements, sizeof(p.cur));
     FSDP2_CHECK(fsdp2_dtype_size(dt->dtype, &p.elem));
     FSDP2_CHECK(dtensor_stream(stream, p.device, &p.stream));
-    fsdp2_status_t status = fsdp2_tensor_retain(dt->local, &p.local);
+    /* The dry run: every check of the plan, and the shapes of the tensors it makes. Its
+     * errors are the same on every rank and leave the groups alone. */
+    if (!is_meta(&p)) {
+        plan_t d = p;
+        d.dry = 1;
+        FSDP2_CHECK(fsdp2_tensor_retain(dt->local, &d.local));
+        fsdp2_status_t checked = run_plan(&d, dst);
+        fsdp2_tensor_release(d.local);
+        FSDP2_CHECK(checked);
+        p.count = d.count;
+        memcpy(p.ndims, d.ndims, sizeof(p.ndims));
+        memcpy(p.shapes, d.shapes, sizeof(p.shapes));
+    }
+    /* Then all of them at once, and the result's struct, before the first collective:
+     * all or nothing. */
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    fsdp2_dtensor_t *result = fsdp2_calloc(1, sizeof(*result));
+    if (!result)
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "redistribute: the result");
+    for (int k = 0; k < p.count && status == FSDP2_SUCCESS; k++)
+        status = fsdp2_tensor_empty(p.device, p.dtype, p.ndims[k], p.shapes[k], &p.made[k]);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_tensor_retain(dt->local, &p.local);
     if (status == FSDP2_SUCCESS)
         status = run_plan(&p, dst);
     if (status == FSDP2_SUCCESS)
-        status = dtensor_wrap(dt->mesh, dst, dt->ndim, dt->shape, p.local, out);
-    if (status != FSDP2_SUCCESS)
+        status = dtensor_wrap_into(result, dt->mesh, dst, dt->ndim, dt->shape, p.local);
+    if (status == FSDP2_SUCCESS) {
+        *out = result;
+    } else {
         fsdp2_tensor_release(p.local);
+        free(result);
+    }
+    for (int k = 0; k < p.count; k++)
+        fsdp2_tensor_release(p.made[k]); /* those a failed run did not take */
     /* A failure here (an allocation, an enqueue, a collective) leaves the peers in, or
      * on their way to, collectives this rank will not join: the mesh's groups fail
      * together. */

@@ -13,6 +13,7 @@
 
 #include "../collectives/ranks.h"
 #include "../core/check_main.h"
+#include "core/fault.h"
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s: %s", #call, fsdp2_last_error())
 
@@ -558,6 +559,63 @@ START_TEST(every_placement_pair_on_a_1x3_mesh)
 }
 END_TEST
 
+/* A redistribution allocates everything it needs before its first collective: with its
+ * Nth allocation failing (fault injection, the same N on every rank, so no rank waits for
+ * another), it fails having started no collective, for every N; and without a fault it
+ * starts some. [Shard(0), Shard(1)] -> [Replicate, Replicate] of a 5 x 7 tensor on a
+ * 2 x 2 mesh: two uneven all-gathers, each with its padded temporaries. */
+static int body_all_or_nothing(rank_ctx_t *c)
+{
+    int fails = 0;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    fsdp2_placement_t from[2] = {FSDP2_SHARD_INIT(0), FSDP2_SHARD_INIT(1)};
+    fsdp2_placement_t to[2] = {FSDP2_REPLICATE_INIT, FSDP2_REPLICATE_INIT};
+    int64_t shape[2] = {5, 7};
+    int mesh_shape[2] = {2, 2};
+    uint64_t allocs = 0, collectives = 0;
+    for (uint64_t n = 0; !fails && (n == 0 || n <= allocs); n++) {
+        char name[32];
+        snprintf(name, sizeof(name), "aon%llu", (unsigned long long)n);
+        fsdp2_mesh_t *mesh = NULL;
+        fsdp2_dtensor_t *dt = NULL, *out = NULL;
+        fails += OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, 2, mesh_shape, NULL,
+                                         NULL, &mesh));
+        fails += OK(c, fsdp2_dtensor_zeros(mesh, from, cpu, FSDP2_F32, 2, shape, &dt));
+        if (fails)
+            break;
+        fsdp2_fault_arm(n ? FAULT_ALLOC : FAULT_NONE, n);
+        fsdp2_status_t s = fsdp2_dtensor_redistribute(dt, to, NULL, &out);
+        uint64_t started = fsdp2_fault_count(FAULT_COLLECTIVE);
+        if (n == 0) {
+            allocs = fsdp2_fault_count(FAULT_ALLOC);
+            collectives = started;
+            fails += RANK_CHECK(c, s == FSDP2_SUCCESS && allocs > 0 && collectives >= 2,
+                                "without a fault: %s, %llu allocations, %llu collectives",
+                                fsdp2_status_name(s), (unsigned long long)allocs,
+                                (unsigned long long)collectives);
+        } else {
+            fails += RANK_CHECK(c, s == FSDP2_ERR_OUT_OF_MEMORY && started == 0,
+                                "allocation %llu of %llu failing: %s after %llu collectives",
+                                (unsigned long long)n, (unsigned long long)allocs,
+                                fsdp2_status_name(s), (unsigned long long)started);
+        }
+        fsdp2_fault_disarm();
+        fsdp2_dtensor_release(out);
+        fsdp2_dtensor_release(dt);
+        fsdp2_mesh_destroy(mesh);
+    }
+    return fails;
+}
+
+START_TEST(a_redistribution_allocates_all_it_needs_before_its_first_collective)
+{
+    ranks_result_t res;
+    ck_assert_msg(run_ranks(4, body_all_or_nothing, NULL, 20000, 120, &res) == 0,
+                  "rank exit codes %d %d %d %d", res.status[0], res.status[1], res.status[2],
+                  res.status[3]);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("dtensor");
@@ -569,6 +627,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, every_placement_pair_on_a_2x2_mesh);
     tcase_add_test(tc, every_placement_pair_on_a_1x3_mesh);
+    tcase_add_test(tc, a_redistribution_allocates_all_it_needs_before_its_first_collective);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -17,10 +17,12 @@
  *   deadline);
  * - the checkpoint directory is absent or whole (fsdp2_checkpoint_verify), with no
  *   "<dir>.partial" left;
- * - nothing of ours is left in /dev/shm.
+ * - no shared-memory segment of an exited rank is left in /dev/shm.
  * It prints the points walked and the outcomes, per world size. */
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,14 +283,19 @@ static void remove_tree(const char *dir)
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
-/* Entries of ours in /dev/shm (segments are unlinked once mapped: none should stay). */
+/* Segments of ours in /dev/shm whose creator has exited ("fsdp2-<pid>-..."; they are
+ * unlinked once mapped, so none should stay). Live creators' are another job's. */
 static int shm_leftovers(void)
 {
     DIR *d = opendir("/dev/shm");
     int n = 0;
     struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += strncmp(e->d_name, "fsdp2-", 6) == 0;
+    while (d && (e = readdir(d))) {
+        int pid = 0;
+        if (sscanf(e->d_name, "fsdp2-%d-", &pid) == 1 && pid > 0 && kill(pid, 0) != 0 &&
+            errno == ESRCH)
+            n++;
+    }
     if (d)
         closedir(d);
     return n;
