@@ -32,6 +32,7 @@ typedef struct rank_proc {
     int status;  /* waitpid status once reaped */
     int failed_at; /* 1 + its place among the ranks that exited failing (0: did not) */
     int says;      /* what it told FSDP2_RUN_REPORT_FD: 0 nothing, SAYS_ORIGIN, SAYS_ECHO */
+    int stopped;   /* it exited by the SIGTERM or SIGKILL fsdp2run sent when stopping */
     rank_stream_t streams[2]; /* stdout, stderr */
 } rank_proc_t;
 

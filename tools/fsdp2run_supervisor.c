@@ -179,6 +179,8 @@ static void on_rank_exit(supervisor_t *sv, rank_proc_t *r)
     int failed = !(WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0);
     if (failed)
         r->failed_at = ++sv->failures;
+    r->stopped = sv->first_failure && WIFSIGNALED(r->status) &&
+                 (WTERMSIG(r->status) == SIGTERM || WTERMSIG(r->status) == SIGKILL);
     /* Once stopping (a failure or a signal to the launcher), later exits are the
      * consequence, not the cause. */
     if (!failed || sv->first_failure || sv->interrupted_by)
@@ -249,11 +251,6 @@ static void kill_stragglers(supervisor_t *sv)
     sv->kill_at_ms = -1;
 }
 
-/* After the last rank was reaped: what it wrote before exiting is already in the pipes,
- * so read until each is empty or at EOF, without waiting for processes the ranks may
- * have left behind holding the write ends. A pipe holds at most 1 MiB (Linux's default
- * pipe-max-size); reading no more than that from each keeps a leftover process that
- * writes without pause from holding us here. */
 /* The ranks' reports ("RANK origin|echo" lines) into their `says`. */
 static void read_reports(supervisor_t *sv)
 {
@@ -282,7 +279,8 @@ static void read_reports(supervisor_t *sv)
 
 /* The rank to name as having failed first: the earliest failing rank that reported a
  * failure of its own; else the first to exit failing, unless it reported only an echo
- * of a peer's and a failing rank that did not exists (a crash reports nothing). */
+ * of a peer's and a failing rank that reported nothing exists (a crash), other than one
+ * fsdp2run's own stopping ended. */
 static rank_proc_t *origin_of_failure(supervisor_t *sv)
 {
     rank_proc_t *best = NULL;
@@ -295,12 +293,17 @@ static rank_proc_t *origin_of_failure(supervisor_t *sv)
         return best ? best : sv->first_failure;
     for (int i = 0; i < sv->nranks; i++) {
         rank_proc_t *r = &sv->ranks[i];
-        if (r->failed_at && !r->says && (!best || r->failed_at < best->failed_at))
+        if (r->failed_at && !r->says && !r->stopped && (!best || r->failed_at < best->failed_at))
             best = r;
     }
     return best ? best : sv->first_failure;
 }
 
+/* After the last rank was reaped: what it wrote before exiting is already in the pipes,
+ * so read until each is empty or at EOF, without waiting for processes the ranks may
+ * have left behind holding the write ends. A pipe holds at most 1 MiB (Linux's default
+ * pipe-max-size); reading no more than that from each keeps a leftover process that
+ * writes without pause from holding us here. */
 static void drain(supervisor_t *sv)
 {
     size_t budget = (size_t)1 << 20;

@@ -15,7 +15,7 @@
 #include "checkpoint/checkpoint_internal.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/options.h"
@@ -173,11 +173,10 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "checkpoint load");
     if (of)
         snprintf(of->dir, sizeof(of->dir), "%s", dir);
-    /* From here on the model is part loaded. What the files hold (a corrupt tensor, a
-     * missing file: the same for every rank that reads it) is an error the caller can
-     * mend and load again, with the groups usable; a failure of this rank's own (memory,
-     * a read, the device) fails its mesh together. */
-    int reading = status == FSDP2_SUCCESS;
+    /* What the files hold (a missing checkpoint, a corrupt or mismatched tensor: the
+     * same for every rank that reads it) is an error the caller can mend and load again,
+     * with the groups usable. A failure that may be this rank's alone (memory, a read,
+     * the device) fails its mesh together: its peers would go on without it. */
     for (size_t i = 0; i < sd->count && status == FSDP2_SUCCESS; i++) {
         const sd_entry_t *e = &sd->entries[i];
         const meta_tensor_t *t = meta_find(&m, e->name);
@@ -205,9 +204,8 @@ fsdp2_status_t fsdp2_checkpoint_load(fsdp2_state_dict_t *sd, const char *dir,
     free(of);
     free(names);
     meta_free(&m);
-    if (status == FSDP2_ERR_OUT_OF_MEMORY ||
-        (reading && (status == FSDP2_ERR_IO || status == FSDP2_ERR_BACKEND ||
-                     status == FSDP2_ERR_INTERNAL)))
+    if (status == FSDP2_ERR_OUT_OF_MEMORY || status == FSDP2_ERR_IO ||
+        status == FSDP2_ERR_BACKEND || status == FSDP2_ERR_INTERNAL)
         fsdp2_mesh_fail(sd->mesh, status);
     return status;
 }

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "checkpoint/checkpoint_internal.h"
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "core/fault.h"
 

@@ -7,6 +7,7 @@
 
 #include "collectives/group_internal.h"
 #include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "mesh/mesh_layout.h"
 

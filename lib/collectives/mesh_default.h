@@ -1,6 +1,5 @@
 /* The world mesh fsdp2_init makes: a 1D mesh over the world group (borrowed, not owned),
- * used by fully_shard when its options name no mesh; and failing a mesh's groups
- * together. */
+ * used by fully_shard when its options name no mesh. */
 #ifndef FSDP2_COLLECTIVES_MESH_DEFAULT_H
 #define FSDP2_COLLECTIVES_MESH_DEFAULT_H
 
@@ -10,13 +9,6 @@
  * (fsdp2_mesh_block_group) are created through store with options. */
 fsdp2_status_t fsdp2_mesh_wrap_group(fsdp2_group_t *g, fsdp2_store_t *store,
                                      const fsdp2_group_options_t *options, fsdp2_mesh_t **out);
-
-/* A failure of this rank inside a step that uses mesh's groups (the FSDP hooks, gradient
- * clipping, the optimizer, a checkpoint, a redistribution), after its checks up front:
- * every group of the mesh fails here and tells its peers (fsdp2_group_break), so that
- * none waits for this rank until its timeout. Returns status unchanged, and this
- * thread's message as it was (the reason the peers are given). SUCCESS does nothing. */
-fsdp2_status_t fsdp2_mesh_fail(fsdp2_mesh_t *mesh, fsdp2_status_t status);
 
 /* The mesh of the live fsdp2_init context, or NULL. */
 fsdp2_mesh_t *fsdp2_default_mesh(void);

@@ -232,21 +232,6 @@ static fsdp2_status_t length_mismatch(ucx_group_t *ug, const char *what, int pee
                             what, peer, got, want);
 }
 
-/* A peer's stamp arrived: it must be this rank's call. */
-static fsdp2_status_t check_stamp(ucx_group_t *ug, const req_list_t *rl, int peer)
-{
-    fsdp2_group_t *g = ug->g;
-    if (fsdp2_coll_stamp_equal(&rl->stamps[peer], &rl->stamps[g->rank]))
-        return FSDP2_SUCCESS;
-    char a[160], b[160];
-    fsdp2_coll_stamp_text(&rl->stamps[g->rank], rl->seq, a, sizeof(a));
-    fsdp2_coll_stamp_text(&rl->stamps[peer], rl->seq, b, sizeof(b));
-    return fsdp2_group_fail(g, FSDP2_ERR_INVALID_STATE,
-                            "rank %d called %s where rank %d called %s: the ranks of a group "
-                            "must call the same collectives in the same order",
-                            peer, b, g->rank, a);
-}
-
 /* Waits for the requests of rl (NULL entries are done), then clears them: each receive
  * must bring its expected length, and each stamp this rank's call. */
 static fsdp2_status_t wait_all(ucx_group_t *ug, req_list_t *rl, const char *what)
@@ -290,7 +275,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, req_list_t *rl, const char *what
             ucp_request_free(reqs[i]);
             reqs[i] = NULL;
             if (s == UCS_OK && rl->stamp_from && rl->stamp_from[i] >= 0) {
-                fsdp2_status_t mismatch = check_stamp(ug, rl, rl->stamp_from[i]);
+                fsdp2_status_t mismatch = fsdp2_ucx_check_stamp(ug, rl, rl->stamp_from[i]);
                 if (mismatch != FSDP2_SUCCESS) {
                     cancel_all(ug, reqs, peers, n);
                     return mismatch;
@@ -375,99 +360,6 @@ fsdp2_status_t fsdp2_ucx_wait_list(ucx_group_t *ug, req_list_t *rl, const char *
     return status;
 }
 
-/* ---- failing together ---- */
-
-static void abort_arrived(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
-                          void *arg)
-{
-    (void)req;
-    ucx_group_t *ug = arg;
-    if (status != UCS_OK)
-        return; /* cancelled at destroy */
-    int from = (int)((info->sender_tag >> 16) & 0xfff); /* the tag's source (make_tag) */
-    ug->abort_in.reason[sizeof(ug->abort_in.reason) - 1] = '\0';
-    int expected = 0;
-    atomic_compare_exchange_strong(&ug->abort_from, &expected, from + 1);
-}
-
-fsdp2_status_t fsdp2_ucx_listen_aborts(ucx_group_t *ug)
-{
-    ucp_request_param_t param = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                 UCP_OP_ATTR_FIELD_USER_DATA |
-                                                 UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-                                 .cb.recv = abort_arrived,
-                                 .user_data = ug};
-    void *req = ucp_tag_recv_nbx(ug->worker, &ug->abort_in, sizeof(ug->abort_in),
-                                 make_tag(0, PHASE_ABORT, 0, 0), PHASE_MASK, &param);
-    if (UCS_PTR_IS_ERR(req))
-        return fsdp2_error(FSDP2_ERR_BACKEND, "group '%s': receive for abort messages: %s",
-                           ug->g->name, ucs_status_string(UCS_PTR_STATUS(req)));
-    ug->abort_req = req;
-    return FSDP2_SUCCESS;
-}
-
-void fsdp2_ucx_stop_listening(ucx_group_t *ug)
-{
-    if (!ug->abort_req)
-        return;
-    ucp_request_cancel(ug->worker, ug->abort_req);
-    ucp_request_free(ug->abort_req);
-    ug->abort_req = NULL;
-}
-
-void fsdp2_ucx_send_abort(ucx_group_t *ug, const char *reason)
-{
-    fsdp2_group_t *g = ug->g;
-    if (!ug->worker || !ug->abort_reqs || atomic_exchange(&ug->abort_sent, 1))
-        return;
-    ug->abort_out.rank = g->rank;
-    ug->abort_out.status = atomic_load(&g->error);
-    snprintf(ug->abort_out.reason, sizeof(ug->abort_out.reason), "%s", reason);
-    ucp_request_param_t param = {.op_attr_mask = 0};
-    int n = 0;
-    for (int r = 0; r < g->size; r++) {
-        if (r == g->rank || !ug->eps[r] || atomic_load(&ug->peer_errors[r].failed))
-            continue;
-        void *req = ucp_tag_send_nbx(ug->eps[r], &ug->abort_out, sizeof(ug->abort_out),
-                                     make_tag(0, PHASE_ABORT, g->rank, 0), &param);
-        if (req && !UCS_PTR_IS_ERR(req))
-            ug->abort_reqs[n++] = req;
-    }
-    /* A short while for them to leave: the peers may be dead or stuck, and this rank is
-     * failing anyway. What is still in flight is released by UCX when it completes. */
-    int64_t deadline = fsdp2_now_ms() + 500;
-    for (int i = 0; i < n; i++) {
-        while (ucp_request_check_status(ug->abort_reqs[i]) == UCS_INPROGRESS &&
-               fsdp2_now_ms() < deadline)
-            ucp_worker_progress(ug->worker);
-        ucp_request_free(ug->abort_reqs[i]);
-    }
-    FSDP2_LOG(INFO, COLL, "group '%s': told %d peer%s this rank failed", g->name, n,
-              n == 1 ? "" : "s");
-}
-
-/* This rank's call goes to every peer with a collective's first round, and each peer's
- * is received beside its data; wait_all compares them as they arrive, so two different
- * calls under one sequence number fail at once on both sides, naming both, even where
- * their data messages would never match. */
-static void add_stamps(ucx_group_t *ug, req_list_t *rl, const coll_op_t *op)
-{
-    fsdp2_group_t *g = ug->g;
-    fsdp2_coll_stamp(op, &rl->stamps[g->rank]);
-    rl->seq = op->seq;
-    for (int k = 1; k < g->size; k++) {
-        int r = (g->rank + g->size - k) % g->size;
-        fsdp2_ucx_add_recv(ug, rl, r, &rl->stamps[r], sizeof(coll_stamp_t),
-                           make_tag(op->seq, PHASE_STAMP, r, 0));
-        rl->stamp_from[rl->n - 1] = r;
-    }
-    for (int k = 1; k < g->size; k++) {
-        int p = (g->rank + k) % g->size;
-        fsdp2_ucx_add_send(ug, rl, p, &rl->stamps[g->rank], sizeof(coll_stamp_t),
-                           make_tag(op->seq, PHASE_STAMP, g->rank, 0));
-    }
-}
-
 /* ---- algorithms ---- */
 
 static fsdp2_status_t run_all_gather(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl)
@@ -476,7 +368,7 @@ static fsdp2_status_t run_all_gather(ucx_group_t *ug, const coll_op_t *op, req_l
     size_t bytes = op->count * op->elem_size;
     char *recv = op->recv;
     rl->n = 0;
-    add_stamps(ug, rl, op);
+    fsdp2_ucx_add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         fsdp2_ucx_add_recv(ug, rl, r, recv + (size_t)r * bytes, bytes,
@@ -496,7 +388,7 @@ static fsdp2_status_t run_all_gather_pieces(ucx_group_t *ug, const coll_op_t *op
 {
     fsdp2_group_t *g = ug->g;
     rl->n = 0;
-    add_stamps(ug, rl, op);
+    fsdp2_ucx_add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         size_t first = op->offsets[r], count = op->offsets[r + 1] - first;
@@ -603,7 +495,7 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
     for (size_t s = 0, off = 0; off < most && status == FSDP2_SUCCESS; s++, off += seg) {
         rl->n = 0;
         if (s == 0)
-            add_stamps(ug, rl, op);
+            fsdp2_ucx_add_stamps(ug, rl, op);
         size_t m = off < mine ? (mine - off < seg ? mine - off : seg) : 0;
         for (int k = 1; k < g->size && m; k++) {
             int r = (g->rank + g->size - k) % g->size;
@@ -675,7 +567,7 @@ static fsdp2_status_t run_broadcast(ucx_group_t *ug, const coll_op_t *op, req_li
     fsdp2_group_t *g = ug->g;
     size_t bytes = op->count * op->elem_size;
     rl->n = 0;
-    add_stamps(ug, rl, op);
+    fsdp2_ucx_add_stamps(ug, rl, op);
     if (g->rank == op->root) {
         for (int k = 1; k < g->size; k++) {
             int p = (g->rank + k) % g->size;
@@ -693,7 +585,7 @@ static fsdp2_status_t run_barrier(ucx_group_t *ug, const coll_op_t *op, req_list
 {
     fsdp2_group_t *g = ug->g;
     rl->n = 0;
-    add_stamps(ug, rl, op);
+    fsdp2_ucx_add_stamps(ug, rl, op);
     for (int k = 1; k < g->size; k++) {
         int r = (g->rank + g->size - k) % g->size;
         fsdp2_ucx_add_recv(ug, rl, r, NULL, 0, make_tag(op->seq, PHASE_BARRIER, r, 0));

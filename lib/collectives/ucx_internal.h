@@ -25,11 +25,10 @@
 enum { PHASE_DATA = 0, PHASE_GATHER = 1, PHASE_BARRIER = 2, PHASE_STAMP = 3, PHASE_ABORT = 4 };
 #define PHASE_MASK (0xfull << 28)
 
-/* The abort message: who failed and why (the reason as its group recorded it). */
+/* The abort message: why the sender failed (the reason as its group recorded it; the
+ * sender is the tag's source). */
 typedef struct ucx_abort_msg {
-    int32_t rank;
-    int32_t status;
-    char reason[504];
+    char reason[512];
 } ucx_abort_msg_t;
 
 typedef struct ucx_group ucx_group_t;
@@ -115,6 +114,12 @@ void fsdp2_ucx_close_endpoint(ucx_group_t *ug, int r);
 void fsdp2_ucx_check_one(ucx_group_t *ug, int peer);
 fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
                                  fsdp2_stream_t *stream);
+/* ucx_abort.c */
+/* Adds this rank's stamp for op (a send to every peer) and a receive of every peer's to
+ * rl: the first round of each collective. */
+void fsdp2_ucx_add_stamps(ucx_group_t *ug, req_list_t *rl, const coll_op_t *op);
+/* Peer's stamp arrived: it must be this rank's call, else the group fails naming both. */
+fsdp2_status_t fsdp2_ucx_check_stamp(ucx_group_t *ug, const req_list_t *rl, int peer);
 /* Posts the receive for the peers' abort messages (set-up, after the endpoints). */
 fsdp2_status_t fsdp2_ucx_listen_aborts(ucx_group_t *ug);
 /* Cancels it (destroy). */

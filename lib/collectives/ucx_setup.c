@@ -359,7 +359,7 @@ static void ucx_abort(fsdp2_group_t *g, const char *reason)
     ucx_group_t *ug = g->backend;
     if (ug->shm)
         fsdp2_shm_abort(ug->shm, reason);
-    else
+    else if (!atomic_load(&ug->abort_from)) /* the peer that failed told everyone */
         fsdp2_ucx_send_abort(ug, reason);
 }
 

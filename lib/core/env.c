@@ -174,13 +174,10 @@ static void env_parse_all(void)
         env_values[i] = v;
         env_from_user[i] = 1;
     }
-    /* The fault-injection test aid, for the chosen rank (RANK, as launchers set it). */
-    const char *rank = getenv("RANK");
-    int64_t want = env_values[FSDP2_ENV_FAULT_RANK];
-    if (env_status == FSDP2_SUCCESS &&
-        (want < 0 || (rank && *rank && strtoll(rank, NULL, 10) == want)))
+    if (env_status == FSDP2_SUCCESS) /* the fault-injection test aid */
         fsdp2_fault_configure((fault_kind_t)env_values[FSDP2_ENV_FAULT_KIND],
-                              (uint64_t)env_values[FSDP2_ENV_FAULT_AT]);
+                              (uint64_t)env_values[FSDP2_ENV_FAULT_AT],
+                              env_values[FSDP2_ENV_FAULT_RANK]);
 }
 
 static void env_log_all(void)

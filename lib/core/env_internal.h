@@ -53,12 +53,13 @@
        "told (MASTER_ADDR; loopback for a job on one host), any = every interface")     \
     XX(FAULT_KIND, "FSDP2_FAULT_KIND", ENUM, "none", "none|alloc|enqueue|collective|io",     \
        "a test aid: the kind of failure point FSDP2_FAULT_AT counts (allocations, stream "   \
-       "enqueues, collective starts, checkpoint reads and writes)")                        \
+       "enqueues, collectives as they are enqueued, checkpoint reads and writes)")         \
     XX(FAULT_AT, "FSDP2_FAULT_AT", INT, "0", "0..1000000000000",                            \
        "a test aid: the Nth point of FSDP2_FAULT_KIND in this process fails as the real "   \
        "failure would (0: none)")                                                          \
     XX(FAULT_RANK, "FSDP2_FAULT_RANK", INT, "-1", "-1..1048575",                            \
-       "a test aid: only the process whose RANK is this injects the fault (-1: every rank)")
+       "a test aid: only the process of this rank (RANK, OMPI_COMM_WORLD_RANK, "          \
+       "SLURM_PROCID or PMI_RANK) injects the fault (-1: every process)")
 
 typedef enum fsdp2_env_id {
 #define FSDP2_ENV_ENUM_(id, var, kind, def, accepted, help) FSDP2_ENV_##id,

@@ -66,10 +66,21 @@ int fsdp2_fault_fired(void)
     return atomic_load(&fired);
 }
 
-void fsdp2_fault_configure(fault_kind_t kind, uint64_t at)
+void fsdp2_fault_configure(fault_kind_t kind, uint64_t at, int64_t rank)
 {
-    if (kind != FAULT_NONE && at > 0)
-        fsdp2_fault_arm(kind, at);
+    if (kind == FAULT_NONE || at == 0)
+        return;
+    if (rank >= 0) {
+        static const char *const vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                           "PMI_RANK"};
+        const char *mine = NULL;
+        for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]) && !mine; i++)
+            mine = getenv(vars[i]);
+        char *end;
+        if (!mine || strtoll(mine, &end, 10) != rank || *end)
+            return;
+    }
+    fsdp2_fault_arm(kind, at);
 }
 
 void *fsdp2_malloc(size_t bytes)

@@ -17,7 +17,7 @@ typedef enum fault_kind {
     FAULT_NONE,
     FAULT_ALLOC,      /* the library's allocations: device memory and host buffers */
     FAULT_ENQUEUE,    /* work, copies, events and waits put on a stream */
-    FAULT_COLLECTIVE, /* a collective that took its sequence number, as its backend starts it */
+    FAULT_COLLECTIVE, /* a collective that took its sequence number, as it is enqueued */
     FAULT_IO,         /* checkpoint reads, writes and fsyncs */
     FAULT_KINDS
 } fault_kind_t;
@@ -51,7 +51,9 @@ const char *fsdp2_fault_kind_name(fault_kind_t kind);
 void *fsdp2_malloc(size_t bytes);
 void *fsdp2_calloc(size_t n, size_t size);
 
-/* From the environment table (env.c): kind, at, and whether this process is the rank. */
-void fsdp2_fault_configure(fault_kind_t kind, uint64_t at);
+/* From the environment table (env.c): arms kind at `at` when this process is `rank`
+ * (-1: any) by the launcher's variables (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID,
+ * PMI_RANK: the first set). */
+void fsdp2_fault_configure(fault_kind_t kind, uint64_t at, int64_t rank);
 
 #endif

@@ -28,12 +28,12 @@ int dtensor_placement_equal(fsdp2_placement_t a, fsdp2_placement_t b);
 /* Mesh shape and this rank's coordinates. */
 fsdp2_status_t dtensor_mesh_geometry(const fsdp2_mesh_t *mesh, int *ndim, int *shape, int *coords);
 
-/* A new DTensor owning `local` (the caller's handle moves in), layout computed. */
 /* dtensor_wrap into a zeroed struct the caller allocated (a redistribution allocates it
- * with everything else before its first collective); on failure dt is left as it was. */
+ * with everything else before its first collective); on failure dt holds no reference. */
 fsdp2_status_t dtensor_wrap_into(fsdp2_dtensor_t *dt, fsdp2_mesh_t *mesh,
                                  const fsdp2_placement_t *placements, int ndim,
                                  const int64_t *shape, fsdp2_tensor_t *local);
+/* A new DTensor owning `local` (the caller's handle moves in), layout computed. */
 fsdp2_status_t dtensor_wrap(fsdp2_mesh_t *mesh, const fsdp2_placement_t *placements, int ndim,
                             const int64_t *shape, fsdp2_tensor_t *local, fsdp2_dtensor_t **out);
 

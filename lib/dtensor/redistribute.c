@@ -16,7 +16,7 @@
 
 #include <fsdp2/kernels.h>
 
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "dtensor/dtensor_internal.h"
@@ -41,6 +41,7 @@ typedef struct plan {
      * makes meta tensors instead; the real run then takes them, allocated beforehand
      * (made[taken++]), so that nothing is allocated once the first collective started. */
     int dry;
+    int planned; /* a dry run listed the tensors: the real run makes no others */
     int count, taken;
     int ndims[PLAN_MAX_TENSORS];
     int64_t shapes[PLAN_MAX_TENSORS][FSDP2_MAX_DIMS];
@@ -93,6 +94,9 @@ static fsdp2_status_t new_tensor(plan_t *p, int ndim, const int64_t *shape, fsdp
         fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
         return fsdp2_tensor_empty(meta, p->dtype, ndim, shape, t);
     }
+    if (p->planned && p->taken == p->count)
+        return fsdp2_error(FSDP2_ERR_INTERNAL, "redistribute: the plan makes more tensors "
+                           "than its dry run's %d", p->count);
     if (p->taken < p->count) {
         fsdp2_tensor_t *made = p->made[p->taken];
         if (made->ndim != ndim || memcmp(made->shape, shape, sizeof(int64_t) * (size_t)ndim))
@@ -426,14 +430,19 @@ static fsdp2_status_t redistribute(const fsdp2_dtensor_t *dt, const fsdp2_placem
     FSDP2_CHECK(fsdp2_dtype_size(dt->dtype, &p.elem));
     FSDP2_CHECK(dtensor_stream(stream, p.device, &p.stream));
     /* The dry run: every check of the plan, and the shapes of the tensors it makes. Its
-     * errors are the same on every rank and leave the groups alone. */
+     * refusals are the same on every rank and leave the groups alone; running out of
+     * memory for its meta tensors is this rank's own and fails the mesh together. */
     if (!is_meta(&p)) {
         plan_t d = p;
         d.dry = 1;
-        FSDP2_CHECK(fsdp2_tensor_retain(dt->local, &d.local));
-        fsdp2_status_t checked = run_plan(&d, dst);
+        fsdp2_status_t checked = fsdp2_tensor_retain(dt->local, &d.local);
+        if (checked == FSDP2_SUCCESS)
+            checked = run_plan(&d, dst);
         fsdp2_tensor_release(d.local);
+        if (checked == FSDP2_ERR_OUT_OF_MEMORY || checked == FSDP2_ERR_INTERNAL)
+            return fsdp2_mesh_fail(dt->mesh, checked);
         FSDP2_CHECK(checked);
+        p.planned = 1;
         p.count = d.count;
         memcpy(p.ndims, d.ndims, sizeof(p.ndims));
         memcpy(p.shapes, d.shapes, sizeof(p.shapes));

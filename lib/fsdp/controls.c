@@ -5,7 +5,7 @@
 
 #include <fsdp2/kernels.h>
 
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "fsdp/fsdp_internal.h"
 

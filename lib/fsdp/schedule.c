@@ -22,7 +22,7 @@
 
 #include <fsdp2/kernels.h>
 
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"

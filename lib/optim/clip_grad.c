@@ -19,7 +19,7 @@
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
 
-#include "collectives/mesh_default.h"
+#include "collectives/mesh_fail.h"
 #include "core/error.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
@@ -52,7 +52,25 @@ static void clip_set_free(clip_set_t *set)
     if (set->owned) {
         free(set->grads);
         free(set->params);
+        free(set->all);
     }
+}
+
+/* A double per rank of a mesh dim of ws ranks: the planned root's has room for its
+ * largest dim; a tree without one allocates its own (before the dim's collective). */
+static fsdp2_status_t scratch_for(clip_set_t *set, int ws)
+{
+    if (ws <= set->all_len)
+        return FSDP2_SUCCESS;
+    if (!set->owned)
+        return fsdp2_error(FSDP2_ERR_INTERNAL, "clip_grad_norm: a mesh dim of %d ranks, "
+                           "scratch for %d", ws, set->all_len);
+    double *all = realloc(set->all, (size_t)ws * sizeof(*all));
+    if (!all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "clip_grad_norm: %d ranks", ws);
+    set->all = all;
+    set->all_len = ws;
+    return FSDP2_SUCCESS;
 }
 
 static fsdp2_status_t add_grad(clip_set_t *set, const fsdp2_param_t *p,
@@ -160,7 +178,7 @@ static double local_share(const clip_set_t *set, int inf)
 }
 
 /* Combines *share over the ranks of one mesh dim's group, in place. */
-static fsdp2_status_t combine(const clip_set_t *set, fsdp2_group_t *group, int inf, double *share)
+static fsdp2_status_t combine(clip_set_t *set, fsdp2_group_t *group, int inf, double *share)
 {
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     fsdp2_stream_t *stream;
@@ -172,9 +190,7 @@ static fsdp2_status_t combine(const clip_set_t *set, fsdp2_group_t *group, int i
     }
     int ws = 0;
     FSDP2_CHECK(fsdp2_group_size(group, &ws));
-    if (ws > set->all_len)
-        return fsdp2_error(FSDP2_ERR_INTERNAL, "clip_grad_norm: a mesh dim of %d ranks, "
-                           "scratch for %d", ws, set->all_len);
+    FSDP2_CHECK(scratch_for(set, ws));
     double *all = set->all;
     fsdp2_status_t status = fsdp2_all_gather_async(group, share, all, 1, FSDP2_F64, stream);
     if (status == FSDP2_SUCCESS)
@@ -191,7 +207,7 @@ static fsdp2_status_t combine(const clip_set_t *set, fsdp2_group_t *group, int i
 #ifdef FSDP2_HAVE_CUDA
 /* global_norm on cuda: the share in scratch[0], a group's ws values after it for the
  * inf-norm's all-gather. */
-static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *norm)
+static fsdp2_status_t cuda_global_norm(clip_set_t *set, int inf, double *norm)
 {
     double *scratch, share = 0.0;
     fsdp2_stream_t *stream;
@@ -215,9 +231,7 @@ static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *n
                                "clip_grad_norm: the inf-norm over %d ranks on cuda needs more "
                                "than the %zu-byte scratch",
                                ws, FSDP2_CUDA_SCRATCH);
-        if (ws > set->all_len)
-            return fsdp2_error(FSDP2_ERR_INTERNAL, "clip_grad_norm: a mesh dim of %d ranks, "
-                               "scratch for %d", ws, set->all_len);
+        FSDP2_CHECK(scratch_for(set, ws));
         double *all = set->all;
         fsdp2_status_t status =
             fsdp2_all_gather_async(group, scratch, scratch + 1, 1, FSDP2_F64, stream);
@@ -238,7 +252,7 @@ static fsdp2_status_t cuda_global_norm(const clip_set_t *set, int inf, double *n
 }
 #endif
 
-static fsdp2_status_t global_norm(const clip_set_t *set, int inf, double *norm)
+static fsdp2_status_t global_norm(clip_set_t *set, int inf, double *norm)
 {
 #ifdef FSDP2_HAVE_CUDA
     if (set->device.type == FSDP2_DEVICE_CUDA)

@@ -6,9 +6,9 @@
  * inf-norm), the optimizer, a checkpoint save and load, every parameter gathered whole
  * (a redistribution), and a last all-reduce. A counting run (nothing fails) gives each
  * rank's number of points of each kind (allocations, stream enqueues, collective starts,
- * checkpoint reads and writes, core/fault.h); then for every kind and every N up to the
- * most any rank counted, a fresh job runs the step with point N failing on one rank (the
- * ranks take turns). For each it asserts:
+ * checkpoint reads and writes, core/fault.h); then for every kind, every rank and every
+ * N up to that rank's count, a fresh job runs the step with point N failing on that
+ * rank. For each it asserts:
  * - every rank returns an error, within 10 s of the step's start, although the groups'
  *   timeout is 60 s (only failing together can be that fast); or, where the library
  *   absorbs the failure, every rank succeeds with the parameters of the counting run,
@@ -221,8 +221,10 @@ static int body(rank_ctx_t *c)
         return SETUP_FAILED;
     }
     /* every rank is set up before any fault can fire */
-    if (fsdp2_store_barrier(c->store, "set-up") != FSDP2_SUCCESS)
+    if (fsdp2_store_barrier(c->store, "set-up") != FSDP2_SUCCESS) {
+        teardown(&md);
         return SETUP_FAILED;
+    }
     if (w->at == 0)
         fsdp2_fault_arm(FAULT_NONE, 0); /* counting only */
     else if (c->rank == w->victim)
@@ -366,13 +368,11 @@ static void walk(int ws)
     snprintf(w.files, sizeof(w.files), "%s", base);
     snprintf(w.dir, sizeof(w.dir), "%s/ckpt", base);
     /* The counting run: nothing fails; its digest is the reference. */
-    tally_t count_tally = {0};
     ranks_result_t res;
     remove_tree(w.dir);
     int bad = run_ranks(ws, body, &w, GROUP_TIMEOUT_MS, DEADLINE_S, &res);
     ck_assert_msg(bad == 0 && !res.timed_out, "ws %d: the step without faults failed: %d %d %d",
                   ws, res.status[0], res.status[1], res.status[2]);
-    (void)count_tally;
     char reference[64] = "", path[320], text[256];
     snprintf(path, sizeof(path), "%s/digest.0", w.files);
     ck_assert(read_text(path, reference, sizeof(reference)));
@@ -398,13 +398,14 @@ static void walk(int ws)
         for (unsigned long long n = 1; n <= most; n++) {
             if (only && (strcmp(only_kind, fsdp2_fault_kind_name((fault_kind_t)k)) || n != only_at))
                 continue;
-            int victim = (int)((n + (unsigned long long)k) % (unsigned long long)ws);
-            while (counts[victim][k - 1] < n)
-                victim = (victim + 1) % ws;
-            w.kind = (fault_kind_t)k;
-            w.at = n;
-            w.victim = victim;
-            run_case(ws, &w, reference, &t);
+            for (int victim = 0; victim < ws; victim++) {
+                if (counts[victim][k - 1] < n)
+                    continue;
+                w.kind = (fault_kind_t)k;
+                w.at = n;
+                w.victim = victim;
+                run_case(ws, &w, reference, &t);
+            }
         }
         printf("ws %d: %-10s points per rank", ws, fsdp2_fault_kind_name((fault_kind_t)k));
         for (int r = 0; r < ws; r++)
