@@ -13,13 +13,19 @@
 
 #include <fsdp2/fsdp2.h>
 
+/* To stdout with status 0 when asked for (--help), else to stderr with status 2. */
+static int usage_to(FILE *out, int status)
+{
+    fprintf(out, "usage: fsdp2-ckpt inspect DIR [--json]\n"
+                 "       fsdp2-ckpt verify DIR\n"
+                 "       fsdp2-ckpt consolidate DIR OUT.safetensors\n"
+                 "       fsdp2-ckpt reshard DIR OUT_DIR --world-size N\n");
+    return status;
+}
+
 static int usage(void)
 {
-    fprintf(stderr, "usage: fsdp2-ckpt inspect DIR [--json]\n"
-                    "       fsdp2-ckpt verify DIR\n"
-                    "       fsdp2-ckpt consolidate DIR OUT.safetensors\n"
-                    "       fsdp2-ckpt reshard DIR OUT_DIR --world-size N\n");
-    return 2;
+    return usage_to(stderr, 2);
 }
 
 static int fail(const char *what, fsdp2_status_t s)
@@ -30,6 +36,8 @@ static int fail(const char *what, fsdp2_status_t s)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return usage_to(stdout, 0);
     if (argc < 3)
         return usage();
     const char *cmd = argv[1], *dir = argv[2];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, then builds tests/install/app.c the way a
-# user would (cc app.c $(pkg-config --cflags --libs fsdp2)), shared and static, runs
-# both, and checks the headers also compile as C++.
+# Installs the build into a temporary prefix, runs each installed tool's --help from
+# there, then builds tests/install/app.c the way a user would (cc app.c $(pkg-config
+# --cflags --libs fsdp2)), shared and static, runs both, and checks the headers also
+# compile as C++.
 set -euo pipefail
 builddir=$1
 srcdir=$2
@@ -17,6 +18,17 @@ pkgconf() { pkg-config --define-variable=prefix="$tmp/root$prefix" "$@" fsdp2; }
 libdir=$(pkgconf --variable=libdir)
 
 echo "prefix: $prefix  cflags: $(pkgconf --cflags)  libs: $(pkgconf --libs)"
+
+# Each installed tool starts from the prefix without LD_LIBRARY_PATH (its rpath is
+# relative to itself) and answers --help.
+for tool in fsdp2run fsdp2-ckpt fsdp2-trace; do
+    bin="$tmp/root$prefix/bin/$tool"
+    [ -x "$bin" ] || { echo "$tool was not installed in $prefix/bin"; exit 1; }
+    if ! env -u LD_LIBRARY_PATH "$bin" --help >/dev/null 2>"$tmp/err"; then
+        echo "$tool --help failed from the prefix:"; cat "$tmp/err"; exit 1
+    fi
+    echo "$tool --help: OK"
+done
 cc -std=c11 -Wall -Wextra -Werror -pedantic "$srcdir/tests/install/app.c" -o "$tmp/app" \
     $(pkgconf --cflags) $(pkgconf --libs)
 LD_LIBRARY_PATH="$libdir" "$tmp/app"
