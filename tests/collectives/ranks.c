@@ -26,6 +26,13 @@ int rank_check(const rank_ctx_t *ctx, int ok, const char *expr, const char *file
     return 1;
 }
 
+double ranks_seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
 static int rank_main(int rank, int size, int port_in, int *port_out, int nout, rank_fn fn,
                      void *arg, long group_timeout_ms)
 {

@@ -7,6 +7,8 @@
 #ifndef FSDP2_TESTS_RANKS_H
 #define FSDP2_TESTS_RANKS_H
 
+#include <time.h>
+
 #include <fsdp2/fsdp2.h>
 
 typedef struct rank_ctx {
@@ -28,6 +30,9 @@ typedef struct ranks_result {
  * Returns 0 when every rank exited 0. */
 int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
               ranks_result_t *result);
+
+/* Seconds on CLOCK_MONOTONIC since *t0 (taken with clock_gettime). */
+double ranks_seconds_since(const struct timespec *t0);
 
 /* Prints a failure of this rank to stderr and counts it: `fails += FAIL_IF(cond, ...)`. */
 #define RANK_CHECK(ctx, cond, ...) rank_check((ctx), (cond), #cond, __FILE__, __LINE__, __VA_ARGS__)

@@ -195,13 +195,6 @@ static fsdp2_status_t step(rank_ctx_t *c, model_t *md, const char *dir, uint64_t
     return FSDP2_SUCCESS;
 }
 
-static double since(const struct timespec *t0)
-{
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
-}
-
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -233,7 +226,7 @@ static int body(rank_ctx_t *c)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     uint64_t digest = 0;
     fsdp2_status_t s = step(c, &md, w->dir, &digest);
-    double took = since(&t0);
+    double took = ranks_seconds_since(&t0);
     char path[320], text[256];
     if (w->at == 0) {
         snprintf(path, sizeof(path), "%s/counts.%d", w->files, c->rank);
