@@ -45,7 +45,8 @@ FSDP2_API fsdp2_status_t fsdp2_device_format(fsdp2_device_t device, char *buf, s
  * fsdp2_last_error). */
 FSDP2_API fsdp2_status_t fsdp2_device_check(fsdp2_device_t device);
 
-/* Number of CUDA devices in *count: 0 when built without CUDA or with no GPU/driver. */
+/* Number of CUDA devices in *count: 0 when the CUDA module (libfsdp2-cuda.so) cannot be
+ * loaded, or with no driver or GPU. */
 FSDP2_API fsdp2_status_t fsdp2_cuda_device_count(int *count);
 
 /* Allocates bytes on device (64-byte aligned on cpu; cudaMalloc on cuda). Zero bytes

@@ -1,6 +1,7 @@
 /* Process groups: argument checks, sequence numbers and the sticky error; the backend
  * (ucx for host memory, nccl for CUDA memory) does the communication. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -12,6 +13,7 @@
 
 #include "collectives/group_internal.h"
 #include "core/clock.h"
+#include "core/cuda_loader.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
@@ -142,6 +144,46 @@ fsdp2_status_t fsdp2_group_check(fsdp2_group_t *g)
     return status;
 }
 
+/* ---- the nccl backend, from the CUDA module ---- */
+
+static const char *kind_name(int kind)
+{
+    return fsdp2_coll_kind_name((coll_kind_t)kind);
+}
+
+static const fsdp2_cuda_group_host_t nccl_host = {
+    .abi = FSDP2_CUDA_MODULE_ABI,
+    .size = sizeof(fsdp2_cuda_group_host_t),
+    .group_fail = fsdp2_group_fail,
+    .group_check = fsdp2_group_check,
+    .group_member_key = fsdp2_group_member_key,
+    .coll_kind_name = kind_name,
+    .store_set = fsdp2_store_set,
+    .store_get = fsdp2_store_get,
+    .store_add = fsdp2_store_add,
+};
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static const fsdp2_group_ops_t *nccl_group_ops;
+
+static void nccl_load(void)
+{
+    const fsdp2_cuda_module_t *module = NULL;
+    if (fsdp2_cuda_module_get(&module) == FSDP2_SUCCESS)
+        nccl_group_ops = module->nccl_ops(&nccl_host);
+}
+
+static fsdp2_status_t nccl_ops(const fsdp2_group_ops_t **ops)
+{
+    pthread_once(&nccl_once, nccl_load);
+    if (!nccl_group_ops) {
+        const fsdp2_cuda_module_t *module = NULL;
+        return fsdp2_cuda_module_get(&module); /* the loader's kept message */
+    }
+    *ops = nccl_group_ops;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank, int size,
                                   const fsdp2_group_options_t *options, fsdp2_group_t **out)
 {
@@ -170,12 +212,9 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
                            "group '%s': libfsdp2 was built without UCX (libucx-dev)", name);
 #endif
     } else if (opts.backend == FSDP2_BACKEND_NCCL) {
-#ifdef FSDP2_HAVE_CUDA
-        ops = &fsdp2_nccl_group_ops;
-#else
-        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
-                           "group '%s': libfsdp2 was built without CUDA and NCCL (-Dcuda)", name);
-#endif
+        if (nccl_ops(&ops) != FSDP2_SUCCESS)
+            return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "group '%s': the nccl backend: %s", name,
+                               fsdp2_last_error());
     } else
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': backend %d is not ucx or nccl",
                            name, (int)opts.backend);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cuda_loader.h"
 #include "core/device_ops.h"
 #include "core/env_internal.h"
 #include "core/error.h"
@@ -26,13 +27,14 @@ fsdp2_status_t fsdp2_device_ops_get(fsdp2_device_t device, const fsdp2_device_op
         if (device.index < 0 || device.index >= FSDP2_MAX_CUDA_DEVICES)
             return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "cuda device index %d is out of range",
                                device.index);
-#ifdef FSDP2_HAVE_CUDA
-        *ops = &fsdp2_cuda_ops;
+    {
+        const fsdp2_cuda_module_t *module = NULL;
+        if (fsdp2_cuda_module_get(&module) != FSDP2_SUCCESS)
+            return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "cuda:%d requested: %s", device.index,
+                               fsdp2_last_error());
+        *ops = module->device_ops;
         return FSDP2_SUCCESS;
-#else
-        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
-                           "cuda:%d requested but libfsdp2 was built without CUDA", device.index);
-#endif
+    }
     case FSDP2_DEVICE_META:
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
                            "the meta device has no memory or streams");
@@ -92,13 +94,14 @@ fsdp2_status_t fsdp2_cuda_device_count(int *count)
 {
     FSDP2_ARG_CHECK(count, "count is NULL");
     *count = 0;
-#ifdef FSDP2_HAVE_CUDA
+    const fsdp2_cuda_module_t *module = NULL;
+    if (fsdp2_cuda_module_get(&module) != FSDP2_SUCCESS)
+        return FSDP2_SUCCESS; /* no module: no cuda device */
     for (int i = 0; i < FSDP2_MAX_CUDA_DEVICES; i++) {
-        if (fsdp2_cuda_ops.check(i) != FSDP2_SUCCESS)
+        if (module->device_ops->check(i) != FSDP2_SUCCESS)
             break;
         *count = i + 1;
     }
-#endif
     return FSDP2_SUCCESS;
 }
 

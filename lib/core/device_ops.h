@@ -74,11 +74,9 @@ typedef struct fsdp2_device_ops {
 } fsdp2_device_ops_t;
 
 extern const fsdp2_device_ops_t fsdp2_cpu_ops;
-#ifdef FSDP2_HAVE_CUDA
-extern const fsdp2_device_ops_t fsdp2_cuda_ops;
-#endif
 
-/* The backend for a device type; FSDP2_ERR_NOT_AVAILABLE for cuda without CUDA, and
+/* The backend for a device type (cuda's from the CUDA module, loaded at the first call);
+ * FSDP2_ERR_NOT_AVAILABLE for cuda when the module cannot be loaded, and
  * FSDP2_ERR_INVALID_ARGUMENT for meta (it has no runtime). */
 fsdp2_status_t fsdp2_device_ops_get(fsdp2_device_t device, const fsdp2_device_ops_t **ops);
 

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <dlfcn.h>
+
 #include <cuda_runtime_api.h>
 
 #include "core/clock.h"
@@ -74,6 +76,7 @@ typedef struct cuda_event {
 static pthread_once_t cuda_init_once = PTHREAD_ONCE_INIT;
 static int cuda_count;
 static cudaError_t cuda_count_error;
+static char cuda_count_why[160]; /* what cuda_count_error means here, for the message */
 static cuda_stream_t cuda_current_streams[CUDA_MAX_DEVICES];
 
 static void cuda_stream_init(cuda_stream_t *s, int index, cudaStream_t handle, const char *name,
@@ -109,6 +112,30 @@ static void cuda_init(void)
     }
     cuda_count = count;
     cuda_count_error = err;
+    /* The runtime loads the driver library itself; when it is missing or too old, say
+     * which, since the runtime's "insufficient driver" covers both. */
+    if (err == cudaErrorInsufficientDriver) {
+        void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!driver)
+            driver = dlopen("libcuda.so.1", RTLD_LAZY);
+        if (driver) {
+            int version = 0, runtime = 0;
+            (void)cudaDriverGetVersion(&version);
+            (void)cudaRuntimeGetVersion(&runtime);
+            (void)cudaGetLastError();
+            snprintf(cuda_count_why, sizeof(cuda_count_why),
+                     "the NVIDIA driver supports CUDA %d.%d, this module's runtime is %d.%d",
+                     version / 1000, version % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+        } else {
+            snprintf(cuda_count_why, sizeof(cuda_count_why),
+                     "no NVIDIA driver: libcuda.so.1 cannot be loaded");
+        }
+    } else if (err == cudaErrorNoDevice) {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        snprintf(cuda_count_why, sizeof(cuda_count_why), "no GPU is visible%s%s%s",
+                 visible ? " (CUDA_VISIBLE_DEVICES='" : "", visible ? visible : "",
+                 visible ? "')" : "");
+    }
     for (int i = 0; i < CUDA_MAX_DEVICES; i++)
         cuda_stream_init(&cuda_current_streams[i], i, cudaStreamLegacy, "current", 1);
 }
@@ -116,6 +143,11 @@ static void cuda_init(void)
 static fsdp2_status_t cuda_check(int index)
 {
     pthread_once(&cuda_init_once, cuda_init);
+    if (cuda_count_error != cudaSuccess && cuda_count_why[0])
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
+                           "cuda:%d not available: %s (cudaGetDeviceCount: %s: %s)", index,
+                           cuda_count_why, cudaGetErrorName(cuda_count_error),
+                           cudaGetErrorString(cuda_count_error));
     if (cuda_count_error != cudaSuccess)
         return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
                            "cuda:%d not available: cudaGetDeviceCount failed: %s: %s", index,

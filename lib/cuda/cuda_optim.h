@@ -10,20 +10,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/cuda_module.h"
 #include "optim/optim_internal.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A piece of one shard that one block updates. */
-typedef struct fsdp2_cuda_optim_chunk {
-    int32_t shard; /* index into the shard table */
-    int32_t count; /* elements, at most FSDP2_CUDA_OPTIM_CHUNK */
-    int64_t start; /* first element */
-} fsdp2_cuda_optim_chunk_t;
-
-#define FSDP2_CUDA_OPTIM_CHUNK 65536
 
 /* Chunks needed for shards of these sizes (to size the table). */
 size_t fsdp2_cuda_optim_chunks(const optim_shard_t *shards, size_t count);
@@ -51,9 +43,6 @@ cudaError_t fsdp2_cuda_optim_update(const optim_coeffs_t *c, fsdp2_dtype_t dtype
  * with the CUDA error as a status. shards and chunks are the device tables. */
 fsdp2_status_t fsdp2_cuda_optim_step(int index, const optim_coeffs_t *c, fsdp2_dtype_t dtype,
                                      const void *shards, const void *chunks, size_t nchunks);
-
-/* Bytes of cuda:index's scratch: what gradient clipping combines its norm in. */
-#define FSDP2_CUDA_SCRATCH ((size_t)64 << 10)
 
 /* The scratch of cuda:index, allocated at the first call (through the device allocator,
  * so counted) and kept for the process. */

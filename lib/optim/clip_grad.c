@@ -24,9 +24,7 @@
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
-#ifdef FSDP2_HAVE_CUDA
-#include "cuda/cuda_optim.h"
-#endif
+#include "core/cuda_loader.h"
 
 /* The local gradient shards under a root, all on one mesh. The arrays are the FSDP
  * root's scratch (planned with it: no allocation inside a step); only a tree without a
@@ -204,16 +202,17 @@ static fsdp2_status_t combine(clip_set_t *set, fsdp2_group_t *group, int inf, do
     return status;
 }
 
-#ifdef FSDP2_HAVE_CUDA
 /* global_norm on cuda: the share in scratch[0], a group's ws values after it for the
  * inf-norm's all-gather. */
 static fsdp2_status_t cuda_global_norm(clip_set_t *set, int inf, double *norm)
 {
     double *scratch, share = 0.0;
     fsdp2_stream_t *stream;
-    FSDP2_CHECK(fsdp2_cuda_scratch(set->device.index, &scratch));
+    const fsdp2_cuda_module_t *cuda = NULL;
+    FSDP2_CHECK(fsdp2_cuda_module_get(&cuda));
+    FSDP2_CHECK(cuda->scratch(set->device.index, &scratch));
     FSDP2_CHECK(fsdp2_stream_current(set->device, &stream));
-    FSDP2_CHECK(fsdp2_cuda_norm_shares(set->device.index, set->grads, set->count, inf, scratch));
+    FSDP2_CHECK(cuda->norm_shares(set->device.index, set->grads, set->count, inf, scratch));
     for (int d = 0; d < set->mesh_ndim; d++) {
         if (set->placements[d].type != FSDP2_PLACEMENT_SHARD)
             continue;
@@ -250,14 +249,11 @@ static fsdp2_status_t cuda_global_norm(clip_set_t *set, int inf, double *norm)
     *norm = inf ? share : sqrt(share);
     return FSDP2_SUCCESS;
 }
-#endif
 
 static fsdp2_status_t global_norm(clip_set_t *set, int inf, double *norm)
 {
-#ifdef FSDP2_HAVE_CUDA
     if (set->device.type == FSDP2_DEVICE_CUDA)
         return cuda_global_norm(set, inf, norm);
-#endif
     double share = local_share(set, inf);
     for (int d = 0; d < set->mesh_ndim; d++) {
         if (set->placements[d].type != FSDP2_PLACEMENT_SHARD)
@@ -272,10 +268,11 @@ static fsdp2_status_t global_norm(clip_set_t *set, int inf, double *norm)
 
 static fsdp2_status_t scale(const clip_set_t *set, double coef)
 {
-#ifdef FSDP2_HAVE_CUDA
-    if (set->device.type == FSDP2_DEVICE_CUDA)
-        return fsdp2_cuda_scale_all(set->device.index, set->grads, set->count, coef);
-#endif
+    if (set->device.type == FSDP2_DEVICE_CUDA) {
+        const fsdp2_cuda_module_t *cuda = NULL;
+        FSDP2_CHECK(fsdp2_cuda_module_get(&cuda));
+        return cuda->scale_all(set->device.index, set->grads, set->count, coef);
+    }
     for (size_t i = 0; i < set->count; i++) {
         fsdp2_tensor_t *t = set->grads[i];
         if (t->dtype == FSDP2_F32) {

@@ -22,9 +22,7 @@
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
-#ifdef FSDP2_HAVE_CUDA
-#include "cuda/cuda_optim.h"
-#endif
+#include "core/cuda_loader.h"
 
 typedef struct optim_param {
     const fsdp2_param_t *param;
@@ -230,10 +228,9 @@ static uint64_t state_bytes(const fsdp2_optimizer_t *opt)
     return bytes;
 }
 
-#ifdef FSDP2_HAVE_CUDA
 /* One dtype's shards and chunks into device memory (blocking, at creation). */
-static fsdp2_status_t upload_table(fsdp2_optimizer_t *opt, fsdp2_dtype_t dtype,
-                                   optim_device_table_t *t)
+static fsdp2_status_t upload_table(const fsdp2_cuda_module_t *cuda, fsdp2_optimizer_t *opt,
+                                   fsdp2_dtype_t dtype, optim_device_table_t *t)
 {
     optim_shard_t *shards = calloc(opt->num_params ? opt->num_params : 1, sizeof(*shards));
     if (!shards)
@@ -241,7 +238,7 @@ static fsdp2_status_t upload_table(fsdp2_optimizer_t *opt, fsdp2_dtype_t dtype,
     for (size_t i = 0; i < opt->num_params; i++)
         if (opt->params[i].dtype == dtype && opt->params[i].shard.numel > 0)
             shards[t->count++] = opt->params[i].shard;
-    t->nchunks = fsdp2_cuda_optim_chunks(shards, t->count);
+    t->nchunks = cuda->optim_chunks(shards, t->count);
     fsdp2_cuda_optim_chunk_t *chunks = calloc(t->nchunks ? t->nchunks : 1, sizeof(*chunks));
     fsdp2_status_t status = FSDP2_SUCCESS;
     fsdp2_stream_t *stream = NULL;
@@ -251,7 +248,7 @@ static fsdp2_status_t upload_table(fsdp2_optimizer_t *opt, fsdp2_dtype_t dtype,
     }
     if (t->count == 0)
         goto cleanup;
-    fsdp2_cuda_optim_fill_chunks(shards, t->count, chunks);
+    cuda->optim_fill_chunks(shards, t->count, chunks);
     FSDP2_CHECK_GOTO(fsdp2_stream_current(opt->device, &stream), status, cleanup);
     FSDP2_CHECK_GOTO(fsdp2_device_alloc(opt->device, t->count * sizeof(*shards), &t->shards),
                      status, cleanup);
@@ -267,17 +264,13 @@ cleanup:
     free(chunks);
     return status;
 }
-#endif
 
 static fsdp2_status_t upload_tables(fsdp2_optimizer_t *opt)
 {
-#ifdef FSDP2_HAVE_CUDA
-    FSDP2_CHECK(upload_table(opt, FSDP2_F32, &opt->tables[0]));
-    return upload_table(opt, FSDP2_F64, &opt->tables[1]);
-#else
-    (void)opt;
-    return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "optimizer: cuda shards without CUDA");
-#endif
+    const fsdp2_cuda_module_t *cuda = NULL;
+    FSDP2_CHECK(fsdp2_cuda_module_get(&cuda));
+    FSDP2_CHECK(upload_table(cuda, opt, FSDP2_F32, &opt->tables[0]));
+    return upload_table(cuda, opt, FSDP2_F64, &opt->tables[1]);
 }
 
 fsdp2_status_t fsdp2_optimizer_create(fsdp2_module_t *root, const fsdp2_optimizer_options_t *options,
@@ -381,13 +374,12 @@ fsdp2_status_t fsdp2_optimizer_step(fsdp2_optimizer_t *opt)
     if (status != FSDP2_SUCCESS) {
         /* a schedule refused: nothing updated, the span below still closes */
     } else if (opt->device.type == FSDP2_DEVICE_CUDA) {
-#ifdef FSDP2_HAVE_CUDA
         static const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_F64};
+        const fsdp2_cuda_module_t *cuda = NULL;
+        status = fsdp2_cuda_module_get(&cuda);
         for (int d = 0; d < 2 && status == FSDP2_SUCCESS; d++)
-            status = fsdp2_cuda_optim_step(opt->device.index, &c, dtypes[d],
-                                           opt->tables[d].shards, opt->tables[d].chunks,
-                                           opt->tables[d].nchunks);
-#endif
+            status = cuda->optim_step(opt->device.index, &c, dtypes[d], opt->tables[d].shards,
+                                      opt->tables[d].chunks, opt->tables[d].nchunks);
     } else {
         for (size_t i = 0; i < opt->num_params; i++) {
             const optim_param_t *op = &opt->params[i];
@@ -566,9 +558,6 @@ fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_
                                  int allow_cuda, fsdp2_dtensor_info_t *info)
 {
     FSDP2_CHECK(fsdp2_dtensor_info(dt, info));
-#ifndef FSDP2_HAVE_CUDA
-    allow_cuda = 0;
-#endif
     if (info->device.type != FSDP2_DEVICE_CPU &&
         !(allow_cuda && info->device.type == FSDP2_DEVICE_CUDA)) {
         char dev[FSDP2_DEVICE_NAME_MAX];

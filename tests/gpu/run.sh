@@ -6,6 +6,7 @@
 #     tests/gpu/run.sh              build in build-gpu/, run `meson test`, summary last
 #     tests/gpu/run.sh --deps-only  only unpack .deps/ and check pkg-config finds Check
 #     FSDP2_GPU_SUITES="gpu cuda" tests/gpu/run.sh   only those meson suites
+#     FSDP2_GPU_SETUP_ARGS="-Dexamples=false" tests/gpu/run.sh   more meson setup options
 #
 # That machine has CUDA, NCCL, Python with meson and ninja from pip, and no package
 # registry. Check, cJSON and zlib come as .debs unpacked with dpkg -x (or ar + tar) into
@@ -209,6 +210,8 @@ setup_check() {
 build_and_test() { # build_and_test TESTS(true|false)
     step "meson setup (tests=$1)"
     local setup_args=(-Dcuda=enabled -Dbuildtype=release "-Dtests=$1" -Dwerror=false)
+    # shellcheck disable=SC2206
+    setup_args+=(${FSDP2_GPU_SETUP_ARGS:-})
     if [ -d "$build" ]; then setup_args+=(--reconfigure); fi
     if ! "${MESON[@]}" setup "$build" "${setup_args[@]}"; then
         copy_out "$build/meson-logs/meson-log.txt" setup-log.txt
@@ -224,6 +227,16 @@ build_and_test() { # build_and_test TESTS(true|false)
         return 1
     fi
     record build ok "$(ls "$build"/lib/libfsdp2.so* 2>/dev/null | head -1 | xargs -r basename)"
+    # libfsdp2 links no CUDA library; the module does (lib/cuda/cuda_module.h).
+    local needed
+    needed=$(readelf -d "$build/lib/libfsdp2.so" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
+             tr '\n' ' ')
+    case "$needed" in
+    *cuda* | *nccl*) record "libfsdp2.so needs" FAIL "$needed" ;;
+    *) record "libfsdp2.so needs" ok "$needed" ;;
+    esac
+    [ -f "$build/lib/libfsdp2-cuda.so" ] && record "cuda module" ok "libfsdp2-cuda.so" ||
+        record "cuda module" FAIL "not built"
     [ "$1" = true ] || return 0
     step "meson test"
     local suites=() s
@@ -283,7 +296,8 @@ run_gpu_test_by_hand() {
               echo "$CUDA_PATH/lib")
     if ! cc -std=c11 -D_GNU_SOURCE -O2 -I"$root/include" -I"$build/include" -I"$root/lib" \
          "$root/tests/gpu/test_cuda_runtime.c" "$build/lib/libfsdp2.a" -L"$cudalib" \
-         -Wl,-rpath,"$cudalib" -lcudart -lstdc++ -lm -lpthread -o "$exe"; then
+         -Wl,-rpath,"$cudalib" -Wl,-rpath,"$build/lib" -lcudart -lstdc++ -lm -lpthread -ldl \
+         -o "$exe"; then
         record "cuda_runtime" FAIL "does not compile"
         return 1
     fi

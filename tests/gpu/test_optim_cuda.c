@@ -1,12 +1,13 @@
-/* The optimizers' multi-tensor kernel (lib/cuda/cuda_optim.cu) against the host rules
- * (update_rules.c), bit for bit: SGD (plain, momentum with dampening, nesterov, weight
+/* The optimizers' multi-tensor kernel (lib/cuda/cuda_optim.cu, through the CUDA module's
+ * table) against the host rules (update_rules.c), bit for bit: SGD (plain, momentum with dampening, nesterov, weight
  * decay), AdamW and Adadelta, f32 and f64, over shards of uneven sizes (one element, one
  * under and one over a 64 Ki-element chunk, several chunks, and an empty one), for five
  * steps from random non-zero parameters, gradients and state.
  *
  * A standalone program: exit 0 on success, 1 on failure, 77 without a CUDA device. */
-#include "cuda/cuda_optim.h"
+#include "core/cuda_loader.h"
 #include "gpu_check.h"
+#include "optim/optim_internal.h"
 
 static const fsdp2_device_t dut = {FSDP2_DEVICE_CUDA, 0};
 
@@ -65,9 +66,11 @@ static void check_rule(fsdp2_dtype_t t, fsdp2_optimizer_options_t o, const char 
         dev.shards[i].state[0] = dm;
         dev.shards[i].state[1] = dv;
     }
-    size_t nchunks = fsdp2_cuda_optim_chunks(dev.shards, SHARDS);
+    const fsdp2_cuda_module_t *cuda = NULL;
+    ASSERT_OK(fsdp2_cuda_module_get(&cuda));
+    size_t nchunks = cuda->optim_chunks(dev.shards, SHARDS);
     fsdp2_cuda_optim_chunk_t *chunks = xmalloc(nchunks * sizeof(*chunks));
-    fsdp2_cuda_optim_fill_chunks(dev.shards, SHARDS, chunks);
+    cuda->optim_fill_chunks(dev.shards, SHARDS, chunks);
     void *dshards, *dchunks;
     ASSERT_OK(fsdp2_device_alloc(dut, sizeof dev.shards, &dshards));
     ASSERT_OK(fsdp2_device_alloc(dut, nchunks * sizeof(*chunks), &dchunks));
@@ -82,7 +85,7 @@ static void check_rule(fsdp2_dtype_t t, fsdp2_optimizer_options_t o, const char 
         c.bias_correction2 = 1.0 - pow(o.beta2, step + 1);
         for (int i = 0; i < SHARDS; i++)
             (t == FSDP2_F32 ? optim_update_f32 : optim_update_f64)(&c, &host.shards[i]);
-        ASSERT_OK(fsdp2_cuda_optim_step(0, &c, t, dshards, dchunks, nchunks));
+        ASSERT_OK(cuda->optim_step(0, &c, t, dshards, dchunks, nchunks));
         ASSERT_OK(fsdp2_stream_synchronize(s));
         for (int i = 0; i < SHARDS; i++) {
             size_t n = (size_t)SIZES[i], bytes = n * es;

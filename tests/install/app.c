@@ -51,5 +51,12 @@ int main(void)
     CHECK(fsdp2_tensor_release(y));
     printf("outside app OK against libfsdp2 %s (cuda %s)\n", FSDP2_VERSION_STRING,
            FSDP2_BUILT_WITH_CUDA ? "built" : "not built");
+    /* Whether cuda:0 can be had, and if not why (the CUDA module, the driver, a GPU). */
+    fsdp2_device_t cuda0;
+    CHECK(fsdp2_device_parse("cuda:0", &cuda0));
+    if (fsdp2_device_check(cuda0) == FSDP2_SUCCESS)
+        printf("cuda:0: available\n");
+    else
+        printf("cuda:0: %s\n", fsdp2_last_error());
     return 0;
 }
