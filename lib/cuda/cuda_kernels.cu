@@ -1,5 +1,6 @@
-/* The CUDA kernels of the cuda device backend: fill, accumulate and the strided chunk
- * copy with cast, for every pair of the 7 dtypes.
+/* The CUDA kernels of the cuda device backend: fill, accumulate for every pair of the 7
+ * dtypes, the reductions' divide, and clipping's norm and scale (the strided chunk copy
+ * with cast is in cuda_chunk_copy.cu, compiled beside this file).
  *
  * Every kernel is a grid-stride loop whose body is one function of cuda_convert.h,
  * instantiated for a compile-time pair of dtypes so that its dtype switches fold away;
@@ -12,86 +13,12 @@
  * cover the rest. */
 #include "cuda/cuda_kernels.h"
 
-#include <climits>
+#include <cstring>
 
 #include "cuda/cuda_convert.h"
+#include "cuda/cuda_pack.cuh"
 
 namespace {
-
-constexpr unsigned kThreads = 256;
-/* An H100 holds 132 SMs x 2048 threads = 1056 blocks of 256 at once: a few waves of
- * that keeps every SM busy while the grid-stride loops cover larger tensors. */
-constexpr size_t kMaxBlocks = 4096;
-/* The y dimension of a grid is limited to 65535 blocks. */
-constexpr size_t kMaxRowBlocks = 65535;
-/* Elements a thread moves at once on the vector paths. */
-constexpr size_t kPack = 8;
-
-/* Bytes of one pack of T-sized elements, and the alignment its loads need: 16-byte
- * accesses, or one 8-byte access for 1-byte elements. */
-__host__ __device__ constexpr size_t pack_bytes(size_t elem)
-{
-    return kPack * elem;
-}
-__host__ __device__ constexpr size_t pack_align(size_t elem)
-{
-    return pack_bytes(elem) < 16 ? pack_bytes(elem) : 16;
-}
-
-template <size_t Bytes>
-struct alignas(Bytes < 16 ? Bytes : 16) pack_t {
-    unsigned char b[Bytes];
-};
-
-/* One pack from global memory into registers, in 16-byte (or one 8-byte) accesses. */
-template <size_t Bytes>
-__device__ __forceinline__ pack_t<Bytes> load_pack(const void *p)
-{
-    pack_t<Bytes> v;
-    if constexpr (Bytes >= 16) {
-#pragma unroll
-        for (size_t k = 0; k < Bytes / 16; k++)
-            reinterpret_cast<uint4 *>(v.b)[k] = reinterpret_cast<const uint4 *>(p)[k];
-    } else {
-        *reinterpret_cast<uint2 *>(v.b) = *reinterpret_cast<const uint2 *>(p);
-    }
-    return v;
-}
-
-template <size_t Bytes>
-__device__ __forceinline__ void store_pack(void *p, const pack_t<Bytes> &v)
-{
-    if constexpr (Bytes >= 16) {
-#pragma unroll
-        for (size_t k = 0; k < Bytes / 16; k++)
-            reinterpret_cast<uint4 *>(p)[k] = reinterpret_cast<const uint4 *>(v.b)[k];
-    } else {
-        *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(v.b);
-    }
-}
-
-/* The head (< kPack elements) after which a row starting at a (elements of a_elem bytes,
- * rows a_pitch bytes apart) and one at b are both pack-aligned on every row; kPack when
- * there is none. */
-size_t common_head(const void *a, size_t a_elem, size_t a_pitch, const void *b, size_t b_elem,
-                   size_t b_pitch, size_t rows)
-{
-    size_t aa = pack_align(a_elem), ba = pack_align(b_elem);
-    if (rows > 1 && (a_pitch % aa != 0 || b_pitch % ba != 0))
-        return kPack;
-    for (size_t h = 0; h < kPack; h++)
-        if (((uintptr_t)a + h * a_elem) % aa == 0 && ((uintptr_t)b + h * b_elem) % ba == 0)
-            return h;
-    return kPack;
-}
-
-unsigned blocks_for(size_t n, size_t cap)
-{
-    size_t blocks = (n + kThreads - 1) / kThreads;
-    if (blocks > cap)
-        blocks = cap;
-    return (unsigned)(blocks == 0 ? 1 : blocks);
-}
 
 template <typename T>
 __global__ void fill_kernel(T *__restrict__ dst, size_t n, T value)
@@ -112,52 +39,6 @@ __global__ void accumulate_kernel(void *__restrict__ y, const void *__restrict__
 
 /* blockIdx.y walks rows, blockIdx.x/threadIdx.x the columns of a row, so each warp
  * reads and writes consecutive elements of one row. */
-template <fsdp2_dtype_t D, fsdp2_dtype_t S>
-__global__ void chunk_copy_kernel(void *__restrict__ dst, size_t dst_stride,
-                                  const void *__restrict__ src, size_t src_stride, size_t rows,
-                                  size_t cols)
-{
-    size_t col_stride = (size_t)gridDim.x * blockDim.x;
-    size_t col0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (size_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        size_t d = r * dst_stride;
-        size_t s = r * src_stride;
-        for (size_t c = col0; c < cols; c += col_stride)
-            fsdp2_cu_convert_elem(D, dst, d + c, S, src, s + c);
-    }
-}
-
-/* The chunk copy in packs: per row, elements [head, head + packs * kPack) a pack per
- * thread, the head and the tail (fewer than kPack each) an element per thread. */
-template <fsdp2_dtype_t D, fsdp2_dtype_t S>
-__global__ void chunk_copy_vec_kernel(char *__restrict__ dst, size_t dst_pitch,
-                                      const char *__restrict__ src, size_t src_pitch,
-                                      size_t rows, size_t cols, size_t head)
-{
-    constexpr size_t kD = fsdp2_cu_dtype_size(D), kS = fsdp2_cu_dtype_size(S);
-    size_t packs = (cols - head) / kPack;
-    size_t tail0 = head + packs * kPack;
-    size_t col_stride = (size_t)gridDim.x * blockDim.x;
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (size_t r = blockIdx.y; r < rows; r += gridDim.y) {
-        char *d = dst + r * dst_pitch;
-        const char *s = src + r * src_pitch;
-        for (size_t p = t; p < packs; p += col_stride) {
-            size_t e = head + p * kPack;
-            pack_t<pack_bytes(kS)> in = load_pack<pack_bytes(kS)>(s + e * kS);
-            pack_t<pack_bytes(kD)> out;
-#pragma unroll
-            for (size_t k = 0; k < kPack; k++)
-                fsdp2_cu_convert_elem(D, out.b, k, S, in.b, k);
-            store_pack<pack_bytes(kD)>(d + e * kD, out);
-        }
-        if (t < head)
-            fsdp2_cu_convert_elem(D, d, t, S, s, t);
-        if (t < cols - tail0)
-            fsdp2_cu_convert_elem(D, d, tail0 + t, S, s, tail0 + t);
-    }
-}
-
 template <fsdp2_dtype_t Y, fsdp2_dtype_t X>
 __global__ void accumulate_vec_kernel(char *__restrict__ y, const char *__restrict__ x, size_t n,
                                       size_t head, float alpha32, double alpha64)
@@ -273,35 +154,6 @@ cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, siz
     }
 }
 
-template <fsdp2_dtype_t D>
-cudaError_t launch_chunk_copy(const fsdp2_chunk_copy_t *c, cudaStream_t stream)
-{
-    size_t de = fsdp2_cu_dtype_size(D), se = fsdp2_cu_dtype_size(c->src_dtype);
-    size_t head = common_head(c->dst, de, c->dst_stride * de, c->src, se, c->src_stride * se,
-                              c->rows);
-    int vec = head < kPack && c->cols >= head + kPack;
-    size_t rows = c->rows < kMaxRowBlocks ? c->rows : kMaxRowBlocks;
-    size_t cap = kMaxBlocks * 4 / rows;
-    size_t per_row = vec ? (c->cols - head) / kPack : c->cols;
-    dim3 grid(blocks_for(per_row, cap == 0 ? 1 : cap), (unsigned)rows, 1);
-    switch (c->src_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str)                                                 \
-    case FSDP2_##name:                                                                       \
-        if (vec)                                                                             \
-            chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(           \
-                (char *)c->dst, c->dst_stride * de, (const char *)c->src, c->src_stride * se, \
-                c->rows, c->cols, head);                                                     \
-        else                                                                                 \
-            chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(               \
-                c->dst, c->dst_stride, c->src, c->src_stride, c->rows, c->cols);             \
-        return cudaGetLastError();
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
-#undef FSDP2_CU_CASE_
-    default:
-        return cudaErrorInvalidValue;
-    }
-}
-
 template <typename T>
 cudaError_t launch_fill(void *dst, size_t n, const void *pattern, cudaStream_t stream)
 {
@@ -309,30 +161,6 @@ cudaError_t launch_fill(void *dst, size_t n, const void *pattern, cudaStream_t s
     memcpy(&value, pattern, sizeof value);
     fill_kernel<T><<<blocks_for(n, kMaxBlocks), kThreads, 0, stream>>>((T *)dst, n, value);
     return cudaGetLastError();
-}
-
-/* A copy with the same dtype on both sides is a memcpy: the copy engines do it at
- * full bandwidth without occupying SMs, and it needs no alignment. */
-cudaError_t copy_same_dtype(const fsdp2_chunk_copy_t *c, size_t elem, cudaStream_t stream)
-{
-    size_t width = c->cols * elem;
-    if (c->rows == 1 || (c->dst_stride == c->cols && c->src_stride == c->cols))
-        return cudaMemcpyAsync(c->dst, c->src, width * c->rows, cudaMemcpyDefault, stream);
-    size_t dpitch = c->dst_stride * elem;
-    size_t spitch = c->src_stride * elem;
-    /* cudaMemcpy2D* limits pitches to the device's maximum (2^31 - 1 on current GPUs). */
-    if (dpitch <= INT_MAX && spitch <= INT_MAX)
-        return cudaMemcpy2DAsync(c->dst, dpitch, c->src, spitch, width, c->rows,
-                                 cudaMemcpyDefault, stream);
-    /* Rows over 2 GiB apart: few of them fit in a GPU, so one copy per row is cheap. */
-    for (size_t r = 0; r < c->rows; r++) {
-        cudaError_t err = cudaMemcpyAsync((char *)c->dst + r * dpitch,
-                                          (const char *)c->src + r * spitch, width,
-                                          cudaMemcpyDefault, stream);
-        if (err != cudaSuccess)
-            return err;
-    }
-    return cudaSuccess;
 }
 
 } // namespace
@@ -379,27 +207,6 @@ extern "C" cudaError_t fsdp2_cuda_accumulate(void *y, fsdp2_dtype_t y_dtype, con
 #define FSDP2_CU_CASE_(name, id, bytes, str) \
     case FSDP2_##name:                       \
         return launch_accumulate<FSDP2_##name>(x_dtype, y, x, n, alpha32, alpha, stream);
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
-#undef FSDP2_CU_CASE_
-    default:
-        return cudaErrorInvalidValue;
-    }
-}
-
-extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cudaStream_t stream)
-{
-    (void)cudaGetLastError();
-    size_t dst_elem = fsdp2_cu_dtype_size(copy->dst_dtype);
-    if (dst_elem == 0 || fsdp2_cu_dtype_size(copy->src_dtype) == 0)
-        return cudaErrorInvalidValue;
-    if (copy->rows == 0 || copy->cols == 0)
-        return cudaSuccess;
-    if (copy->dst_dtype == copy->src_dtype)
-        return copy_same_dtype(copy, dst_elem, stream);
-    switch (copy->dst_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str) \
-    case FSDP2_##name:                       \
-        return launch_chunk_copy<FSDP2_##name>(copy, stream);
         FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
