@@ -1,8 +1,10 @@
 /* Status codes, their names and strings, and the thread-local detailed message.
  *
- * Every public function returns fsdp2_status_t. On failure it also leaves a message
- * naming the offending value in a thread-local buffer, read with fsdp2_last_error().
- * The message stays until the next failure on the same thread. */
+ * Every public function that can fail returns fsdp2_status_t (the others are the string
+ * lookups, the scalar conversions of dtype.h and fsdp2_version, which never fail: see
+ * docs/api.md). On failure it also leaves a message naming the offending value in a
+ * thread-local buffer, read with fsdp2_last_error(). The message stays until the next
+ * failure on the same thread. */
 #ifndef FSDP2_STATUS_H
 #define FSDP2_STATUS_H
 

@@ -159,7 +159,7 @@ struct shm_group {
 /* Whether an all-reduce of `bytes` over n ranks takes one step (every rank posts its
  * whole buffer and reduces all of them): up to SHM_ONE_STEP_MAX, and at 2 ranks from
  * SHM_ONE_STEP_PAIR_MIN up to a slot: there one step beats two at 2 ranks, below it
- * two steps do (docs/performance-collectives-history-3.md has the measurements); at more
+ * two steps do (measured with bench/collectives.sh at 2 ranks); at more
  * ranks each rank would read every peer's whole buffer. */
 static inline int shm_all_reduce_one_step(int n, size_t bytes)
 {

@@ -85,9 +85,8 @@ void fsdp2_shm_fence_streams(void)
 }
 
 /* Reductions stream straight from the registers, 16 bytes at a time: no block on the
- * stack to stream afterwards, so each output line is written once (the gain is in
- * docs/performance-collectives.md); SSE2 is as fast as wider vectors here, the work being
- * bound by memory. bf16 and f16 (converted to f32 and back) go a block at a
+ * stack to stream afterwards, so each output line is written once; SSE2 is as fast as
+ * wider vectors here, the work being bound by memory. bf16 and f16 (converted to f32 and back) go a block at a
  * time. The arithmetic is fsdp2_reduce_rank_order's, lane by lane: each x / pre, summed
  * in rank order, / post, rounded once. */
 #define SHM_REDUCE_STREAM_BLOCK (1u << 10) /* bytes; 1 KiB blocks went as fast as none */

@@ -167,7 +167,7 @@ static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status);
  * Waking a sleeping worker for each task costs a scheduler round trip, and a thread that
  * waits for its task at once (a blocking collective, a synchronize) runs it itself
  * anyway (can_help): the wake-up only puts another thread on a core the ranks need
- * (docs/performance-collectives.md, "The hand-off, again"). So once LAZY_AFTER tasks in
+ * (docs/performance-collectives.md, "The hand-off to the stream worker"). So once LAZY_AFTER tasks in
  * a row were run by their waiters, the worker naps (NAP_NS at a time) instead, and an
  * enqueue leaves its wake-up owed by its thread: the thread's next stream call pays it,
  * unless that call is a wait that runs the task itself. FSDP records an event after
