@@ -1,7 +1,9 @@
-/* Status strings and the thread-local detailed error message. */
+/* Status strings, the thread-local detailed error message, and the library's version. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <fsdp2/version.h>
 
 #include "core/error.h"
 #include "core/log_internal.h"
@@ -9,6 +11,11 @@
 #define FSDP2_ERROR_MESSAGE_MAX 1024
 
 static _Thread_local char last_error[FSDP2_ERROR_MESSAGE_MAX];
+
+unsigned fsdp2_version(void)
+{
+    return FSDP2_VERSION_CODE;
+}
 
 const char *fsdp2_strerror(fsdp2_status_t status)
 {

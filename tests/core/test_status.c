@@ -15,6 +15,7 @@
 #include <fsdp2/device.h>
 #include <fsdp2/log.h>
 #include <fsdp2/status.h>
+#include <fsdp2/version.h>
 
 #include "core/error.h"
 
@@ -36,6 +37,18 @@ static const struct status_row status_rows[] = {
 
 /* ---------------------------------------------------------------------------------- */
 /* Names and strings                                                                  */
+
+START_TEST(the_library_reports_the_version_of_its_header)
+{
+    ck_assert_uint_eq(fsdp2_version(), FSDP2_VERSION_CODE);
+    ck_assert_uint_eq(fsdp2_version(), (unsigned)(FSDP2_VERSION_MAJOR * 10000 +
+                                                  FSDP2_VERSION_MINOR * 100 + FSDP2_VERSION_PATCH));
+    char text[32];
+    snprintf(text, sizeof(text), "%d.%d.%d", FSDP2_VERSION_MAJOR, FSDP2_VERSION_MINOR,
+             FSDP2_VERSION_PATCH);
+    ck_assert_str_eq(text, FSDP2_VERSION_STRING);
+}
+END_TEST
 
 START_TEST(status_values_are_distinct_and_the_enum_matches_the_map)
 {
@@ -270,6 +283,7 @@ static Suite *status_suite(void)
     Suite *s = suite_create("status");
 
     TCase *names = tcase_new("names");
+    tcase_add_test(names, the_library_reports_the_version_of_its_header);
     tcase_add_test(names, status_values_are_distinct_and_the_enum_matches_the_map);
     tcase_add_test(names, every_status_name_equals_its_x_macro_token);
     tcase_add_test(names, every_strerror_equals_its_x_macro_text_and_is_non_empty);

@@ -28,6 +28,17 @@ for tool in fsdp2run fsdp2-ckpt fsdp2-trace; do
         echo "$tool --help failed from the prefix:"; cat "$tmp/err"; exit 1
     fi
     echo "$tool --help: OK"
+    # its man page, made from --help by help2man (in the README's dependencies)
+    if command -v help2man >/dev/null; then
+        page=$(find "$tmp/root" -path "*/man1/$tool.1" | head -n 1)
+        [ -n "$page" ] || { echo "$tool.1 was not installed"; exit 1; }
+        name=$(sed -n '/^\.SH NAME/{n;p;q}' "$page" | tr -d '\\')
+        case "$name" in
+        "$tool - "*) ;;
+        *) echo "$page is not $tool's man page (NAME: $name):"; head -5 "$page"; exit 1 ;;
+        esac
+        echo "$tool.1: OK ($(dirname "${page#"$tmp/root"}"))"
+    fi
 done
 # libfsdp2.so links no CUDA library; a CUDA build installs the module beside it, which
 # exports its init entry point only.
