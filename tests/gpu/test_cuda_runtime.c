@@ -121,11 +121,17 @@ static void test_event_orders_work_across_streams(void)
     ASSERT_OK(fsdp2_stream_wait_event(sb, ev));
     ASSERT_OK(fsdp2_cast_async(y, FSDP2_F64, x, FSDP2_F32, n, sb));
 
-    ASSERT_STATUS(fsdp2_event_query(ev), FSDP2_ERR_NOT_READY);
-    ASSERT_STATUS(fsdp2_stream_query(sa), FSDP2_ERR_NOT_READY);
-    ASSERT_STATUS(fsdp2_stream_query(sb), FSDP2_ERR_NOT_READY);
-    ASSERT_STATUS(fsdp2_event_wait_timeout(ev, 20), FSDP2_ERR_TIMEOUT);
+    /* Asked before the gate opens, checked after: a failed check must not leave stream A
+     * blocked behind the gate. */
+    fsdp2_status_t event_before = fsdp2_event_query(ev);
+    fsdp2_status_t a_before = fsdp2_stream_query(sa);
+    fsdp2_status_t b_before = fsdp2_stream_query(sb);
+    fsdp2_status_t wait_before = fsdp2_event_wait_timeout(ev, 20);
     atomic_store(&gate.open, 1);
+    ASSERT_STATUS(event_before, FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(a_before, FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(b_before, FSDP2_ERR_NOT_READY);
+    ASSERT_STATUS(wait_before, FSDP2_ERR_TIMEOUT);
     ASSERT_OK(fsdp2_event_wait_timeout(ev, 60000));
     ASSERT_OK(fsdp2_event_query(ev));
     ASSERT_OK(fsdp2_stream_synchronize(sb));
