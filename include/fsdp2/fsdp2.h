@@ -23,6 +23,7 @@
 #include <fsdp2/module.h>
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
+#include <fsdp2/plan.h>
 #include <fsdp2/checkpoint.h>
 #include <fsdp2/trace.h>
 

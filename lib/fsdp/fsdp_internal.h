@@ -5,6 +5,7 @@
 #define FSDP2_FSDP_INTERNAL_H
 
 #include <fsdp2/fsdp.h>
+#include <fsdp2/plan.h>
 
 #define FSDP_MAX_RING 8
 
@@ -218,6 +219,19 @@ void fsdp_param_set_materialized(fsdp2_param_t *p);
 
 /* fully_shard.c */
 void fsdp_group_free(fsdp_group_t *g);
+/* FSDP2_ERR_INVALID_ARGUMENT (or UNSUPPORTED) naming the module fqn and the bad field. */
+fsdp2_status_t fsdp_check_shard_options(const fsdp2_shard_options_t *o, const char *fqn);
+/* Elements of m's subtree's parameters that no group owns (fully_shard_tree's measure). */
+int64_t fsdp_unowned_numel(const fsdp2_module_t *m);
+/* A new group's fields for module m and options o (no mesh, ws, rank or replicas yet). */
+void fsdp_group_init(fsdp_group_t *g, fsdp2_module_t *m, const fsdp2_shard_options_t *o);
+/* The layout of a group whose ws, rank and replicas are set: the parameters of its module
+ * that no nested group owns (in named_parameters order), their ties checked, their places
+ * in the flat shards and unsharded buffers, and the dtypes of the mixed precision policy.
+ * Allocates nothing but the group's parameter list; fully_shard and the dry plan
+ * (fsdp2_plan_model) both lay groups out with it. */
+fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t *o,
+                                   const char *fqn);
 /* Sets g's reshard_after_forward from a user's value (0, 1, or N dividing the shard
  * size): the post-forward layout for N (a post-forward shard planned for another N is
  * given back first); `what` names the caller in errors. */
@@ -238,6 +252,33 @@ fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t
 fsdp2_status_t fsdp_check_backward_closed(fsdp2_module_t *m, const char *what);
 
 /* plan.c */
+/* The root's plan from its groups' layouts alone, allocating nothing. */
+typedef struct fsdp_plan_sizes {
+    size_t ring_bytes;  /* each unsharded buffer of the ring */
+    size_t grad_bytes;  /* each of the two unsharded gradient buffers (0: none) */
+    size_t rs_bytes;    /* one chunk of the reduce-scatter staging (ws of them) */
+    size_t send_bytes;  /* each cast send buffer (mixed precision) */
+    int ring_size, sends;
+    uint64_t group_bytes; /* the groups' own buffers, accumulators and post-forward shards */
+    fsdp2_memory_plan_t plan; /* every category, as fsdp2_memory_plan reports it */
+} fsdp_plan_sizes_t;
+/* r->groups (tree pre-order), r->group and each group's dedicated flag set as the root's
+ * init sets them. Sets dedicated for groups of one rank and encloses_groups: the same
+ * decisions the allocation then follows. */
+void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s);
+/* The dry plan of fsdp2_plan_model (include/fsdp2/plan.h), but the optimizer: units
+ * chosen and laid out as fsdp2_fully_shard_tree would on that rank, sized by
+ * fsdp_plan_sizes, then detached again. local_trained_bytes: the bytes of one state
+ * tensor per trained parameter (its local rows, in the shard dtype). */
+typedef struct fsdp_dry_report {
+    fsdp2_memory_plan_t memory;
+    int units;
+    int64_t param_numel, trained_numel;
+    uint64_t local_trained_bytes;
+    fsdp2_plan_collective_t all_gather, reduce_scatter, all_reduce;
+} fsdp_dry_report_t;
+fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+                             fsdp_dry_report_t *out);
 /* Plans and allocates the root's buffers on first use; *out is the root. */
 fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);
 void fsdp_root_free(fsdp_root_t *r);

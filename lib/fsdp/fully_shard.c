@@ -182,7 +182,7 @@ static fsdp2_status_t check_offload(const fsdp2_shard_options_t *o, const char *
     return FSDP2_SUCCESS;
 }
 
-static fsdp2_status_t check_options(const fsdp2_shard_options_t *o, const char *fqn)
+fsdp2_status_t fsdp_check_shard_options(const fsdp2_shard_options_t *o, const char *fqn)
 {
     FSDP2_ARG_CHECK(o->size == sizeof(*o),
                     "fully_shard '%s': options size %u is not sizeof(fsdp2_shard_options_t) = %zu "
@@ -285,14 +285,10 @@ static fsdp2_status_t take_value(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_stream
     return status;
 }
 
-static fsdp2_status_t build(fsdp_group_t *g, const fsdp2_mp_policy_t *mp, const char *fqn)
+/* The group's tensors: its flat shards, each parameter's DTensors on them, and the
+ * declared values' rows copied in. */
+static fsdp2_status_t build(fsdp_group_t *g)
 {
-    FSDP2_CHECK(lay_out(g, fqn));
-    if (!g->num_params) {
-        g->dtype = FSDP2_F32;
-        g->elem = sizeof(float);
-    }
-    FSDP2_CHECK(fsdp_group_set_precision(g, mp, fqn));
     FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->shard_numel, &g->shard));
     fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, (int64_t)g->shard->nbytes);
     if (g->grad_shard_numel) {
@@ -353,6 +349,34 @@ fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, 
     return FSDP2_SUCCESS;
 }
 
+void fsdp_group_init(fsdp_group_t *g, fsdp2_module_t *m, const fsdp2_shard_options_t *o)
+{
+    g->module = m;
+    g->trace_slice = g->trace_hold = g->trace_grad_hold = g->trace_pf_hold = TRACE_NO_TOKEN;
+    g->device = o->device;
+    g->reshard_after_backward = 1;
+    g->requires_gradient_sync = 1;
+    g->is_last_backward = 1;
+    g->requested_unsharded_buffers = o->unsharded_buffers;
+    g->buffer = -1;
+    g->grad_buffer = -1;
+    g->replicas = 1;
+}
+
+fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t *o,
+                                   const char *fqn)
+{
+    FSDP2_CHECK(check_reshard_value(g, o->reshard_after_forward, "fully_shard"));
+    FSDP2_CHECK(gather_params(g, g->module, o));
+    FSDP2_CHECK(check_ties(g, g->module));
+    FSDP2_CHECK(lay_out(g, fqn));
+    if (!g->num_params) {
+        g->dtype = FSDP2_F32;
+        g->elem = sizeof(float);
+    }
+    return fsdp_group_set_precision(g, &o->mp, fqn);
+}
+
 /* Whether a group under m already belongs to a planned root. */
 static int planned_below(const fsdp2_module_t *m)
 {
@@ -380,7 +404,7 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     }
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(m, fqn, sizeof(fqn));
-    FSDP2_CHECK(check_options(o, fqn));
+    FSDP2_CHECK(fsdp_check_shard_options(o, fqn));
     if (m->group)
         return fsdp2_error(FSDP2_ERR_INVALID_STATE, "fully_shard: module '%s' is already sharded",
                            fqn);
@@ -415,17 +439,8 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     fsdp_group_t *g = calloc(1, sizeof(*g));
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
-    g->module = m;
-    g->trace_slice = g->trace_hold = g->trace_grad_hold = g->trace_pf_hold = TRACE_NO_TOKEN;
+    fsdp_group_init(g, m, o);
     g->mesh = mesh;
-    g->device = o->device;
-    g->reshard_after_backward = 1;
-    g->requires_gradient_sync = 1;
-    g->is_last_backward = 1;
-    g->requested_unsharded_buffers = o->unsharded_buffers;
-    g->buffer = -1;
-    g->grad_buffer = -1;
-    g->replicas = 1;
     fsdp2_status_t status = fsdp2_mesh_group(mesh, ndim - 1, &g->pg);
     if (status == FSDP2_SUCCESS && ndim == 2) {
         status = fsdp2_mesh_group(mesh, 0, &g->replicate);
@@ -437,13 +452,9 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (status == FSDP2_SUCCESS)
         status = fsdp2_group_size(g->pg, &g->ws);
     if (status == FSDP2_SUCCESS) /* before build takes the declared values */
-        status = check_reshard_value(g, o->reshard_after_forward, "fully_shard");
+        status = fsdp_group_geometry(g, o, fqn);
     if (status == FSDP2_SUCCESS)
-        status = gather_params(g, m, o);
-    if (status == FSDP2_SUCCESS)
-        status = check_ties(g, m);
-    if (status == FSDP2_SUCCESS)
-        status = build(g, &o->mp, fqn);
+        status = build(g);
     if (status == FSDP2_SUCCESS)
         status = fsdp_group_set_reshard_after_forward(g, o->reshard_after_forward, "fully_shard");
     if (status != FSDP2_SUCCESS) {
@@ -468,7 +479,7 @@ typedef struct tree_walk {
     int64_t min_params;
 } tree_walk_t;
 
-static int64_t unowned_numel(const fsdp2_module_t *m)
+int64_t fsdp_unowned_numel(const fsdp2_module_t *m)
 {
     int64_t n = 0;
     for (size_t i = 0; i < m->num_params; i++) {
@@ -479,7 +490,7 @@ static int64_t unowned_numel(const fsdp2_module_t *m)
     }
     for (size_t i = 0; i < m->num_children; i++) {
         if (!m->children[i]->group)
-            n += unowned_numel(m->children[i]);
+            n += fsdp_unowned_numel(m->children[i]);
     }
     return n;
 }
@@ -491,7 +502,7 @@ static fsdp2_status_t shard_below(fsdp2_module_t *m, const tree_walk_t *w)
         FSDP2_CHECK(shard_below(c, w));
         if (c->group)
             continue;
-        int64_t n = unowned_numel(c);
+        int64_t n = fsdp_unowned_numel(c);
         int take = w->policy ? w->policy(c, w->ctx) : n > 0 && n >= w->min_params;
         if (take)
             FSDP2_CHECK(fsdp2_fully_shard(c, w->options));

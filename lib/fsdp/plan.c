@@ -265,56 +265,79 @@ static int is_under(const fsdp2_module_t *m, const fsdp2_module_t *ancestor)
     return 0;
 }
 
-/* Bytes of those (each allocator's own conditions besides: nothing to hold, the root). */
-static uint64_t group_bytes(fsdp_root_t *r)
+/* Whether g's backward encloses other groups' (their modules lie under its module). */
+static void mark_enclosing(fsdp_root_t *r)
 {
-    uint64_t need = 0;
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         for (size_t j = 0; j < r->num_groups && !g->encloses_groups; j++)
             g->encloses_groups = is_under(r->groups[j]->module, g->module);
-        if (wants_accumulator(g) && g->grad_full_numel)
-            need += (uint64_t)g->grad_full_numel * g->pe;
-        if (wants_post_forward(g) && g->pf_ranks && g != r->group && g->shard_numel)
-            need += (uint64_t)g->pf_shard_numel * g->pe;
-        if (g->dedicated)
-            need += own_buffer_bytes(g);
     }
-    return need;
 }
 
-static fsdp2_status_t allocate(fsdp_root_t *r)
+void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s)
 {
-    size_t ring_bytes = 0, grad_bytes = 0, rs_bytes = 0, send_bytes = 0;
+    memset(s, 0, sizeof(*s));
+    s->plan.size = sizeof(s->plan);
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         if (g->ws == 1)
             g->dedicated = 1; /* its shard (or its cast) is its unsharded buffer */
-        if (!g->dedicated && gathered_bytes(g) > ring_bytes)
-            ring_bytes = gathered_bytes(g);
+        if (!g->dedicated && gathered_bytes(g) > s->ring_bytes)
+            s->ring_bytes = gathered_bytes(g);
         size_t gb = (size_t)g->grad_full_numel * g->pe;
         size_t sb = g->ws > 1 ? (size_t)g->grad_shard_numel * g->re : 0;
         size_t cb = g->ws > 1 && g->cast ? (size_t)g->shard_numel * g->pe : 0;
-        grad_bytes = gb > grad_bytes ? gb : grad_bytes;
-        rs_bytes = sb > rs_bytes ? sb : rs_bytes;
-        send_bytes = cb > send_bytes ? cb : send_bytes;
-        r->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
-        r->plan.sharded_grads += (uint64_t)g->grad_shard_numel * g->elem;
+        s->grad_bytes = gb > s->grad_bytes ? gb : s->grad_bytes;
+        s->rs_bytes = sb > s->rs_bytes ? sb : s->rs_bytes;
+        s->send_bytes = cb > s->send_bytes ? cb : s->send_bytes;
+        s->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
+        s->plan.sharded_grads += (uint64_t)g->grad_shard_numel * g->elem;
     }
+    mark_enclosing(r);
+    s->ring_size = s->ring_bytes ? r->group->requested_unsharded_buffers : 0;
+    s->sends = s->send_bytes ? (s->ring_size >= 2 ? 2 : 1) : 0;
+    s->plan.unsharded_params = (uint64_t)s->ring_size * s->ring_bytes +
+                               (uint64_t)s->sends * s->send_bytes;
+    s->plan.unsharded_grads = s->grad_bytes ? 2 * (uint64_t)s->grad_bytes : 0;
+    s->plan.reduce_scatter = s->rs_bytes ? (uint64_t)r->group->ws * s->rs_bytes : 0;
+    /* What each group gets beyond the shared buffers (bind_groups; each allocator's own
+     * conditions besides: nothing to hold, the root). */
+    for (size_t i = 0; i < r->num_groups; i++) {
+        fsdp_group_t *g = r->groups[i];
+        uint64_t acc = wants_accumulator(g) && g->grad_full_numel
+                           ? (uint64_t)g->grad_full_numel * g->pe : 0;
+        uint64_t pf = wants_post_forward(g) && g->pf_ranks && g != r->group && g->shard_numel
+                          ? (uint64_t)g->pf_shard_numel * g->pe : 0;
+        uint64_t own = g->dedicated ? own_buffer_bytes(g) : 0;
+        s->plan.unsharded_grads += acc;
+        s->plan.post_forward_params += pf;
+        s->plan.unsharded_params += own;
+        s->group_bytes += acc + pf + own;
+    }
+    s->plan.total = s->plan.sharded_params + s->plan.sharded_grads + s->plan.unsharded_params +
+                    s->plan.unsharded_grads + s->plan.reduce_scatter + s->plan.post_forward_params;
+    s->plan.ring_buffers = s->ring_size;
+    s->plan.groups = (int)r->num_groups;
+}
+
+static fsdp2_status_t allocate(fsdp_root_t *r, const fsdp_plan_sizes_t *s)
+{
+    size_t ring_bytes = s->ring_bytes, grad_bytes = s->grad_bytes, rs_bytes = s->rs_bytes,
+           send_bytes = s->send_bytes;
+    r->plan.sharded_params = s->plan.sharded_params;
+    r->plan.sharded_grads = s->plan.sharded_grads;
     r->plan.total = r->plan.sharded_params + r->plan.sharded_grads;
-    r->ring_size = ring_bytes ? r->group->requested_unsharded_buffers : 0;
+    r->ring_size = s->ring_size;
     /* Everything below, refused at once when it cannot fit the device's limit. */
-    int sends = send_bytes ? (r->ring_size >= 2 ? 2 : 1) : 0;
-    uint64_t groups = group_bytes(r);
-    uint64_t need = (uint64_t)r->ring_size * ring_bytes + (grad_bytes ? 2 * (uint64_t)grad_bytes : 0) +
-                    (uint64_t)sends * send_bytes + (uint64_t)r->group->ws * rs_bytes + groups;
+    uint64_t need = s->plan.total - r->plan.total;
     char what[224];
     snprintf(what, sizeof(what),
              "the FSDP plan (%d unsharded buffers of %zu bytes, 2 gradient buffers of %zu, "
              "%d cast buffers of %zu, reduce-scatter staging of %zu, %llu in the groups' own "
              "buffers and accumulators)",
-             r->ring_size, ring_bytes, grad_bytes, sends, send_bytes,
-             (size_t)r->group->ws * rs_bytes, (unsigned long long)groups);
+             r->ring_size, ring_bytes, grad_bytes, s->sends, send_bytes,
+             (size_t)r->group->ws * rs_bytes, (unsigned long long)s->group_bytes);
     FSDP2_CHECK(fsdp_memory_check_fits(r->device, need, what));
     for (int b = 0; b < r->ring_size; b++) {
         r->buffers[b].bytes = ring_bytes;
@@ -325,7 +348,7 @@ static fsdp2_status_t allocate(fsdp_root_t *r)
         FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
     /* Mixed precision: the cast shards sent, two when a prefetch can overlap a cast with
      * the all-gather before it; the copy-in stream only then. */
-    r->sends = send_bytes ? (r->ring_size >= 2 ? 2 : 1) : 0;
+    r->sends = s->sends;
     for (int k = 0; k < r->sends; k++)
         FSDP2_CHECK(alloc(r, send_bytes, &r->send[k], &r->plan.unsharded_params));
     if (send_bytes)
@@ -343,7 +366,7 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         /* A group whose backward encloses other groups' backwards holds its gradients
-         * across theirs (encloses_groups, set by group_bytes): it gets a buffer of its
+         * across theirs (encloses_groups, set by fsdp_plan_sizes): it gets a buffer of its
          * own, not one of the ring. */
         if (wants_accumulator(g))
             FSDP2_CHECK(fsdp_group_accumulator(g));
@@ -400,10 +423,30 @@ static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
     memcpy(r->last_order, r->groups, r->num_groups * sizeof(*r->groups));
     r->last_order_len = r->num_groups;
     FSDP2_CHECK(make_streams(r));
-    FSDP2_CHECK(allocate(r));
+    fsdp_plan_sizes_t sizes;
+    fsdp_plan_sizes(r, &sizes);
+    FSDP2_CHECK(allocate(r, &sizes));
     FSDP2_CHECK(bind_groups(r));
     r->plan.ring_buffers = r->ring_size;
     r->plan.groups = (int)r->num_groups;
+    /* The sizes are the plan that fsdp2_plan_model reports without a mesh: what was
+     * allocated must be them, to the byte. */
+    const fsdp2_memory_plan_t *a = &r->plan, *b = &sizes.plan;
+    if (a->sharded_params != b->sharded_params || a->sharded_grads != b->sharded_grads ||
+        a->unsharded_params != b->unsharded_params || a->unsharded_grads != b->unsharded_grads ||
+        a->reduce_scatter != b->reduce_scatter || a->post_forward_params != b->post_forward_params ||
+        a->total != b->total || a->ring_buffers != b->ring_buffers || a->groups != b->groups)
+        return fsdp2_error(FSDP2_ERR_INTERNAL,
+                           "memory plan: allocated %llu bytes (unsharded params %llu, grads "
+                           "%llu, post-forward %llu) where the sizes say %llu (%llu, %llu, %llu)",
+                           (unsigned long long)r->plan.total,
+                           (unsigned long long)r->plan.unsharded_params,
+                           (unsigned long long)r->plan.unsharded_grads,
+                           (unsigned long long)r->plan.post_forward_params,
+                           (unsigned long long)sizes.plan.total,
+                           (unsigned long long)sizes.plan.unsharded_params,
+                           (unsigned long long)sizes.plan.unsharded_grads,
+                           (unsigned long long)sizes.plan.post_forward_params);
     FSDP2_LOG(INFO, FSDP,
               "memory plan: %d groups, %d unsharded buffers; bytes: sharded params %llu, grads "
               "%llu, unsharded params %llu, unsharded grads %llu, reduce-scatter %llu, "
@@ -518,4 +561,169 @@ fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
     memcpy(plan, &r->plan, size);
     plan->size = size;
     return FSDP2_SUCCESS;
+}
+
+/* ---- the dry plan: a rank of a mesh that need not exist ---- */
+
+typedef struct dry {
+    const fsdp2_plan_options_t *o;
+    fsdp_group_t **made; /* every dry group, to undo */
+    size_t count;
+} dry_t;
+
+/* A group for m laid out as fully_shard would on that rank, attached to the tree as a
+ * real one is (so that nested groups' parameters are skipped), until dry_undo. */
+static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
+{
+    char fqn[FSDP2_FQN_MAX];
+    fsdp_module_fqn(m, fqn, sizeof(fqn));
+    fsdp_group_t **bigger = realloc(d->made, (d->count + 1) * sizeof(*bigger));
+    if (!bigger)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "plan_model: unit '%s'", fqn);
+    d->made = bigger;
+    fsdp_group_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "plan_model: unit '%s'", fqn);
+    const fsdp2_shard_options_t *so = &d->o->shard_options;
+    fsdp_group_init(g, m, so);
+    g->ws = d->o->shard;
+    g->rank = d->o->rank;
+    g->replicas = d->o->replicas;
+    fsdp2_status_t status = fsdp_group_geometry(g, so, fqn);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp_group_set_reshard_after_forward(g, so->reshard_after_forward, "fully_shard");
+    if (status != FSDP2_SUCCESS) {
+        fsdp_group_free(g);
+        return status;
+    }
+    for (size_t i = 0; i < g->num_params; i++)
+        g->params[i]->group = g;
+    m->group = g;
+    d->made[d->count++] = g;
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t dry_below(dry_t *d, fsdp2_module_t *m)
+{
+    for (size_t i = 0; i < m->num_children; i++) {
+        fsdp2_module_t *c = m->children[i];
+        FSDP2_CHECK(dry_below(d, c));
+        if (c->group)
+            continue;
+        int64_t n = fsdp_unowned_numel(c);
+        int take = d->o->policy ? d->o->policy(c, d->o->policy_ctx)
+                                : n > 0 && n >= d->o->min_params;
+        if (take)
+            FSDP2_CHECK(dry_unit(d, c));
+    }
+    return FSDP2_SUCCESS;
+}
+
+static void dry_undo(dry_t *d)
+{
+    for (size_t i = 0; i < d->count; i++) {
+        fsdp_group_t *g = d->made[i];
+        for (size_t j = 0; j < g->num_params; j++)
+            g->params[j]->group = NULL;
+        g->module->group = NULL;
+        fsdp_group_free(g);
+    }
+    free(d->made);
+}
+
+static int any_group(const fsdp2_module_t *m)
+{
+    if (m->group)
+        return 1;
+    for (size_t i = 0; i < m->num_children; i++) {
+        if (any_group(m->children[i]))
+            return 1;
+    }
+    return 0;
+}
+
+/* One collective of payload `bytes` over n ranks; ring_share is what this rank sends of
+ * it: (n - 1) / n, or 2 (n - 1) / n for an all-reduce. */
+static void count(fsdp2_plan_collective_t *c, uint64_t bytes, int n, int all_reduce)
+{
+    c->calls++;
+    c->bytes += bytes;
+    c->sent += (all_reduce ? 2 : 1) * bytes * (uint64_t)(n - 1) / (uint64_t)n;
+    c->ranks = n > c->ranks ? n : c->ranks;
+}
+
+/* What one step communicates (the schedule's collectives: schedule.c). */
+static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
+{
+    for (size_t i = 0; i < r->num_groups; i++) {
+        const fsdp_group_t *g = r->groups[i];
+        int ws = g->ws;
+        if (ws > 1 && g->shard_numel) {
+            uint64_t gathered = (uint64_t)ws * (uint64_t)g->shard_numel * g->pe;
+            count(&out->all_gather, gathered, ws, 0); /* forward */
+            if (g != r->group && g->reshard_after_forward) { /* the backward's re-gather */
+                if (g->pf_ranks)
+                    count(&out->all_gather,
+                          (uint64_t)g->pf_ranks * (uint64_t)g->pf_shard_numel * g->pe,
+                          g->pf_ranks, 0);
+                else
+                    count(&out->all_gather, gathered, ws, 0);
+            }
+        }
+        if (!g->grad_shard_numel)
+            continue;
+        if (ws > 1)
+            count(&out->reduce_scatter, (uint64_t)ws * (uint64_t)g->grad_shard_numel * g->re,
+                  ws, 0);
+        if (g->replicas > 1)
+            count(&out->all_reduce, (uint64_t)g->grad_shard_numel * (ws == 1 ? g->pe : g->re),
+                  g->replicas, 1);
+    }
+}
+
+fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+                             fsdp_dry_report_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (any_group(root))
+        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
+                           "plan_model: the tree is sharded already (plan it before "
+                           "fully_shard, or read fsdp2_memory_plan)");
+    dry_t d = {o, NULL, 0};
+    fsdp2_status_t status = dry_below(&d, root);
+    if (status == FSDP2_SUCCESS && !root->group)
+        status = dry_unit(&d, root);
+    fsdp_root_t r;
+    memset(&r, 0, sizeof(r));
+    r.device = o->shard_options.device;
+    if (status == FSDP2_SUCCESS)
+        status = fsdp_module_walk(root, collect_group, &r);
+    if (status == FSDP2_SUCCESS) {
+        /* As the root's init: it keeps its parameters from forward to backward. */
+        r.group = root->group;
+        r.group->reshard_after_forward = 0;
+        for (size_t i = 0; i < r.num_groups; i++)
+            r.groups[i]->dedicated = !r.groups[i]->reshard_after_forward;
+        fsdp_plan_sizes_t sizes;
+        fsdp_plan_sizes(&r, &sizes);
+        out->memory = sizes.plan;
+        out->units = (int)r.num_groups;
+        dry_collectives(&r, out);
+        for (size_t i = 0; i < r.num_groups; i++) {
+            const fsdp_group_t *g = r.groups[i];
+            for (size_t j = 0; j < g->num_params; j++) {
+                const fsdp2_param_t *p = g->params[j];
+                int64_t numel = p->rows * p->row_numel;
+                out->param_numel += numel;
+                if (!p->requires_grad)
+                    continue;
+                out->trained_numel += numel;
+                out->local_trained_bytes += (uint64_t)p->local_rows * (uint64_t)p->row_numel *
+                                            g->elem;
+            }
+        }
+    }
+    free(r.groups);
+    dry_undo(&d);
+    return status;
 }

@@ -39,6 +39,10 @@ typedef struct optim_shard {
 /* Checks that dt (a parameter's shard or its gradient's) is one lib/optim works on: on
  * the cpu (or on a cuda device, where allow_cuda says so and CUDA was built), f32 or f64;
  * errors name `what` ("optimizer", "clip_grad_norm") and the FQN. */
+/* The state tensors o's rule keeps per parameter (SGD without momentum: none), after
+ * checking o as fsdp2_optimizer_create does. */
+fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count);
+
 fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_dtensor_t *dt,
                                  int allow_cuda, fsdp2_dtensor_info_t *info);
 

@@ -92,6 +92,16 @@ static size_t state_names_of(const fsdp2_optimizer_options_t *o, const char *con
 /* torch.optim's checks (each constructor's ValueErrors), plus eps > 0: with eps 0 the
  * first AdamW or Adadelta step divides 0 by 0 for every zero gradient. The comparisons
  * are written so that NaN fails them. */
+static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o);
+
+fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count)
+{
+    FSDP2_CHECK(check_options(o));
+    const char *const *names;
+    *count = state_names_of(o, &names);
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o)
 {
     FSDP2_ARG_CHECK(o->kind == FSDP2_OPTIMIZER_SGD || o->kind == FSDP2_OPTIMIZER_ADAMW ||

@@ -1,0 +1,49 @@
+/* fsdp2_plan_model (include/fsdp2/plan.h): the dry FSDP plan of lib/fsdp, plus the
+ * optimizer's state. */
+#include <string.h>
+
+#include <fsdp2/plan.h>
+
+#include "core/error.h"
+#include "fsdp/fsdp_internal.h"
+#include "optim/optim_internal.h"
+
+fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+                                fsdp2_plan_report_t *report)
+{
+    FSDP2_ARG_CHECK(root && o && report, "plan_model: root, options or report is NULL");
+    FSDP2_ARG_CHECK(o->size == sizeof(*o),
+                    "plan_model: options size %u is not sizeof(fsdp2_plan_options_t) = %zu "
+                    "(use FSDP2_PLAN_OPTIONS_INIT)",
+                    o->size, sizeof(*o));
+    FSDP2_ARG_CHECK(report->size == sizeof(*report),
+                    "plan_model: report size %u is not sizeof(fsdp2_plan_report_t) = %zu",
+                    report->size, sizeof(*report));
+    FSDP2_ARG_CHECK(o->shard >= 1 && o->shard <= 1048576,
+                    "plan_model: shard %d is not in 1..1048576", o->shard);
+    FSDP2_ARG_CHECK(o->replicas >= 1 && o->replicas <= 1048576,
+                    "plan_model: replicas %d is not in 1..1048576", o->replicas);
+    FSDP2_ARG_CHECK(o->rank >= 0 && o->rank < o->shard,
+                    "plan_model: rank %d is not in 0..%d (the shard dim's coordinate)", o->rank,
+                    o->shard - 1);
+    FSDP2_ARG_CHECK(o->min_params >= 0, "plan_model: min_params %lld is negative",
+                    (long long)o->min_params);
+    FSDP2_CHECK(fsdp_check_shard_options(&o->shard_options, "(plan_model)"));
+    size_t states = 0;
+    if (o->optimizer)
+        FSDP2_CHECK(optim_state_count(o->optimizer, &states));
+    fsdp_dry_report_t dry;
+    FSDP2_CHECK(fsdp_plan_dry(root, o, &dry));
+    memset(report, 0, sizeof(*report));
+    report->size = sizeof(*report);
+    report->memory = dry.memory;
+    report->optimizer_state = (uint64_t)states * dry.local_trained_bytes;
+    report->total = dry.memory.total + report->optimizer_state;
+    report->units = dry.units;
+    report->param_numel = dry.param_numel;
+    report->trained_numel = dry.trained_numel;
+    report->all_gather = dry.all_gather;
+    report->reduce_scatter = dry.reduce_scatter;
+    report->all_reduce = dry.all_reduce;
+    return FSDP2_SUCCESS;
+}
