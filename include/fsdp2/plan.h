@@ -37,10 +37,18 @@ typedef struct fsdp2_plan_options {
     /* The optimizer whose state is planned (its kind and SGD's momentum decide how many
      * state tensors each parameter gets); NULL: none. */
     const fsdp2_optimizer_options_t *optimizer;
+    /* Options of one unit where they differ from shard_options (NULL: none do): called
+     * with each unit and a copy of shard_options to change, as an application passes
+     * other options to some fully_shard calls (say reshard_after_forward 0 for the last
+     * block). The root's reshard_after_forward is 0 whatever it says (FSDP2's rule). */
+    void (*unit_options)(const fsdp2_module_t *unit, fsdp2_shard_options_t *options,
+                         void *ctx);
+    void *unit_options_ctx;
 } fsdp2_plan_options_t;
 
-#define FSDP2_PLAN_OPTIONS_INIT \
-    {sizeof(fsdp2_plan_options_t), 1, 1, 0, FSDP2_SHARD_OPTIONS_INIT, NULL, NULL, 0, NULL}
+#define FSDP2_PLAN_OPTIONS_INIT                                                              \
+    {sizeof(fsdp2_plan_options_t), 1, 1, 0, FSDP2_SHARD_OPTIONS_INIT, NULL, NULL, 0, NULL, \
+     NULL, NULL}
 
 /* One collective kind over one step (a forward and a backward with gradient sync). */
 typedef struct fsdp2_plan_collective {

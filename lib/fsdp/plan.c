@@ -584,7 +584,16 @@ static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
     fsdp_group_t *g = calloc(1, sizeof(*g));
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "plan_model: unit '%s'", fqn);
-    const fsdp2_shard_options_t *so = &d->o->shard_options;
+    fsdp2_shard_options_t unit = d->o->shard_options;
+    if (d->o->unit_options) {
+        d->o->unit_options(m, &unit, d->o->unit_options_ctx);
+        fsdp2_status_t checked = fsdp_check_shard_options(&unit, fqn);
+        if (checked != FSDP2_SUCCESS) {
+            free(g);
+            return checked;
+        }
+    }
+    const fsdp2_shard_options_t *so = &unit;
     fsdp_group_init(g, m, so);
     g->ws = d->o->shard;
     g->rank = d->o->rank;

@@ -17,6 +17,7 @@
 
 typedef struct plan_case {
     int nested, frozen, ignored, reshard, buffers, bf16, hsdp;
+    int keep_last; /* fc3 sharded with reshard_after_forward 0 */
     fsdp2_optimizer_kind_t optimizer;
     int momentum;
 } plan_case_t;
@@ -33,6 +34,14 @@ static int layers_and_block(const fsdp2_module_t *m, void *ctx)
     const char *last = strrchr(fqn, '.');
     last = last ? last + 1 : fqn;
     return strncmp(last, "fc", 2) == 0 || strcmp(last, "block") == 0;
+}
+
+static void keep_fc3(const fsdp2_module_t *unit, fsdp2_shard_options_t *o, void *ctx)
+{
+    (void)ctx;
+    char fqn[FSDP2_FQN_MAX];
+    if (fsdp2_module_fqn(unit, fqn, sizeof(fqn)) == FSDP2_SUCCESS && strcmp(fqn, "fc3") == 0)
+        o->reshard_after_forward = 0;
 }
 
 static int open_hsdp(rank_ctx_t *c, run_t *r)
@@ -95,6 +104,8 @@ static int plan_then_shard(rank_ctx_t *c)
     po.shard_options.mesh = NULL;
     po.policy = layers_and_block;
     po.optimizer = &oo;
+    if (pc->keep_last)
+        po.unit_options = keep_fc3;
     fsdp2_plan_report_t planned = {.size = sizeof(planned)};
     uint64_t before = cpu_allocated(r, NULL);
     fails += OK(c, fsdp2_plan_model(r->root, &po, &planned));
@@ -107,8 +118,12 @@ static int plan_then_shard(rank_ctx_t *c)
 
     /* The real thing, as build_model shards it. */
     r->allocated_before_shard = cpu_allocated(r, NULL);
-    for (int l = 0; l < LAYERS && !fails; l++)
-        fails += OK(c, fsdp2_fully_shard(r->fc[l], &r->opts));
+    for (int l = 0; l < LAYERS && !fails; l++) {
+        fsdp2_shard_options_t o = r->opts;
+        if (pc->keep_last && l == LAYERS - 1)
+            o.reshard_after_forward = 0;
+        fails += OK(c, fsdp2_fully_shard(r->fc[l], &o));
+    }
     if (!fails && r->block)
         fails += OK(c, fsdp2_fully_shard(r->block, &r->opts));
     if (!fails)
@@ -200,6 +215,8 @@ START_TEST(plan_equals_the_real_plan_with_the_options)
                   "reshard_after_forward 0, SGD with momentum");
     run_plan_case(4, (plan_case_t){.reshard = 2, .optimizer = FSDP2_OPTIMIZER_ADADELTA},
                   "reshard_after_forward 2, Adadelta");
+    run_plan_case(4, (plan_case_t){.reshard = 1, .keep_last = 1, .optimizer = FSDP2_OPTIMIZER_ADAMW},
+                  "the last layer kept from forward to backward (unit_options)");
     run_plan_case(2, (plan_case_t){.reshard = 1, .buffers = 1, .nested = 1},
                   "one unsharded buffer, nested tree, SGD");
     run_plan_case(3, (plan_case_t){.reshard = 1, .nested = 1, .frozen = 1,

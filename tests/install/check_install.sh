@@ -21,7 +21,7 @@ echo "prefix: $prefix  cflags: $(pkgconf --cflags)  libs: $(pkgconf --libs)"
 
 # Each installed tool starts from the prefix without LD_LIBRARY_PATH (its rpath is
 # relative to itself) and answers --help.
-for tool in fsdp2run fsdp2-ckpt fsdp2-trace; do
+for tool in fsdp2run fsdp2-ckpt fsdp2-trace fsdp2-plan; do
     bin="$tmp/root$prefix/bin/$tool"
     [ -x "$bin" ] || { echo "$tool was not installed in $prefix/bin"; exit 1; }
     if ! env -u LD_LIBRARY_PATH "$bin" --help >/dev/null 2>"$tmp/err"; then

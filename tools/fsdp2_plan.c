@@ -1,0 +1,905 @@
+/* fsdp2-plan: a model's per-rank memory and per-step communication under FSDP or HSDP at
+ * any scale, from libfsdp2's own planner (fsdp2_plan_model), with no mesh, GPU or
+ * allocation. See `fsdp2-plan --help` and docs/planning.md. */
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include <fsdp2/fsdp2.h>
+
+static const char USAGE[] =
+    "usage: fsdp2-plan MODEL [OPTIONS]\n"
+    "       fsdp2-plan --list-models\n"
+    "\n"
+    "The memory of one rank and the communication of one training step of a model under\n"
+    "FSDP (a 1D mesh) or HSDP (a [replicas, shard] mesh), as libfsdp2 would shard it,\n"
+    "computed by the library's own planner without a mesh, a GPU or any allocation.\n"
+    "\n"
+    "MODEL, one of:\n"
+    "  --model NAME         a preset: gpt2-tiny, gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b,\n"
+    "                       llama3-8b, llama3-70b, llama3-405b (--list-models shows them)\n"
+    "  --json FILE          {\"params\": [{\"name\": \"h.0.mlp.fc.weight\", \"shape\": [3072, 768],\n"
+    "                       \"dtype\": \"f32\", \"requires_grad\": true}, ...], \"ties\":\n"
+    "                       [{\"name\": \"lm_head.weight\", \"target\": \"wte.weight\"}]}\n"
+    "  --safetensors FILE   a safetensors file's header (names, dtypes, shapes; the tensor\n"
+    "                       data is never read); repeat it for a checkpoint in several files\n"
+    "\n"
+    "Mesh and rank:\n"
+    "  --ranks N            FSDP over N ranks (default 8)\n"
+    "  --mesh R,S           HSDP: R replicas of S-way shards (R x S ranks)\n"
+    "  --rank K             the rank to plan on the shard dim (default 0; the ranks differ\n"
+    "                       only where rows do not divide evenly)\n"
+    "  --ranks-per-host N   for the time estimate: ranks of a host (default 8)\n"
+    "\n"
+    "FSDP options:\n"
+    "  --dtype D            the sharded parameters' dtype (default f32; 'keep': the model's)\n"
+    "  --param-dtype D      mixed precision: the compute dtype (bf16, f16, f32)\n"
+    "  --reduce-dtype D     mixed precision: the reduce-scatter's dtype\n"
+    "  --reshard-after-forward N   1 (default), 0, or a divisor of the shard size\n"
+    "  --unsharded-buffers N       the ring of unsharded buffers (default 2)\n"
+    "  --keep-last          the last block keeps its parameters from forward to backward\n"
+    "                       (reshard_after_forward 0 for it, as examples/gpt2 and PyTorch's\n"
+    "                       recipes do)\n"
+    "  --units blocks|every|PATTERN|min-params:N\n"
+    "                       the fully_shard units besides the root: 'blocks' (default):\n"
+    "                       every module whose name ends in a number (h.3, layers.17);\n"
+    "                       'every': every module with parameters; a shell pattern on\n"
+    "                       the module names; or FSDP1's size-based auto wrap\n"
+    "  --frozen PATTERN     parameters matching PATTERN do not train (repeatable)\n"
+    "  --optimizer O        adamw (default), sgd, sgd-momentum, adadelta or none\n"
+    "\n"
+    "Device and network:\n"
+    "  --device-memory SIZE  says whether the rank fits (80GiB, 24GB, 81920MiB)\n"
+    "  --bw intra=450GB/s,inter=50GB/s   per-rank bandwidths within and across hosts\n"
+    "  --lat intra=3us,inter=10us        per-step latencies of a ring\n"
+    "\n"
+    "Activations (transformers, optional):\n"
+    "  --batch B --seq T [--heads A] [--layers L] [--hidden H] [--activation-checkpointing]\n"
+    "                       per-rank activations by Korthikanti et al.'s formula\n"
+    "\n"
+    "Output:\n"
+    "  --json-out           one JSON object instead of the tables\n"
+    "  --help               this text\n";
+
+#define DIE(...)                                      \
+    do {                                              \
+        fprintf(stderr, "fsdp2-plan: " __VA_ARGS__); \
+        fputc('\n', stderr);                          \
+        exit(2);                                      \
+    } while (0)
+
+#define CHECK(call)                                                                  \
+    do {                                                                             \
+        fsdp2_status_t s_ = (call);                                                  \
+        if (s_ != FSDP2_SUCCESS)                                                     \
+            DIE("%s: %s", fsdp2_status_name(s_), fsdp2_last_error());               \
+    } while (0)
+
+/* ---- the model: parameters by dotted name, built into a module tree ---- */
+
+typedef struct model_param {
+    char *name;
+    int ndim;
+    int64_t shape[FSDP2_MAX_DIMS];
+    fsdp2_dtype_t dtype;
+    int requires_grad;
+} model_param_t;
+
+typedef struct model {
+    model_param_t *params;
+    size_t count, cap;
+    char **tie_name, **tie_target;
+    size_t ties;
+    /* transformer facts for the activation formula (presets) */
+    int layers, hidden, heads;
+    char source[256];
+} model_t;
+
+static void add_param(model_t *m, const char *name, int ndim, const int64_t *shape,
+                      fsdp2_dtype_t dtype)
+{
+    if (m->count == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 256;
+        m->params = realloc(m->params, m->cap * sizeof(*m->params));
+        if (!m->params)
+            DIE("out of memory");
+    }
+    model_param_t *p = &m->params[m->count++];
+    memset(p, 0, sizeof(*p));
+    p->name = strdup(name);
+    p->ndim = ndim;
+    memcpy(p->shape, shape, (size_t)ndim * sizeof(*shape));
+    p->dtype = dtype;
+    p->requires_grad = 1;
+}
+
+static void add_tie(model_t *m, const char *name, const char *target)
+{
+    m->tie_name = realloc(m->tie_name, (m->ties + 1) * sizeof(char *));
+    m->tie_target = realloc(m->tie_target, (m->ties + 1) * sizeof(char *));
+    if (!m->tie_name || !m->tie_target)
+        DIE("out of memory");
+    m->tie_name[m->ties] = strdup(name);
+    m->tie_target[m->ties++] = strdup(target);
+}
+
+static void p2(model_t *m, const char *fmt, int layer, int64_t d0, int64_t d1)
+{
+    char name[128];
+    snprintf(name, sizeof(name), fmt, layer);
+    int64_t shape[2] = {d0, d1};
+    add_param(m, name, d1 ? 2 : 1, shape, FSDP2_F32);
+}
+
+/* GPT-2 as examples/gpt2 builds it ([out, in] linears, the head tied to wte); sizes from
+ * OpenAI's GPT-2 (Radford et al. 2019, table 2) and its config.json: vocabulary 50257,
+ * 1024 positions. */
+static void preset_gpt2(model_t *m, int layers, int dim, int heads, int vocab, int positions)
+{
+    p2(m, "wte.weight", 0, vocab, dim);
+    p2(m, "wpe.weight", 0, positions, dim);
+    for (int l = 0; l < layers; l++) {
+        p2(m, "h.%d.ln_1.weight", l, dim, 0);
+        p2(m, "h.%d.ln_1.bias", l, dim, 0);
+        p2(m, "h.%d.attn.c_attn.weight", l, 3 * dim, dim);
+        p2(m, "h.%d.attn.c_attn.bias", l, 3 * dim, 0);
+        p2(m, "h.%d.attn.c_proj.weight", l, dim, dim);
+        p2(m, "h.%d.attn.c_proj.bias", l, dim, 0);
+        p2(m, "h.%d.ln_2.weight", l, dim, 0);
+        p2(m, "h.%d.ln_2.bias", l, dim, 0);
+        p2(m, "h.%d.mlp.c_fc.weight", l, 4 * dim, dim);
+        p2(m, "h.%d.mlp.c_fc.bias", l, 4 * dim, 0);
+        p2(m, "h.%d.mlp.c_proj.weight", l, dim, 4 * dim);
+        p2(m, "h.%d.mlp.c_proj.bias", l, dim, 0);
+    }
+    p2(m, "ln_f.weight", 0, dim, 0);
+    p2(m, "ln_f.bias", 0, dim, 0);
+    add_tie(m, "lm_head.weight", "wte.weight");
+    m->layers = layers;
+    m->hidden = dim;
+    m->heads = heads;
+}
+
+/* Llama 3 as Hugging Face's LlamaForCausalLM names it (untied head, RMSNorm weights,
+ * grouped-query attention with 8 key-value heads of 128); sizes from Meta's "The Llama 3
+ * Herd of Models" (2024), table 3, and the models' config.json: vocabulary 128256. */
+static void preset_llama3(model_t *m, int layers, int dim, int ffn, int heads)
+{
+    const int64_t vocab = 128256, kv = 8 * 128;
+    p2(m, "model.embed_tokens.weight", 0, vocab, dim);
+    for (int l = 0; l < layers; l++) {
+        p2(m, "model.layers.%d.input_layernorm.weight", l, dim, 0);
+        p2(m, "model.layers.%d.self_attn.q_proj.weight", l, dim, dim);
+        p2(m, "model.layers.%d.self_attn.k_proj.weight", l, kv, dim);
+        p2(m, "model.layers.%d.self_attn.v_proj.weight", l, kv, dim);
+        p2(m, "model.layers.%d.self_attn.o_proj.weight", l, dim, dim);
+        p2(m, "model.layers.%d.post_attention_layernorm.weight", l, dim, 0);
+        p2(m, "model.layers.%d.mlp.gate_proj.weight", l, ffn, dim);
+        p2(m, "model.layers.%d.mlp.up_proj.weight", l, ffn, dim);
+        p2(m, "model.layers.%d.mlp.down_proj.weight", l, dim, ffn);
+    }
+    p2(m, "model.norm.weight", 0, dim, 0);
+    p2(m, "lm_head.weight", 0, vocab, dim);
+    m->layers = layers;
+    m->hidden = dim;
+    m->heads = heads;
+}
+
+typedef struct preset {
+    const char *name;
+    const char *about;
+} preset_t;
+
+static const preset_t PRESETS[] = {
+    {"gpt2-tiny", "examples/gpt2's tiny: 4 layers, 128 wide, 4 heads, 128 positions, 256 bytes"},
+    {"gpt2-124m", "GPT-2 small: 12 layers, 768 wide, 12 heads"},
+    {"gpt2-355m", "GPT-2 medium: 24 layers, 1024 wide, 16 heads"},
+    {"gpt2-774m", "GPT-2 large: 36 layers, 1280 wide, 20 heads"},
+    {"gpt2-1.5b", "GPT-2 XL: 48 layers, 1600 wide, 25 heads"},
+    {"llama3-8b", "Llama 3 8B: 32 layers, 4096 wide, FFN 14336, 32 heads (8 KV)"},
+    {"llama3-70b", "Llama 3 70B: 80 layers, 8192 wide, FFN 28672, 64 heads (8 KV)"},
+    {"llama3-405b", "Llama 3 405B: 126 layers, 16384 wide, FFN 53248, 128 heads (8 KV)"},
+};
+
+static void load_preset(model_t *m, const char *name)
+{
+    if (strcmp(name, "gpt2-tiny") == 0)
+        preset_gpt2(m, 4, 128, 4, 256, 128);
+    else if (strcmp(name, "gpt2-124m") == 0)
+        preset_gpt2(m, 12, 768, 12, 50257, 1024);
+    else if (strcmp(name, "gpt2-355m") == 0)
+        preset_gpt2(m, 24, 1024, 16, 50257, 1024);
+    else if (strcmp(name, "gpt2-774m") == 0)
+        preset_gpt2(m, 36, 1280, 20, 50257, 1024);
+    else if (strcmp(name, "gpt2-1.5b") == 0)
+        preset_gpt2(m, 48, 1600, 25, 50257, 1024);
+    else if (strcmp(name, "llama3-8b") == 0)
+        preset_llama3(m, 32, 4096, 14336, 32);
+    else if (strcmp(name, "llama3-70b") == 0)
+        preset_llama3(m, 80, 8192, 28672, 64);
+    else if (strcmp(name, "llama3-405b") == 0)
+        preset_llama3(m, 126, 16384, 53248, 128);
+    else
+        DIE("--model '%s' is not a preset (--list-models lists them)", name);
+    snprintf(m->source, sizeof(m->source), "preset %s", name);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        DIE("cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+    }
+    fclose(f);
+    if (!buf)
+        DIE("out of memory reading '%s'", path);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static fsdp2_dtype_t dtype_of(const char *text, const char *where)
+{
+    fsdp2_dtype_t d;
+    if (fsdp2_dtype_parse(text, &d) == FSDP2_SUCCESS)
+        return d;
+    /* safetensors' names */
+    static const struct {
+        const char *st;
+        fsdp2_dtype_t d;
+    } names[] = {{"F32", FSDP2_F32}, {"F64", FSDP2_F64}, {"BF16", FSDP2_BF16},
+                 {"F16", FSDP2_F16}, {"I32", FSDP2_I32}, {"I64", FSDP2_I64},
+                 {"U8", FSDP2_U8}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(text, names[i].st) == 0)
+            return names[i].d;
+    DIE("%s: dtype '%s' is not one libfsdp2 shards (f32, f64, bf16, f16)", where, text);
+}
+
+static int shape_of(const cJSON *arr, int64_t *shape, const char *where)
+{
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n > FSDP2_MAX_DIMS)
+        DIE("%s: shape is not an array of at most %d numbers", where, FSDP2_MAX_DIMS);
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(arr, i);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 ||
+            v->valuedouble != floor(v->valuedouble))
+            DIE("%s: shape[%d] is not a whole number >= 0", where, i);
+        shape[i] = (int64_t)v->valuedouble;
+    }
+    return n;
+}
+
+static void load_json(model_t *m, const char *path)
+{
+    size_t len;
+    char *text = read_file(path, &len);
+    cJSON *root = cJSON_Parse(text);
+    if (!root)
+        DIE("%s is not JSON (near byte %zu)", path,
+            (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "params");
+    if (!cJSON_IsArray(params) || cJSON_GetArraySize(params) == 0)
+        DIE("%s: no \"params\" array", path);
+    const cJSON *p;
+    int i = 0;
+    cJSON_ArrayForEach(p, params) {
+        char where[64];
+        snprintf(where, sizeof(where), "%s: params[%d]", path, i++);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(p, "shape");
+        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(p, "dtype");
+        const cJSON *grad = cJSON_GetObjectItemCaseSensitive(p, "requires_grad");
+        if (!cJSON_IsString(name) || !name->valuestring[0])
+            DIE("%s: no \"name\"", where);
+        int64_t s[FSDP2_MAX_DIMS];
+        int nd = shape_of(shape, s, where);
+        add_param(m, name->valuestring, nd, s,
+                  cJSON_IsString(dtype) ? dtype_of(dtype->valuestring, where) : FSDP2_F32);
+        if (cJSON_IsBool(grad))
+            m->params[m->count - 1].requires_grad = cJSON_IsTrue(grad);
+    }
+    const cJSON *ties = cJSON_GetObjectItemCaseSensitive(root, "ties");
+    cJSON_ArrayForEach(p, ties) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
+        const cJSON *target = cJSON_GetObjectItemCaseSensitive(p, "target");
+        if (!cJSON_IsString(name) || !cJSON_IsString(target))
+            DIE("%s: a tie needs \"name\" and \"target\" strings", path);
+        add_tie(m, name->valuestring, target->valuestring);
+    }
+    cJSON_Delete(root);
+    free(text);
+    snprintf(m->source, sizeof(m->source), "%s", path);
+}
+
+/* Only the header: 8 bytes of its length (little endian), then that many bytes of JSON. */
+static void load_safetensors(model_t *m, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        DIE("cannot open '%s': %s", path, strerror(errno));
+    unsigned char le[8];
+    if (fread(le, 1, 8, f) != 8)
+        DIE("%s: shorter than a safetensors header's 8-byte length", path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | le[i];
+    if (n == 0 || n > ((uint64_t)100 << 20))
+        DIE("%s: header length %llu is not in 1..100 MiB: not a safetensors file", path,
+            (unsigned long long)n);
+    char *text = malloc(n + 1);
+    if (!text || fread(text, 1, n, f) != n)
+        DIE("%s: the header of %llu bytes is cut short", path, (unsigned long long)n);
+    fclose(f);
+    text[n] = '\0';
+    cJSON *root = cJSON_Parse(text);
+    if (!cJSON_IsObject(root))
+        DIE("%s: the header is not a JSON object", path);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, root) {
+        if (strcmp(t->string, "__metadata__") == 0)
+            continue;
+        char where[320];
+        snprintf(where, sizeof(where), "%s: '%s'", path, t->string);
+        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+        if (!cJSON_IsString(dtype))
+            DIE("%s: no dtype", where);
+        int64_t s[FSDP2_MAX_DIMS];
+        int nd = shape_of(cJSON_GetObjectItemCaseSensitive(t, "shape"), s, where);
+        add_param(m, t->string, nd, s, dtype_of(dtype->valuestring, where));
+    }
+    cJSON_Delete(root);
+    free(text);
+    size_t used = strlen(m->source);
+    snprintf(m->source + used, sizeof(m->source) - used, "%s%s", used ? " + " : "", path);
+}
+
+/* ---- the module tree ---- */
+
+typedef struct tree {
+    fsdp2_module_t *root;
+    char **paths;
+    fsdp2_module_t **mods;
+    size_t count;
+} tree_t;
+
+/* The module at dotted `path` (created with its parents on demand). */
+static fsdp2_module_t *module_at(tree_t *t, const char *path)
+{
+    if (!path[0])
+        return t->root;
+    for (size_t i = t->count; i-- > 0;)
+        if (strcmp(t->paths[i], path) == 0)
+            return t->mods[i];
+    char parent[FSDP2_FQN_MAX];
+    const char *dot = strrchr(path, '.');
+    size_t plen = dot ? (size_t)(dot - path) : 0;
+    if (plen >= sizeof(parent))
+        DIE("module name '%s' is too long", path);
+    memcpy(parent, path, plen);
+    parent[plen] = '\0';
+    fsdp2_module_t *up = module_at(t, parent), *m;
+    CHECK(fsdp2_module_create(dot ? dot + 1 : path, &m));
+    CHECK(fsdp2_module_add_child(up, m));
+    t->paths = realloc(t->paths, (t->count + 1) * sizeof(char *));
+    t->mods = realloc(t->mods, (t->count + 1) * sizeof(*t->mods));
+    if (!t->paths || !t->mods)
+        DIE("out of memory");
+    t->paths[t->count] = strdup(path);
+    t->mods[t->count++] = m;
+    return m;
+}
+
+static void split_name(const char *name, char *module, size_t len, const char **leaf)
+{
+    const char *dot = strrchr(name, '.');
+    size_t n = dot ? (size_t)(dot - name) : 0;
+    if (n >= len)
+        DIE("parameter name '%s' is too long", name);
+    memcpy(module, name, n);
+    module[n] = '\0';
+    *leaf = dot ? dot + 1 : name;
+}
+
+static fsdp2_param_t *find(tree_t *t, const char *name)
+{
+    fsdp2_param_t *p = NULL;
+    if (fsdp2_module_find_param(t->root, name, &p) != FSDP2_SUCCESS)
+        return NULL;
+    return p;
+}
+
+static void build_tree(tree_t *t, const model_t *m, fsdp2_dtype_t shard_dtype, int keep_dtype,
+                       char *const *frozen, int nfrozen)
+{
+    CHECK(fsdp2_module_create("", &t->root));
+    fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
+    for (size_t i = 0; i < m->count; i++) {
+        const model_param_t *p = &m->params[i];
+        char path[FSDP2_FQN_MAX];
+        const char *leaf;
+        split_name(p->name, path, sizeof(path), &leaf);
+        fsdp2_tensor_t *v;
+        CHECK(fsdp2_tensor_empty(meta, keep_dtype ? p->dtype : shard_dtype, p->ndim, p->shape,
+                                 &v));
+        int grad = p->requires_grad;
+        for (int k = 0; k < nfrozen; k++)
+            if (fnmatch(frozen[k], p->name, 0) == 0)
+                grad = 0;
+        CHECK(fsdp2_module_add_param(module_at(t, path), leaf, v, grad, NULL));
+        fsdp2_tensor_release(v);
+    }
+    for (size_t i = 0; i < m->ties; i++) {
+        fsdp2_param_t *target = find(t, m->tie_target[i]);
+        if (!target)
+            DIE("tie '%s': its target '%s' is not a parameter", m->tie_name[i],
+                m->tie_target[i]);
+        char path[FSDP2_FQN_MAX];
+        const char *leaf;
+        split_name(m->tie_name[i], path, sizeof(path), &leaf);
+        CHECK(fsdp2_module_tie_param(module_at(t, path), leaf, target));
+    }
+}
+
+/* ---- units ---- */
+
+typedef struct units {
+    const char *pattern; /* NULL: blocks */
+    int every;
+} units_t;
+
+static int ends_in_number(const char *fqn)
+{
+    const char *last = strrchr(fqn, '.');
+    last = last ? last + 1 : fqn;
+    if (!*last)
+        return 0;
+    for (const char *c = last; *c; c++)
+        if (*c < '0' || *c > '9')
+            return 0;
+    return 1;
+}
+
+static int has_params(const fsdp2_module_t *m)
+{
+    size_t n = 0;
+    fsdp2_module_params(m, NULL, 0, &n);
+    return n > 0;
+}
+
+static int unit_policy(const fsdp2_module_t *m, void *ctx)
+{
+    const units_t *u = ctx;
+    char fqn[FSDP2_FQN_MAX];
+    if (fsdp2_module_fqn(m, fqn, sizeof(fqn)) != FSDP2_SUCCESS)
+        return 0;
+    if (u->every)
+        return has_params(m);
+    if (u->pattern)
+        return fnmatch(u->pattern, fqn, 0) == 0;
+    return ends_in_number(fqn);
+}
+
+/* --keep-last: the unit with the highest trailing number gets reshard_after_forward 0. */
+typedef struct keep_last {
+    const units_t *units;
+    long last;
+} keep_last_t;
+
+static long trailing_number(const fsdp2_module_t *m)
+{
+    char fqn[FSDP2_FQN_MAX];
+    if (fsdp2_module_fqn(m, fqn, sizeof(fqn)) != FSDP2_SUCCESS || !ends_in_number(fqn))
+        return -1;
+    const char *last = strrchr(fqn, '.');
+    return strtol(last ? last + 1 : fqn, NULL, 10);
+}
+
+static void find_last(const fsdp2_module_t *m, keep_last_t *k)
+{
+    long n = trailing_number(m);
+    if (n > k->last)
+        k->last = n;
+    size_t count = 0;
+    fsdp2_module_child_count(m, &count);
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_module_t *c = NULL;
+        if (fsdp2_module_child(m, i, &c) == FSDP2_SUCCESS)
+            find_last(c, k);
+    }
+}
+
+static void keep_last_unit(const fsdp2_module_t *unit, fsdp2_shard_options_t *o, void *ctx)
+{
+    const keep_last_t *k = ctx;
+    if (k->last >= 0 && trailing_number(unit) == k->last && o->reshard_after_forward == 1)
+        o->reshard_after_forward = 0;
+}
+
+/* ---- numbers ---- */
+
+static uint64_t parse_size(const char *text, const char *what)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || v < 0)
+        DIE("%s '%s' is not a size (80GiB, 24GB, 81920MiB)", what, text);
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {{"", 1},           {"B", 1},        {"KiB", 1024.0},      {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
+                 {"GB", 1e9},       {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (strcmp(end, units[i].unit) == 0)
+            return (uint64_t)(v * units[i].mult);
+    DIE("%s '%s': unit '%s' is not B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", what, text, end);
+}
+
+/* "intra=450GB/s,inter=50GB/s" (bytes per second) or "intra=3us,inter=10us" (seconds) */
+static void parse_pair(const char *text, const char *what, int rate, double *intra,
+                       double *inter)
+{
+    char *copy = strdup(text), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            DIE("%s '%s': expected intra=...,inter=...", what, text);
+        *eq = '\0';
+        double *slot = strcmp(tok, "intra") == 0 ? intra : strcmp(tok, "inter") == 0 ? inter : NULL;
+        if (!slot)
+            DIE("%s: '%s' is not intra or inter", what, tok);
+        char *end;
+        double v = strtod(eq + 1, &end);
+        if (end == eq + 1 || v <= 0)
+            DIE("%s: '%s' is not a positive number with a unit", what, eq + 1);
+        if (rate) {
+            static const struct {
+                const char *u;
+                double m;
+            } r[] = {{"GB/s", 1e9}, {"MB/s", 1e6}, {"GiB/s", 1073741824.0}, {"Gbit/s", 1.25e8},
+                     {"Gb/s", 1.25e8}};
+            size_t i;
+            for (i = 0; i < sizeof(r) / sizeof(r[0]) && strcmp(end, r[i].u) != 0; i++)
+                ;
+            if (i == sizeof(r) / sizeof(r[0]))
+                DIE("%s: unit '%s' is not GB/s, MB/s, GiB/s or Gbit/s", what, end);
+            *slot = v * r[i].m;
+        } else {
+            double m = strcmp(end, "us") == 0 ? 1e-6 : strcmp(end, "ms") == 0 ? 1e-3
+                       : strcmp(end, "ns") == 0 ? 1e-9 : strcmp(end, "s") == 0 ? 1.0 : -1;
+            if (m < 0)
+                DIE("%s: unit '%s' is not ns, us, ms or s", what, end);
+            *slot = v * m;
+        }
+    }
+    free(copy);
+}
+
+static int parse_int(const char *text, const char *what, int lo, int hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || end == text || v < lo || v > hi)
+        DIE("%s '%s' is not a whole number in %d..%d", what, text, lo, hi);
+    return (int)v;
+}
+
+static const char *human(uint64_t b, char *buf, size_t len)
+{
+    if (b >= ((uint64_t)1 << 30))
+        snprintf(buf, len, "%.2f GiB", (double)b / 1073741824.0);
+    else if (b >= ((uint64_t)1 << 20))
+        snprintf(buf, len, "%.2f MiB", (double)b / 1048576.0);
+    else if (b >= 1024)
+        snprintf(buf, len, "%.2f KiB", (double)b / 1024.0);
+    else
+        snprintf(buf, len, "%llu B", (unsigned long long)b);
+    return buf;
+}
+
+/* Ring time of calls collectives over n ranks: steps (n - 1, or 2 (n - 1) for an
+ * all-reduce) latencies each, plus this rank's sent bytes at the bandwidth. */
+static double ring_seconds(const fsdp2_plan_collective_t *c, int all_reduce, double bw,
+                           double lat)
+{
+    if (!c->calls)
+        return 0.0;
+    double steps = (double)(c->ranks - 1) * (all_reduce ? 2 : 1);
+    return (double)c->calls * steps * lat + (double)c->sent / bw;
+}
+
+static void need_value(const char *opt, const char *v)
+{
+    if (!v)
+        DIE("%s needs a value", opt);
+}
+
+int main(int argc, char **argv)
+{
+    model_t model = {0};
+    int have_model = 0, replicas = 1, shard = 8, rank = 0, per_host = 8, json_out = 0;
+    int keep_dtype = 0, reshard = 1, buffers = 2, batch = 0, seq = 0, ckpt = 0, keep = 0;
+    fsdp2_dtype_t shard_dtype = FSDP2_F32, param_dtype = FSDP2_DTYPE_COUNT,
+                  reduce_dtype = FSDP2_DTYPE_COUNT;
+    const char *optimizer = "adamw";
+    units_t units = {NULL, 0};
+    int64_t min_params = -1;
+    uint64_t device_memory = 0;
+    double bw_intra = 450e9, bw_inter = 50e9, lat_intra = 3e-6, lat_inter = 10e-6;
+    char *frozen[64];
+    int nfrozen = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE(opt) (strcmp(a, opt) == 0 && (need_value(opt, v), i++, 1))
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(USAGE, stdout);
+            return 0;
+        } else if (strcmp(a, "--list-models") == 0) {
+            for (size_t k = 0; k < sizeof(PRESETS) / sizeof(PRESETS[0]); k++)
+                printf("%-12s %s\n", PRESETS[k].name, PRESETS[k].about);
+            return 0;
+        } else if (strcmp(a, "--json-out") == 0) {
+            json_out = 1;
+        } else if (strcmp(a, "--activation-checkpointing") == 0) {
+            ckpt = 1;
+        } else if (strcmp(a, "--keep-last") == 0) {
+            keep = 1;
+        } else if (TAKE("--model")) {
+            load_preset(&model, v);
+            have_model = 1;
+        } else if (TAKE("--json")) {
+            load_json(&model, v);
+            have_model = 1;
+        } else if (TAKE("--safetensors")) {
+            load_safetensors(&model, v);
+            have_model = 1;
+        } else if (TAKE("--ranks")) {
+            replicas = 1;
+            shard = parse_int(v, "--ranks", 1, 1048576);
+        } else if (TAKE("--mesh")) {
+            char *comma = strchr(v, ',');
+            if (!comma)
+                DIE("--mesh '%s' is not R,S", v);
+            *comma = '\0';
+            replicas = parse_int(v, "--mesh replicas", 1, 1048576);
+            shard = parse_int(comma + 1, "--mesh shard", 1, 1048576);
+        } else if (TAKE("--rank")) {
+            rank = parse_int(v, "--rank", 0, 1048575);
+        } else if (TAKE("--ranks-per-host")) {
+            per_host = parse_int(v, "--ranks-per-host", 1, 1048576);
+        } else if (TAKE("--dtype")) {
+            keep_dtype = strcmp(v, "keep") == 0;
+            if (!keep_dtype)
+                shard_dtype = dtype_of(v, "--dtype");
+        } else if (TAKE("--param-dtype")) {
+            param_dtype = dtype_of(v, "--param-dtype");
+        } else if (TAKE("--reduce-dtype")) {
+            reduce_dtype = dtype_of(v, "--reduce-dtype");
+        } else if (TAKE("--reshard-after-forward")) {
+            reshard = parse_int(v, "--reshard-after-forward", 0, 1048576);
+        } else if (TAKE("--unsharded-buffers")) {
+            buffers = parse_int(v, "--unsharded-buffers", 1, 64);
+        } else if (TAKE("--units")) {
+            if (strcmp(v, "blocks") == 0)
+                units = (units_t){NULL, 0};
+            else if (strcmp(v, "every") == 0)
+                units = (units_t){NULL, 1};
+            else if (strncmp(v, "min-params:", 11) == 0)
+                min_params = parse_int(v + 11, "--units min-params", 0, 2000000000);
+            else
+                units = (units_t){v, 0};
+        } else if (TAKE("--frozen")) {
+            if (nfrozen == 64)
+                DIE("more than 64 --frozen patterns");
+            frozen[nfrozen++] = (char *)v;
+        } else if (TAKE("--optimizer")) {
+            optimizer = v;
+        } else if (TAKE("--device-memory")) {
+            device_memory = parse_size(v, "--device-memory");
+        } else if (TAKE("--bw")) {
+            parse_pair(v, "--bw", 1, &bw_intra, &bw_inter);
+        } else if (TAKE("--lat")) {
+            parse_pair(v, "--lat", 0, &lat_intra, &lat_inter);
+        } else if (TAKE("--batch")) {
+            batch = parse_int(v, "--batch", 1, 1 << 24);
+        } else if (TAKE("--seq")) {
+            seq = parse_int(v, "--seq", 1, 1 << 24);
+        } else if (TAKE("--heads")) {
+            model.heads = parse_int(v, "--heads", 1, 1 << 20);
+        } else if (TAKE("--layers")) {
+            model.layers = parse_int(v, "--layers", 1, 1 << 20);
+        } else if (TAKE("--hidden")) {
+            model.hidden = parse_int(v, "--hidden", 1, 1 << 24);
+        } else {
+            DIE("unknown option '%s' (--help lists them)", a);
+        }
+#undef TAKE
+    }
+    if (!have_model)
+        DIE("no model: give --model NAME, --json FILE or --safetensors FILE (--help)");
+    if (rank >= shard)
+        DIE("--rank %d is not in 0..%d (the shard dim has %d ranks)", rank, shard - 1, shard);
+
+    fsdp2_optimizer_options_t oo;
+    const fsdp2_optimizer_options_t *opt = &oo;
+    if (strcmp(optimizer, "adamw") == 0)
+        oo = (fsdp2_optimizer_options_t)FSDP2_ADAMW_OPTIONS_INIT(1e-3);
+    else if (strcmp(optimizer, "adadelta") == 0)
+        oo = (fsdp2_optimizer_options_t)FSDP2_ADADELTA_OPTIONS_INIT(1.0);
+    else if (strcmp(optimizer, "sgd") == 0 || strcmp(optimizer, "sgd-momentum") == 0) {
+        oo = (fsdp2_optimizer_options_t)FSDP2_SGD_OPTIONS_INIT(0.1);
+        oo.momentum = optimizer[3] ? 0.9 : 0.0;
+    } else if (strcmp(optimizer, "none") == 0)
+        opt = NULL;
+    else
+        DIE("--optimizer '%s' is not adamw, sgd, sgd-momentum, adadelta or none", optimizer);
+
+    tree_t tree = {0};
+    build_tree(&tree, &model, shard_dtype, keep_dtype, frozen, nfrozen);
+    fsdp2_plan_options_t po = FSDP2_PLAN_OPTIONS_INIT;
+    po.replicas = replicas;
+    po.shard = shard;
+    po.rank = rank;
+    po.shard_options.reshard_after_forward = reshard;
+    po.shard_options.unsharded_buffers = buffers;
+    po.shard_options.mp.param_dtype = param_dtype;
+    po.shard_options.mp.reduce_dtype = reduce_dtype;
+    if (min_params >= 0) {
+        po.min_params = min_params;
+    } else {
+        po.policy = unit_policy;
+        po.policy_ctx = &units;
+    }
+    po.optimizer = opt;
+    keep_last_t kl = {&units, -1};
+    if (keep) {
+        find_last(tree.root, &kl);
+        po.unit_options = keep_last_unit;
+        po.unit_options_ctx = &kl;
+    }
+    fsdp2_plan_report_t rep = {.size = sizeof(rep)};
+    CHECK(fsdp2_plan_model(tree.root, &po, &rep));
+
+    /* Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+     * Transformer Models"), 16-bit activations, per layer s b h (34 + 5 a s / h) bytes, or
+     * 2 s b h with full activation checkpointing (plus one layer recomputed). Each rank
+     * holds its own batch of B sequences. */
+    double act = 0.0;
+    int have_act = batch && seq;
+    if (have_act) {
+        if (!model.layers || !model.hidden || !model.heads)
+            DIE("activations need --layers, --hidden and --heads for a model that is not a "
+                "preset");
+        double sbh = (double)seq * batch * model.hidden;
+        double full = sbh * (34.0 + 5.0 * model.heads * (double)seq / model.hidden);
+        act = ckpt ? 2.0 * sbh * model.layers + full : full * model.layers;
+    }
+    uint64_t need = rep.total + (uint64_t)act;
+
+    /* Which links: the shard dim stays in a host when its ranks fit one; the replicate
+     * dim crosses hosts whenever there is more than one host. */
+    int shard_in_host = shard <= per_host;
+    double ag_s = ring_seconds(&rep.all_gather, 0, shard_in_host ? bw_intra : bw_inter,
+                               shard_in_host ? lat_intra : lat_inter);
+    double rs_s = ring_seconds(&rep.reduce_scatter, 0, shard_in_host ? bw_intra : bw_inter,
+                               shard_in_host ? lat_intra : lat_inter);
+    double ar_s = ring_seconds(&rep.all_reduce, 1, bw_inter, lat_inter);
+
+    if (json_out) {
+        printf("{\"model\": \"%s\", \"mesh\": [%d, %d], \"rank\": %d, \"units\": %d, "
+               "\"params\": %lld, \"trained_params\": %lld,\n",
+               model.source, replicas, shard, rank, rep.units, (long long)rep.param_numel,
+               (long long)rep.trained_numel);
+        printf(" \"memory\": {\"sharded_params\": %llu, \"sharded_grads\": %llu, "
+               "\"optimizer_state\": %llu, \"unsharded_params\": %llu, \"unsharded_grads\": "
+               "%llu, \"reduce_scatter\": %llu, \"post_forward_params\": %llu, \"plan\": %llu, "
+               "\"total\": %llu, \"activations\": %.0f, \"with_activations\": %llu, "
+               "\"device_memory\": %llu, \"fits\": %s},\n",
+               (unsigned long long)rep.memory.sharded_params,
+               (unsigned long long)rep.memory.sharded_grads,
+               (unsigned long long)rep.optimizer_state,
+               (unsigned long long)rep.memory.unsharded_params,
+               (unsigned long long)rep.memory.unsharded_grads,
+               (unsigned long long)rep.memory.reduce_scatter,
+               (unsigned long long)rep.memory.post_forward_params,
+               (unsigned long long)rep.memory.total, (unsigned long long)rep.total, act,
+               (unsigned long long)need, (unsigned long long)device_memory,
+               device_memory ? (need <= device_memory ? "true" : "false") : "null");
+        const fsdp2_plan_collective_t *cs[3] = {&rep.all_gather, &rep.reduce_scatter,
+                                                &rep.all_reduce};
+        const char *names[3] = {"all_gather", "reduce_scatter", "all_reduce"};
+        double secs[3] = {ag_s, rs_s, ar_s};
+        printf(" \"step\": {");
+        for (int k = 0; k < 3; k++)
+            printf("%s\"%s\": {\"calls\": %llu, \"bytes\": %llu, \"sent\": %llu, \"ranks\": %d, "
+                   "\"seconds\": %.6g}",
+                   k ? ", " : "", names[k], (unsigned long long)cs[k]->calls,
+                   (unsigned long long)cs[k]->bytes, (unsigned long long)cs[k]->sent,
+                   cs[k]->ranks, secs[k]);
+        printf(", \"seconds\": %.6g}}\n", ag_s + rs_s + ar_s);
+        return 0;
+    }
+
+    char b1[32], b2[32];
+    printf("model       %s: %lld parameters (%lld trained), %d fully_shard units\n",
+           model.source, (long long)rep.param_numel, (long long)rep.trained_numel, rep.units);
+    printf("mesh        %s [%d, %d] = %d ranks; rank %d of the shard dim; shards in %s%s%s%s%s\n",
+           replicas > 1 ? "HSDP" : "FSDP", replicas, shard, replicas * shard, rank,
+           keep_dtype ? "the model's dtypes" : fsdp2_dtype_name(shard_dtype),
+           param_dtype != FSDP2_DTYPE_COUNT ? ", compute in " : "",
+           param_dtype != FSDP2_DTYPE_COUNT ? fsdp2_dtype_name(param_dtype) : "",
+           reduce_dtype != FSDP2_DTYPE_COUNT ? ", reduce in " : "",
+           reduce_dtype != FSDP2_DTYPE_COUNT ? fsdp2_dtype_name(reduce_dtype) : "");
+    printf("\nmemory of the rank                         bytes\n");
+    const struct {
+        const char *what;
+        uint64_t bytes;
+    } rows[] = {
+        {"sharded parameters", rep.memory.sharded_params},
+        {"sharded gradients", rep.memory.sharded_grads},
+        {"optimizer state", rep.optimizer_state},
+        {"unsharded parameter buffers", rep.memory.unsharded_params},
+        {"unsharded gradient buffers", rep.memory.unsharded_grads},
+        {"reduce-scatter staging", rep.memory.reduce_scatter},
+        {"post-forward shards", rep.memory.post_forward_params},
+    };
+    for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++)
+        printf("  %-30s %16llu  %12s\n", rows[k].what, (unsigned long long)rows[k].bytes,
+               human(rows[k].bytes, b1, sizeof(b1)));
+    printf("  %-30s %16llu  %12s  (the library's allocations at their peak)\n", "total",
+           (unsigned long long)rep.total, human(rep.total, b1, sizeof(b1)));
+    if (have_act) {
+        printf("  %-30s %16.0f  %12s  (%s)\n", "activations", act,
+               human((uint64_t)act, b2, sizeof(b2)),
+               ckpt ? "L x 2 s b h + s b h (34 + 5 a s / h), checkpointed"
+                    : "L x s b h (34 + 5 a s / h), 16-bit");
+        printf("  %-30s %16llu  %12s\n", "with activations", (unsigned long long)need,
+               human(need, b1, sizeof(b1)));
+    }
+    if (device_memory)
+        printf("  fits %s: %s (%s free)\n", human(device_memory, b1, sizeof(b1)),
+               need <= device_memory ? "yes" : "NO",
+               need <= device_memory ? human(device_memory - need, b2, sizeof(b2)) : "none");
+    printf("\none step of the rank         calls   payload bytes      sent bytes   ranks   "
+           "est. seconds\n");
+    const struct {
+        const char *what;
+        const fsdp2_plan_collective_t *c;
+        double s;
+    } coll[] = {{"all-gather (shard dim)", &rep.all_gather, ag_s},
+                {"reduce-scatter (shard dim)", &rep.reduce_scatter, rs_s},
+                {"all-reduce (replicate dim)", &rep.all_reduce, ar_s}};
+    for (size_t k = 0; k < 3; k++)
+        printf("  %-26s %5llu %15llu %15llu %7d %14.6f\n", coll[k].what,
+               (unsigned long long)coll[k].c->calls, (unsigned long long)coll[k].c->bytes,
+               (unsigned long long)coll[k].c->sent, coll[k].c->ranks, coll[k].s);
+    printf("  %-26s %5s %15s %15s %7s %14.6f\n", "total", "", "", "", "", ag_s + rs_s + ar_s);
+    printf("\n  ring: all-gather and reduce-scatter send (n - 1) / n of the payload in n - 1\n"
+           "  steps, all-reduce 2 (n - 1) / n in 2 (n - 1) steps: time = steps x latency +\n"
+           "  sent / bandwidth; shard dim %s the host (%.0f GB/s, %.1f us), replicate dim "
+           "across\n  (%.0f GB/s, %.1f us); none of it overlapped with compute.\n",
+           shard_in_host ? "within" : "across", (shard_in_host ? bw_intra : bw_inter) / 1e9,
+           (shard_in_host ? lat_intra : lat_inter) * 1e6, bw_inter / 1e9, lat_inter * 1e6);
+    return 0;
+}
