@@ -51,7 +51,9 @@ static const char USAGE[] =
     "                       the fully_shard units besides the root: 'blocks' (default):\n"
     "                       every module whose name ends in a number (h.3, layers.17);\n"
     "                       'every': every module with parameters; a shell pattern on\n"
-    "                       the module names; or FSDP1's size-based auto wrap\n"
+    "                       the module names ('*' crosses dots); or FSDP1's size-based\n"
+    "                       auto wrap\n"
+    "  --unit NAME          this module is a unit too (repeatable): an embedding, a head\n"
     "  --frozen PATTERN     parameters matching PATTERN do not train (repeatable)\n"
     "  --optimizer O        adamw (default), sgd, sgd-momentum, adadelta or none\n"
     "\n"
@@ -463,6 +465,8 @@ static void build_tree(tree_t *t, const model_t *m, fsdp2_dtype_t shard_dtype, i
 typedef struct units {
     const char *pattern; /* NULL: blocks */
     int every;
+    char *extra[64]; /* --unit NAME: these modules too */
+    int nextra;
 } units_t;
 
 static int ends_in_number(const char *fqn)
@@ -490,6 +494,9 @@ static int unit_policy(const fsdp2_module_t *m, void *ctx)
     char fqn[FSDP2_FQN_MAX];
     if (fsdp2_module_fqn(m, fqn, sizeof(fqn)) != FSDP2_SUCCESS)
         return 0;
+    for (int i = 0; i < u->nextra; i++)
+        if (strcmp(u->extra[i], fqn) == 0)
+            return 1;
     if (u->every)
         return has_params(m);
     if (u->pattern)
@@ -642,7 +649,7 @@ int main(int argc, char **argv)
     fsdp2_dtype_t shard_dtype = FSDP2_F32, param_dtype = FSDP2_DTYPE_COUNT,
                   reduce_dtype = FSDP2_DTYPE_COUNT;
     const char *optimizer = "adamw";
-    units_t units = {NULL, 0};
+    units_t units = {NULL, 0, {NULL}, 0};
     int64_t min_params = -1;
     uint64_t device_memory = 0;
     double bw_intra = 450e9, bw_inter = 50e9, lat_intra = 3e-6, lat_inter = 10e-6;
@@ -701,14 +708,18 @@ int main(int argc, char **argv)
         } else if (TAKE("--unsharded-buffers")) {
             buffers = parse_int(v, "--unsharded-buffers", 1, 64);
         } else if (TAKE("--units")) {
-            if (strcmp(v, "blocks") == 0)
-                units = (units_t){NULL, 0};
-            else if (strcmp(v, "every") == 0)
-                units = (units_t){NULL, 1};
+            units.pattern = NULL;
+            units.every = 0;
+            if (strcmp(v, "every") == 0)
+                units.every = 1;
             else if (strncmp(v, "min-params:", 11) == 0)
                 min_params = parse_int(v + 11, "--units min-params", 0, 2000000000);
-            else
-                units = (units_t){v, 0};
+            else if (strcmp(v, "blocks") != 0)
+                units.pattern = v;
+        } else if (TAKE("--unit")) {
+            if (units.nextra == 64)
+                DIE("more than 64 --unit names");
+            units.extra[units.nextra++] = (char *)v;
         } else if (TAKE("--frozen")) {
             if (nfrozen == 64)
                 DIE("more than 64 --frozen patterns");
@@ -802,6 +813,9 @@ int main(int argc, char **argv)
     int shard_in_host = shard <= per_host;
     double ag_s = ring_seconds(&rep.all_gather, 0, shard_in_host ? bw_intra : bw_inter,
                                shard_in_host ? lat_intra : lat_inter);
+    int block_in_host = rep.block_all_gather.ranks <= per_host;
+    double bag_s = ring_seconds(&rep.block_all_gather, 0, block_in_host ? bw_intra : bw_inter,
+                                block_in_host ? lat_intra : lat_inter);
     double rs_s = ring_seconds(&rep.reduce_scatter, 0, shard_in_host ? bw_intra : bw_inter,
                                shard_in_host ? lat_intra : lat_inter);
     double ar_s = ring_seconds(&rep.all_reduce, 1, bw_inter, lat_inter);
@@ -826,18 +840,19 @@ int main(int argc, char **argv)
                (unsigned long long)rep.memory.total, (unsigned long long)rep.total, act,
                (unsigned long long)need, (unsigned long long)device_memory,
                device_memory ? (need <= device_memory ? "true" : "false") : "null");
-        const fsdp2_plan_collective_t *cs[3] = {&rep.all_gather, &rep.reduce_scatter,
-                                                &rep.all_reduce};
-        const char *names[3] = {"all_gather", "reduce_scatter", "all_reduce"};
-        double secs[3] = {ag_s, rs_s, ar_s};
+        const fsdp2_plan_collective_t *cs[4] = {&rep.all_gather, &rep.block_all_gather,
+                                                &rep.reduce_scatter, &rep.all_reduce};
+        const char *names[4] = {"all_gather", "block_all_gather", "reduce_scatter",
+                                "all_reduce"};
+        double secs[4] = {ag_s, bag_s, rs_s, ar_s};
         printf(" \"step\": {");
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < 4; k++)
             printf("%s\"%s\": {\"calls\": %llu, \"bytes\": %llu, \"sent\": %llu, \"ranks\": %d, "
                    "\"seconds\": %.6g}",
                    k ? ", " : "", names[k], (unsigned long long)cs[k]->calls,
                    (unsigned long long)cs[k]->bytes, (unsigned long long)cs[k]->sent,
                    cs[k]->ranks, secs[k]);
-        printf(", \"seconds\": %.6g}}\n", ag_s + rs_s + ar_s);
+        printf(", \"seconds\": %.6g}}\n", ag_s + bag_s + rs_s + ar_s);
         return 0;
     }
 
@@ -888,17 +903,20 @@ int main(int argc, char **argv)
         const fsdp2_plan_collective_t *c;
         double s;
     } coll[] = {{"all-gather (shard dim)", &rep.all_gather, ag_s},
+                {"all-gather (blocks of N)", &rep.block_all_gather, bag_s},
                 {"reduce-scatter (shard dim)", &rep.reduce_scatter, rs_s},
                 {"all-reduce (replicate dim)", &rep.all_reduce, ar_s}};
-    for (size_t k = 0; k < 3; k++)
+    for (size_t k = 0; k < 4; k++)
         printf("  %-26s %5llu %15llu %15llu %7d %14.6f\n", coll[k].what,
                (unsigned long long)coll[k].c->calls, (unsigned long long)coll[k].c->bytes,
                (unsigned long long)coll[k].c->sent, coll[k].c->ranks, coll[k].s);
-    printf("  %-26s %5s %15s %15s %7s %14.6f\n", "total", "", "", "", "", ag_s + rs_s + ar_s);
+    printf("  %-26s %5s %15s %15s %7s %14.6f\n", "total", "", "", "", "",
+           ag_s + bag_s + rs_s + ar_s);
     printf("\n  ring: all-gather and reduce-scatter send (n - 1) / n of the payload in n - 1\n"
            "  steps, all-reduce 2 (n - 1) / n in 2 (n - 1) steps: time = steps x latency +\n"
-           "  sent / bandwidth; shard dim %s the host (%.0f GB/s, %.1f us), replicate dim "
-           "across\n  (%.0f GB/s, %.1f us); none of it overlapped with compute.\n",
+           "  sent / bandwidth; shard dim %s the host (%.0f GB/s, %.1f us), blocks of N\n"
+           "  within it when N fits a host, replicate dim across (%.0f GB/s, %.1f us); none of\n"
+           "  it overlapped with compute.\n",
            shard_in_host ? "within" : "across", (shard_in_host ? bw_intra : bw_inter) / 1e9,
            (shard_in_host ? lat_intra : lat_inter) * 1e6, bw_inter / 1e9, lat_inter * 1e6);
     return 0;

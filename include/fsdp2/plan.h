@@ -70,9 +70,12 @@ typedef struct fsdp2_plan_report {
     int units;
     int64_t param_numel;          /* elements of every parameter the units shard */
     int64_t trained_numel;        /* of those that require gradients */
-    /* Per step, this rank: within the shard dim (all-gathers, the backward's re-gathers
-     * included, and reduce-scatters) and across the replicate dim (HSDP all-reduces). */
+    /* Per step, this rank: over the shard dim (the forward's all-gathers and, with
+     * reshard_after_forward 1, the backward's; the reduce-scatters), over the blocks of N
+     * ranks of reshard_after_forward N (the backward's all-gathers from the post-forward
+     * shards), and over the replicate dim (HSDP's all-reduces). */
     fsdp2_plan_collective_t all_gather;
+    fsdp2_plan_collective_t block_all_gather;
     fsdp2_plan_collective_t reduce_scatter;
     fsdp2_plan_collective_t all_reduce;
 } fsdp2_plan_report_t;

@@ -275,7 +275,7 @@ typedef struct fsdp_dry_report {
     int units;
     int64_t param_numel, trained_numel;
     uint64_t local_trained_bytes;
-    fsdp2_plan_collective_t all_gather, reduce_scatter, all_reduce;
+    fsdp2_plan_collective_t all_gather, block_all_gather, reduce_scatter, all_reduce;
 } fsdp_dry_report_t;
 fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
                              fsdp_dry_report_t *out);

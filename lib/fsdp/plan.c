@@ -672,7 +672,7 @@ static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
             count(&out->all_gather, gathered, ws, 0); /* forward */
             if (g != r->group && g->reshard_after_forward) { /* the backward's re-gather */
                 if (g->pf_ranks)
-                    count(&out->all_gather,
+                    count(&out->block_all_gather,
                           (uint64_t)g->pf_ranks * (uint64_t)g->pf_shard_numel * g->pe,
                           g->pf_ranks, 0);
                 else

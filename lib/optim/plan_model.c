@@ -43,6 +43,7 @@ fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t
     report->param_numel = dry.param_numel;
     report->trained_numel = dry.trained_numel;
     report->all_gather = dry.all_gather;
+    report->block_all_gather = dry.block_all_gather;
     report->reduce_scatter = dry.reduce_scatter;
     report->all_reduce = dry.all_reduce;
     return FSDP2_SUCCESS;

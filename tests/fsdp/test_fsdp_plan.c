@@ -181,10 +181,13 @@ static int plan_then_shard(rank_ctx_t *c)
             gathers += st.all_gathers;
             scatters += st.reduce_scatters;
         }
-        fails += RANK_CHECK(c, gathers == planned.all_gather.calls,
-                            "a step issued %llu all-gathers, the plan says %llu",
-                            (unsigned long long)gathers,
-                            (unsigned long long)planned.all_gather.calls);
+        uint64_t want = planned.all_gather.calls + planned.block_all_gather.calls;
+        fails += RANK_CHECK(c, gathers == want, "a step issued %llu all-gathers, the plan says %llu",
+                            (unsigned long long)gathers, (unsigned long long)want);
+        fails += RANK_CHECK(c, (pc->reshard > 1 && pc->reshard < c->size) ==
+                                   (planned.block_all_gather.calls > 0),
+                            "reshard_after_forward %d: %llu block all-gathers", pc->reshard,
+                            (unsigned long long)planned.block_all_gather.calls);
         fails += RANK_CHECK(c, scatters == planned.reduce_scatter.calls,
                             "a step issued %llu reduce-scatters, the plan says %llu",
                             (unsigned long long)scatters,
