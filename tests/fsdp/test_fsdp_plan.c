@@ -6,9 +6,11 @@
  * unsharded buffer, a nested tree, a frozen and an ignored bias, bf16 parameters with f32
  * reduction, and HSDP [2, 2]. Then the refusals. */
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <fsdp2/fsdp2.h>
 
@@ -23,6 +25,49 @@ typedef struct plan_case {
 } plan_case_t;
 
 static plan_case_t the_case;
+
+/* Sums, over this rank's traced collectives of one kind (cat), the bytes the trace gives
+ * them (the rank's own chunk) times the ranks of their group: the payload the plan
+ * counts, for the collectives of FSDP's units (those naming a module). Block gathers
+ * (group ".../block...") go to *block. Returns -1 when the file
+ * cannot be read. */
+static int traced_payloads(const char *path, int shard, int block_ranks, int replicas,
+                           uint64_t *gather, uint64_t *block, uint64_t *scatter,
+                           uint64_t *reduce)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    static char buf[4 << 20];
+    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    cJSON *root = cJSON_Parse(buf);
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents"), *e;
+    *gather = *block = *scatter = *reduce = 0;
+    cJSON_ArrayForEach(e, events) {
+        const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(e, "args");
+        const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(args, "bytes");
+        const cJSON *group = cJSON_GetObjectItemCaseSensitive(args, "group");
+        const cJSON *module = cJSON_GetObjectItemCaseSensitive(args, "module");
+        /* FSDP's own (the comparisons' full_tensor gathers name no module) */
+        if (!cJSON_IsString(cat) || !cJSON_IsNumber(bytes) || !cJSON_IsString(module))
+            continue;
+        uint64_t b = (uint64_t)bytes->valuedouble;
+        int over_block = cJSON_IsString(group) && strstr(group->valuestring, "/block") != NULL;
+        if (!strcmp(cat->valuestring, "all_gather") && over_block)
+            *block += b * (uint64_t)block_ranks;
+        else if (!strcmp(cat->valuestring, "all_gather"))
+            *gather += b * (uint64_t)shard;
+        else if (!strcmp(cat->valuestring, "reduce_scatter"))
+            *scatter += b * (uint64_t)shard;
+        else if (!strcmp(cat->valuestring, "all_reduce") && replicas > 1)
+            *reduce += b;
+    }
+    cJSON_Delete(root);
+    return 0;
+}
 
 /* The units build_model shards: the layers and the block. */
 static int layers_and_block(const fsdp2_module_t *m, void *ctx)
@@ -167,7 +212,49 @@ static int plan_then_shard(rank_ctx_t *c)
         ref_init(&ref);
         for (int l = 0; l < LAYERS; l++)
             ref.frozen_bias[l] = r->frozen_bias[l];
+        /* Traced (without a context: the rank from the launcher's variables, each rank
+         * writing its own part). */
+        char dir[] = "/tmp/fsdp2-plan-XXXXXX", path[64], part[96], env[16];
+        int traced = mkdtemp(dir) != NULL;
+        if (traced) {
+            snprintf(env, sizeof(env), "%d", c->rank);
+            setenv("RANK", env, 1);
+            snprintf(env, sizeof(env), "%d", c->size);
+            setenv("WORLD_SIZE", env, 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", "1", 1);
+            snprintf(path, sizeof(path), "%s/trace.json", dir);
+            fails += OK(c, fsdp2_trace_start(NULL, path));
+        }
         fails += run_train(r, &ref, 0, 1, 0);
+        if (traced) {
+            fails += OK(c, fsdp2_module_synchronize(r->root));
+            fails += OK(c, fsdp2_trace_stop(NULL));
+            snprintf(part, sizeof(part), "%s.rank%d.json", path, c->rank);
+            uint64_t ag = 0, bag = 0, rs = 0, ar = 0;
+            int read = traced_payloads(c->size > 1 ? part : path, po.shard,
+                                       planned.block_all_gather.ranks, po.replicas, &ag,
+                                       &bag, &rs, &ar);
+            fails += RANK_CHECK(c, read == 0, "cannot read the trace %s", part);
+            fails += RANK_CHECK(c, ag == planned.all_gather.bytes && bag ==
+                                   planned.block_all_gather.bytes,
+                                "traced all-gather payloads %llu + %llu over blocks, planned "
+                                "%llu + %llu",
+                                (unsigned long long)ag, (unsigned long long)bag,
+                                (unsigned long long)planned.all_gather.bytes,
+                                (unsigned long long)planned.block_all_gather.bytes);
+            fails += RANK_CHECK(c, rs == planned.reduce_scatter.bytes,
+                                "traced reduce-scatter payloads %llu, planned %llu",
+                                (unsigned long long)rs,
+                                (unsigned long long)planned.reduce_scatter.bytes);
+            fails += RANK_CHECK(c, ar == planned.all_reduce.bytes,
+                                "traced all-reduce payloads %llu, planned %llu",
+                                (unsigned long long)ar,
+                                (unsigned long long)planned.all_reduce.bytes);
+            remove(part);
+            remove(path);
+            rmdir(dir);
+        }
         uint64_t gathers = 0, scatters = 0;
         fsdp2_module_t *units_list[LAYERS + 2];
         int n = 0;
