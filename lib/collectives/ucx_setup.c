@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "collectives/ucx_internal.h"
@@ -20,6 +21,10 @@ typedef struct ucx_identity {
     char host[64];
     char boot_id[40];
     char pid_ns[32]; /* "pid:[inode]": pids mean something only within one namespace */
+    /* "ipc:[inode] shm:dev:inode": shared memory is shared only within one IPC namespace
+     * and one /dev/shm (two containers, or namespaces, on one kernel share hostname and
+     * boot id, sometimes even pids, but not these) */
+    char shm_ns[96];
     int32_t pid;
     int32_t shm; /* FSDP2_SHM is on */
 } ucx_identity_t;
@@ -131,6 +136,13 @@ static void identity_of_self(ucx_identity_t *id)
     }
     ssize_t n = readlink("/proc/self/ns/pid", id->pid_ns, sizeof(id->pid_ns) - 1);
     id->pid_ns[n > 0 ? n : 0] = '\0';
+    char ipc[40] = "";
+    n = readlink("/proc/self/ns/ipc", ipc, sizeof(ipc) - 1);
+    ipc[n > 0 ? n : 0] = '\0';
+    struct stat st;
+    if (stat("/dev/shm", &st) == 0 && ipc[0])
+        snprintf(id->shm_ns, sizeof(id->shm_ns), "%s shm:%llu:%llu", ipc,
+                 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
     id->pid = (int32_t)getpid();
     id->shm = fsdp2_env_int(FSDP2_ENV_SHM) == 0;
 }
@@ -156,7 +168,7 @@ static fsdp2_status_t wire_up(ucx_group_t *ug)
 
 /* Publishes where this rank runs and reads where its peers run (before any UCX object
  * exists: the context's configuration depends on it). *all_local says whether every peer
- * is on this host (same hostname and boot id). */
+ * is on this host (identity_of_self's fields all equal). */
 static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store, int *all_local,
                                           int *all_shm)
 {
@@ -182,14 +194,17 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
         peer.host[sizeof(peer.host) - 1] = '\0';
         peer.boot_id[sizeof(peer.boot_id) - 1] = '\0';
         peer.pid_ns[sizeof(peer.pid_ns) - 1] = '\0';
+        peer.shm_ns[sizeof(peer.shm_ns) - 1] = '\0';
         ucx_peer_error_t *pe = &ug->peer_errors[r];
         pe->ug = ug;
         pe->peer = r;
         atomic_init(&pe->failed, 0);
-        /* Same host, and a pid namespace we can check liveness in (two containers on one
-         * host share hostname and boot id, not pids): otherwise UCX's failure handling. */
+        /* Same host: the same kernel (hostname and boot id), a pid namespace we can check
+         * liveness in, and shared memory we can both see (the IPC namespace and /dev/shm);
+         * otherwise UCX's failure handling, and no shared-memory transport. */
         pe->local = strcmp(peer.host, me.host) == 0 && strcmp(peer.boot_id, me.boot_id) == 0 &&
-                    strcmp(peer.pid_ns, me.pid_ns) == 0 && me.pid_ns[0];
+                    strcmp(peer.pid_ns, me.pid_ns) == 0 && me.pid_ns[0] &&
+                    strcmp(peer.shm_ns, me.shm_ns) == 0 && me.shm_ns[0];
         pe->pid = (pid_t)peer.pid;
         *all_local &= pe->local;
         *all_shm &= peer.shm;
