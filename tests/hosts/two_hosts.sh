@@ -104,7 +104,7 @@ wait "$h0" || true
 took=$(($(date +%s) - start))
 cat "$out/lost.0.log" | tail -n 12
 grep -q "^exit 0" "$out/lost.0.log" && fail "host 0 finished as if nothing happened"
-X
+grep -Eq "(rank|peer) [23] failed" "$out/lost.0.log" || fail "host 0's error names no rank of host 1"
 [ "$took" -le 25 ] || fail "host 0 took $took s to fail after host 1 was lost (FSDP2_TIMEOUT 10 s)"
 grep -q "^shm: 0$" "$out/lost.0.log" || fail "host 0's /dev/shm keeps segments"
 echo "4. host 1 lost: host 0 failed $took s after, naming it; its /dev/shm clean"
