@@ -2,9 +2,7 @@
  * any scale, from libfsdp2's own planner (fsdp2_plan_model), with no mesh, GPU or
  * allocation. See `fsdp2-plan --help` and docs/planning.md. */
 #include <errno.h>
-#include <fnmatch.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +11,8 @@
 #include <cjson/cJSON.h>
 
 #include <fsdp2/fsdp2.h>
+
+#include "plan_model.h"
 
 static const char USAGE[] =
     "usage: fsdp2-plan MODEL [OPTIONS]\n"
@@ -70,476 +70,6 @@ static const char USAGE[] =
     "  --json-out           one JSON object instead of the tables\n"
     "  --help               this text\n";
 
-#define DIE(...)                                      \
-    do {                                              \
-        fprintf(stderr, "fsdp2-plan: " __VA_ARGS__); \
-        fputc('\n', stderr);                          \
-        exit(2);                                      \
-    } while (0)
-
-#define CHECK(call)                                                                  \
-    do {                                                                             \
-        fsdp2_status_t s_ = (call);                                                  \
-        if (s_ != FSDP2_SUCCESS)                                                     \
-            DIE("%s: %s", fsdp2_status_name(s_), fsdp2_last_error());               \
-    } while (0)
-
-/* ---- the model: parameters by dotted name, built into a module tree ---- */
-
-typedef struct model_param {
-    char *name;
-    int ndim;
-    int64_t shape[FSDP2_MAX_DIMS];
-    fsdp2_dtype_t dtype;
-    int requires_grad;
-} model_param_t;
-
-typedef struct model {
-    model_param_t *params;
-    size_t count, cap;
-    char **tie_name, **tie_target;
-    size_t ties;
-    /* transformer facts for the activation formula (presets) */
-    int layers, hidden, heads;
-    char source[256];
-} model_t;
-
-static void add_param(model_t *m, const char *name, int ndim, const int64_t *shape,
-                      fsdp2_dtype_t dtype)
-{
-    if (m->count == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 256;
-        m->params = realloc(m->params, m->cap * sizeof(*m->params));
-        if (!m->params)
-            DIE("out of memory");
-    }
-    model_param_t *p = &m->params[m->count++];
-    memset(p, 0, sizeof(*p));
-    p->name = strdup(name);
-    p->ndim = ndim;
-    memcpy(p->shape, shape, (size_t)ndim * sizeof(*shape));
-    p->dtype = dtype;
-    p->requires_grad = 1;
-}
-
-static void add_tie(model_t *m, const char *name, const char *target)
-{
-    m->tie_name = realloc(m->tie_name, (m->ties + 1) * sizeof(char *));
-    m->tie_target = realloc(m->tie_target, (m->ties + 1) * sizeof(char *));
-    if (!m->tie_name || !m->tie_target)
-        DIE("out of memory");
-    m->tie_name[m->ties] = strdup(name);
-    m->tie_target[m->ties++] = strdup(target);
-}
-
-static void p2(model_t *m, const char *fmt, int layer, int64_t d0, int64_t d1)
-{
-    char name[128];
-    snprintf(name, sizeof(name), fmt, layer);
-    int64_t shape[2] = {d0, d1};
-    add_param(m, name, d1 ? 2 : 1, shape, FSDP2_F32);
-}
-
-/* GPT-2 as examples/gpt2 builds it ([out, in] linears, the head tied to wte); sizes from
- * OpenAI's GPT-2 (Radford et al. 2019, table 2) and its config.json: vocabulary 50257,
- * 1024 positions. */
-static void preset_gpt2(model_t *m, int layers, int dim, int heads, int vocab, int positions)
-{
-    p2(m, "wte.weight", 0, vocab, dim);
-    p2(m, "wpe.weight", 0, positions, dim);
-    for (int l = 0; l < layers; l++) {
-        p2(m, "h.%d.ln_1.weight", l, dim, 0);
-        p2(m, "h.%d.ln_1.bias", l, dim, 0);
-        p2(m, "h.%d.attn.c_attn.weight", l, 3 * dim, dim);
-        p2(m, "h.%d.attn.c_attn.bias", l, 3 * dim, 0);
-        p2(m, "h.%d.attn.c_proj.weight", l, dim, dim);
-        p2(m, "h.%d.attn.c_proj.bias", l, dim, 0);
-        p2(m, "h.%d.ln_2.weight", l, dim, 0);
-        p2(m, "h.%d.ln_2.bias", l, dim, 0);
-        p2(m, "h.%d.mlp.c_fc.weight", l, 4 * dim, dim);
-        p2(m, "h.%d.mlp.c_fc.bias", l, 4 * dim, 0);
-        p2(m, "h.%d.mlp.c_proj.weight", l, dim, 4 * dim);
-        p2(m, "h.%d.mlp.c_proj.bias", l, dim, 0);
-    }
-    p2(m, "ln_f.weight", 0, dim, 0);
-    p2(m, "ln_f.bias", 0, dim, 0);
-    add_tie(m, "lm_head.weight", "wte.weight");
-    m->layers = layers;
-    m->hidden = dim;
-    m->heads = heads;
-}
-
-/* Llama 3 as Hugging Face's LlamaForCausalLM names it (untied head, RMSNorm weights,
- * grouped-query attention with 8 key-value heads of 128); sizes from Meta's "The Llama 3
- * Herd of Models" (2024), table 3, and the models' config.json: vocabulary 128256. */
-static void preset_llama3(model_t *m, int layers, int dim, int ffn, int heads)
-{
-    const int64_t vocab = 128256, kv = 8 * 128;
-    p2(m, "model.embed_tokens.weight", 0, vocab, dim);
-    for (int l = 0; l < layers; l++) {
-        p2(m, "model.layers.%d.input_layernorm.weight", l, dim, 0);
-        p2(m, "model.layers.%d.self_attn.q_proj.weight", l, dim, dim);
-        p2(m, "model.layers.%d.self_attn.k_proj.weight", l, kv, dim);
-        p2(m, "model.layers.%d.self_attn.v_proj.weight", l, kv, dim);
-        p2(m, "model.layers.%d.self_attn.o_proj.weight", l, dim, dim);
-        p2(m, "model.layers.%d.post_attention_layernorm.weight", l, dim, 0);
-        p2(m, "model.layers.%d.mlp.gate_proj.weight", l, ffn, dim);
-        p2(m, "model.layers.%d.mlp.up_proj.weight", l, ffn, dim);
-        p2(m, "model.layers.%d.mlp.down_proj.weight", l, dim, ffn);
-    }
-    p2(m, "model.norm.weight", 0, dim, 0);
-    p2(m, "lm_head.weight", 0, vocab, dim);
-    m->layers = layers;
-    m->hidden = dim;
-    m->heads = heads;
-}
-
-typedef struct preset {
-    const char *name;
-    const char *about;
-} preset_t;
-
-static const preset_t PRESETS[] = {
-    {"gpt2-tiny", "examples/gpt2's tiny: 4 layers, 128 wide, 4 heads, 128 positions, 256 bytes"},
-    {"gpt2-124m", "GPT-2 small: 12 layers, 768 wide, 12 heads"},
-    {"gpt2-355m", "GPT-2 medium: 24 layers, 1024 wide, 16 heads"},
-    {"gpt2-774m", "GPT-2 large: 36 layers, 1280 wide, 20 heads"},
-    {"gpt2-1.5b", "GPT-2 XL: 48 layers, 1600 wide, 25 heads"},
-    {"llama3-8b", "Llama 3 8B: 32 layers, 4096 wide, FFN 14336, 32 heads (8 KV)"},
-    {"llama3-70b", "Llama 3 70B: 80 layers, 8192 wide, FFN 28672, 64 heads (8 KV)"},
-    {"llama3-405b", "Llama 3 405B: 126 layers, 16384 wide, FFN 53248, 128 heads (8 KV)"},
-};
-
-static void load_preset(model_t *m, const char *name)
-{
-    if (strcmp(name, "gpt2-tiny") == 0)
-        preset_gpt2(m, 4, 128, 4, 256, 128);
-    else if (strcmp(name, "gpt2-124m") == 0)
-        preset_gpt2(m, 12, 768, 12, 50257, 1024);
-    else if (strcmp(name, "gpt2-355m") == 0)
-        preset_gpt2(m, 24, 1024, 16, 50257, 1024);
-    else if (strcmp(name, "gpt2-774m") == 0)
-        preset_gpt2(m, 36, 1280, 20, 50257, 1024);
-    else if (strcmp(name, "gpt2-1.5b") == 0)
-        preset_gpt2(m, 48, 1600, 25, 50257, 1024);
-    else if (strcmp(name, "llama3-8b") == 0)
-        preset_llama3(m, 32, 4096, 14336, 32);
-    else if (strcmp(name, "llama3-70b") == 0)
-        preset_llama3(m, 80, 8192, 28672, 64);
-    else if (strcmp(name, "llama3-405b") == 0)
-        preset_llama3(m, 126, 16384, 53248, 128);
-    else
-        DIE("--model '%s' is not a preset (--list-models lists them)", name);
-    snprintf(m->source, sizeof(m->source), "preset %s", name);
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        DIE("cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap + 1);
-        }
-    }
-    fclose(f);
-    if (!buf)
-        DIE("out of memory reading '%s'", path);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-static fsdp2_dtype_t dtype_of(const char *text, const char *where)
-{
-    fsdp2_dtype_t d;
-    if (fsdp2_dtype_parse(text, &d) == FSDP2_SUCCESS)
-        return d;
-    /* safetensors' names */
-    static const struct {
-        const char *st;
-        fsdp2_dtype_t d;
-    } names[] = {{"F32", FSDP2_F32}, {"F64", FSDP2_F64}, {"BF16", FSDP2_BF16},
-                 {"F16", FSDP2_F16}, {"I32", FSDP2_I32}, {"I64", FSDP2_I64},
-                 {"U8", FSDP2_U8}};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcmp(text, names[i].st) == 0)
-            return names[i].d;
-    DIE("%s: dtype '%s' is not one libfsdp2 shards (f32, f64, bf16, f16)", where, text);
-}
-
-static int shape_of(const cJSON *arr, int64_t *shape, const char *where)
-{
-    int n = cJSON_GetArraySize(arr);
-    if (!cJSON_IsArray(arr) || n > FSDP2_MAX_DIMS)
-        DIE("%s: shape is not an array of at most %d numbers", where, FSDP2_MAX_DIMS);
-    for (int i = 0; i < n; i++) {
-        const cJSON *v = cJSON_GetArrayItem(arr, i);
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 ||
-            v->valuedouble != floor(v->valuedouble))
-            DIE("%s: shape[%d] is not a whole number >= 0", where, i);
-        shape[i] = (int64_t)v->valuedouble;
-    }
-    return n;
-}
-
-static void load_json(model_t *m, const char *path)
-{
-    size_t len;
-    char *text = read_file(path, &len);
-    cJSON *root = cJSON_Parse(text);
-    if (!root)
-        DIE("%s is not JSON (near byte %zu)", path,
-            (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "params");
-    if (!cJSON_IsArray(params) || cJSON_GetArraySize(params) == 0)
-        DIE("%s: no \"params\" array", path);
-    const cJSON *p;
-    int i = 0;
-    cJSON_ArrayForEach(p, params) {
-        char where[64];
-        snprintf(where, sizeof(where), "%s: params[%d]", path, i++);
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
-        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(p, "shape");
-        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(p, "dtype");
-        const cJSON *grad = cJSON_GetObjectItemCaseSensitive(p, "requires_grad");
-        if (!cJSON_IsString(name) || !name->valuestring[0])
-            DIE("%s: no \"name\"", where);
-        int64_t s[FSDP2_MAX_DIMS];
-        int nd = shape_of(shape, s, where);
-        add_param(m, name->valuestring, nd, s,
-                  cJSON_IsString(dtype) ? dtype_of(dtype->valuestring, where) : FSDP2_F32);
-        if (cJSON_IsBool(grad))
-            m->params[m->count - 1].requires_grad = cJSON_IsTrue(grad);
-    }
-    const cJSON *ties = cJSON_GetObjectItemCaseSensitive(root, "ties");
-    cJSON_ArrayForEach(p, ties) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
-        const cJSON *target = cJSON_GetObjectItemCaseSensitive(p, "target");
-        if (!cJSON_IsString(name) || !cJSON_IsString(target))
-            DIE("%s: a tie needs \"name\" and \"target\" strings", path);
-        add_tie(m, name->valuestring, target->valuestring);
-    }
-    cJSON_Delete(root);
-    free(text);
-    snprintf(m->source, sizeof(m->source), "%s", path);
-}
-
-/* Only the header: 8 bytes of its length (little endian), then that many bytes of JSON. */
-static void load_safetensors(model_t *m, const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        DIE("cannot open '%s': %s", path, strerror(errno));
-    unsigned char le[8];
-    if (fread(le, 1, 8, f) != 8)
-        DIE("%s: shorter than a safetensors header's 8-byte length", path);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--)
-        n = n << 8 | le[i];
-    if (n == 0 || n > ((uint64_t)100 << 20))
-        DIE("%s: header length %llu is not in 1..100 MiB: not a safetensors file", path,
-            (unsigned long long)n);
-    char *text = malloc(n + 1);
-    if (!text || fread(text, 1, n, f) != n)
-        DIE("%s: the header of %llu bytes is cut short", path, (unsigned long long)n);
-    fclose(f);
-    text[n] = '\0';
-    cJSON *root = cJSON_Parse(text);
-    if (!cJSON_IsObject(root))
-        DIE("%s: the header is not a JSON object", path);
-    const cJSON *t;
-    cJSON_ArrayForEach(t, root) {
-        if (strcmp(t->string, "__metadata__") == 0)
-            continue;
-        char where[320];
-        snprintf(where, sizeof(where), "%s: '%s'", path, t->string);
-        const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype");
-        if (!cJSON_IsString(dtype))
-            DIE("%s: no dtype", where);
-        int64_t s[FSDP2_MAX_DIMS];
-        int nd = shape_of(cJSON_GetObjectItemCaseSensitive(t, "shape"), s, where);
-        add_param(m, t->string, nd, s, dtype_of(dtype->valuestring, where));
-    }
-    cJSON_Delete(root);
-    free(text);
-    size_t used = strlen(m->source);
-    snprintf(m->source + used, sizeof(m->source) - used, "%s%s", used ? " + " : "", path);
-}
-
-/* ---- the module tree ---- */
-
-typedef struct tree {
-    fsdp2_module_t *root;
-    char **paths;
-    fsdp2_module_t **mods;
-    size_t count;
-} tree_t;
-
-/* The module at dotted `path` (created with its parents on demand). */
-static fsdp2_module_t *module_at(tree_t *t, const char *path)
-{
-    if (!path[0])
-        return t->root;
-    for (size_t i = t->count; i-- > 0;)
-        if (strcmp(t->paths[i], path) == 0)
-            return t->mods[i];
-    char parent[FSDP2_FQN_MAX];
-    const char *dot = strrchr(path, '.');
-    size_t plen = dot ? (size_t)(dot - path) : 0;
-    if (plen >= sizeof(parent))
-        DIE("module name '%s' is too long", path);
-    memcpy(parent, path, plen);
-    parent[plen] = '\0';
-    fsdp2_module_t *up = module_at(t, parent), *m;
-    CHECK(fsdp2_module_create(dot ? dot + 1 : path, &m));
-    CHECK(fsdp2_module_add_child(up, m));
-    t->paths = realloc(t->paths, (t->count + 1) * sizeof(char *));
-    t->mods = realloc(t->mods, (t->count + 1) * sizeof(*t->mods));
-    if (!t->paths || !t->mods)
-        DIE("out of memory");
-    t->paths[t->count] = strdup(path);
-    t->mods[t->count++] = m;
-    return m;
-}
-
-static void split_name(const char *name, char *module, size_t len, const char **leaf)
-{
-    const char *dot = strrchr(name, '.');
-    size_t n = dot ? (size_t)(dot - name) : 0;
-    if (n >= len)
-        DIE("parameter name '%s' is too long", name);
-    memcpy(module, name, n);
-    module[n] = '\0';
-    *leaf = dot ? dot + 1 : name;
-}
-
-static fsdp2_param_t *find(tree_t *t, const char *name)
-{
-    fsdp2_param_t *p = NULL;
-    if (fsdp2_module_find_param(t->root, name, &p) != FSDP2_SUCCESS)
-        return NULL;
-    return p;
-}
-
-static void build_tree(tree_t *t, const model_t *m, fsdp2_dtype_t shard_dtype, int keep_dtype,
-                       char *const *frozen, int nfrozen)
-{
-    CHECK(fsdp2_module_create("", &t->root));
-    fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
-    for (size_t i = 0; i < m->count; i++) {
-        const model_param_t *p = &m->params[i];
-        char path[FSDP2_FQN_MAX];
-        const char *leaf;
-        split_name(p->name, path, sizeof(path), &leaf);
-        fsdp2_tensor_t *v;
-        CHECK(fsdp2_tensor_empty(meta, keep_dtype ? p->dtype : shard_dtype, p->ndim, p->shape,
-                                 &v));
-        int grad = p->requires_grad;
-        for (int k = 0; k < nfrozen; k++)
-            if (fnmatch(frozen[k], p->name, 0) == 0)
-                grad = 0;
-        CHECK(fsdp2_module_add_param(module_at(t, path), leaf, v, grad, NULL));
-        fsdp2_tensor_release(v);
-    }
-    for (size_t i = 0; i < m->ties; i++) {
-        fsdp2_param_t *target = find(t, m->tie_target[i]);
-        if (!target)
-            DIE("tie '%s': its target '%s' is not a parameter", m->tie_name[i],
-                m->tie_target[i]);
-        char path[FSDP2_FQN_MAX];
-        const char *leaf;
-        split_name(m->tie_name[i], path, sizeof(path), &leaf);
-        CHECK(fsdp2_module_tie_param(module_at(t, path), leaf, target));
-    }
-}
-
-/* ---- units ---- */
-
-typedef struct units {
-    const char *pattern; /* NULL: blocks */
-    int every;
-    char *extra[64]; /* --unit NAME: these modules too */
-    int nextra;
-} units_t;
-
-static int ends_in_number(const char *fqn)
-{
-    const char *last = strrchr(fqn, '.');
-    last = last ? last + 1 : fqn;
-    if (!*last)
-        return 0;
-    for (const char *c = last; *c; c++)
-        if (*c < '0' || *c > '9')
-            return 0;
-    return 1;
-}
-
-static int has_params(const fsdp2_module_t *m)
-{
-    size_t n = 0;
-    fsdp2_module_params(m, NULL, 0, &n);
-    return n > 0;
-}
-
-static int unit_policy(const fsdp2_module_t *m, void *ctx)
-{
-    const units_t *u = ctx;
-    char fqn[FSDP2_FQN_MAX];
-    if (fsdp2_module_fqn(m, fqn, sizeof(fqn)) != FSDP2_SUCCESS)
-        return 0;
-    for (int i = 0; i < u->nextra; i++)
-        if (strcmp(u->extra[i], fqn) == 0)
-            return 1;
-    if (u->every)
-        return has_params(m);
-    if (u->pattern)
-        return fnmatch(u->pattern, fqn, 0) == 0;
-    return ends_in_number(fqn);
-}
-
-/* --keep-last: the unit with the highest trailing number gets reshard_after_forward 0. */
-typedef struct keep_last {
-    const units_t *units;
-    long last;
-} keep_last_t;
-
-static long trailing_number(const fsdp2_module_t *m)
-{
-    char fqn[FSDP2_FQN_MAX];
-    if (fsdp2_module_fqn(m, fqn, sizeof(fqn)) != FSDP2_SUCCESS || !ends_in_number(fqn))
-        return -1;
-    const char *last = strrchr(fqn, '.');
-    return strtol(last ? last + 1 : fqn, NULL, 10);
-}
-
-static void find_last(const fsdp2_module_t *m, keep_last_t *k)
-{
-    long n = trailing_number(m);
-    if (n > k->last)
-        k->last = n;
-    size_t count = 0;
-    fsdp2_module_child_count(m, &count);
-    for (size_t i = 0; i < count; i++) {
-        fsdp2_module_t *c = NULL;
-        if (fsdp2_module_child(m, i, &c) == FSDP2_SUCCESS)
-            find_last(c, k);
-    }
-}
-
-static void keep_last_unit(const fsdp2_module_t *unit, fsdp2_shard_options_t *o, void *ctx)
-{
-    const keep_last_t *k = ctx;
-    if (k->last >= 0 && trailing_number(unit) == k->last && o->reshard_after_forward == 1)
-        o->reshard_after_forward = 0;
-}
-
 /* ---- numbers ---- */
 
 static uint64_t parse_size(const char *text, const char *what)
@@ -547,7 +77,7 @@ static uint64_t parse_size(const char *text, const char *what)
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    if (errno || end == text || v < 0)
+    if (errno || end == text || !isfinite(v) || v < 0)
         DIE("%s '%s' is not a size (80GiB, 24GB, 81920MiB)", what, text);
     static const struct {
         const char *unit;
@@ -555,9 +85,13 @@ static uint64_t parse_size(const char *text, const char *what)
     } units[] = {{"", 1},           {"B", 1},        {"KiB", 1024.0},      {"MiB", 1048576.0},
                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6},
                  {"GB", 1e9},       {"TB", 1e12}};
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-        if (strcmp(end, units[i].unit) == 0)
-            return (uint64_t)(v * units[i].mult);
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(end, units[i].unit) != 0)
+            continue;
+        if (v * units[i].mult >= 9.2e18)
+            DIE("%s '%s' is more than 8 EiB", what, text);
+        return (uint64_t)(v * units[i].mult);
+    }
     DIE("%s '%s': unit '%s' is not B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", what, text, end);
 }
 
@@ -565,7 +99,7 @@ static uint64_t parse_size(const char *text, const char *what)
 static void parse_pair(const char *text, const char *what, int rate, double *intra,
                        double *inter)
 {
-    char *copy = strdup(text), *save = NULL;
+    char *copy = xstrdup(text), *save = NULL;
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq)
@@ -576,7 +110,7 @@ static void parse_pair(const char *text, const char *what, int rate, double *int
             DIE("%s: '%s' is not intra or inter", what, tok);
         char *end;
         double v = strtod(eq + 1, &end);
-        if (end == eq + 1 || v <= 0)
+        if (end == eq + 1 || !isfinite(v) || v <= 0 || v > 1e15)
             DIE("%s: '%s' is not a positive number with a unit", what, eq + 1);
         if (rate) {
             static const struct {
@@ -599,6 +133,16 @@ static void parse_pair(const char *text, const char *what, int rate, double *int
         }
     }
     free(copy);
+}
+
+static int64_t parse_count(const char *text, const char *what)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || *end || end == text || v < 0)
+        DIE("%s '%s' is not a whole number >= 0", what, text);
+    return (int64_t)v;
 }
 
 static int parse_int(const char *text, const char *what, int lo, int hi)
@@ -663,7 +207,7 @@ int main(int argc, char **argv)
             fputs(USAGE, stdout);
             return 0;
         } else if (strcmp(a, "--list-models") == 0) {
-            for (size_t k = 0; k < sizeof(PRESETS) / sizeof(PRESETS[0]); k++)
+            for (size_t k = 0; k < PRESET_COUNT; k++)
                 printf("%-12s %s\n", PRESETS[k].name, PRESETS[k].about);
             return 0;
         } else if (strcmp(a, "--json-out") == 0) {
@@ -710,10 +254,11 @@ int main(int argc, char **argv)
         } else if (TAKE("--units")) {
             units.pattern = NULL;
             units.every = 0;
+            min_params = -1;
             if (strcmp(v, "every") == 0)
                 units.every = 1;
             else if (strncmp(v, "min-params:", 11) == 0)
-                min_params = parse_int(v + 11, "--units min-params", 0, 2000000000);
+                min_params = parse_count(v + 11, "--units min-params");
             else if (strcmp(v, "blocks") != 0)
                 units.pattern = v;
         } else if (TAKE("--unit")) {
@@ -749,6 +294,18 @@ int main(int argc, char **argv)
     }
     if (!have_model)
         DIE("no model: give --model NAME, --json FILE or --safetensors FILE (--help)");
+    if (!model.count)
+        DIE("%s has no floating-point parameters to plan (%zu other tensors)", model.source,
+            model.skipped);
+    if (model.skipped)
+        fprintf(stderr, "fsdp2-plan: %zu integer tensors of %s left out (buffers, not "
+                "parameters)\n", model.skipped, model.source);
+    if (min_params >= 0 && units.nextra)
+        DIE("--unit NAME cannot add to --units min-params:N (FSDP1's size rule takes no "
+            "names); use a pattern or 'every'");
+    if (keep && reshard != 1)
+        DIE("--keep-last keeps the last block whole where the others reshard "
+            "(--reshard-after-forward 1); it means nothing with %d", reshard);
     if (rank >= shard)
         DIE("--rank %d is not in 0..%d (the shard dim has %d ranks)", rank, shard - 1, shard);
 
@@ -772,10 +329,12 @@ int main(int argc, char **argv)
     po.replicas = replicas;
     po.shard = shard;
     po.rank = rank;
-    po.shard_options.reshard_after_forward = reshard;
-    po.shard_options.unsharded_buffers = buffers;
-    po.shard_options.mp.param_dtype = param_dtype;
-    po.shard_options.mp.reduce_dtype = reduce_dtype;
+    fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
+    so.reshard_after_forward = reshard;
+    so.unsharded_buffers = buffers;
+    so.mp.param_dtype = param_dtype;
+    so.mp.reduce_dtype = reduce_dtype;
+    po.shard_options = &so;
     if (min_params >= 0) {
         po.min_params = min_params;
     } else {
@@ -783,9 +342,13 @@ int main(int argc, char **argv)
         po.policy_ctx = &units;
     }
     po.optimizer = opt;
-    keep_last_t kl = {&units, -1};
+    keep_last_t kl = {&units, NULL};
     if (keep) {
-        find_last(tree.root, &kl);
+        if (min_params >= 0)
+            DIE("--keep-last needs units chosen by name (blocks, every or a pattern)");
+        find_last_unit(tree.root, &kl);
+        if (!kl.last)
+            DIE("--keep-last: no unit besides the root to keep");
         po.unit_options = keep_last_unit;
         po.unit_options_ctx = &kl;
     }
@@ -805,6 +368,8 @@ int main(int argc, char **argv)
         double sbh = (double)seq * batch * model.hidden;
         double full = sbh * (34.0 + 5.0 * model.heads * (double)seq / model.hidden);
         act = ckpt ? 2.0 * sbh * model.layers + full : full * model.layers;
+        if (!(act < 9.2e18))
+            DIE("the activations (%.3g bytes) are more than 8 EiB", act);
     }
     uint64_t need = rep.total + (uint64_t)act;
 
@@ -821,10 +386,16 @@ int main(int argc, char **argv)
     double ar_s = ring_seconds(&rep.all_reduce, 1, bw_inter, lat_inter);
 
     if (json_out) {
-        printf("{\"model\": \"%s\", \"mesh\": [%d, %d], \"rank\": %d, \"units\": %d, "
+        cJSON *src = cJSON_CreateString(model.source);
+        char *quoted = src ? cJSON_PrintUnformatted(src) : NULL;
+        if (!quoted)
+            DIE("out of memory");
+        printf("{\"model\": %s, \"mesh\": [%d, %d], \"rank\": %d, \"units\": %d, "
                "\"params\": %lld, \"trained_params\": %lld,\n",
-               model.source, replicas, shard, rank, rep.units, (long long)rep.param_numel,
+               quoted, replicas, shard, rank, rep.units, (long long)rep.param_numel,
                (long long)rep.trained_numel);
+        cJSON_free(quoted);
+        cJSON_Delete(src);
         printf(" \"memory\": {\"sharded_params\": %llu, \"sharded_grads\": %llu, "
                "\"optimizer_state\": %llu, \"unsharded_params\": %llu, \"unsharded_grads\": "
                "%llu, \"reduce_scatter\": %llu, \"post_forward_params\": %llu, \"plan\": %llu, "
@@ -859,8 +430,8 @@ int main(int argc, char **argv)
     char b1[32], b2[32];
     printf("model       %s: %lld parameters (%lld trained), %d fully_shard units\n",
            model.source, (long long)rep.param_numel, (long long)rep.trained_numel, rep.units);
-    printf("mesh        %s [%d, %d] = %d ranks; rank %d of the shard dim; shards in %s%s%s%s%s\n",
-           replicas > 1 ? "HSDP" : "FSDP", replicas, shard, replicas * shard, rank,
+    printf("mesh        %s [%d, %d] = %lld ranks; rank %d of the shard dim; shards in %s%s%s%s%s\n",
+           replicas > 1 ? "HSDP" : "FSDP", replicas, shard, (long long)replicas * shard, rank,
            keep_dtype ? "the model's dtypes" : fsdp2_dtype_name(shard_dtype),
            param_dtype != FSDP2_DTYPE_COUNT ? ", compute in " : "",
            param_dtype != FSDP2_DTYPE_COUNT ? fsdp2_dtype_name(param_dtype) : "",

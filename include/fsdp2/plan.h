@@ -4,9 +4,12 @@
  * fsdp2_plan_model lays the tree out as fsdp2_fully_shard_tree would on that rank and
  * sizes the root's plan with the code that sizes the real one, so its memory is what
  * fsdp2_memory_plan reports there, to the byte (the real planner checks its allocations
- * against the same sizes). Nothing is allocated on any device and nothing communicates:
- * the tree, with its parameters on meta (or anywhere), is only read, and it may be
- * sharded for real afterwards. */
+ * against the same sizes). Nothing is allocated on any device and nothing communicates;
+ * the tree, with its parameters on meta (or anywhere), may be sharded for real
+ * afterwards. Planning lays the tree's parameters out as fully_shard would (scratch
+ * fields the real fully_shard sets again) and attaches units to it until it returns, on
+ * every path: plan one tree from one thread at a time, and not while another thread
+ * shards or uses it. */
 #ifndef FSDP2_PLAN_H
 #define FSDP2_PLAN_H
 
@@ -26,8 +29,10 @@ typedef struct fsdp2_plan_options {
     int replicas;              /* the mesh's replicate dim (HSDP); 1: FSDP on a 1D mesh */
     int shard;                 /* ranks each parameter is split over (the shard dim) */
     int rank;                  /* this rank's coordinate on the shard dim, 0..shard-1 */
-    /* fully_shard's options for every unit (mesh ignored; device cpu or cuda) */
-    fsdp2_shard_options_t shard_options;
+    /* fully_shard's options for every unit (mesh ignored; device cpu or cuda); NULL:
+     * FSDP2_SHARD_OPTIONS_INIT. Any size an earlier header gave them is taken, as by
+     * fsdp2_fully_shard. */
+    const fsdp2_shard_options_t *shard_options;
     /* The units, as fsdp2_fully_shard_tree chooses them: policy, or (policy NULL) every
      * module whose unowned parameters number min_params elements or more; the root is
      * always one. */
@@ -46,9 +51,8 @@ typedef struct fsdp2_plan_options {
     void *unit_options_ctx;
 } fsdp2_plan_options_t;
 
-#define FSDP2_PLAN_OPTIONS_INIT                                                              \
-    {sizeof(fsdp2_plan_options_t), 1, 1, 0, FSDP2_SHARD_OPTIONS_INIT, NULL, NULL, 0, NULL, \
-     NULL, NULL}
+#define FSDP2_PLAN_OPTIONS_INIT \
+    {sizeof(fsdp2_plan_options_t), 1, 1, 0, NULL, NULL, NULL, 0, NULL, NULL, NULL}
 
 /* One collective kind over one step (a forward and a backward with gradient sync). */
 typedef struct fsdp2_plan_collective {
@@ -82,7 +86,8 @@ typedef struct fsdp2_plan_report {
 
 /* Plans root's tree (not sharded yet) for the rank `rank` of a [replicas, shard] mesh.
  * FSDP2_ERR_INVALID_ARGUMENT for a bad option, naming it; FSDP2_ERR_INVALID_STATE when
- * the tree is sharded already. Not collective. */
+ * the tree, or a module above root, is sharded already; FSDP2_ERR_OVERFLOW for a model
+ * and mesh whose sizes do not fit 64 bits. Not collective. */
 FSDP2_API fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t *options,
                                           fsdp2_plan_report_t *report);
 

@@ -178,7 +178,9 @@ static fsdp2_status_t nccl_ops(const fsdp2_group_ops_t **ops)
     pthread_once(&nccl_once, nccl_load);
     if (!nccl_group_ops) {
         const fsdp2_cuda_module_t *module = NULL;
-        return fsdp2_cuda_module_get(&module); /* the loader's kept message */
+        FSDP2_CHECK(fsdp2_cuda_module_get(&module)); /* the loader's kept message */
+        return fsdp2_error(FSDP2_ERR_INTERNAL, "the CUDA module refused this libfsdp2's "
+                           "collectives table (another copy of libfsdp2 in the process?)");
     }
     *ops = nccl_group_ops;
     return FSDP2_SUCCESS;

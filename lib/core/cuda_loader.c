@@ -67,6 +67,12 @@ static int try_load(const char *path)
     }
     const fsdp2_cuda_module_t *module = NULL;
     fsdp2_status_t status = init(&host, &module);
+    if (status == FSDP2_ERR_INVALID_STATE) {
+        note("%s serves another copy of libfsdp2 in this process already (a program "
+             "linked with libfsdp2.a and a library using libfsdp2.so?)",
+             path);
+        return 0;
+    }
     if (status != FSDP2_SUCCESS || !module) {
         note("%s is from another build of libfsdp2: it refused this one's host table (module "
              "ABI %u)",
@@ -131,8 +137,8 @@ static void load(void)
 fsdp2_status_t fsdp2_cuda_module_get(const fsdp2_cuda_module_t **module)
 {
     pthread_once(&load_once, load);
-    if (!loaded)
-        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "the CUDA module could not be loaded: %s",
+    if (!loaded) /* at most 700 of its bytes: callers put a prefix of their own before it */
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "the CUDA module could not be loaded: %.700s",
                            load_error);
     *module = loaded;
     return FSDP2_SUCCESS;

@@ -95,13 +95,18 @@ fsdp2_status_t fsdp2_cuda_device_count(int *count)
     FSDP2_ARG_CHECK(count, "count is NULL");
     *count = 0;
     const fsdp2_cuda_module_t *module = NULL;
-    if (fsdp2_cuda_module_get(&module) != FSDP2_SUCCESS)
-        return FSDP2_SUCCESS; /* no module: no cuda device */
+    char kept[512];
+    snprintf(kept, sizeof(kept), "%s", fsdp2_last_error());
+    if (fsdp2_cuda_module_get(&module) != FSDP2_SUCCESS) {
+        fsdp2_error_set_message(kept); /* no module: no cuda device, and no failure */
+        return FSDP2_SUCCESS;
+    }
     for (int i = 0; i < FSDP2_MAX_CUDA_DEVICES; i++) {
         if (module->device_ops->check(i) != FSDP2_SUCCESS)
             break;
         *count = i + 1;
     }
+    fsdp2_error_set_message(kept);
     return FSDP2_SUCCESS;
 }
 

@@ -4,6 +4,7 @@
  * init entry point only, so these definitions bind inside the module and never stand in
  * for libfsdp2's own. */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "collectives/group_internal.h"
@@ -16,8 +17,8 @@
 /* The longest message the host keeps (lib/core/status.c); longer ones are cut there too. */
 #define HOST_MESSAGE_MAX 1024
 
-static const fsdp2_cuda_host_t *host;
-static const fsdp2_cuda_group_host_t *group_host;
+static _Atomic(const fsdp2_cuda_host_t *) host;
+static _Atomic(const fsdp2_cuda_group_host_t *) group_host;
 
 fsdp2_status_t fsdp2_error(fsdp2_status_t status, const char *fmt, ...)
 {
@@ -131,11 +132,15 @@ fsdp2_status_t fsdp2_store_add(fsdp2_store_t *store, const char *key, int64_t de
 /* ---- the entry points ---- */
 
 /* The collectives layer asks once per process, under its own once-guard; the table it
- * passes has static storage. */
+ * passes has static storage. Only the libfsdp2 that loaded the module may: another
+ * copy's table (or one of another build) gets no ops. */
 static const struct fsdp2_group_ops *module_nccl_ops(const fsdp2_cuda_group_host_t *gh)
 {
-    if (!group_host)
-        group_host = gh;
+    if (!gh || gh->abi != FSDP2_CUDA_MODULE_ABI || gh->size != sizeof(*gh))
+        return NULL;
+    const fsdp2_cuda_group_host_t *expected = NULL;
+    if (!atomic_compare_exchange_strong(&group_host, &expected, gh) && expected != gh)
+        return NULL;
     return &fsdp2_nccl_group_ops;
 }
 
@@ -157,7 +162,12 @@ fsdp2_cuda_module_init(const fsdp2_cuda_host_t *h, const fsdp2_cuda_module_t **o
 {
     if (!h || !out || h->abi != FSDP2_CUDA_MODULE_ABI || h->size != sizeof(*h))
         return FSDP2_ERR_NOT_AVAILABLE; /* the loader names both sides' versions */
-    host = h;
+    /* One libfsdp2 per module: a second copy in the process (a program linked with the
+     * static library beside a plugin using libfsdp2.so) would take the first one's
+     * errors and counters over. */
+    const fsdp2_cuda_host_t *expected = NULL;
+    if (!atomic_compare_exchange_strong(&host, &expected, h) && expected != h)
+        return FSDP2_ERR_INVALID_STATE;
     *out = &module;
     return FSDP2_SUCCESS;
 }

@@ -5,7 +5,6 @@
 #define FSDP2_FSDP_INTERNAL_H
 
 #include <fsdp2/fsdp.h>
-#include <fsdp2/plan.h>
 
 #define FSDP_MAX_RING 8
 
@@ -221,6 +220,10 @@ void fsdp_param_set_materialized(fsdp2_param_t *p);
 void fsdp_group_free(fsdp_group_t *g);
 /* FSDP2_ERR_INVALID_ARGUMENT (or UNSUPPORTED) naming the module fqn and the bad field. */
 fsdp2_status_t fsdp_check_shard_options(const fsdp2_shard_options_t *o, const char *fqn);
+/* *out = in as fully_shard takes it: the defaults for NULL, the fields an earlier header
+ * had for its size (the rest defaulted), then checked. */
+fsdp2_status_t fsdp_shard_options_take(const fsdp2_shard_options_t *in,
+                                       fsdp2_shard_options_t *out, const char *fqn);
 /* Elements of m's subtree's parameters that no group owns (fully_shard_tree's measure). */
 int64_t fsdp_unowned_numel(const fsdp2_module_t *m);
 /* A new group's fields for module m and options o (no mesh, ws, rank or replicas yet). */
@@ -266,18 +269,36 @@ typedef struct fsdp_plan_sizes {
  * init sets them. Sets dedicated for groups of one rank and encloses_groups: the same
  * decisions the allocation then follows. */
 void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s);
-/* The dry plan of fsdp2_plan_model (include/fsdp2/plan.h), but the optimizer: units
- * chosen and laid out as fsdp2_fully_shard_tree would on that rank, sized by
- * fsdp_plan_sizes, then detached again. local_trained_bytes: the bytes of one state
- * tensor per trained parameter (its local rows, in the shard dtype). */
+/* The dry plan behind fsdp2_plan_model (include/fsdp2/plan.h, lib/optim), but the
+ * optimizer: units chosen and laid out as fsdp2_fully_shard_tree would on one rank of a
+ * [replicas, shard] mesh, sized by fsdp_plan_sizes, then detached again. */
+typedef struct fsdp_dry_options {
+    int replicas, shard, rank;
+    fsdp2_shard_options_t shard_options; /* taken and checked (fsdp_shard_options_take) */
+    fsdp2_shard_policy_fn policy;
+    void *policy_ctx;
+    int64_t min_params;
+    void (*unit_options)(const fsdp2_module_t *unit, fsdp2_shard_options_t *options,
+                         void *ctx);
+    void *unit_options_ctx;
+} fsdp_dry_options_t;
+
+/* One collective kind of a step (fsdp2_plan_collective_t's fields). */
+typedef struct fsdp_dry_collective {
+    uint64_t calls, bytes, sent;
+    int ranks;
+} fsdp_dry_collective_t;
+
+/* local_trained_bytes: the bytes of one state tensor per trained parameter (its local
+ * rows, in the shard dtype). */
 typedef struct fsdp_dry_report {
     fsdp2_memory_plan_t memory;
     int units;
     int64_t param_numel, trained_numel;
     uint64_t local_trained_bytes;
-    fsdp2_plan_collective_t all_gather, block_all_gather, reduce_scatter, all_reduce;
+    fsdp_dry_collective_t all_gather, block_all_gather, reduce_scatter, all_reduce;
 } fsdp_dry_report_t;
-fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
                              fsdp_dry_report_t *out);
 /* Plans and allocates the root's buffers on first use; *out is the root. */
 fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);

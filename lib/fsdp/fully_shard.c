@@ -225,17 +225,34 @@ static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
             p->row_numel *= p->shape[d];
         p->chunk_rows = p->rows / g->ws + (p->rows % g->ws != 0);
         FSDP2_CHECK(fsdp2_chunk_range(p->rows, g->ws, g->rank, &p->offset_rows, &p->local_rows));
+        /* rows x row_numel is a tensor's numel (checked when it was made); the sums of
+         * a group's parameters are not */
+        int64_t chunk = p->chunk_rows * p->row_numel, whole = p->rows * p->row_numel;
         p->shard_offset = g->shard_numel;
-        g->shard_numel += p->chunk_rows * p->row_numel;
         p->full_offset = g->full_numel;
-        g->full_numel += p->rows * p->row_numel;
+        int over = __builtin_add_overflow(g->shard_numel, chunk, &g->shard_numel) ||
+                   __builtin_add_overflow(g->full_numel, whole, &g->full_numel);
         if (p->requires_grad) {
             p->grad_offset = g->grad_shard_numel;
-            g->grad_shard_numel += p->chunk_rows * p->row_numel;
             p->grad_full_offset = g->grad_full_numel;
-            g->grad_full_numel += p->rows * p->row_numel;
+            over = over || __builtin_add_overflow(g->grad_shard_numel, chunk, &g->grad_shard_numel) ||
+                   __builtin_add_overflow(g->grad_full_numel, whole, &g->grad_full_numel);
         }
+        if (over)
+            return fsdp2_error(FSDP2_ERR_OVERFLOW,
+                               "fully_shard '%s': the unit's elements overflow 64 bits at "
+                               "parameter '%s'",
+                               fqn, pfqn);
     }
+    /* Every byte count made of these (ws chunks of up to 8-byte elements, buffers of them)
+     * must fit too. */
+    int64_t gathered;
+    if (__builtin_mul_overflow(g->shard_numel, (int64_t)g->ws * 8, &gathered) ||
+        __builtin_mul_overflow(g->full_numel, (int64_t)8, &gathered))
+        return fsdp2_error(FSDP2_ERR_OVERFLOW,
+                           "fully_shard '%s': %d ranks x a shard of %lld elements (%lld whole) "
+                           "overflow 64-bit byte counts",
+                           fqn, g->ws, (long long)g->shard_numel, (long long)g->full_numel);
     if (g->num_params)
         FSDP2_CHECK(fsdp2_dtype_size(g->dtype, &g->elem));
     return FSDP2_SUCCESS;
@@ -389,22 +406,35 @@ static int planned_below(const fsdp2_module_t *m)
     return 0;
 }
 
+fsdp2_status_t fsdp_shard_options_take(const fsdp2_shard_options_t *in,
+                                       fsdp2_shard_options_t *out, const char *fqn)
+{
+    fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
+    *out = defaults;
+    if (in && in->size == sizeof(*in)) {
+        *out = *in;
+    } else if (in) {
+        /* Built against an earlier header: the fields it knows, and the defaults for the
+         * rest (what the size field is for). Only the bytes its size covers are read. */
+        size_t known = older_options_size(in->size);
+        FSDP2_ARG_CHECK(known,
+                        "fully_shard '%s': options size %u is not sizeof(fsdp2_shard_options_t) "
+                        "= %zu (use FSDP2_SHARD_OPTIONS_INIT)",
+                        fqn, in->size, sizeof(*in));
+        memcpy(out, in, known);
+        out->size = sizeof(*out);
+    }
+    return fsdp_check_shard_options(out, fqn);
+}
+
 fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t *options)
 {
     FSDP2_ARG_CHECK(m, "fully_shard: module is NULL");
-    fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
-    const fsdp2_shard_options_t *o = options ? options : &defaults;
-    size_t known = options ? older_options_size(options->size) : 0;
-    if (known) {
-        /* Built against an earlier header: the fields it knows, and the defaults for the
-         * rest (what the size field is for). */
-        memcpy(&defaults, options, known);
-        defaults.size = sizeof(defaults);
-        o = &defaults;
-    }
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(m, fqn, sizeof(fqn));
-    FSDP2_CHECK(fsdp_check_shard_options(o, fqn));
+    fsdp2_shard_options_t taken;
+    FSDP2_CHECK(fsdp_shard_options_take(options, &taken, fqn));
+    const fsdp2_shard_options_t *o = &taken;
     if (m->group)
         return fsdp2_error(FSDP2_ERR_INVALID_STATE, "fully_shard: module '%s' is already sharded",
                            fqn);

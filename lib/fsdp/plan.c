@@ -432,21 +432,27 @@ static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
     /* The sizes are the plan that fsdp2_plan_model reports without a mesh: what was
      * allocated must be them, to the byte. */
     const fsdp2_memory_plan_t *a = &r->plan, *b = &sizes.plan;
-    if (a->sharded_params != b->sharded_params || a->sharded_grads != b->sharded_grads ||
-        a->unsharded_params != b->unsharded_params || a->unsharded_grads != b->unsharded_grads ||
-        a->reduce_scatter != b->reduce_scatter || a->post_forward_params != b->post_forward_params ||
-        a->total != b->total || a->ring_buffers != b->ring_buffers || a->groups != b->groups)
-        return fsdp2_error(FSDP2_ERR_INTERNAL,
-                           "memory plan: allocated %llu bytes (unsharded params %llu, grads "
-                           "%llu, post-forward %llu) where the sizes say %llu (%llu, %llu, %llu)",
-                           (unsigned long long)r->plan.total,
-                           (unsigned long long)r->plan.unsharded_params,
-                           (unsigned long long)r->plan.unsharded_grads,
-                           (unsigned long long)r->plan.post_forward_params,
-                           (unsigned long long)sizes.plan.total,
-                           (unsigned long long)sizes.plan.unsharded_params,
-                           (unsigned long long)sizes.plan.unsharded_grads,
-                           (unsigned long long)sizes.plan.post_forward_params);
+    const struct {
+        const char *what;
+        uint64_t allocated, sized;
+    } fields[] = {
+        {"sharded_params", a->sharded_params, b->sharded_params},
+        {"sharded_grads", a->sharded_grads, b->sharded_grads},
+        {"unsharded_params", a->unsharded_params, b->unsharded_params},
+        {"unsharded_grads", a->unsharded_grads, b->unsharded_grads},
+        {"reduce_scatter", a->reduce_scatter, b->reduce_scatter},
+        {"post_forward_params", a->post_forward_params, b->post_forward_params},
+        {"total", a->total, b->total},
+        {"ring_buffers", (uint64_t)a->ring_buffers, (uint64_t)b->ring_buffers},
+        {"groups", (uint64_t)a->groups, (uint64_t)b->groups},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (fields[i].allocated != fields[i].sized)
+            return fsdp2_error(FSDP2_ERR_INTERNAL,
+                               "memory plan: %s is %llu as allocated but %llu as sized",
+                               fields[i].what, (unsigned long long)fields[i].allocated,
+                               (unsigned long long)fields[i].sized);
+    }
     FSDP2_LOG(INFO, FSDP,
               "memory plan: %d groups, %d unsharded buffers; bytes: sharded params %llu, grads "
               "%llu, unsharded params %llu, unsharded grads %llu, reduce-scatter %llu, "
@@ -566,7 +572,7 @@ fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
 /* ---- the dry plan: a rank of a mesh that need not exist ---- */
 
 typedef struct dry {
-    const fsdp2_plan_options_t *o;
+    const fsdp_dry_options_t *o;
     fsdp_group_t **made; /* every dry group, to undo */
     size_t count;
 } dry_t;
@@ -587,6 +593,7 @@ static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
     fsdp2_shard_options_t unit = d->o->shard_options;
     if (d->o->unit_options) {
         d->o->unit_options(m, &unit, d->o->unit_options_ctx);
+        unit.size = sizeof(unit);
         fsdp2_status_t checked = fsdp_check_shard_options(&unit, fqn);
         if (checked != FSDP2_SUCCESS) {
             free(g);
@@ -640,6 +647,16 @@ static void dry_undo(dry_t *d)
     free(d->made);
 }
 
+/* Whether m, a module under it, or one above it is sharded. */
+static int sharded_above(const fsdp2_module_t *m)
+{
+    for (const fsdp2_module_t *x = m->parent; x; x = x->parent) {
+        if (x->group)
+            return 1;
+    }
+    return 0;
+}
+
 static int any_group(const fsdp2_module_t *m)
 {
     if (m->group)
@@ -651,13 +668,15 @@ static int any_group(const fsdp2_module_t *m)
     return 0;
 }
 
-/* One collective of payload `bytes` over n ranks; ring_share is what this rank sends of
- * it: (n - 1) / n, or 2 (n - 1) / n for an all-reduce. */
-static void count(fsdp2_plan_collective_t *c, uint64_t bytes, int n, int all_reduce)
+/* One collective of payload `bytes` over n ranks; this rank sends (n - 1) / n of it, or
+ * 2 (n - 1) / n for an all-reduce (rounded down; written so that nothing overflows where
+ * the payload fits). */
+static void count(fsdp_dry_collective_t *c, uint64_t bytes, int n, int all_reduce)
 {
+    uint64_t m = (uint64_t)n, share = bytes / m * (m - 1) + bytes % m * (m - 1) / m;
     c->calls++;
     c->bytes += bytes;
-    c->sent += (all_reduce ? 2 : 1) * bytes * (uint64_t)(n - 1) / (uint64_t)n;
+    c->sent += all_reduce ? 2 * share : share;
     c->ranks = n > c->ranks ? n : c->ranks;
 }
 
@@ -690,11 +709,11 @@ static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
     }
 }
 
-fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
                              fsdp_dry_report_t *out)
 {
     memset(out, 0, sizeof(*out));
-    if (any_group(root))
+    if (any_group(root) || sharded_above(root))
         return fsdp2_error(FSDP2_ERR_INVALID_STATE,
                            "plan_model: the tree is sharded already (plan it before "
                            "fully_shard, or read fsdp2_memory_plan)");

@@ -34,18 +34,19 @@ typedef struct optim_shard {
     void *state[OPTIM_MAX_STATE];
 } optim_shard_t;
 
-/* Updates one shard in place by the rule c->kind names: one pass, on the calling
- * thread. */
 /* Checks that dt (a parameter's shard or its gradient's) is one lib/optim works on: on
- * the cpu (or on a cuda device, where allow_cuda says so and CUDA was built), f32 or f64;
- * errors name `what` ("optimizer", "clip_grad_norm") and the FQN. */
-/* The state tensors o's rule keeps per parameter (SGD without momentum: none), after
- * checking o as fsdp2_optimizer_create does. */
-fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count);
-
+ * the cpu (or on a cuda device, where allow_cuda says so), f32 or f64; errors name
+ * `what` ("optimizer", "clip_grad_norm") and the FQN. */
 fsdp2_status_t optim_check_shard(const char *what, const char *fqn, const fsdp2_dtensor_t *dt,
                                  int allow_cuda, fsdp2_dtensor_info_t *info);
 
+/* The state tensors the rule of options o keeps per parameter (SGD without momentum:
+ * none), after taking o (any size an earlier header had) and checking it as
+ * fsdp2_optimizer_create does. */
+fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count);
+
+/* Updates one shard in place by the rule c->kind names: one pass, on the calling
+ * thread. */
 void optim_update_f32(const optim_coeffs_t *c, const optim_shard_t *s);
 void optim_update_f64(const optim_coeffs_t *c, const optim_shard_t *s);
 

@@ -92,16 +92,6 @@ static size_t state_names_of(const fsdp2_optimizer_options_t *o, const char *con
 /* torch.optim's checks (each constructor's ValueErrors), plus eps > 0: with eps 0 the
  * first AdamW or Adadelta step divides 0 by 0 for every zero gradient. The comparisons
  * are written so that NaN fails them. */
-static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o);
-
-fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count)
-{
-    FSDP2_CHECK(check_options(o));
-    const char *const *names;
-    *count = state_names_of(o, &names);
-    return FSDP2_SUCCESS;
-}
-
 static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o)
 {
     FSDP2_ARG_CHECK(o->kind == FSDP2_OPTIMIZER_SGD || o->kind == FSDP2_OPTIMIZER_ADAMW ||
@@ -133,6 +123,16 @@ static fsdp2_status_t check_options(const fsdp2_optimizer_options_t *o)
         FSDP2_ARG_CHECK(o->eps > 0.0, "adadelta: eps %g must be > 0", o->eps);
         break;
     }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t optim_state_count(const fsdp2_optimizer_options_t *o, size_t *count)
+{
+    fsdp2_optimizer_options_t copy = FSDP2_SGD_OPTIONS_INIT(0.0);
+    FSDP2_CHECK(fsdp2_options_copy("optimizer options", &copy, sizeof(copy), o, NULL, 0));
+    FSDP2_CHECK(check_options(&copy));
+    const char *const *names;
+    *count = state_names_of(&copy, &names);
     return FSDP2_SUCCESS;
 }
 

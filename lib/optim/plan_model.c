@@ -8,6 +8,11 @@
 #include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
 
+static fsdp2_plan_collective_t collective(const fsdp_dry_collective_t *c)
+{
+    return (fsdp2_plan_collective_t){c->calls, c->bytes, c->sent, c->ranks};
+}
+
 fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
                                 fsdp2_plan_report_t *report)
 {
@@ -28,23 +33,30 @@ fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t
                     o->shard - 1);
     FSDP2_ARG_CHECK(o->min_params >= 0, "plan_model: min_params %lld is negative",
                     (long long)o->min_params);
-    FSDP2_CHECK(fsdp_check_shard_options(&o->shard_options, "(plan_model)"));
+    fsdp_dry_options_t dopt = {o->replicas, o->shard, o->rank, FSDP2_SHARD_OPTIONS_INIT,
+                               o->policy, o->policy_ctx, o->min_params, o->unit_options,
+                               o->unit_options_ctx};
+    FSDP2_CHECK(fsdp_shard_options_take(o->shard_options, &dopt.shard_options, "(plan_model)"));
     size_t states = 0;
     if (o->optimizer)
         FSDP2_CHECK(optim_state_count(o->optimizer, &states));
     fsdp_dry_report_t dry;
-    FSDP2_CHECK(fsdp_plan_dry(root, o, &dry));
+    FSDP2_CHECK(fsdp_plan_dry(root, &dopt, &dry));
     memset(report, 0, sizeof(*report));
     report->size = sizeof(*report);
     report->memory = dry.memory;
-    report->optimizer_state = (uint64_t)states * dry.local_trained_bytes;
-    report->total = dry.memory.total + report->optimizer_state;
+    if (__builtin_mul_overflow((uint64_t)states, dry.local_trained_bytes,
+                               &report->optimizer_state) ||
+        __builtin_add_overflow(dry.memory.total, report->optimizer_state, &report->total))
+        return fsdp2_error(FSDP2_ERR_OVERFLOW,
+                           "plan_model: the optimizer's %zu states of %llu bytes overflow 64 bits",
+                           states, (unsigned long long)dry.local_trained_bytes);
     report->units = dry.units;
     report->param_numel = dry.param_numel;
     report->trained_numel = dry.trained_numel;
-    report->all_gather = dry.all_gather;
-    report->block_all_gather = dry.block_all_gather;
-    report->reduce_scatter = dry.reduce_scatter;
-    report->all_reduce = dry.all_reduce;
+    report->all_gather = collective(&dry.all_gather);
+    report->block_all_gather = collective(&dry.block_all_gather);
+    report->reduce_scatter = collective(&dry.reduce_scatter);
+    report->all_reduce = collective(&dry.all_reduce);
     return FSDP2_SUCCESS;
 }

@@ -145,8 +145,7 @@ static int plan_then_shard(rank_ctx_t *c)
     po.replicas = pc->hsdp ? 2 : 1;
     po.shard = c->size / po.replicas;
     po.rank = c->rank % po.shard;
-    po.shard_options = r->opts;
-    po.shard_options.mesh = NULL;
+    po.shard_options = &r->opts; /* its mesh is not used */
     po.policy = layers_and_block;
     po.optimizer = &oo;
     if (pc->keep_last)
@@ -391,15 +390,24 @@ START_TEST(bad_options_are_refused_naming_them)
     po.shard = 0;
     ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "shard 0"));
+    fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
     po = (fsdp2_plan_options_t)FSDP2_PLAN_OPTIONS_INIT;
     po.shard = 4;
-    po.shard_options.reshard_after_forward = 3;
+    so.reshard_after_forward = 3;
+    po.shard_options = &so;
     ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "reshard_after_forward 3"));
+    so = (fsdp2_shard_options_t)FSDP2_SHARD_OPTIONS_INIT;
+    so.unsharded_buffers = 0;
     po = (fsdp2_plan_options_t)FSDP2_PLAN_OPTIONS_INIT;
-    po.shard_options.unsharded_buffers = 0;
+    po.shard_options = &so;
     ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "unsharded_buffers 0"));
+    so = (fsdp2_shard_options_t)FSDP2_SHARD_OPTIONS_INIT;
+    so.size = 12;
+    po.shard_options = &so;
+    ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "options size 12"));
     fsdp2_optimizer_options_t bad = FSDP2_ADAMW_OPTIONS_INIT(-1.0);
     po = (fsdp2_plan_options_t)FSDP2_PLAN_OPTIONS_INIT;
     po.optimizer = &bad;
@@ -412,12 +420,60 @@ START_TEST(bad_options_are_refused_naming_them)
 }
 END_TEST
 
+/* A unit refused midway (its own options bad) leaves the tree as it was: no module or
+ * parameter attached to a unit, and the tree shards for real afterwards. */
+static void second_unit_bad(const fsdp2_module_t *unit, fsdp2_shard_options_t *o, void *ctx)
+{
+    int *seen = ctx;
+    if (++*seen == 2)
+        o->unsharded_buffers = 0;
+    (void)unit;
+}
+
+START_TEST(a_failure_midway_leaves_the_tree_as_it_was)
+{
+    fsdp2_module_t *root, *a, *b;
+    fsdp2_param_t *pa, *pb;
+    ck_assert_int_eq(fsdp2_module_create("", &root), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_create("a", &a), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_create("b", &b), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_add_child(root, a), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_add_child(root, b), FSDP2_SUCCESS);
+    fsdp2_tensor_t *w;
+    ck_assert_int_eq(fsdp2_tensor_empty(META, FSDP2_F32, 1, (int64_t[]){8}, &w), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_add_param(a, "w", w, 1, &pa), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_module_add_param(b, "w", w, 1, &pb), FSDP2_SUCCESS);
+    fsdp2_tensor_release(w);
+    int seen = 0;
+    fsdp2_plan_options_t po = FSDP2_PLAN_OPTIONS_INIT;
+    po.unit_options = second_unit_bad;
+    po.unit_options_ctx = &seen;
+    fsdp2_plan_report_t rep = {.size = sizeof(rep)};
+    ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "unsharded_buffers 0"));
+    ck_assert_int_eq(seen, 2);
+    fsdp2_module_state_t st = {.size = sizeof(st)};
+    ck_assert_int_eq(fsdp2_module_state(a, &st), FSDP2_SUCCESS);
+    ck_assert_int_eq(st.sharded, 0);
+    ck_assert_int_eq(fsdp2_module_state(root, &st), FSDP2_SUCCESS);
+    ck_assert_int_eq(st.sharded, 0);
+    fsdp2_dtensor_t *dt = NULL;
+    ck_assert_int_eq(fsdp2_param_sharded(pa, &dt), FSDP2_ERR_INVALID_STATE);
+    /* planning again without the bad unit works */
+    po.unit_options = NULL;
+    ck_assert_int_eq(fsdp2_plan_model(root, &po, &rep), FSDP2_SUCCESS);
+    ck_assert_int_eq(rep.units, 3);
+    fsdp2_module_destroy(root);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fsdp_plan");
     TCase *by_hand = tcase_create("by_hand");
     tcase_add_test(by_hand, plan_of_one_layer_by_hand);
     tcase_add_test(by_hand, bad_options_are_refused_naming_them);
+    tcase_add_test(by_hand, a_failure_midway_leaves_the_tree_as_it_was);
     suite_add_tcase(s, by_hand);
     TCase *real = tcase_create("real");
     tcase_set_timeout(real, 300);

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# fsdp2-plan's communication estimate of a Fashion-MNIST MLP step against what a trace of
+# that step measures, on this machine, at N ranks (default 4):
+#
+#     bench/plan_vs_trace.sh [BUILD_DIR] [N]
+#
+# 1. This machine's collectives at N ranks (bench_collectives, all-gather and
+#    reduce-scatter from 64 KiB to 4 MiB): a line time = a + b x sent bytes fitted by
+#    least squares gives the ring model's latency per step (a / (N - 1)) and bandwidth
+#    (1 / b).
+# 2. fsdp2-plan on the example's MLP (784-512-256-10, every layer a unit, Adadelta) with
+#    that latency and bandwidth: the step's all-gather and reduce-scatter seconds.
+# 3. The example traced at N ranks (steps 10 to 29 of one epoch on 3200 images): per
+#    step, the sum of the all-gather and reduce-scatter times of the layers, averaged
+#    over the steps and ranks (fsdp2-trace summary --json).
+# Prints the three and the ratio plan / trace, and writes BUILD_DIR/plan_vs_trace.json.
+set -euo pipefail
+build=${1:-build}
+n=${2:-4}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+run="$build/tools/fsdp2run"
+
+"$run" --nproc-per-node "$n" "$build/bench/bench_collectives" --min 65536 --max 4194304 \
+    --ops all_gather,reduce_scatter --json "$tmp/coll.json" >"$tmp/coll.txt"
+cat "$tmp/coll.txt"
+read -r lat_us bw_gbs < <(python3 - "$tmp/coll.json" "$n" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+pts = [((n - 1) / n * r["bytes"], r["time_us"]) for r in d["results"]]
+mx = sum(x for x, _ in pts) / len(pts); my = sum(y for _, y in pts) / len(pts)
+b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+a = my - b * mx
+print("%.3f %.4f" % (max(a, 0.0) / (n - 1), 1e-3 / b))
+PY
+)
+echo "fitted: latency ${lat_us} us per ring step, bandwidth ${bw_gbs} GB/s per rank"
+
+cat >"$tmp/mlp.json" <<'JSON'
+{"params": [{"name": "fc1.weight", "shape": [512, 784]}, {"name": "fc1.bias", "shape": [512]},
+            {"name": "fc2.weight", "shape": [256, 512]}, {"name": "fc2.bias", "shape": [256]},
+            {"name": "fc3.weight", "shape": [10, 256]}, {"name": "fc3.bias", "shape": [10]}]}
+JSON
+"$build/tools/fsdp2-plan" --json "$tmp/mlp.json" --ranks "$n" --ranks-per-host "$n" \
+    --units every --optimizer adadelta --bw "intra=${bw_gbs}GB/s,inter=${bw_gbs}GB/s" \
+    --lat "intra=${lat_us}us,inter=${lat_us}us" --json-out >"$tmp/plan.json"
+
+"$run" --nproc-per-node "$n" "$build/examples/fashion_mnist" --model mlp --epochs 1 \
+    --limit 3200 --trace "$tmp/trace.json" --trace-steps 10:29 >"$tmp/run.txt" 2>&1 ||
+    { cat "$tmp/run.txt"; exit 1; }
+"$build/tools/fsdp2-trace" summary "$tmp/trace.json" --json >"$tmp/summary.json"
+
+python3 - "$tmp/plan.json" "$tmp/summary.json" "$build/plan_vs_trace.json" "$n" \
+    "$lat_us" "$bw_gbs" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1])); summ = json.load(open(sys.argv[2]))
+n, lat, bw = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+st = plan["step"]
+planned_ms = 1e3 * (st["all_gather"]["seconds"] + st["reduce_scatter"]["seconds"])
+per_step = [sum(m["all_gather_ms"] + m["reduce_scatter_ms"] for m in s["modules"])
+            for s in summ["steps"]]
+traced_ms = sum(per_step) / len(per_step)
+print("%-34s %10s" % ("", "ms / step"))
+print("%-34s %10.3f" % ("fsdp2-plan (ring model, fitted)", planned_ms))
+print("%-34s %10.3f  (%d rank-steps, %.3f to %.3f)" % ("traced collectives", traced_ms,
+      len(per_step), min(per_step), max(per_step)))
+print("%-34s %10.3f" % ("plan / trace", planned_ms / traced_ms))
+json.dump({"ranks": n, "latency_us": lat, "bandwidth_gbs": bw, "planned_ms": planned_ms,
+           "traced_ms": traced_ms, "traced_min_ms": min(per_step),
+           "traced_max_ms": max(per_step), "ratio": planned_ms / traced_ms,
+           "planned": st}, open(sys.argv[3], "w"), indent=1)
+print("wrote", sys.argv[3])
+PY
