@@ -37,7 +37,7 @@ typedef struct args {
     const char *dump_batches;
     gpt2_config_t cfg;
     long steps, seed, val_every, val_batches, sample, log_every, save_every;
-    int batch, grad_accum, threads, no_shard, checkpointing, reshard_after_forward;
+    int batch, grad_accum, threads, no_shard, hsdp, checkpointing, reshard_after_forward;
     double lr, min_lr, weight_decay, clip;
     long warmup;
 } args_t;
@@ -73,7 +73,7 @@ static void usage(const char *prog, const char *bad)
             "usage: %s [--preset tiny|small|gpt2-124m] [--layers N --heads N --dim N --seq-len N]\n"
             "          [--steps N] [--batch GLOBAL] [--grad-accum K] [--lr X] [--min-lr X]\n"
             "          [--warmup N] [--weight-decay X] [--clip X] [--seed N] [--data PATH]\n"
-            "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard]\n"
+            "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard | --hsdp]\n"
             "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
             "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
             "          [--save DIR [--save-every N]] [--resume DIR] [--export FILE.safetensors]\n"
@@ -143,6 +143,10 @@ static void parse(int argc, char **argv, args_t *a)
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
             a->no_shard = 1;
+            continue;
+        }
+        if (!strcmp(f, "--hsdp")) {
+            a->hsdp = 1;
             continue;
         }
         if (!strcmp(f, "--activation-checkpointing")) {
@@ -294,6 +298,12 @@ static void setup(run_t *r)
     }
     CHECK(gpt2_create(&a->cfg, (uint64_t)a->seed, &r->model));
     fsdp2_mesh_t *mesh = r->mesh;
+    if (a->hsdp && a->no_shard) {
+        fprintf(stderr, "error: --hsdp and --no-shard exclude each other\n");
+        exit(2);
+    }
+    if (a->hsdp) /* shard within a node, replicate across nodes */
+        CHECK(fsdp2_context_hsdp_mesh(r->ctx, 0, &mesh));
     if (a->no_shard) {
         /* Replicated: every rank a mesh of its own, the gradients all-reduced (DDP). */
         fsdp2_store_t *store;
@@ -594,7 +604,8 @@ int main(int argc, char **argv)
                "over %d rank%s, global batch %d (%d per rank in %d micro-batch%s), %s "
                "parameters%s, %d GEMM thread%s per rank\n",
                a->preset, a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab,
-               (long long)gpt2_numel(&a->cfg), a->no_shard ? "replicated (--no-shard)" : "FSDP",
+               (long long)gpt2_numel(&a->cfg),
+               a->no_shard ? "replicated (--no-shard)" : a->hsdp ? "HSDP (--hsdp)" : "FSDP",
                r.ws, r.ws > 1 ? "s" : "", a->batch, r.local_batch, a->grad_accum,
                a->grad_accum > 1 ? "es" : "", a->param_dtype,
                a->checkpointing ? ", activation checkpointing" : "", a->threads,

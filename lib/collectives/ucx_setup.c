@@ -341,6 +341,13 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         status = fsdp2_shm_create(g, store, shm_peer_gone, ug, &ug->shm);
     if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
         status = fsdp2_ucx_listen_aborts(ug);
+    if (status == FSDP2_SUCCESS && g->size > 1) {
+        int remote = 0;
+        for (int r = 0; r < g->size; r++)
+            remote += r != g->rank && !ug->peer_errors[r].local;
+        FSDP2_LOG(INFO, COLL, "group '%s': %s (%d of %d peers on other hosts)", g->name,
+                  ug->shm ? "shared memory" : "UCX messages", remote, g->size - 1);
+    }
 cleanup:
     if (status != FSDP2_SUCCESS) {
         int had_context = ug->has_context;
