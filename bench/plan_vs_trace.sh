@@ -31,7 +31,7 @@ pts = [((n - 1) / n * r["bytes"], r["time_us"]) for r in d["results"]]
 mx = sum(x for x, _ in pts) / len(pts); my = sum(y for _, y in pts) / len(pts)
 b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 a = my - b * mx
-print("%.3f %.4f" % (max(a, 0.0) / (n - 1), 1e-3 / b))
+print("%.3f %.4f" % (max(a / (n - 1), 0.001), 1e-3 / b))
 PY
 )
 echo "fitted: latency ${lat_us} us per ring step, bandwidth ${bw_gbs} GB/s per rank"
