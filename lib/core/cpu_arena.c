@@ -1,8 +1,10 @@
 /* The shareable cpu arena: one memfd per process, as large as the machine's memory but
  * sparse (pages exist once touched), mapped once, and cut into page-aligned allocations
  * by first fit. Each allocation is followed by a guard page that is never touched, so
- * that two buffers of a power-of-two size never sit exactly that far apart: reading two
- * such buffers at the same offsets ran at a third of the speed on this machine.
+ * that two buffers of a power-of-two size never sit exactly that far apart: addresses a
+ * large power of two apart fall into the same cache sets, so reading two such buffers
+ * at the same offsets evicts each other's lines (the measured cost: docs/collectives.md,
+ * "Where the peers' arenas are mapped").
  *
  * The arena's first page holds its magic and nonce (fsdp2_cpu_arena_id_t).
  *
