@@ -33,7 +33,6 @@ tx() { # tx K: host K's eth0 transmitted bytes
         python3 -c "import json, sys; print(json.load(sys.stdin)[0]['stats64']['tx']['bytes'])"
 }
 
-"$build/tools/fsdp2-plan" --model gpt2-tiny --ranks 4 --json-out >/dev/null # the tool runs
 for rate in $rates; do
     hosts_up 2 "$rate"
     master=$(hosts_addr 0)

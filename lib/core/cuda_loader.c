@@ -71,6 +71,7 @@ static int try_load(const char *path)
         note("%s serves another copy of libfsdp2 in this process already (a program "
              "linked with libfsdp2.a and a library using libfsdp2.so?)",
              path);
+        dlclose(handle);
         return 0;
     }
     if (status != FSDP2_SUCCESS || !module) {

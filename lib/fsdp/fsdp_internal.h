@@ -230,8 +230,9 @@ int64_t fsdp_unowned_numel(const fsdp2_module_t *m);
 void fsdp_group_init(fsdp_group_t *g, fsdp2_module_t *m, const fsdp2_shard_options_t *o);
 /* The layout of a group whose ws, rank and replicas are set: the parameters of its module
  * that no nested group owns (in named_parameters order), their ties checked, their places
- * in the flat shards and unsharded buffers, and the dtypes of the mixed precision policy.
- * Allocates nothing but the group's parameter list; fully_shard and the dry plan
+ * in the flat shards and unsharded buffers, the dtypes of the mixed precision policy, and
+ * the post-forward layout of reshard_after_forward. Allocates nothing but the group's
+ * parameter list; fully_shard and the dry plan
  * (fsdp2_plan_model) both lay groups out with it. */
 fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t *o,
                                    const char *fqn);

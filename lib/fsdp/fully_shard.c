@@ -391,7 +391,8 @@ fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t 
         g->dtype = FSDP2_F32;
         g->elem = sizeof(float);
     }
-    return fsdp_group_set_precision(g, &o->mp, fqn);
+    FSDP2_CHECK(fsdp_group_set_precision(g, &o->mp, fqn));
+    return fsdp_group_set_reshard_after_forward(g, o->reshard_after_forward, "fully_shard");
 }
 
 /* Whether a group under m already belongs to a planned root. */
@@ -485,8 +486,6 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
         status = fsdp_group_geometry(g, o, fqn);
     if (status == FSDP2_SUCCESS)
         status = build(g);
-    if (status == FSDP2_SUCCESS)
-        status = fsdp_group_set_reshard_after_forward(g, o->reshard_after_forward, "fully_shard");
     if (status != FSDP2_SUCCESS) {
         for (size_t i = 0; i < g->num_params; i++) {
             fsdp2_param_t *p = g->params[i];

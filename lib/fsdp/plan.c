@@ -606,8 +606,6 @@ static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
     g->rank = d->o->rank;
     g->replicas = d->o->replicas;
     fsdp2_status_t status = fsdp_group_geometry(g, so, fqn);
-    if (status == FSDP2_SUCCESS)
-        status = fsdp_group_set_reshard_after_forward(g, so->reshard_after_forward, "fully_shard");
     if (status != FSDP2_SUCCESS) {
         fsdp_group_free(g);
         return status;

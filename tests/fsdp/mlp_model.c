@@ -274,21 +274,36 @@ void global_samples(int ws, int micro, int micros, int *samples, int *n)
             samples[(*n)++] = rank * per_rank + micro * per_micro + s;
 }
 
-int run_open(rank_ctx_t *c, run_t *r)
+/* Mesh names must differ between meshes (their store keys outlive them): a body that
+ * opens several runs gets "fsdp0", "fsdp1", ... (or "fsdp2d0", ...) the same on every
+ * rank. */
+static int open_mesh(rank_ctx_t *c, run_t *r, const char *prefix, int *opened, int ndim,
+                     int *shape, const char *const *names)
 {
-    /* Mesh names must differ between meshes (their store keys outlive them): a body that
-     * opens several runs gets "fsdp0", "fsdp1", ... the same on every rank. */
-    static int opened;
     char name[16];
-    snprintf(name, sizeof(name), "fsdp%d", opened++);
+    snprintf(name, sizeof(name), "%s%d", prefix, (*opened)++);
     memset(r, 0, sizeof(*r));
     r->c = c;
     r->grads_start_at_zero = 1;
     fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
     go.timeout_ms = GROUP_TIMEOUT_MS; /* a rank that fails early must not hang the others */
-    int ws = c->size;
-    return OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, 1, &ws, NULL, &go,
+    return OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, ndim, shape, names, &go,
                                    &r->mesh));
+}
+
+int run_open(rank_ctx_t *c, run_t *r)
+{
+    static int opened;
+    int ws = c->size;
+    return open_mesh(c, r, "fsdp", &opened, 1, &ws, NULL);
+}
+
+int run_open_2d(rank_ctx_t *c, run_t *r, int replicas)
+{
+    static int opened;
+    int shape[2] = {replicas, c->size / replicas};
+    const char *const names[2] = {"replicate", "shard"};
+    return open_mesh(c, r, "fsdp2d", &opened, 2, shape, names);
 }
 
 int run_close(run_t *r)

@@ -166,6 +166,8 @@ void local_samples(const run_t *r, int micro, int micros, int *samples, int *n);
 void global_samples(int ws, int micro, int micros, int *samples, int *n);
 
 int run_open(rank_ctx_t *c, run_t *r);
+/* The same on a 2D [replicas, ws / replicas] mesh ("replicate", "shard"). */
+int run_open_2d(rank_ctx_t *c, run_t *r, int replicas);
 int run_close(run_t *r);
 /* Declares the tree and, unless bo->shard says otherwise, shards it (run_bind_hooks). */
 int build_model(run_t *r, const build_options_t *bo);

@@ -58,18 +58,8 @@ static int64_t numel_of(int l, int kind)
 /* Like run_open, on a [replicate, shard] mesh; checks the row-major coordinates. */
 static int hsdp_open(rank_ctx_t *c, run_t *r, mesh_shape_t m)
 {
-    static int opened; /* mesh names must differ between meshes (see run_open) */
-    char name[16];
-    snprintf(name, sizeof(name), "hsdp%d", opened++);
-    memset(r, 0, sizeof(*r));
-    r->c = c;
-    r->grads_start_at_zero = 1;
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = GROUP_TIMEOUT_MS;
-    int shape[2] = {m.replicas, m.shards};
-    const char *const names[2] = {"replicate", "shard"};
-    int fails = OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, 2, shape, names, &go,
-                                        &r->mesh));
+    int fails = run_open_2d(c, r, m.replicas); /* the checks below catch a shard size
+                                                  that is not ws / replicas */
     if (fails)
         return fails;
     int rep = -1, shard = -1, dim = -1;

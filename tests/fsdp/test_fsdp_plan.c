@@ -89,22 +89,6 @@ static void keep_fc3(const fsdp2_module_t *unit, fsdp2_shard_options_t *o, void 
         o->reshard_after_forward = 0;
 }
 
-static int open_hsdp(rank_ctx_t *c, run_t *r)
-{
-    static int opened;
-    char name[16];
-    snprintf(name, sizeof(name), "plan2d%d", opened++);
-    memset(r, 0, sizeof(*r));
-    r->c = c;
-    r->grads_start_at_zero = 1;
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = GROUP_TIMEOUT_MS;
-    int shape[2] = {2, c->size / 2};
-    const char *const names[2] = {"replicate", "shard"};
-    return OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, 2, shape, names, &go,
-                                   &r->mesh));
-}
-
 #define SAME(c, field, a, b)                                                                \
     RANK_CHECK((c), (a).field == (b).field, "%s: planned %llu, real %llu", #field,         \
                (unsigned long long)(a).field, (unsigned long long)(b).field)
@@ -113,7 +97,7 @@ static int plan_then_shard(rank_ctx_t *c)
 {
     const plan_case_t *pc = &the_case;
     run_t *r = calloc(1, sizeof(*r));
-    int fails = pc->hsdp ? open_hsdp(c, r) : run_open(c, r);
+    int fails = pc->hsdp ? run_open_2d(c, r, 2) : run_open(c, r);
     build_options_t bo = BUILD_DEFAULT;
     bo.nested = pc->nested;
     bo.frozen_fc2_bias = pc->frozen;

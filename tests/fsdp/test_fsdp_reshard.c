@@ -95,29 +95,12 @@ static int plan_of(run_t *r, fsdp2_memory_plan_t *plan)
     return OK(r->c, fsdp2_memory_plan(r->root, plan));
 }
 
-/* A [1, ws] mesh instead of run_open's 1D one. */
-static int open_2d(rank_ctx_t *c, run_t *r)
-{
-    static int opened;
-    char name[16];
-    snprintf(name, sizeof(name), "rs2d%d", opened++);
-    memset(r, 0, sizeof(*r));
-    r->c = c;
-    r->grads_start_at_zero = 1;
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = GROUP_TIMEOUT_MS;
-    int shape[2] = {1, c->size};
-    const char *const names[2] = {"replicate", "shard"};
-    return OK(c, fsdp2_mesh_create(c->store, name, c->rank, c->size, 2, shape, names, &go,
-                                   &r->mesh));
-}
-
 /* Trains STEPS steps with reshard_after_forward = n against the reference; the plan is
  * returned in *plan and the final parameters (whole, layer by layer) in *params. */
 static int train_with(rank_ctx_t *c, int n, int two_d, fsdp2_memory_plan_t *plan, float *params)
 {
     run_t *r = malloc(sizeof(*r));
-    int fails = two_d ? open_2d(c, r) : run_open(c, r);
+    int fails = two_d ? run_open_2d(c, r, 1) : run_open(c, r);
     build_options_t bo = BUILD_DEFAULT;
     bo.reshard_after_forward = n;
     if (!fails)
