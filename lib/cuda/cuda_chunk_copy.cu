@@ -1,6 +1,7 @@
 /* The strided chunk copy with cast of the cuda device backend, for every pair of the 7
- * dtypes (cuda_kernels.h; how the kernels are built: cuda_kernels.cu). A file of its own
- * so that its 98 kernels compile beside the others. */
+ * dtypes (cuda_kernels.h; how the kernels are built: cuda_kernels.cu; which pairs have
+ * vector kernels: cuda_pack.cuh). A file of its own so that it compiles beside the
+ * others. */
 #include "cuda/cuda_kernels.h"
 
 #include <climits>
@@ -11,10 +12,12 @@
 
 namespace {
 
+/* An element per thread; <D, S> a floating pair, or <kAnyDtype, kAnyDtype> for any pair
+ * given at run time as dd and sd (cuda_kernels.cu's accumulate_kernel). */
 template <fsdp2_dtype_t D, fsdp2_dtype_t S>
-__global__ void chunk_copy_kernel(void *__restrict__ dst, size_t dst_stride,
-                                  const void *__restrict__ src, size_t src_stride, size_t rows,
-                                  size_t cols)
+__global__ void chunk_copy_kernel(fsdp2_dtype_t dd, void *__restrict__ dst, size_t dst_stride,
+                                  fsdp2_dtype_t sd, const void *__restrict__ src,
+                                  size_t src_stride, size_t rows, size_t cols)
 {
     size_t col_stride = (size_t)gridDim.x * blockDim.x;
     size_t col0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -22,7 +25,8 @@ __global__ void chunk_copy_kernel(void *__restrict__ dst, size_t dst_stride,
         size_t d = r * dst_stride;
         size_t s = r * src_stride;
         for (size_t c = col0; c < cols; c += col_stride)
-            fsdp2_cu_convert_elem(D, dst, d + c, S, src, s + c);
+            fsdp2_cu_convert_elem(D == kAnyDtype ? dd : D, dst, d + c,
+                                  S == kAnyDtype ? sd : S, src, s + c);
     }
 }
 
@@ -58,31 +62,28 @@ __global__ void chunk_copy_vec_kernel(char *__restrict__ dst, size_t dst_pitch,
 }
 
 template <fsdp2_dtype_t D>
-cudaError_t launch_chunk_copy(const fsdp2_chunk_copy_t *c, cudaStream_t stream)
+void launch_chunk_copy_float(const fsdp2_chunk_copy_t *c, dim3 grid, int vec, size_t head,
+                             cudaStream_t stream)
 {
     size_t de = fsdp2_cu_dtype_size(D), se = fsdp2_cu_dtype_size(c->src_dtype);
-    size_t head = common_head(c->dst, de, c->dst_stride * de, c->src, se, c->src_stride * se,
-                              c->rows);
-    int vec = head < kPack && c->cols >= head + kPack;
-    size_t rows = c->rows < kMaxRowBlocks ? c->rows : kMaxRowBlocks;
-    size_t cap = kMaxBlocks * 4 / rows;
-    size_t per_row = vec ? (c->cols - head) / kPack : c->cols;
-    dim3 grid(blocks_for(per_row, cap == 0 ? 1 : cap), (unsigned)rows, 1);
     switch (c->src_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str)                                                 \
-    case FSDP2_##name:                                                                       \
-        if (vec)                                                                             \
-            chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(           \
-                (char *)c->dst, c->dst_stride * de, (const char *)c->src, c->src_stride * se, \
-                c->rows, c->cols, head);                                                     \
-        else                                                                                 \
-            chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(               \
-                c->dst, c->dst_stride, c->src, c->src_stride, c->rows, c->cols);             \
-        return cudaGetLastError();
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
+#define FSDP2_CU_CASE_(name)                                                                  \
+    case FSDP2_##name:                                                                        \
+        if constexpr (D != FSDP2_##name) { /* a copy within one dtype is a memcpy */          \
+            if (vec)                                                                          \
+                chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(        \
+                    (char *)c->dst, c->dst_stride * de, (const char *)c->src,                 \
+                    c->src_stride * se, c->rows, c->cols, head);                              \
+            else                                                                              \
+                chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
+                    D, c->dst, c->dst_stride, c->src_dtype, c->src, c->src_stride, c->rows,   \
+                    c->cols);                                                                 \
+        }                                                                                     \
+        break;
+        FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        return cudaErrorInvalidValue;
+        break;
     }
 }
 
@@ -112,23 +113,40 @@ cudaError_t copy_same_dtype(const fsdp2_chunk_copy_t *c, size_t elem, cudaStream
 
 } // namespace
 
-extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *copy, cudaStream_t stream)
+extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *c, cudaStream_t stream)
 {
     (void)cudaGetLastError();
-    size_t dst_elem = fsdp2_cu_dtype_size(copy->dst_dtype);
-    if (dst_elem == 0 || fsdp2_cu_dtype_size(copy->src_dtype) == 0)
+    size_t dst_elem = fsdp2_cu_dtype_size(c->dst_dtype);
+    if (dst_elem == 0 || fsdp2_cu_dtype_size(c->src_dtype) == 0)
         return cudaErrorInvalidValue;
-    if (copy->rows == 0 || copy->cols == 0)
+    if (c->rows == 0 || c->cols == 0)
         return cudaSuccess;
-    if (copy->dst_dtype == copy->src_dtype)
-        return copy_same_dtype(copy, dst_elem, stream);
-    switch (copy->dst_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str) \
-    case FSDP2_##name:                       \
-        return launch_chunk_copy<FSDP2_##name>(copy, stream);
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
+    if (c->dst_dtype == c->src_dtype)
+        return copy_same_dtype(c, dst_elem, stream);
+    size_t de = dst_elem, se = fsdp2_cu_dtype_size(c->src_dtype);
+    size_t head = common_head(c->dst, de, c->dst_stride * de, c->src, se, c->src_stride * se,
+                              c->rows);
+    int floating = floating_pair(c->dst_dtype, c->src_dtype);
+    int vec = floating && head < kPack && c->cols >= head + kPack;
+    size_t rows = c->rows < kMaxRowBlocks ? c->rows : kMaxRowBlocks;
+    size_t cap = kMaxBlocks * 4 / rows;
+    size_t per_row = vec ? (c->cols - head) / kPack : c->cols;
+    dim3 grid(blocks_for(per_row, cap == 0 ? 1 : cap), (unsigned)rows, 1);
+    if (!floating) {
+        chunk_copy_kernel<kAnyDtype, kAnyDtype><<<grid, kThreads, 0, stream>>>(
+            c->dst_dtype, c->dst, c->dst_stride, c->src_dtype, c->src, c->src_stride, c->rows,
+            c->cols);
+        return cudaGetLastError();
+    }
+    switch (c->dst_dtype) {
+#define FSDP2_CU_CASE_(name)                                               \
+    case FSDP2_##name:                                                     \
+        launch_chunk_copy_float<FSDP2_##name>(c, grid, vec, head, stream); \
+        break;
+        FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        return cudaErrorInvalidValue;
+        break;
     }
+    return cudaGetLastError();
 }

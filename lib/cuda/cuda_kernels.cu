@@ -1,5 +1,5 @@
 /* The CUDA kernels of the cuda device backend: fill, accumulate for every pair of the 7
- * dtypes, the reductions' divide, and clipping's norm and scale (the strided chunk copy
+ * dtypes (kernels of their own for the floating pairs: cuda_pack.cuh), the reductions' divide, and clipping's norm and scale (the strided chunk copy
  * with cast is in cuda_chunk_copy.cu, compiled beside this file).
  *
  * Every kernel is a grid-stride loop whose body is one function of cuda_convert.h,
@@ -28,13 +28,18 @@ __global__ void fill_kernel(T *__restrict__ dst, size_t n, T value)
         dst[i] = value;
 }
 
+/* An element per thread. <Y, X> for a floating pair; <kAnyDtype, kAnyDtype> for any pair,
+ * the dtypes then given at run time as yd and xd (the same for every thread, so the
+ * switches on them do not diverge). */
 template <fsdp2_dtype_t Y, fsdp2_dtype_t X>
-__global__ void accumulate_kernel(void *__restrict__ y, const void *__restrict__ x, size_t n,
-                                  float alpha32, double alpha64)
+__global__ void accumulate_kernel(fsdp2_dtype_t yd, void *__restrict__ y, fsdp2_dtype_t xd,
+                                  const void *__restrict__ x, size_t n, float alpha32,
+                                  double alpha64)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        fsdp2_cu_accumulate_elem(Y, y, X, x, i, alpha32, alpha64);
+        fsdp2_cu_accumulate_elem(Y == kAnyDtype ? yd : Y, y, X == kAnyDtype ? xd : X, x, i,
+                                 alpha32, alpha64);
 }
 
 /* blockIdx.y walks rows, blockIdx.x/threadIdx.x the columns of a row, so each warp
@@ -131,26 +136,26 @@ __global__ void scale_kernel(T *g, size_t n, T coef)
 }
 
 template <fsdp2_dtype_t Y>
-cudaError_t launch_accumulate(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
-                              float alpha32, double alpha64, cudaStream_t stream)
+void launch_accumulate_float(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
+                             float alpha32, double alpha64, cudaStream_t stream)
 {
     size_t head = common_head(y, fsdp2_cu_dtype_size(Y), 0, x, fsdp2_cu_dtype_size(x_dtype), 0, 1);
     int vec = head < kPack && n >= head + kPack;
     unsigned grid = vec ? blocks_for((n - head) / kPack, kMaxBlocks) : blocks_for(n, kMaxBlocks);
     switch (x_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str)                                                  \
-    case FSDP2_##name:                                                                        \
-        if (vec)                                                                              \
-            accumulate_vec_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
-                (char *)y, (const char *)x, n, head, alpha32, alpha64);                       \
-        else                                                                                  \
-            accumulate_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(y, x, n, alpha32, \
-                                                                               alpha64);      \
-        return cudaGetLastError();
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
+#define FSDP2_CU_CASE_(name)                                                                   \
+    case FSDP2_##name:                                                                         \
+        if (vec)                                                                               \
+            accumulate_vec_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(             \
+                (char *)y, (const char *)x, n, head, alpha32, alpha64);                        \
+        else                                                                                   \
+            accumulate_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(                 \
+                Y, y, x_dtype, x, n, alpha32, alpha64);                                        \
+        break;
+        FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        return cudaErrorInvalidValue;
+        break;
     }
 }
 
@@ -203,15 +208,22 @@ extern "C" cudaError_t fsdp2_cuda_accumulate(void *y, fsdp2_dtype_t y_dtype, con
     if (n == 0)
         return cudaSuccess;
     float alpha32 = fsdp2_cu_f64_to_f32(alpha);
+    if (!floating_pair(y_dtype, x_dtype)) {
+        accumulate_kernel<kAnyDtype, kAnyDtype><<<blocks_for(n, kMaxBlocks), kThreads, 0, stream>>>(
+            y_dtype, y, x_dtype, x, n, alpha32, alpha);
+        return cudaGetLastError();
+    }
     switch (y_dtype) {
-#define FSDP2_CU_CASE_(name, id, bytes, str) \
-    case FSDP2_##name:                       \
-        return launch_accumulate<FSDP2_##name>(x_dtype, y, x, n, alpha32, alpha, stream);
-        FSDP2_DTYPE_MAP(FSDP2_CU_CASE_)
+#define FSDP2_CU_CASE_(name)                                                                 \
+    case FSDP2_##name:                                                                       \
+        launch_accumulate_float<FSDP2_##name>(x_dtype, y, x, n, alpha32, alpha, stream);     \
+        break;
+        FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        return cudaErrorInvalidValue;
+        break;
     }
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t dtype, size_t n,

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <fsdp2/dtype.h>
+
 namespace {
 
 constexpr unsigned kThreads = 256;
@@ -74,6 +76,23 @@ inline size_t common_head(const void *a, size_t a_elem, size_t a_pitch, const vo
         if (((uintptr_t)a + h * a_elem) % aa == 0 && ((uintptr_t)b + h * b_elem) % ba == 0)
             return h;
     return kPack;
+}
+
+/* The dtypes whose pairs have kernels of their own, scalar and vector: the floating
+ * ones, between which the casts and accumulations of every step run. Any other pair goes
+ * through one kernel per operation instantiated for kAnyDtype, which switches on the
+ * dtypes at run time: the same element functions, so the same results, and 58 kernels
+ * to compile for the chunk copy and the accumulation instead of 196. */
+#define FSDP2_CU_FLOAT_MAP(XX) XX(F32) XX(F64) XX(BF16) XX(F16)
+
+constexpr fsdp2_dtype_t kAnyDtype = FSDP2_DTYPE_COUNT;
+
+inline bool floating_pair(fsdp2_dtype_t a, fsdp2_dtype_t b)
+{
+    auto floating = [](fsdp2_dtype_t d) {
+        return d == FSDP2_F32 || d == FSDP2_F64 || d == FSDP2_BF16 || d == FSDP2_F16;
+    };
+    return floating(a) && floating(b);
 }
 
 inline unsigned blocks_for(size_t n, size_t cap)
