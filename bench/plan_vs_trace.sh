@@ -13,7 +13,13 @@
 # 3. The example traced at N ranks (steps 10 to 29 of one epoch on 3200 images): per
 #    step, the sum of the all-gather and reduce-scatter times of the layers, averaged
 #    over the steps and ranks (fsdp2-trace summary --json).
-# Prints the three and the ratio plan / trace, and writes BUILD_DIR/plan_vs_trace.json.
+# 4. Per collective of the step (matched across ranks by step, kind, layer and order in
+#    the step), the median traced duration; the median time from the last rank's start
+#    to this rank's end, which leaves out the wait for peers (the merged trace holds
+#    every rank on one monotonic clock); bench_collectives' time at that size
+#    (interpolated between the measured sizes); and the plan's ring time.
+# Prints the three, the ratio plan / trace and the table, and writes
+# BUILD_DIR/plan_vs_trace.json.
 set -euo pipefail
 build=${1:-build}
 n=${2:-4}
@@ -51,10 +57,49 @@ JSON
 "$build/tools/fsdp2-trace" summary "$tmp/trace.json" --json >"$tmp/summary.json"
 
 python3 - "$tmp/plan.json" "$tmp/summary.json" "$build/plan_vs_trace.json" "$n" \
-    "$lat_us" "$bw_gbs" <<'PY'
-import json, sys
+    "$lat_us" "$bw_gbs" "$tmp/trace.json" "$tmp/coll.json" <<'PY'
+import collections, json, statistics, sys
 plan = json.load(open(sys.argv[1])); summ = json.load(open(sys.argv[2]))
 n, lat, bw = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+trace = json.load(open(sys.argv[7]))["traceEvents"]; coll = json.load(open(sys.argv[8]))
+
+# 4. per collective: args.bytes is the shard, so the collective's payload is n x it
+calls = collections.defaultdict(list)
+seen = collections.Counter()
+for e in sorted((e for e in trace if e.get("ph") == "X" and
+                 e.get("cat") in ("all_gather", "reduce_scatter")),
+                key=lambda e: (e["pid"], e["ts"])):
+    a = e["args"]
+    k = (e["pid"], a["step"], e["cat"], a["module"])
+    calls[(a["step"], e["cat"], a["module"], seen[k])].append(e)
+    seen[k] += 1
+rows = collections.defaultdict(lambda: ([], []))
+for (step, cat, module, k), es in calls.items():
+    last = max(e["ts"] for e in es)
+    for e in es:
+        rows[(cat, module, k, e["args"]["bytes"] * n)][0].append(e["dur"])
+        rows[(cat, module, k, e["args"]["bytes"] * n)][1].append(max(0.0, e["ts"] + e["dur"] - last))
+
+def bench_us(op, size):
+    pts = sorted((r["bytes"], r["time_us"]) for r in coll["results"] if r["op"] == op)
+    if size <= pts[0][0]:
+        return pts[0][1] * size / pts[0][0]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if size <= x1:
+            return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
+    return pts[-1][1] * size / pts[-1][0]
+
+table = []
+print("%-15s %-4s %2s %10s %10s %12s %10s %10s" % ("collective", "unit", "#", "bytes",
+      "traced us", "after last", "bench us", "plan us"))
+for (cat, module, k, size), (durs, after) in sorted(rows.items()):
+    r = {"op": cat, "module": module, "call": k, "bytes": size,
+         "traced_us": statistics.median(durs), "after_last_start_us": statistics.median(after),
+         "bench_us": bench_us(cat, size),
+         "plan_us": (n - 1) * lat + (n - 1) / n * size / (bw * 1e3)}
+    table.append(r)
+    print("%-15s %-4s %2d %10d %10.0f %12.0f %10.0f %10.0f" % (cat, module, k, size,
+          r["traced_us"], r["after_last_start_us"], r["bench_us"], r["plan_us"]))
 st = plan["step"]
 planned_ms = 1e3 * (st["all_gather"]["seconds"] + st["reduce_scatter"]["seconds"])
 per_step = [sum(m["all_gather_ms"] + m["reduce_scatter_ms"] for m in s["modules"])
@@ -68,6 +113,6 @@ print("%-34s %10.3f" % ("plan / trace", planned_ms / traced_ms))
 json.dump({"ranks": n, "latency_us": lat, "bandwidth_gbs": bw, "planned_ms": planned_ms,
            "traced_ms": traced_ms, "traced_min_ms": min(per_step),
            "traced_max_ms": max(per_step), "ratio": planned_ms / traced_ms,
-           "planned": st}, open(sys.argv[3], "w"), indent=1)
+           "planned": st, "collectives": table}, open(sys.argv[3], "w"), indent=1)
 print("wrote", sys.argv[3])
 PY
