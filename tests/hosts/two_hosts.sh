@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Two hosts made of namespaces (hosts.sh: their own network, hostname, IPC, /dev/shm and
 # pids), 2 ranks each, one fsdp2run per host, the store on host 0's address:
-#   1. every collective, dtype and count of coll_check and an HSDP mesh, then again with both hosts named
-#      alike and sharing this machine's pids, as containers can: shared memory must still
-#      stay within each host, without a try across (no "no shared memory" fallback);
+#   1. coll_check (every collective, dtype and count, and an HSDP mesh), then again with
+#      both hosts named alike and sharing this machine's pids, as containers can: shared
+#      memory must still stay within each host, without a try across (no "no shared
+#      memory" fallback);
 #   2. Fashion-MNIST with FSDP over the 4 ranks and with HSDP [2 hosts, 2 ranks] reaches
 #      the losses of the same run on one host;
 #   3. a checkpoint saved by the two hosts (each its own ranks' files, into a directory
