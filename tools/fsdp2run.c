@@ -538,12 +538,11 @@ int main(int argc, char **argv)
                            "a PMI launcher)");
     }
     if (o.bind_auto) {
-        /* core when oversubscribed; none otherwise, or when the affinity cannot be read
-         * (launch falls back to none where hwloc cannot load the machine) */
-        cpu_set_t set;
-        int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-        if (cpus > 0 && o.nproc_per_node > cpus)
-            o.bind = FSDP2_BIND_CORE;
+        /* fsdp2_topology_auto_bind; none where hwloc cannot load the machine */
+        fsdp2_topology_t *topo = NULL;
+        if (fsdp2_topology_load(&topo) == FSDP2_SUCCESS)
+            fsdp2_topology_auto_bind(topo, o.nproc_per_node, &o.bind);
+        fsdp2_topology_destroy(topo);
     }
     return launch(&o);
 }

@@ -10,6 +10,7 @@
 #define FSDP2_COLLECTIVES_SHM_INTERNAL_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -138,14 +139,15 @@ struct shm_group {
     pthread_cond_t turn_changed;
     uint64_t turn;  /* collectives finished here: sequence number `turn` runs next */
     uint64_t steps; /* steps run so far, the same count on every member */
-    /* Waiting when the group has a core per rank: busy polling at first (a yield that
-     * lets a peer's thread in keeps both on one core, where the scheduler leaves such
-     * cache-hot threads; measured 1-2 GB/s instead of 12-16 at 64 KiB), and a yield that
-     * ran another thread sends the wait to sleep, so that the wake-up can place it on an
-     * idle core. With more ranks than cores, yield at once and never count. */
+    /* Waiting when the group has a CPU per rank (shm_placement.c): busy polling at first
+     * (a yield that lets a peer's thread in keeps both on one core, where the scheduler
+     * leaves such cache-hot threads and small collectives run several times slower), and
+     * a yield that ran another thread sends the wait to sleep, so that the wake-up can
+     * place it on an idle core. With more ranks than CPUs, yield at once and never
+     * count. */
     int64_t spin_ns;
     int contended_max;
-    int core_per_rank; /* the group's size <= this process's cores (all_reduce_fused) */
+    int core_per_rank; /* no more ranks than CPUs they may use (all_reduce_fused) */
     int nudge; /* move_off_peer_core may act */
     /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
      * and _OUTPUT, and for auto slot stores, per kind and class of collective size, the
@@ -169,6 +171,33 @@ static inline int shm_all_reduce_one_step(int n, size_t bytes)
 
 /* Unmaps the peers' arenas (shm_direct.c). */
 void fsdp2_shm_direct_release(shm_group_t *sg);
+
+/* ---- shm_placement.c: where the ranks may run ---- */
+
+/* The CPUs all of a group's ranks may use, and what follows for waiting: a rank that
+ * has a CPU of its own may poll, one that shares a CPU with another rank must yield at
+ * once (the peer it waits for may need that CPU). */
+typedef struct shm_placement {
+    int ranks;
+    int cpus;           /* in the union of the ranks' sets */
+    int disjoint;       /* no CPU in two ranks' sets: bound apart */
+    int oversubscribed; /* more ranks than cpus */
+} shm_placement_t;
+
+/* Room for a list of CPU_SETSIZE CPUs (every other one: "0,2,4,...,1022"). */
+#define SHM_CPUS_TEXT_MAX 4096
+
+/* set as a list of CPUs and ranges, "0-3,8" (the kernel's cpulist format); -1 when it
+ * does not fit in cap bytes. */
+int fsdp2_cpus_format(const cpu_set_t *set, char *buf, size_t cap);
+/* The reverse; -1 for text that is not such a list or names a CPU past CPU_SETSIZE. */
+int fsdp2_cpus_parse(const char *text, cpu_set_t *set);
+/* The placement of n ranks whose CPU sets are sets[0..n). */
+void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out);
+/* Collective over g: every member publishes its affinity and gets the group's
+ * placement. */
+fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
+                                       shm_placement_t *out);
 
 /* ---- shm_stores.c: how bytes are written ---- */
 

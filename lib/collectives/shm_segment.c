@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,12 +132,6 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->g = g;
     sg->gone = gone;
     sg->gone_arg = gone_arg;
-    cpu_set_t cpus;
-    int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    sg->core_per_rank = g->size <= cores;
-    sg->spin_ns = g->size <= cores ? SHM_SPIN_NS : 0;
-    sg->contended_max = g->size <= cores ? 2 : INT_MAX;
-    sg->nudge = g->size <= cores && cores > 1;
     sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     sg->output_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT);
     sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
@@ -182,6 +175,20 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         fsdp2_shm_destroy(sg);
         return status;
     }
+    shm_placement_t place;
+    status = fsdp2_shm_exchange_cpus(g, store, &place);
+    if (status != FSDP2_SUCCESS) {
+        fsdp2_shm_destroy(sg);
+        return status;
+    }
+    sg->core_per_rank = !place.oversubscribed;
+    sg->spin_ns = place.oversubscribed ? 0 : SHM_SPIN_NS;
+    sg->contended_max = place.oversubscribed ? INT_MAX : 2;
+    sg->nudge = !place.oversubscribed && place.cpus > 1;
+    FSDP2_LOG(DEBUG, COLL, "group '%s': %d ranks on %d CPUs (%s): %s", g->name, g->size,
+              place.cpus, place.disjoint ? "bound apart" : "sharing their sets",
+              place.oversubscribed ? "more ranks than CPUs, waits yield"
+                                   : "a CPU each, waits poll");
     char *base = (char *)sg->hdr;
     sg->lines = (rank_line_t *)(base + SHM_PAGE);
     sg->done = (shm_counter_t *)(base + SHM_PAGE + (size_t)g->size * SHM_LINE);

@@ -279,6 +279,17 @@ static int write_cpus(hwloc_const_cpuset_t set, int *cpus, int max)
     return n;
 }
 
+fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo, int local_world_size,
+                                        fsdp2_bind_mode_t *mode)
+{
+    FSDP2_ARG_CHECK(topo && mode, "topo and mode must not be NULL");
+    FSDP2_ARG_CHECK(local_world_size >= 1, "local_world_size %d must be >= 1",
+                    local_world_size);
+    int usable = hwloc_bitmap_weight(topo->usable);
+    *mode = usable > 0 && local_world_size > usable ? FSDP2_BIND_CORE : FSDP2_BIND_NONE;
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *topo, int local_rank,
                                               int local_world_size, fsdp2_bind_mode_t mode,
                                               int *cpus, int max_cpus, int *ncpus)
@@ -689,6 +700,13 @@ fsdp2_status_t fsdp2_topology_count(const fsdp2_topology_t *topo, fsdp2_topology
                                     int *count)
 {
     (void)topo, (void)kind, (void)count;
+    return no_hwloc(__func__);
+}
+
+fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo, int local_world_size,
+                                        fsdp2_bind_mode_t *mode)
+{
+    (void)topo, (void)local_world_size, (void)mode;
     return no_hwloc(__func__);
 }
 

@@ -1,0 +1,117 @@
+/* Where a shared-memory group's ranks may run, from the CPUs every member may use: each
+ * publishes its affinity at group creation and all read all, so that every member
+ * decides alike from the whole group's placement rather than from its own mask (a rank
+ * bound to one core by Slurm, numactl or fsdp2run --bind core has a core of its own, not
+ * a share of one). */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/group_internal.h"
+#include "collectives/shm_internal.h"
+#include "core/error.h"
+
+int fsdp2_cpus_format(const cpu_set_t *set, char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, set))
+            continue;
+        int last = c;
+        while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, set))
+            last++;
+        int n = last == c ? snprintf(buf + len, cap - len, "%s%d", len ? "," : "", c)
+                          : snprintf(buf + len, cap - len, "%s%d-%d", len ? "," : "", c, last);
+        if (n < 0 || (size_t)n >= cap - len)
+            return -1;
+        len += (size_t)n;
+        c = last;
+    }
+    return 0;
+}
+
+int fsdp2_cpus_parse(const char *text, cpu_set_t *set)
+{
+    CPU_ZERO(set);
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long lo = strtol(p, &end, 10), hi = lo;
+        if (end == p || lo < 0 || lo >= CPU_SETSIZE)
+            return -1;
+        p = end;
+        if (*p == '-') {
+            hi = strtol(p + 1, &end, 10);
+            if (end == p + 1 || hi < lo || hi >= CPU_SETSIZE)
+                return -1;
+            p = end;
+        }
+        for (long c = lo; c <= hi; c++)
+            CPU_SET((int)c, set);
+        if (*p == ',' && p[1])
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return 0;
+}
+
+void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out)
+{
+    cpu_set_t all, twice;
+    CPU_ZERO(&all);
+    CPU_ZERO(&twice);
+    for (int r = 0; r < n; r++) {
+        cpu_set_t both;
+        CPU_AND(&both, &all, &sets[r]);
+        CPU_OR(&twice, &twice, &both);
+        CPU_OR(&all, &all, &sets[r]);
+    }
+    out->ranks = n;
+    out->cpus = CPU_COUNT(&all);
+    out->disjoint = CPU_COUNT(&twice) == 0;
+    out->oversubscribed = n > out->cpus;
+}
+
+fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
+                                       shm_placement_t *out)
+{
+    cpu_set_t *sets = calloc((size_t)g->size, sizeof(*sets));
+    char *text = malloc(SHM_CPUS_TEXT_MAX);
+    if (!sets || !text) {
+        free(sets);
+        free(text);
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': CPU sets", g->name);
+    }
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) == 0) {
+        CPU_ZERO(&mine); /* unknown: counted as one CPU of its own */
+        CPU_SET(0, &mine);
+    }
+    if (fsdp2_cpus_format(&mine, text, SHM_CPUS_TEXT_MAX) != 0)
+        snprintf(text, SHM_CPUS_TEXT_MAX, "0"); /* cannot happen: 1024 CPUs fit */
+    char key[FSDP2_GROUP_KEY_MAX];
+    fsdp2_group_member_key(g, "shm/cpus", g->rank, key);
+    fsdp2_status_t status = fsdp2_store_set(store, key, text, strlen(text));
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_group_wait_members(g, store, "shm/cpus",
+                                          "publish the CPUs it may run on");
+    for (int r = 0; r < g->size && status == FSDP2_SUCCESS; r++) {
+        size_t len = 0;
+        fsdp2_group_member_key(g, "shm/cpus", r, key);
+        status = fsdp2_store_get(store, key, text, SHM_CPUS_TEXT_MAX - 1, &len);
+        if (status != FSDP2_SUCCESS)
+            break;
+        text[len < SHM_CPUS_TEXT_MAX ? len : SHM_CPUS_TEXT_MAX - 1] = '\0';
+        if (fsdp2_cpus_parse(text, &sets[r]) != 0 || CPU_COUNT(&sets[r]) == 0)
+            status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': member %d published CPUs "
+                                 "'%.64s', not a list like 0-3,8", g->name, r, text);
+    }
+    if (status == FSDP2_SUCCESS)
+        fsdp2_shm_placement(sets, g->size, out);
+    free(sets);
+    free(text);
+    return status;
+}

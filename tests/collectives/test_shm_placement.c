@@ -1,0 +1,195 @@
+/* Where a shared-memory group's ranks may run, and what follows, decided from every
+ * rank's CPU set (shm_placement.c), and fsdp2run --bind auto's choice
+ * (fsdp2_topology_auto_bind), on four synthetic machines: a 2-socket host of 64 cores
+ * with 2 hardware threads each, an 8-core laptop, and a 2-vCPU virtual machine (with
+ * ranks unbound, bound by fsdp2_topology_cpuset_for_rank as fsdp2run --bind core binds
+ * them, and bound one per core by hand as Slurm's --cpu-bind=cores does). The rule: a
+ * group is oversubscribed when its ranks outnumber the CPUs in the union of their sets,
+ * whatever each rank's own set holds. Also the cpulist text the ranks publish. */
+#include <check.h>
+
+#include "../core/check_main.h"
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fsdp2/fsdp2.h>
+
+#include "collectives/shm_internal.h"
+
+#define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
+
+/* 2 packages x 32 cores x 2 PUs: core c holds PUs 2c, 2c + 1. */
+static const char host_64[] = "pack:2 core:32 pu:2";
+static const char laptop_8[] = "pack:1 core:8 pu:1";
+static const char vm_2[] = "pack:1 core:2 pu:1";
+
+static fsdp2_topology_t *load(const char *description)
+{
+    fsdp2_topology_t *t = NULL;
+    OK(fsdp2_topology_load_synthetic(description, &t));
+    return t;
+}
+
+/* The sets fsdp2_topology_cpuset_for_rank gives n ranks under mode. */
+static cpu_set_t *sets_for(fsdp2_topology_t *t, int n, fsdp2_bind_mode_t mode)
+{
+    cpu_set_t *sets = calloc((size_t)n, sizeof(*sets));
+    ck_assert_ptr_nonnull(sets);
+    int cpus[256], ncpus = 0;
+    for (int r = 0; r < n; r++) {
+        OK(fsdp2_topology_cpuset_for_rank(t, r, n, mode, cpus, 256, &ncpus));
+        CPU_ZERO(&sets[r]);
+        for (int i = 0; i < ncpus; i++)
+            CPU_SET(cpus[i], &sets[r]);
+    }
+    return sets;
+}
+
+static void expect(const cpu_set_t *sets, int n, int cpus, int disjoint, int oversubscribed,
+                   const char *what)
+{
+    shm_placement_t p;
+    fsdp2_shm_placement(sets, n, &p);
+    ck_assert_msg(p.ranks == n && p.cpus == cpus && p.disjoint == disjoint &&
+                      p.oversubscribed == oversubscribed,
+                  "%s: %d ranks on %d CPUs, disjoint %d, oversubscribed %d; expected %d CPUs, "
+                  "disjoint %d, oversubscribed %d",
+                  what, p.ranks, p.cpus, p.disjoint, p.oversubscribed, cpus, disjoint,
+                  oversubscribed);
+}
+
+static void expect_auto(fsdp2_topology_t *t, int n, fsdp2_bind_mode_t want, const char *what)
+{
+    fsdp2_bind_mode_t mode = (fsdp2_bind_mode_t)-1;
+    OK(fsdp2_topology_auto_bind(t, n, &mode));
+    ck_assert_msg(mode == want, "%s: --bind auto for %d ranks gave %s, expected %s", what, n,
+                  fsdp2_bind_mode_name(mode), fsdp2_bind_mode_name(want));
+}
+
+START_TEST(two_socket_host)
+{
+    fsdp2_topology_t *t = load(host_64);
+    /* 64 ranks, one per core (2 PUs each): each rank's own set has 2 CPUs, which a rule
+     * from its own affinity took for 64 ranks sharing 2 CPUs */
+    cpu_set_t *sets = sets_for(t, 64, FSDP2_BIND_CORE);
+    ck_assert_int_eq(CPU_COUNT(&sets[5]), 2);
+    expect(sets, 64, 128, 1, 0, "64 ranks bound a core each");
+    free(sets);
+    sets = sets_for(t, 64, FSDP2_BIND_NONE);
+    expect(sets, 64, 128, 0, 0, "64 ranks unbound");
+    free(sets);
+    sets = sets_for(t, 2, FSDP2_BIND_NUMA); /* a package each (no NUMA nodes: the machine) */
+    expect(sets, 2, 128, 0, 0, "2 ranks bound by NUMA node");
+    free(sets);
+    /* 192 ranks bound by cores: 3 to a core, on the 128 PUs */
+    sets = sets_for(t, 192, FSDP2_BIND_CORE);
+    expect(sets, 192, 128, 0, 1, "192 ranks bound by cores");
+    free(sets);
+    expect_auto(t, 8, FSDP2_BIND_NONE, "2-socket host");
+    expect_auto(t, 128, FSDP2_BIND_NONE, "2-socket host");
+    expect_auto(t, 129, FSDP2_BIND_CORE, "2-socket host");
+    OK(fsdp2_topology_destroy(t));
+}
+END_TEST
+
+START_TEST(laptop)
+{
+    fsdp2_topology_t *t = load(laptop_8);
+    cpu_set_t *sets = sets_for(t, 8, FSDP2_BIND_NONE);
+    expect(sets, 8, 8, 0, 0, "8 ranks unbound on 8 cores");
+    free(sets);
+    sets = sets_for(t, 4, FSDP2_BIND_CORE);
+    expect(sets, 4, 8, 1, 0, "4 ranks bound to 2 cores each");
+    ck_assert_int_eq(CPU_COUNT(&sets[0]), 2);
+    free(sets);
+    sets = sets_for(t, 16, FSDP2_BIND_NONE);
+    expect(sets, 16, 8, 0, 1, "16 ranks unbound on 8 cores");
+    free(sets);
+    expect_auto(t, 8, FSDP2_BIND_NONE, "laptop");
+    expect_auto(t, 16, FSDP2_BIND_CORE, "laptop");
+    OK(fsdp2_topology_destroy(t));
+}
+END_TEST
+
+START_TEST(two_vcpu_vm)
+{
+    fsdp2_topology_t *t = load(vm_2);
+    cpu_set_t *sets = sets_for(t, 2, FSDP2_BIND_NONE);
+    expect(sets, 2, 2, 0, 0, "2 ranks unbound on 2 vCPUs");
+    free(sets);
+    sets = sets_for(t, 2, FSDP2_BIND_CORE);
+    expect(sets, 2, 2, 1, 0, "2 ranks bound a vCPU each");
+    free(sets);
+    sets = sets_for(t, 4, FSDP2_BIND_CORE); /* what --bind auto does with 4 */
+    expect(sets, 4, 2, 0, 1, "4 ranks bound 2 to a vCPU");
+    free(sets);
+    sets = sets_for(t, 4, FSDP2_BIND_NONE);
+    expect(sets, 4, 2, 0, 1, "4 ranks unbound on 2 vCPUs");
+    free(sets);
+    expect_auto(t, 2, FSDP2_BIND_NONE, "2-vCPU VM");
+    expect_auto(t, 3, FSDP2_BIND_CORE, "2-vCPU VM");
+    expect_auto(t, 4, FSDP2_BIND_CORE, "2-vCPU VM");
+    OK(fsdp2_topology_destroy(t));
+}
+END_TEST
+
+/* Ranks bound by hand, as a launcher may bind them: one rank per PU on a set that is
+ * not a block, and two ranks whose sets overlap in one CPU. */
+START_TEST(sets_by_hand)
+{
+    cpu_set_t sets[3];
+    for (int r = 0; r < 3; r++) {
+        CPU_ZERO(&sets[r]);
+        CPU_SET(10 * r + 7, &sets[r]);
+    }
+    expect(sets, 3, 3, 1, 0, "3 ranks on CPUs 7, 17, 27");
+    CPU_ZERO(&sets[1]);
+    CPU_SET(7, &sets[1]);
+    expect(sets, 3, 2, 0, 1, "3 ranks, 2 of them on CPU 7");
+    CPU_SET(8, &sets[1]);
+    expect(sets, 3, 3, 0, 0, "3 ranks on 7 | 7-8 | 27");
+}
+END_TEST
+
+START_TEST(cpu_lists)
+{
+    cpu_set_t set, back;
+    CPU_ZERO(&set);
+    int on[] = {0, 1, 2, 3, 8, 10, 11, 1023};
+    for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++)
+        CPU_SET(on[i], &set);
+    char text[SHM_CPUS_TEXT_MAX];
+    ck_assert_int_eq(fsdp2_cpus_format(&set, text, sizeof(text)), 0);
+    ck_assert_str_eq(text, "0-3,8,10-11,1023");
+    ck_assert_int_eq(fsdp2_cpus_parse(text, &back), 0);
+    ck_assert(CPU_EQUAL(&set, &back));
+    ck_assert_int_eq(fsdp2_cpus_format(&set, text, 8), -1); /* does not fit */
+    /* every other CPU: the longest list, within SHM_CPUS_TEXT_MAX */
+    CPU_ZERO(&set);
+    for (int c = 0; c < CPU_SETSIZE; c += 2)
+        CPU_SET(c, &set);
+    ck_assert_int_eq(fsdp2_cpus_format(&set, text, sizeof(text)), 0);
+    ck_assert_int_eq(fsdp2_cpus_parse(text, &back), 0);
+    ck_assert(CPU_EQUAL(&set, &back));
+    static const char *const bad[] = {"a", "3-1", "1,", "1,,2", "-1", "0-", "1024", "2 3",
+                                      "0-99999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(fsdp2_cpus_parse(bad[i], &back) == -1, "'%s' was taken", bad[i]);
+}
+END_TEST
+
+static Suite *make_suite(void)
+{
+    Suite *s = suite_create("shm_placement");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, two_socket_host);
+    tcase_add_test(tc, laptop);
+    tcase_add_test(tc, two_vcpu_vm);
+    tcase_add_test(tc, sets_by_hand);
+    tcase_add_test(tc, cpu_lists);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(make_suite)
