@@ -41,8 +41,8 @@ static inline __attribute__((always_inline)) void store_block_f32(void *dst, fsd
 }
 
 /* One block of m elements. Inlined twice: with m == BLOCK, a constant trip count lets
- * -O2's cheap vectoriser take every loop (it gives up on unknown counts: 12 GB/s instead
- * of several times that for an f32 sum), and once for the tail. */
+ * -O2's cheap vectoriser take every loop (it leaves loops of unknown count scalar), and
+ * once for the tail. */
 static inline __attribute__((always_inline)) void
 reduce_block_f32_class(void *dst, fsdp2_dtype_t t, const void *const *src, int n, size_t base,
                        size_t m, float pre, float post, int divide_pre, int divide_post)

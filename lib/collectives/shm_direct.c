@@ -9,9 +9,8 @@
  *   ... into pieces rank r copies every rank's input into its own pieces (a pull: the
  *                   pieces may lie anywhere, and nobody has to announce a list of them);
  *   broadcast       the root copies its buffer into every other rank's.
- * Each byte is read once from memory and written once to each place it goes. Through
- * the slots, an all-reduce reached 74-82% of this machine's memcpy at 16-256 MiB on 2
- * ranks; a prototype of the single-copy one reached 110-200% (both cores move bytes).
+ * Each byte is read once from memory and written once to each place it goes, where the
+ * slots copy it twice (in, then out), and every rank's core moves bytes at once.
  *
  * Every rank announces (direct_desc_t) where its buffers lie and takes a step; all then
  * see the same announcements, so all decide alike whether to go on. Each maps what it

@@ -270,11 +270,11 @@ static fsdp2_status_t results_out_paired(run_t *x, const fused_t *f, size_t off,
  * the result once into a slot that stays in cache saves writing it to the buffer and
  * reading it back to send it.
  *
- * With a core per rank, the peers' results of one piece go out paired with the next
- * piece's copy-in (results_out_paired): with 2 ranks on a core each that was 4-8%
- * faster at 64-256 MiB in the same processes (neutral at 16 MiB), while 4 ranks on 2
- * cores were 3-9% slower, and keep the two apart. Ranks may differ (the core count is
- * each process's own); the steps are the same either way. */
+ * With a CPU per rank (shm_placement.c), the peers' results of one piece go out paired
+ * with the next piece's copy-in (results_out_paired): the copy-out reads another core's
+ * cache while the copy-in reads memory, and one core overlaps the two. With more ranks
+ * than CPUs the two would compete for a CPU a peer needs, and stay apart (figures:
+ * docs/collectives.md). The steps are the same either way. */
 static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size_t *lo,
                                        const size_t *hi)
 {

@@ -40,11 +40,11 @@ static fsdp2_status_t ucx_status(ucs_status_t s, const char *what)
 
 /* The process-wide context, created by the first group. When that group's peers are all
  * on this host, UCX's rendezvous threshold is raised to 1 MiB (unless UCX_RNDV_THRESH is
- * set): below it, on shared memory, eager copies beat the rendezvous handshake plus CMA
- * (2 ranks, 1 MiB all-gather 62 -> 35 us); far above it, with more ranks than cores,
- * eager's double copy through shared-memory FIFOs loses (4 ranks, 256 MiB all-gather
- * busbw 3.4 -> 0.8 GB/s with no rendezvous at all). UCX 1.13 has no separate threshold
- * within and across hosts, so a process whose first group spans hosts keeps the default. */
+ * set): below it, on shared memory, eager copies cost less than the rendezvous handshake
+ * plus a CMA copy; far above it eager's double copy through shared-memory FIFOs costs
+ * more than the handshake saves (figures: docs/collectives.md). UCX 1.13 has no separate
+ * threshold within and across hosts, so a process whose first group spans hosts keeps
+ * the default. */
 static fsdp2_status_t context_acquire(int all_local)
 {
     fsdp2_status_t status = FSDP2_SUCCESS;
