@@ -6,8 +6,9 @@
 
 #include "collectives/group_internal.h"
 
-/* Groups larger than this stay on UCX (the segment grows with the square of the size). */
-#define FSDP2_SHM_MAX_RANKS 64
+/* Groups larger than this stay on UCX: a segment holds a 1 MiB ring per rank and n^2 done
+ * counters, 257 MiB at 256 ranks. */
+#define FSDP2_SHM_MAX_RANKS 256
 
 typedef struct shm_group shm_group_t;
 

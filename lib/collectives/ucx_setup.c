@@ -38,6 +38,24 @@ static fsdp2_status_t ucx_status(ucs_status_t s, const char *what)
     return fsdp2_error(FSDP2_ERR_BACKEND, "%s: %s", what, ucs_status_string(s));
 }
 
+/* Scratch for the reductions of a group that runs over UCX messages, allocated at
+ * creation so that no step allocates: (size - 1) segments per set. A group on shared
+ * memory never runs them and takes none (it would be 4 (size - 1) MiB a rank). */
+static fsdp2_status_t alloc_scratch(ucx_group_t *ug)
+{
+    fsdp2_group_t *g = ug->g;
+    for (int i = 0; i < UCX_SCRATCH_SETS; i++) {
+        ug->sources[i] = calloc((size_t)g->size, sizeof(void *));
+        if (ug->sources[i] && g->size > 1)
+            ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
+        if (!ug->sources[i] || (g->size > 1 && !ug->scratch[i]))
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': reduction scratch for "
+                               "%d ranks (%zu bytes a set)", g->name, g->size,
+                               (size_t)(g->size - 1) * UCX_SEGMENT);
+    }
+    return FSDP2_SUCCESS;
+}
+
 /* The process-wide context, created by the first group. When that group's peers are all
  * on this host, UCX's rendezvous threshold is raised to 1 MiB (unless UCX_RNDV_THRESH is
  * set): below it, on shared memory, eager copies cost less than the rendezvous handshake
@@ -303,15 +321,6 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         }
         ok = rl && rl->req && rl->peer && rl->want && rl->stamp_from && rl->stamps;
     }
-    /* Scratch for reductions, allocated now so that no step allocates. */
-    for (int i = 0; i < UCX_SCRATCH_SETS && ok; i++) {
-        ug->sources[i] = calloc((size_t)g->size, sizeof(void *));
-        ok = ug->sources[i] != NULL;
-        if (ok && g->size > 1) {
-            ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
-            ok = ug->scratch[i] != NULL;
-        }
-    }
     if (!ok) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': buffers for %d ranks", g->name,
                              g->size);
@@ -339,6 +348,8 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     if (status == FSDP2_SUCCESS && all_local && all_shm && g->size > 1 &&
         g->size <= FSDP2_SHM_MAX_RANKS)
         status = fsdp2_shm_create(g, store, shm_peer_gone, ug, &ug->shm);
+    if (status == FSDP2_SUCCESS && !ug->shm)
+        status = alloc_scratch(ug);
     if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
         status = fsdp2_ucx_listen_aborts(ug);
     if (status == FSDP2_SUCCESS && g->size > 1) {

@@ -5,7 +5,8 @@
  * all-reduce, sum and avg, with and without divide factors, in and out of place) at
  * counts from 0 to uneven hundreds of thousands, builds a [nodes, ranks per node] mesh
  * (HSDP's layout) and reduces over its groups, and checks every element against closed
- * forms computed here. Exit 0 when everything matched. */
+ * forms computed here. Exit 0 when everything matched. With --quick (for many ranks
+ * on few CPUs) the counts stop at 4099 and broadcasts come from 4 roots. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,21 +34,24 @@ static int fails;
         }                                                                                  \
     } while (0)
 
-/* Rank r's element i: small integers, exact in every dtype and in their sums over a few
- * ranks (and those sums over 4 or 8). */
+/* Rank r's element i: small integers, exact in every dtype; their sums over ranks are
+ * exact in f32, f64 and the library's f32 accumulators, and rounded once into bf16 and
+ * f16. */
 static double value(int r, size_t i)
 {
     return (double)((r * 7 + i * 3) % 13);
 }
 
-/* f16 bits of x, a number whose f16 form is exact (0 or a normal f16). */
+/* f16 bits of x >= 0, rounded to nearest even (x = 0 or in f16's normal range). */
 static uint16_t f16_bits(double x)
 {
     if (x == 0)
         return 0;
     int e = ilogb(x);
-    double m = ldexp(x, -e) - 1.0;
-    return (uint16_t)((e + 15) << 10 | (int)(m * 1024.0));
+    double mant = nearbyint((ldexp(x, -e) - 1.0) * 1024.0); /* the default mode: even */
+    if (mant == 1024.0)
+        e++, mant = 0;
+    return (uint16_t)((e + 15) << 10 | (int)mant);
 }
 
 static double f16_value(uint16_t b)
@@ -69,11 +73,11 @@ static void put(fsdp2_dtype_t dt, void *p, size_t i, double x)
     switch (dt) {
     case FSDP2_F32: ((float *)p)[i] = (float)x; break;
     case FSDP2_F64: ((double *)p)[i] = x; break;
-    case FSDP2_BF16: {
+    case FSDP2_BF16: { /* to nearest even, from f32 (which holds these values exactly) */
         float f = (float)x;
         uint32_t bits;
         memcpy(&bits, &f, 4);
-        ((uint16_t *)p)[i] = (uint16_t)(bits >> 16); /* exact: the low bits are 0 */
+        ((uint16_t *)p)[i] = (uint16_t)((bits + 0x7fffu + (bits >> 16 & 1)) >> 16);
         break;
     }
     case FSDP2_F16: ((uint16_t *)p)[i] = f16_bits(x); break;
@@ -103,14 +107,22 @@ static double get(fsdp2_dtype_t dt, const void *p, size_t i)
     }
 }
 
-/* Checks count elements against want(i), to within tol relative (0: equal); reports the
- * first 3 mismatches of a case. */
+/* x rounded into dt (a sum over many ranks outgrows bf16's and f16's integers). */
+static double rounded(fsdp2_dtype_t dt, double x)
+{
+    uint64_t b = 0;
+    put(dt, &b, 0, x);
+    return get(dt, &b, 0);
+}
+
+/* Checks count elements against want(i) rounded into dt, to within tol relative (0:
+ * equal); reports the first 3 mismatches of a case. */
 static int expect_close(const char *what, fsdp2_dtype_t dt, size_t count, const void *got,
                         int r, double (*want)(size_t i, void *arg), void *arg, double tol)
 {
     size_t bad = 0;
     for (size_t i = 0; i < count; i++) {
-        double g = get(dt, got, i), w = want(i, arg);
+        double g = get(dt, got, i), w = rounded(dt, want(i, arg));
         if (!(g == w || fabs(g - w) <= tol * fabs(w)) && bad++ < 3)
             fprintf(stderr, "rank %d: %s %s count %zu: element %zu is %g, want %g\n", r, what,
                     fsdp2_dtype_name(dt), count, i, g, w);
@@ -164,18 +176,19 @@ static double want_reduced(size_t i, void *arg)
     return sum / a->scale;
 }
 
-static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r)
+static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r, int quick)
 {
     static const size_t counts[] = {0, 1, 5, 4099, 200003};
+    size_t n_counts = sizeof(counts) / sizeof(counts[0]) - (quick ? 1 : 0);
     static const fsdp2_dtype_t all[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16,
                                         FSDP2_I32, FSDP2_I64, FSDP2_U8};
-    size_t most = counts[sizeof(counts) / sizeof(counts[0]) - 1];
+    size_t most = counts[n_counts - 1];
     char *send = malloc(most * (size_t)n * 8), *recv = malloc(most * (size_t)n * 8);
     if (!send || !recv) {
         fprintf(stderr, "rank %d: out of memory\n", r);
         exit(1);
     }
-    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+    for (size_t c = 0; c < n_counts; c++) {
         size_t count = counts[c];
         for (size_t d = 0; d < sizeof(all) / sizeof(all[0]); d++) {
             fsdp2_dtype_t dt = all[d];
@@ -212,7 +225,10 @@ static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r)
             free(pieces);
             free(offsets);
 
-            for (int root = 0; root < n; root++) {
+            /* every root, or (quick) the first, two in between and the last */
+            int roots = quick && n > 4 ? 4 : n;
+            for (int k = 0; k < roots; k++) {
+                int root = roots == n ? k : k * (n - 1) / 3;
                 for (size_t i = 0; i < count; i++)
                     put(dt, recv, i, r == root ? value(root, i) : 99);
                 CHECK(fsdp2_broadcast_async(world, recv, count, dt, root, s));
@@ -264,8 +280,9 @@ static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r)
     free(recv);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
     fsdp2_context_t *ctx;
     CHECK(fsdp2_init(NULL, &ctx));
     fsdp2_process_info_t info;
@@ -276,22 +293,23 @@ int main(void)
     fsdp2_stream_t *s;
     CHECK(fsdp2_stream_create(cpu, "check", &s));
     int n = info.world_size, r = info.rank;
-    sweep(world, s, n, r);
-    enum { COUNT = 100003 };
-    float *send = malloc(sizeof(float) * COUNT * n), *recv = malloc(sizeof(float) * COUNT * n);
-    for (size_t i = 0; i < (size_t)COUNT * n; i++)
+    sweep(world, s, n, r, quick);
+    /* more than a slot per rank (256 KiB): several steps */
+    size_t big = quick ? 70001 : 100003;
+    float *send = malloc(sizeof(float) * big * n), *recv = malloc(sizeof(float) * big * n);
+    for (size_t i = 0; i < (size_t)big * n; i++)
         send[i] = (float)(r + 1) * (float)(i % 101);
-    CHECK(fsdp2_all_gather_async(world, send, recv, COUNT, FSDP2_F32, s));
+    CHECK(fsdp2_all_gather_async(world, send, recv, big, FSDP2_F32, s));
     CHECK(fsdp2_stream_synchronize(s));
     for (int q = 0; q < n; q++)
-        for (size_t i = 0; i < COUNT; i += 997)
-            EXPECT(recv[(size_t)q * COUNT + i] == (float)(q + 1) * (float)(i % 101),
+        for (size_t i = 0; i < big; i += 997)
+            EXPECT(recv[(size_t)q * big + i] == (float)(q + 1) * (float)(i % 101),
                    "rank %d: all_gather from %d element %zu", r, q, i);
-    CHECK(fsdp2_reduce_scatter_async(world, send, recv, COUNT, FSDP2_F32, NULL, s));
+    CHECK(fsdp2_reduce_scatter_async(world, send, recv, big, FSDP2_F32, NULL, s));
     CHECK(fsdp2_stream_synchronize(s));
     float ranks_sum = (float)(n * (n + 1) / 2);
-    for (size_t i = 0; i < COUNT; i += 997)
-        EXPECT(recv[i] == ranks_sum * (float)(((size_t)r * COUNT + i) % 101),
+    for (size_t i = 0; i < big; i += 997)
+        EXPECT(recv[i] == ranks_sum * (float)(((size_t)r * big + i) % 101),
                "rank %d: reduce_scatter element %zu: %g", r, i, recv[i]);
     /* HSDP layout: replicate across nodes, shard within a node (the context's helper,
      * checked against the launcher's node layout: ranks node * per node + local rank) */
