@@ -335,9 +335,10 @@ static void stamp_write(shm_group_t *sg, const coll_op_t *op)
  * named, the group fails here and is marked broken for every peer. */
 static fsdp2_status_t check_stamp(run_t *x, int r)
 {
-    if (!x->op || (x->stamped >> r) & 1)
+    uint64_t bit = (uint64_t)1 << (r % 64);
+    if (!x->op || (x->stamped[r / 64] & bit))
         return FSDP2_SUCCESS;
-    x->stamped |= (uint64_t)1 << r;
+    x->stamped[r / 64] |= bit;
     const coll_op_t *op = x->op;
     const shm_stamp_t *mine = stamp_of(x->sg, x->me, op->seq);
     const shm_stamp_t *theirs = stamp_of(x->sg, r, op->seq);

@@ -9,6 +9,7 @@
 /* Groups larger than this stay on UCX: a segment holds a 1 MiB ring per rank and n^2 done
  * counters, 257 MiB at 256 ranks. */
 #define FSDP2_SHM_MAX_RANKS 256
+_Static_assert(FSDP2_SHM_MAX_RANKS % 64 == 0, "rank bitmaps are whole 64-bit words");
 
 typedef struct shm_group shm_group_t;
 

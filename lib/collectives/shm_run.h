@@ -24,7 +24,7 @@ typedef struct run {
     int owed_wake;     /* a counter advanced since this rank last looked for sleepers */
     const direct_desc_t *direct_descs; /* a single-copy collective's announcements */
     const coll_op_t *op;  /* the collective, as this rank called it */
-    uint64_t stamped;     /* bit r: rank r's stamp was compared with op's */
+    uint64_t stamped[FSDP2_SHM_MAX_RANKS / 64]; /* bit r: rank r's stamp was compared */
     int64_t deadline_ms, liveness_ms; /* 0: not started (no wait has gone idle yet) */
 } run_t;
 
