@@ -29,12 +29,17 @@ static size_t segment_bytes(int n, size_t *row, size_t *ctl)
     return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
 
-/* Maps the group's segment: rank 0 creates it, reserves its memory (tmpfs would
- * otherwise grant the size and raise SIGBUS on a page it has no room for) and publishes
- * its name, "" if it could not; the others open it. A failure here is not an error of
- * the group: it is written to why, and the members then agree to go without. */
+/* Maps the group's segment: rank 0 creates it, reserves the memory of everything before
+ * the rings (tmpfs would otherwise grant the size and raise SIGBUS on a page it has no
+ * room for) and publishes its name, "" if it could not; the others open it. Then every
+ * rank reserves its own ring, so that tmpfs takes its pages from the memory policy of
+ * the rank that writes them: by default the NUMA node the rank runs on, where the
+ * readers on other nodes read them once while the writer writes them every step. A
+ * failure here is not an error of the group: it is written to why, and the members then
+ * agree to go without. ctl: the bytes before the rings. */
 static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
-                                  char *name, size_t cap, void **map, char *why, size_t why_cap)
+                                  size_t ctl, char *name, size_t cap, void **map, char *why,
+                                  size_t why_cap)
 {
     char key[FSDP2_GROUP_NAME_MAX + 32];
     snprintf(key, sizeof(key), "%s/shm/name", g->name);
@@ -50,7 +55,7 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
             name[0] = '\0';
         } else if (ftruncate(fd, (off_t)bytes) != 0) {
             e = errno, step = "ftruncate";
-        } else if ((e = posix_fallocate(fd, 0, (off_t)bytes)) != 0) {
+        } else if ((e = posix_fallocate(fd, 0, (off_t)(SHM_PAGE + ctl))) != 0) {
             step = "posix_fallocate";
         }
     } else {
@@ -65,6 +70,11 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
         else if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)
             e = EINVAL, step = "fstat (size)";
     }
+    size_t ring = (size_t)SHM_SLOTS * SHM_SLOT;
+    if (fd >= 0 && !e &&
+        (e = posix_fallocate(fd, (off_t)(SHM_PAGE + ctl + (size_t)g->rank * ring),
+                             (off_t)ring)) != 0)
+        step = "posix_fallocate (this rank's ring)";
     if (fd >= 0 && !e) {
         *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (*map == MAP_FAILED) {
@@ -151,7 +161,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     char name[96] = "", why[256] = "";
     void *map = NULL;
     int all = 0, missing = -1;
-    fsdp2_status_t status = map_segment(g, store, bytes, name, sizeof(name), &map, why,
+    fsdp2_status_t status = map_segment(g, store, bytes, ctl, name, sizeof(name), &map, why,
                                         sizeof(why));
     if (map) {
         sg->hdr = map;
