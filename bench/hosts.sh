@@ -54,12 +54,18 @@ for rate in $rates; do
             a0=$(tx 0) a1=$(tx 1)
             port=$((29500 + RANDOM % 1000))
             name="$model.$mode.$rate"
+            pids=()
             for k in 0 1; do
                 hosts_run "$k" "$run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 \
                     --master-addr "$master" --master-port "$port" "${cmd[@]}" "${extra[@]}" \
                     --json "$out/$name.$k.json" >"$out/$name.$k.log" 2>&1 &
+                pids+=($!)
             done
-            wait
+            for k in 0 1; do
+                wait "${pids[$k]}" || { tail -n 20 "$out/$name.$k.log"
+                                        echo "bench/hosts.sh: $name failed on host $k" >&2
+                                        exit 1; }
+            done
             b0=$(tx 0) b1=$(tx 1)
             echo "$model $rate $mode $((b0 - a0)) $((b1 - a1))" >>"$out/bytes.txt"
         done
@@ -130,7 +136,9 @@ for line in open(f"{out}/bytes.txt"):
             ms += [r["ms"] for r in d["records"] if r["step"] > 1]
         else:
             ms += [1e3 * e["seconds"] / steps for e in d["epochs"]]
-    step_ms = sum(ms) / len(ms) if ms else float("nan")
+    if not ms:
+        sys.exit(f"bench/hosts.sh: no step times from {model} {mode} at {rate}")
+    step_ms = sum(ms) / len(ms)
     per_rank = (int(t0) + int(t1)) / 4 / steps
     p = predict(model, mode)
     rows.append({"model": model, "rate": rate, "mode": mode, "step_ms": step_ms,

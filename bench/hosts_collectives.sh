@@ -35,13 +35,18 @@ for rate in $rates; do
     master=$(hosts_addr 0)
     echo "== link $rate: libfsdp2"
     port=$((29500 + RANDOM % 1000))
+    pids=()
     for k in 0 1; do
         hosts_run "$k" "$build/tools/fsdp2run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 \
             --master-addr "$master" --master-port "$port" "$build/bench/bench_collectives" \
             --min 65536 --max "$max" --ops "$ops" --json "$out/ours.$rate.json" \
             >"$out/ours.$rate.$k.log" 2>&1 &
+        pids+=($!)
     done
-    wait
+    for k in 0 1; do
+        wait "${pids[$k]}" || { tail -n 20 "$out/ours.$rate.$k.log"
+                                echo "bench/hosts_collectives.sh: host $k failed" >&2; exit 1; }
+    done
     cat "$out/ours.$rate.0.log"
     for pml in ucx ob1; do
         echo "== link $rate: Open MPI, pml $pml"
@@ -80,9 +85,9 @@ for rate in rates:
             continue
         a, (b, pml) = ours[key]["busbw"], mpi[key]
         rows.append({"rate": rate, "op": key[0], "bytes": key[1], "ours_busbw": a,
-                     "mpi_busbw": b, "mpi_pml": pml, "ratio": a / b if b else float("inf")})
-        print("%-10s %-15s %10d %14.3f %14.3f %4s %7.2f" % (rate, key[0], key[1], a, b, pml,
-                                                          rows[-1]["ratio"]))
+                     "mpi_busbw": b, "mpi_pml": pml, "ratio": a / b if b else None})
+        print("%-10s %-15s %10d %14.3f %14.3f %4s %7s" % (rate, key[0], key[1], a, b, pml,
+              "-" if b == 0 else "%.2f" % (a / b)))
 json.dump({"ranks": "2 hosts x 2", "rows": rows}, open(dest, "w"), indent=1)
 print("wrote", dest)
 PY

@@ -79,8 +79,8 @@ FSDP2_API fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *
 /* What fsdp2run --bind auto binds local_world_size ranks to: FSDP2_BIND_CORE when they
  * outnumber the usable PUs (this process's affinity within the machine; every PU of a
  * synthetic one), so that the ranks sharing a PU are the same ones throughout instead of
- * whichever the scheduler puts together; FSDP2_BIND_NONE otherwise (a launcher such as
- * Slurm or numactl that bound the ranks has already decided). */
+ * whichever the scheduler puts together; FSDP2_BIND_NONE otherwise. Reads topo only:
+ * not collective, does not block. */
 FSDP2_API fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo,
                                                   int local_world_size, fsdp2_bind_mode_t *mode);
 

@@ -181,10 +181,12 @@ typedef struct shm_placement {
     int ranks;
     int cpus;           /* in the union of the ranks' sets */
     int disjoint;       /* no CPU in two ranks' sets: bound apart */
-    int oversubscribed; /* more ranks than cpus */
+    int oversubscribed; /* more ranks than cpus, or than the CPUs of a set holding the
+                         * sets of that many ranks */
 } shm_placement_t;
 
-/* Room for a list of CPU_SETSIZE CPUs (every other one: "0,2,4,...,1022"). */
+/* Room for a list of any set of CPU_SETSIZE CPUs (the longest, 2 on and 1 off:
+ * "0-1,3-4,...", 2.7 KB). */
 #define SHM_CPUS_TEXT_MAX 4096
 
 /* set as a list of CPUs and ranges, "0-3,8" (the kernel's cpulist format); -1 when it

@@ -73,6 +73,17 @@ void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out)
     out->cpus = CPU_COUNT(&all);
     out->disjoint = CPU_COUNT(&twice) == 0;
     out->oversubscribed = n > out->cpus;
+    /* Ranks crowded into part of the union: more ranks whose sets lie within rank r's
+     * than r's set has CPUs ({7}, {7}, {7-9}: 3 CPUs, but 2 ranks on CPU 7). */
+    for (int r = 0; r < n && !out->oversubscribed; r++) {
+        int within = 0;
+        for (int q = 0; q < n; q++) {
+            cpu_set_t both;
+            CPU_AND(&both, &sets[q], &sets[r]);
+            within += CPU_EQUAL(&both, &sets[q]);
+        }
+        out->oversubscribed = within > CPU_COUNT(&sets[r]);
+    }
 }
 
 fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
@@ -87,7 +98,7 @@ fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
     }
     cpu_set_t mine;
     if (sched_getaffinity(0, sizeof(mine), &mine) != 0 || CPU_COUNT(&mine) == 0) {
-        CPU_ZERO(&mine); /* unknown: counted as one CPU of its own */
+        CPU_ZERO(&mine); /* unknown: CPU 0, which every such rank then shares */
         CPU_SET(0, &mine);
     }
     if (fsdp2_cpus_format(&mine, text, SHM_CPUS_TEXT_MAX) != 0)

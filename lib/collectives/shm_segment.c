@@ -29,6 +29,16 @@ static size_t segment_bytes(int n, size_t *row, size_t *ctl)
     return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
 }
 
+/* posix_fallocate, again when a signal interrupted it (tmpfs returns EINTR then). */
+static int reserve(int fd, size_t at, size_t bytes)
+{
+    int e;
+    do
+        e = posix_fallocate(fd, (off_t)at, (off_t)bytes);
+    while (e == EINTR);
+    return e;
+}
+
 /* Maps the group's segment: rank 0 creates it, reserves the memory of everything before
  * the rings (tmpfs would otherwise grant the size and raise SIGBUS on a page it has no
  * room for) and publishes its name, "" if it could not; the others open it. Then every
@@ -55,7 +65,7 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
             name[0] = '\0';
         } else if (ftruncate(fd, (off_t)bytes) != 0) {
             e = errno, step = "ftruncate";
-        } else if ((e = posix_fallocate(fd, 0, (off_t)(SHM_PAGE + ctl))) != 0) {
+        } else if ((e = reserve(fd, 0, SHM_PAGE + ctl)) != 0) {
             step = "posix_fallocate";
         }
     } else {
@@ -71,9 +81,7 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
             e = EINVAL, step = "fstat (size)";
     }
     size_t ring = (size_t)SHM_SLOTS * SHM_SLOT;
-    if (fd >= 0 && !e &&
-        (e = posix_fallocate(fd, (off_t)(SHM_PAGE + ctl + (size_t)g->rank * ring),
-                             (off_t)ring)) != 0)
+    if (fd >= 0 && !e && (e = reserve(fd, SHM_PAGE + ctl + (size_t)g->rank * ring, ring)) != 0)
         step = "posix_fallocate (this rank's ring)";
     if (fd >= 0 && !e) {
         *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -62,28 +62,28 @@ __global__ void chunk_copy_vec_kernel(char *__restrict__ dst, size_t dst_pitch,
 }
 
 template <fsdp2_dtype_t D>
-void launch_chunk_copy_float(const fsdp2_chunk_copy_t *c, dim3 grid, int vec, size_t head,
-                             cudaStream_t stream)
+cudaError_t launch_chunk_copy_float(const fsdp2_chunk_copy_t *c, dim3 grid, int vec,
+                                    size_t head, cudaStream_t stream)
 {
     size_t de = fsdp2_cu_dtype_size(D), se = fsdp2_cu_dtype_size(c->src_dtype);
     switch (c->src_dtype) {
 #define FSDP2_CU_CASE_(name)                                                                  \
     case FSDP2_##name:                                                                        \
-        if constexpr (D != FSDP2_##name) { /* a copy within one dtype is a memcpy */          \
-            if (vec)                                                                          \
-                chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(        \
-                    (char *)c->dst, c->dst_stride * de, (const char *)c->src,                 \
-                    c->src_stride * se, c->rows, c->cols, head);                              \
-            else                                                                              \
-                chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
-                    D, c->dst, c->dst_stride, c->src_dtype, c->src, c->src_stride, c->rows,   \
-                    c->cols);                                                                 \
-        }                                                                                     \
-        break;
+        if constexpr (D == FSDP2_##name) /* a copy within one dtype is a memcpy */            \
+            return cudaErrorInvalidValue;                                                     \
+        else if (vec)                                                                         \
+            chunk_copy_vec_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(            \
+                (char *)c->dst, c->dst_stride * de, (const char *)c->src,                     \
+                c->src_stride * se, c->rows, c->cols, head);                                  \
+        else                                                                                  \
+            chunk_copy_kernel<D, FSDP2_##name><<<grid, kThreads, 0, stream>>>(                \
+                D, c->dst, c->dst_stride, c->src_dtype, c->src, c->src_stride, c->rows,       \
+                c->cols);                                                                     \
+        return cudaGetLastError();
         FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        break;
+        return cudaErrorInvalidValue;
     }
 }
 
@@ -139,14 +139,12 @@ extern "C" cudaError_t fsdp2_cuda_chunk_copy(const fsdp2_chunk_copy_t *c, cudaSt
         return cudaGetLastError();
     }
     switch (c->dst_dtype) {
-#define FSDP2_CU_CASE_(name)                                               \
-    case FSDP2_##name:                                                     \
-        launch_chunk_copy_float<FSDP2_##name>(c, grid, vec, head, stream); \
-        break;
+#define FSDP2_CU_CASE_(name) \
+    case FSDP2_##name:       \
+        return launch_chunk_copy_float<FSDP2_##name>(c, grid, vec, head, stream);
         FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        break;
+        return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }

@@ -1,6 +1,7 @@
 /* The CUDA kernels of the cuda device backend: fill, accumulate for every pair of the 7
- * dtypes (kernels of their own for the floating pairs: cuda_pack.cuh), the reductions' divide, and clipping's norm and scale (the strided chunk copy
- * with cast is in cuda_chunk_copy.cu, compiled beside this file).
+ * dtypes (kernels of their own for the floating pairs: cuda_pack.cuh), the reductions'
+ * divide, and clipping's norm and scale (the strided chunk copy with cast is in
+ * cuda_chunk_copy.cu, compiled beside this file).
  *
  * Every kernel is a grid-stride loop whose body is one function of cuda_convert.h,
  * instantiated for a compile-time pair of dtypes so that its dtype switches fold away;
@@ -136,7 +137,7 @@ __global__ void scale_kernel(T *g, size_t n, T coef)
 }
 
 template <fsdp2_dtype_t Y>
-void launch_accumulate_float(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
+cudaError_t launch_accumulate_float(fsdp2_dtype_t x_dtype, void *y, const void *x, size_t n,
                              float alpha32, double alpha64, cudaStream_t stream)
 {
     size_t head = common_head(y, fsdp2_cu_dtype_size(Y), 0, x, fsdp2_cu_dtype_size(x_dtype), 0, 1);
@@ -151,11 +152,11 @@ void launch_accumulate_float(fsdp2_dtype_t x_dtype, void *y, const void *x, size
         else                                                                                   \
             accumulate_kernel<Y, FSDP2_##name><<<grid, kThreads, 0, stream>>>(                 \
                 Y, y, x_dtype, x, n, alpha32, alpha64);                                        \
-        break;
+        return cudaGetLastError();
         FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        break;
+        return cudaErrorInvalidValue;
     }
 }
 
@@ -214,16 +215,14 @@ extern "C" cudaError_t fsdp2_cuda_accumulate(void *y, fsdp2_dtype_t y_dtype, con
         return cudaGetLastError();
     }
     switch (y_dtype) {
-#define FSDP2_CU_CASE_(name)                                                                 \
-    case FSDP2_##name:                                                                       \
-        launch_accumulate_float<FSDP2_##name>(x_dtype, y, x, n, alpha32, alpha, stream);     \
-        break;
+#define FSDP2_CU_CASE_(name) \
+    case FSDP2_##name:       \
+        return launch_accumulate_float<FSDP2_##name>(x_dtype, y, x, n, alpha32, alpha, stream);
         FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
 #undef FSDP2_CU_CASE_
     default:
-        break;
+        return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
 
 extern "C" cudaError_t fsdp2_cuda_divide(void *y, const void *x, fsdp2_dtype_t dtype, size_t n,

@@ -81,16 +81,24 @@ inline size_t common_head(const void *a, size_t a_elem, size_t a_pitch, const vo
 /* The dtypes whose pairs have kernels of their own, scalar and vector: the floating
  * ones, between which the casts and accumulations of every step run. Any other pair goes
  * through one kernel per operation instantiated for kAnyDtype, which switches on the
- * dtypes at run time: the same element functions, so the same results, and 58 kernels
- * to compile for the chunk copy and the accumulation instead of 196. */
+ * dtypes at run time: the same element functions, so the same results, from a build
+ * that compiles 58 kernels for the chunk copy and the accumulation. */
 #define FSDP2_CU_FLOAT_MAP(XX) XX(F32) XX(F64) XX(BF16) XX(F16)
 
 constexpr fsdp2_dtype_t kAnyDtype = FSDP2_DTYPE_COUNT;
 
+/* Whether both dtypes are in FSDP2_CU_FLOAT_MAP. */
 inline bool floating_pair(fsdp2_dtype_t a, fsdp2_dtype_t b)
 {
     auto floating = [](fsdp2_dtype_t d) {
-        return d == FSDP2_F32 || d == FSDP2_F64 || d == FSDP2_BF16 || d == FSDP2_F16;
+        switch (d) {
+#define FSDP2_CU_CASE_(name) case FSDP2_##name:
+            FSDP2_CU_FLOAT_MAP(FSDP2_CU_CASE_)
+#undef FSDP2_CU_CASE_
+            return true;
+        default:
+            return false;
+        }
     };
     return floating(a) && floating(b);
 }

@@ -152,7 +152,8 @@ static double half_ulp(fsdp2_dtype_t dt)
 typedef struct want_args {
     int n, r, root;
     size_t count;
-    double scale; /* the reduction's divisor */
+    size_t offset; /* of the reduced block, in elements */
+    double scale;  /* the reduction's divisor */
 } want_args_t;
 
 static double want_gathered(size_t i, void *arg)
@@ -166,13 +167,13 @@ static double want_root(size_t i, void *arg)
     return value(((want_args_t *)arg)->root, i);
 }
 
-/* Element i of the reduced block that starts at element `root` (reused as an offset). */
+/* Element i of the reduced block that starts at element a->offset. */
 static double want_reduced(size_t i, void *arg)
 {
     want_args_t *a = arg;
     double sum = 0;
     for (int q = 0; q < a->n; q++)
-        sum += value(q, (size_t)a->root + i);
+        sum += value(q, a->offset + i);
     return sum / a->scale;
 }
 
@@ -205,6 +206,10 @@ static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r, int qui
             size_t bytes = count * es;
             fsdp2_iov_t *pieces = malloc(sizeof(*pieces) * 3 * (size_t)n);
             size_t *offsets = malloc(sizeof(*offsets) * ((size_t)n + 1));
+            if (!pieces || !offsets) {
+                fprintf(stderr, "rank %d: out of memory\n", r);
+                exit(1);
+            }
             for (int q = 0; q < n; q++) {
                 char *base = recv + (size_t)(n - 1 - q) * bytes;
                 size_t a0 = bytes / 3, a1 = bytes > a0 ? 1 : 0;
@@ -262,14 +267,14 @@ static void sweep(fsdp2_group_t *world, fsdp2_stream_t *s, int n, int r, int qui
                     char *out = in_place ? send + (size_t)r * count * es : recv;
                     CHECK(fsdp2_reduce_scatter_async(world, send, out, count, dt, &red, s));
                     CHECK(fsdp2_stream_synchronize(s));
-                    a.root = (int)((size_t)r * count); /* this rank's block */
+                    a.offset = (size_t)r * count; /* this rank's block */
                     expect_close(name, dt, count, out, r, want_reduced, &a, tol);
                 }
                 for (size_t i = 0; i < count; i++)
                     put(dt, recv, i, value(r, i));
                 CHECK(fsdp2_all_reduce_async(world, recv, count, dt, &red, s));
                 CHECK(fsdp2_stream_synchronize(s));
-                a.root = 0;
+                a.offset = 0;
                 expect_close(kind == 0 ? "all_reduce sum" : kind == 1 ? "all_reduce avg"
                                                                       : "all_reduce pre/post",
                              dt, count, recv, r, want_reduced, &a, tol);

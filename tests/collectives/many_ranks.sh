@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# More ranks on one host than a shared-memory group once took (64): 72 ranks of
-# coll_check --quick (every collective and dtype, multi-step sizes) must all pass, and
-# the world group must run over shared memory, not fall back to UCX messages.
+# 72 ranks on one host, more than one 64-bit word of the transport's rank bitmaps:
+# coll_check --quick (every collective and dtype, multi-step sizes) must pass on every
+# rank, and the world group must run over shared memory, not fall back to UCX messages.
 #   many_ranks.sh FSDP2RUN COLL_CHECK
 set -euo pipefail
 run=$1 check=$2

@@ -1,11 +1,12 @@
 /* Where a shared-memory group's ranks may run, and what follows, decided from every
  * rank's CPU set (shm_placement.c), and fsdp2run --bind auto's choice
- * (fsdp2_topology_auto_bind), on four synthetic machines: a 2-socket host of 64 cores
+ * (fsdp2_topology_auto_bind), on three synthetic machines: a 2-socket host of 64 cores
  * with 2 hardware threads each, an 8-core laptop, and a 2-vCPU virtual machine (with
  * ranks unbound, bound by fsdp2_topology_cpuset_for_rank as fsdp2run --bind core binds
  * them, and bound one per core by hand as Slurm's --cpu-bind=cores does). The rule: a
  * group is oversubscribed when its ranks outnumber the CPUs in the union of their sets,
- * whatever each rank's own set holds. Also the cpulist text the ranks publish. */
+ * (or than the CPUs of a set that holds the sets of that many ranks), whatever each
+ * rank's own set holds. Also the cpulist text the ranks publish. */
 #include <check.h>
 
 #include "../core/check_main.h"
@@ -19,8 +20,8 @@
 
 #define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
 
-/* 2 packages x 32 cores x 2 PUs: core c holds PUs 2c, 2c + 1. */
-static const char host_64[] = "pack:2 core:32 pu:2";
+/* 2 packages (a NUMA node each) x 32 cores x 2 PUs: core c holds PUs 2c, 2c + 1. */
+static const char host_64[] = "pack:2 numa:1 core:32 pu:2";
 static const char laptop_8[] = "pack:1 core:8 pu:1";
 static const char vm_2[] = "pack:1 core:2 pu:1";
 
@@ -70,8 +71,8 @@ static void expect_auto(fsdp2_topology_t *t, int n, fsdp2_bind_mode_t want, cons
 START_TEST(two_socket_host)
 {
     fsdp2_topology_t *t = load(host_64);
-    /* 64 ranks, one per core (2 PUs each): each rank's own set has 2 CPUs, which a rule
-     * from its own affinity took for 64 ranks sharing 2 CPUs */
+    /* 64 ranks, one per core (2 PUs each): a CPU each, though each rank's own set has
+     * only 2 */
     cpu_set_t *sets = sets_for(t, 64, FSDP2_BIND_CORE);
     ck_assert_int_eq(CPU_COUNT(&sets[5]), 2);
     expect(sets, 64, 128, 1, 0, "64 ranks bound a core each");
@@ -79,8 +80,9 @@ START_TEST(two_socket_host)
     sets = sets_for(t, 64, FSDP2_BIND_NONE);
     expect(sets, 64, 128, 0, 0, "64 ranks unbound");
     free(sets);
-    sets = sets_for(t, 2, FSDP2_BIND_NUMA); /* a package each (no NUMA nodes: the machine) */
-    expect(sets, 2, 128, 0, 0, "2 ranks bound by NUMA node");
+    sets = sets_for(t, 2, FSDP2_BIND_NUMA); /* a package (its NUMA node) each */
+    ck_assert_int_eq(CPU_COUNT(&sets[1]), 64);
+    expect(sets, 2, 128, 1, 0, "2 ranks bound by NUMA node");
     free(sets);
     /* 192 ranks bound by cores: 3 to a core, on the 128 PUs */
     sets = sets_for(t, 192, FSDP2_BIND_CORE);
@@ -149,6 +151,14 @@ START_TEST(sets_by_hand)
     expect(sets, 3, 2, 0, 1, "3 ranks, 2 of them on CPU 7");
     CPU_SET(8, &sets[1]);
     expect(sets, 3, 3, 0, 0, "3 ranks on 7 | 7-8 | 27");
+    /* 3 CPUs in the union, but two ranks on CPU 7 */
+    CPU_ZERO(&sets[1]);
+    CPU_SET(7, &sets[1]);
+    CPU_ZERO(&sets[2]);
+    CPU_SET(7, &sets[2]);
+    CPU_SET(8, &sets[2]);
+    CPU_SET(9, &sets[2]);
+    expect(sets, 3, 3, 0, 1, "3 ranks on 7 | 7 | 7-9");
 }
 END_TEST
 
@@ -165,13 +175,16 @@ START_TEST(cpu_lists)
     ck_assert_int_eq(fsdp2_cpus_parse(text, &back), 0);
     ck_assert(CPU_EQUAL(&set, &back));
     ck_assert_int_eq(fsdp2_cpus_format(&set, text, 8), -1); /* does not fit */
-    /* every other CPU: the longest list, within SHM_CPUS_TEXT_MAX */
-    CPU_ZERO(&set);
-    for (int c = 0; c < CPU_SETSIZE; c += 2)
-        CPU_SET(c, &set);
-    ck_assert_int_eq(fsdp2_cpus_format(&set, text, sizeof(text)), 0);
-    ck_assert_int_eq(fsdp2_cpus_parse(text, &back), 0);
-    ck_assert(CPU_EQUAL(&set, &back));
+    /* the longest lists, within SHM_CPUS_TEXT_MAX: every other CPU, 2 on and 1 off */
+    for (int period = 2; period <= 3; period++) {
+        CPU_ZERO(&set);
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (period == 2 ? c % 2 == 0 : c % 3 != 2)
+                CPU_SET(c, &set);
+        ck_assert_int_eq(fsdp2_cpus_format(&set, text, sizeof(text)), 0);
+        ck_assert_int_eq(fsdp2_cpus_parse(text, &back), 0);
+        ck_assert(CPU_EQUAL(&set, &back));
+    }
     static const char *const bad[] = {"a", "3-1", "1,", "1,,2", "-1", "0-", "1024", "2 3",
                                       "0-99999"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)

@@ -5,7 +5,8 @@
 # the host of address ADDR (10.213.0.K+1 is host K), which then starts that host's ranks.
 # The daemon gets what hosts_run gives a command: the host's network namespace and its
 # own hostname, IPC, mount (/dev/shm) and pid namespaces. HOSTS_PREFIX comes from the
-# environment of the hosts.sh that made the hosts.
+# environment of the hosts.sh that made the hosts. ADDR must be a host's dotted address,
+# and OPTIONS options without values (mpirun passes none).
 set -euo pipefail
 while [[ $1 == -* ]]; do shift; done
 addr=$1
