@@ -18,7 +18,6 @@
 
 #define SHM_SLOT (256u << 10) /* bytes per step and rank */
 #define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
-#define SHM_SPIN_NS 20000     /* busy polling before a wait yields (ranks <= cores) */
 #define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
 /* Rows of a group's store choices: one per kind that moves bytes (a barrier moves none),
  * and one each for in-place reduce-scatters and all-gathers, whose outputs are written
@@ -155,6 +154,7 @@ struct shm_group {
      * (one at a time, wait_turn). */
     shm_stores_t stores_policy;
     shm_stores_t output_policy;
+    size_t out_stream_min; /* FSDP2_SHM_STREAM_OUTPUT_MIN */
     shm_store_class_t stores[SHM_STORE_ROWS][SHM_STORE_CLASSES];
 };
 

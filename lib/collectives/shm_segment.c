@@ -152,6 +152,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->gone_arg = gone_arg;
     sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     sg->output_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT);
+    sg->out_stream_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT_MIN);
     sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
                         fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) == 0; /* "on" */
     sg->peers = calloc((size_t)g->size, sizeof(*sg->peers));
@@ -200,7 +201,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         return status;
     }
     sg->core_per_rank = !place.oversubscribed;
-    sg->spin_ns = place.oversubscribed ? 0 : SHM_SPIN_NS;
+    sg->spin_ns = place.oversubscribed ? 0 : fsdp2_env_int(FSDP2_ENV_SHM_SPIN_US) * 1000;
     sg->contended_max = place.oversubscribed ? INT_MAX : 2;
     sg->nudge = !place.oversubscribed && place.cpus > 1;
     FSDP2_LOG(DEBUG, COLL, "group '%s': %d ranks on %d CPUs (%s): %s", g->name, g->size,

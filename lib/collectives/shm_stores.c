@@ -53,7 +53,6 @@
 #define SHM_STREAM_PART 8           /* a try of a way found far costlier takes 1/8 of the run */
 #define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
-#define SHM_OUT_STREAM_GATHER (16u << 20) /* auto: gathers stream outputs from this many bytes */
 
 void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n)
 {
@@ -367,15 +366,13 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way,
     }
 }
 
-/* A gather writes output lines it never read: streaming the output made 16-256 MiB
- * all-gathers 1.5-2.5x faster here, and 4 MiB outputs, which stay cached between calls,
- * were faster plain. An all-reduce writes over lines it read moments before, so auto
- * never streams its results: from 64 MiB, where it once did, plain results were 7-12%
- * faster with the CPUs close and as fast with them far (2 and 4 ranks, 16-256 MiB). A
- * reduce-scatter's results stream from SHM_OUT_STREAM_GATHER (fsdp2_shm_reduce_stream),
- * except in place: there each result line was
- * read a moment before and is still cached, and streaming it made 64-256 MiB
- * reduce-scatters at 2 ranks 1.3-1.6x slower. */
+/* A gather writes output lines it never read, and past the cache a plain store first
+ * reads each line from memory (read for ownership): outputs of at least
+ * FSDP2_SHM_STREAM_OUTPUT_MIN bytes, too large to stay cached between calls, go out
+ * with non-temporal stores, and so do out-of-place reduce-scatter results
+ * (fsdp2_shm_reduce_stream). An all-reduce writes over lines it read moments before,
+ * and an in-place reduce-scatter over lines still cached: auto never streams those.
+ * The figures behind the rule: docs/collectives.md. */
 int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
 {
 #if defined(__SSE2__)
@@ -384,10 +381,10 @@ int fsdp2_shm_out_streams(const shm_group_t *sg, const coll_op_t *op)
         return sg->output_policy == SHM_STORES_STREAM;
     switch (op->kind) {
     case COLL_ALL_GATHER:
-    case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= SHM_OUT_STREAM_GATHER;
-    case COLL_BROADCAST: return bytes >= SHM_OUT_STREAM_GATHER;
+    case COLL_ALL_GATHER_PIECES: return bytes * (size_t)sg->g->size >= sg->out_stream_min;
+    case COLL_BROADCAST: return bytes >= sg->out_stream_min;
     case COLL_REDUCE_SCATTER:
-        return bytes >= SHM_OUT_STREAM_GATHER &&
+        return bytes >= sg->out_stream_min &&
                !coll_in_place_block(op->send, op->recv, bytes, sg->g->rank);
     case COLL_ALL_REDUCE: return 0; /* over lines it just read */
     default: return 0;

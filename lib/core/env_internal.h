@@ -37,6 +37,13 @@
        "how a rank writes a shared-memory collective's output: auto = non-temporal stores " \
        "for outputs too large to stay cached (gathers and out-of-place reduce-scatters "    \
        "from 16 MiB; never all-reduce results), on = always, off = memcpy")                 \
+    XX(SHM_STREAM_OUTPUT_MIN, "FSDP2_SHM_STREAM_OUTPUT_MIN", BYTES, "16777216",              \
+       "0..1099511627776",                                                                  \
+       "with FSDP2_SHM_STREAM_OUTPUT=auto, the output bytes from which gathers, broadcasts " \
+       "and out-of-place reduce-scatters write it with non-temporal stores (this rank's)")  \
+    XX(SHM_SPIN_US, "FSDP2_SHM_SPIN_US", INT, "20", "0..1000000",                            \
+       "microseconds a shared-memory wait polls before it yields, when the group has a CPU " \
+       "per rank (0: yield at once; an oversubscribed group never polls)")                  \
     XX(SHM_SINGLE_COPY, "FSDP2_SHM_SINGLE_COPY", ENUM, "on", "on|off",                     \
        "shared-memory all-reduces, reduce-scatters, all-gathers and broadcasts of 64 KiB or" \
        " more read and write the ranks' buffers in place when all of them lie in the "       \

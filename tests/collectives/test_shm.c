@@ -316,7 +316,8 @@ END_TEST
  * must never change the steps), and both auto: the slots' way is timed per run and the
  * other way tried on run 2 and then every 8 runs (here with a rank arriving late, which
  * skews the timings; test_shm_stores.c drives the schedule itself); outputs stream from
- * 16 MiB (a 2-3 x 8 MiB all-gather). Odd sizes,
+ * 16 MiB (a 2-3 x 8 MiB all-gather); and outputs streamed by auto from 4 KiB
+ * (FSDP2_SHM_STREAM_OUTPUT_MIN) with waits that never poll (FSDP2_SHM_SPIN_US=0). Odd sizes,
  * several slots, an all-reduce past 16 MiB (fused), pieces whose boundaries fall
  * inside slots, a broadcast. (A missing fence would not fail this on x86, where the
  * stream's locked instructions drain the write-combining buffers; the fences are
@@ -324,15 +325,24 @@ END_TEST
 static int body_stream_stores(rank_ctx_t *c)
 {
     static const char *const modes[][2] = {
-        {"on", "on"}, {"off", "off"}, {"off", "on"}, {"mixed", "mixed"}, {"auto", "auto"}};
+        {"on", "on"}, {"off", "off"}, {"off", "on"}, {"mixed", "mixed"}, {"auto", "auto"},
+        {"off", "auto-4K"}};
     int fails = 0;
     fsdp2_group_t *world = c->world;
     for (size_t m = 0; m < COUNT(modes) && !fails; m++) {
         const char *stores = modes[m][0], *output = modes[m][1];
         if (strcmp(stores, "mixed") == 0)
             stores = output = c->rank == 0 ? "on" : "off";
+        int small = strcmp(output, "auto-4K") == 0;
         setenv("FSDP2_SHM_STREAM_STORES", stores, 1);
-        setenv("FSDP2_SHM_STREAM_OUTPUT", output, 1);
+        setenv("FSDP2_SHM_STREAM_OUTPUT", small ? "auto" : output, 1);
+        if (small) {
+            setenv("FSDP2_SHM_STREAM_OUTPUT_MIN", "4K", 1);
+            setenv("FSDP2_SHM_SPIN_US", "0", 1);
+        } else {
+            unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+            unsetenv("FSDP2_SHM_SPIN_US");
+        }
         fails += OK(c, fsdp2_env_reload());
         char name[32];
         snprintf(name, sizeof(name), "stores-%s-%s", modes[m][0], modes[m][1]);
@@ -369,6 +379,8 @@ static int body_stream_stores(rank_ctx_t *c)
     }
     unsetenv("FSDP2_SHM_STREAM_STORES");
     unsetenv("FSDP2_SHM_STREAM_OUTPUT");
+    unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+    unsetenv("FSDP2_SHM_SPIN_US");
     fails += OK(c, fsdp2_env_reload());
     return fails;
 }
