@@ -424,7 +424,7 @@ static int job_secret(const options_t *o)
     return setenv("FSDP2_STORE_SECRET", hex, 1);
 }
 
-static int launch(const options_t *o)
+static int launch(options_t *o)
 {
     long grace_ms;
     if (grace_ms_from_env(&grace_ms) != 0)
@@ -438,14 +438,17 @@ static int launch(const options_t *o)
         return FSDP2RUN_EXIT_ERROR;
     }
     fsdp2_topology_t *topo = NULL;
-    /* (under --bind auto a machine hwloc cannot read, or a build without it, runs the
-     * ranks unbound: topo stays NULL) */
-    if (o->bind != FSDP2_BIND_NONE && fsdp2_topology_load(&topo) != FSDP2_SUCCESS &&
-        !o->bind_auto) {
+    /* --bind auto decides here, from the one topology the ranks are bound by
+     * (fsdp2_topology_auto_bind); a machine hwloc cannot read, or a build without it,
+     * runs the ranks unbound: topo stays NULL */
+    if ((o->bind != FSDP2_BIND_NONE || o->bind_auto) &&
+        fsdp2_topology_load(&topo) != FSDP2_SUCCESS && !o->bind_auto) {
         fprintf(stderr, "fsdp2run: --bind %s: %s\n", fsdp2_bind_mode_name(o->bind),
                 fsdp2_last_error());
         return FSDP2RUN_EXIT_ERROR;
     }
+    if (topo && o->bind_auto)
+        fsdp2_topology_auto_bind(topo, o->nproc_per_node, &o->bind);
 
     /* Signals are read from a signalfd in the event loop, so they stay blocked from
      * here on (the children unblock them before exec). Blocking them before the first
@@ -536,13 +539,6 @@ int main(int argc, char **argv)
             return exec_in_place(&o); /* auto: the launcher that started us binds */
         return usage_error("--nproc-per-node is required (unless started by mpirun, srun or "
                            "a PMI launcher)");
-    }
-    if (o.bind_auto) {
-        /* fsdp2_topology_auto_bind; none where hwloc cannot load the machine */
-        fsdp2_topology_t *topo = NULL;
-        if (fsdp2_topology_load(&topo) == FSDP2_SUCCESS)
-            fsdp2_topology_auto_bind(topo, o.nproc_per_node, &o.bind);
-        fsdp2_topology_destroy(topo);
     }
     return launch(&o);
 }
