@@ -14,10 +14,15 @@
  * position on a stream's counter of completed work. A thread that blocks without a
  * timeout until a stream reaches a position (synchronize, event synchronize, a wait on
  * the current stream) runs that stream's queued tasks itself while its worker is idle:
- * one runner at a time, in order. A worker that is still spinning for new work leaves a
- * task to such a waiter for its first 20 us in the queue (a task nobody waits for starts
- * that much later at most). So a task may run on the waiting application thread; host
- * functions must not rely on which thread runs them. The calling thread itself is the
+ * one runner at a time, in order. So a task may run on the waiting application thread;
+ * host functions must not rely on which thread runs them. A worker with nothing queued
+ * yields the core a few times (FSDP2_CPU_STREAM_SPIN) and then sleeps until an enqueue
+ * wakes it, so an idle stream costs no CPU and a task enqueued to it starts within the
+ * operating system's wake-up latency. A worker that is still yielding leaves a fresh
+ * task to a waiter for FSDP2_CPU_STREAM_CLAIM_US (20 us); a task nobody waits for starts
+ * that much later at most. Workers are SCHED_BATCH threads: waking one does not preempt
+ * the enqueuing thread, so where every CPU is busy the task starts when the scheduler
+ * next gives the worker a CPU, or runs on the enqueuing thread if it waits first. The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
  * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.

@@ -19,6 +19,12 @@
        "seconds before a blocked collective or rendezvous fails with a timeout")           \
     XX(CPU_STREAM_DEPTH, "FSDP2_CPU_STREAM_DEPTH", INT, "1024", "4..1048576",              \
        "entries in each cpu stream's queue; enqueueing into a full queue blocks")          \
+    XX(CPU_STREAM_SPIN, "FSDP2_CPU_STREAM_SPIN", INT, "64", "0..1000000",                   \
+       "times an idle cpu stream worker, or a thread waiting for a cpu stream, yields the " \
+       "core before it sleeps until signalled (0: sleep at once)")                         \
+    XX(CPU_STREAM_CLAIM_US, "FSDP2_CPU_STREAM_CLAIM_US", INT, "20", "0..1000000",           \
+       "microseconds a still-yielding cpu stream worker leaves a fresh task to a thread "   \
+       "that waits for it, which then runs it itself (0: the worker takes it at once)")     \
     XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
        "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
        "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")                \

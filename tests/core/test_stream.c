@@ -1,12 +1,14 @@
 /* cpu streams and events: ordering, real concurrency, cross-stream waits that never run
- * early, re-recorded events, destroy with pending work, errors, a stress run, and tasks
- * whose worker's wake-up was left owed. No
+ * early, re-recorded events, destroy with pending work, errors, a stress run, and idle
+ * workers that sleep until work comes. No
  * test sleeps to "wait long enough": gates are opened explicitly and every blocking
  * wait in a test helper has a timeout that fails the test instead of hanging it. */
 #include <check.h>
 
 #include "check_main.h"
 #include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -603,17 +605,22 @@ START_TEST(a_synchronizing_caller_helps_without_breaking_order_or_exclusivity)
 }
 END_TEST
 
-/* ---- deferred wake-ups ---- */
+/* ---- idle workers ---- */
 
 typedef struct ran_on {
     atomic_int ran;
     pthread_t thread;
+    pid_t tid;
+    int policy;
 } ran_on_t;
 
 static fsdp2_status_t note_thread(void *arg)
 {
     ran_on_t *r = arg;
     r->thread = pthread_self();
+    r->tid = gettid();
+    struct sched_param param;
+    pthread_getschedparam(pthread_self(), &r->policy, &param);
     atomic_store(&r->ran, 1);
     return FSDP2_SUCCESS;
 }
@@ -624,8 +631,7 @@ static fsdp2_status_t nothing(void *arg)
     return FSDP2_SUCCESS;
 }
 
-/* Tasks the caller waits for at once, enough of them that the worker stops being woken
- * per enqueue (it naps and the caller owes the wake-up). */
+/* Tasks the caller waits for at once: the caller runs most of them itself. */
 static void waited_for_at_once(fsdp2_stream_t *s)
 {
     for (int i = 0; i < 64; i++) {
@@ -634,7 +640,7 @@ static void waited_for_at_once(fsdp2_stream_t *s)
     }
 }
 
-/* Polls (no stream call, which would pay an owed wake-up) until r ran, for up to 30 s. */
+/* Polls without any stream call until r ran, for up to 30 s. */
 static void await_ran_without_stream_calls(ran_on_t *r)
 {
     struct timespec start, now, pause = {0, 100000};
@@ -646,41 +652,75 @@ static void await_ran_without_stream_calls(ran_on_t *r)
     }
 }
 
-START_TEST(a_task_nobody_waits_for_runs_on_the_worker_after_waiters_ran_the_others)
+/* The times the thread blocked so far (voluntary context switches, from procfs; a
+ * yield is not one). */
+static long times_blocked(pid_t tid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s", path);
+    long value = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &value) == 1)
+            break;
+    fclose(f);
+    ck_assert_msg(value >= 0, "%s has no voluntary_ctxt_switches", path);
+    return value;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+/* A worker with nothing queued yields a few times, then sleeps until an enqueue wakes
+ * it: over an idle interval it blocks once, however its last tasks were run (by itself
+ * or by waiters); a worker that woke on a timer would block once per wake-up. The
+ * interval is the measurement, not a wait for something to happen. */
+START_TEST(an_idle_worker_sleeps_until_the_next_task_wakes_it)
 {
     fsdp2_stream_t *s;
-    OK(fsdp2_stream_create(cpu, "owed", &s));
-    for (int round = 0; round < 5; round++) {
-        waited_for_at_once(s);
+    OK(fsdp2_stream_create(cpu, "idle", &s));
+    for (int round = 0; round < 3; round++) {
         ran_on_t r = {.ran = 0};
         OK(fsdp2_stream_launch_host(s, note_thread, &r));
-        await_ran_without_stream_calls(&r);
+        await_ran_without_stream_calls(&r); /* runs on the worker: nobody waits for it */
         ck_assert_msg(!pthread_equal(r.thread, pthread_self()), "ran on the caller");
+        ck_assert_int_eq(r.policy, SCHED_BATCH);
+        waited_for_at_once(s); /* the worker idles after tasks that waiters ran */
+        long before = times_blocked(r.tid);
+        sleep_ms(200);
+        long after = times_blocked(r.tid);
+        ck_assert_msg(after - before <= 2, "round %d: the idle worker blocked %ld times in 200 ms",
+                      round, after - before);
     }
     OK(fsdp2_stream_destroy(s));
 }
 END_TEST
 
-typedef struct owing_thread {
+typedef struct enqueuing_thread {
     fsdp2_stream_t *s;
     ran_on_t *r;
-} owing_thread_t;
+} enqueuing_thread_t;
 
 static void *enqueue_and_exit(void *arg)
 {
-    owing_thread_t *t = arg;
+    enqueuing_thread_t *t = arg;
     waited_for_at_once(t->s);
     OK(fsdp2_stream_launch_host(t->s, note_thread, t->r));
-    return NULL; /* exits owing the worker's wake-up, if it was owed */
+    return NULL; /* exits without waiting for its task */
 }
 
-START_TEST(a_thread_that_exits_owing_a_wake_up_still_gets_its_task_run)
+START_TEST(a_task_whose_thread_exits_at_once_still_runs)
 {
     fsdp2_stream_t *s;
-    OK(fsdp2_stream_create(cpu, "owed-exit", &s));
+    OK(fsdp2_stream_create(cpu, "exit", &s));
     for (int round = 0; round < 5; round++) {
         ran_on_t r = {.ran = 0};
-        owing_thread_t t = {s, &r};
+        enqueuing_thread_t t = {s, &r};
         pthread_t thread;
         ck_assert_int_eq(pthread_create(&thread, NULL, enqueue_and_exit, &t), 0);
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
@@ -710,8 +750,8 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, a_host_function_using_its_own_stream_is_refused_not_a_deadlock);
     tcase_add_test(tc, errors_are_kept_on_the_current_stream_and_reported_by_destroy);
     tcase_add_test(tc, a_synchronizing_caller_helps_without_breaking_order_or_exclusivity);
-    tcase_add_test(tc, a_task_nobody_waits_for_runs_on_the_worker_after_waiters_ran_the_others);
-    tcase_add_test(tc, a_thread_that_exits_owing_a_wake_up_still_gets_its_task_run);
+    tcase_add_test(tc, an_idle_worker_sleeps_until_the_next_task_wakes_it);
+    tcase_add_test(tc, a_task_whose_thread_exits_at_once_still_runs);
     suite_add_tcase(s, tc);
     return s;
 }
