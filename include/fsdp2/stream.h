@@ -22,7 +22,12 @@
  * task to a waiter for FSDP2_CPU_STREAM_CLAIM_US (20 us); a task nobody waits for starts
  * that much later at most. Workers are SCHED_BATCH threads: waking one does not preempt
  * the enqueuing thread, so where every CPU is busy the task starts when the scheduler
- * next gives the worker a CPU, or runs on the enqueuing thread if it waits first. The calling thread itself is the
+ * next gives the worker a CPU, or runs on the enqueuing thread if it waits first.
+ * One exception, where ranks outnumber CPUs (FSDP2_CPU_STREAM_DEFER_WAKE, by default
+ * once a shared-memory group of the process finds its host so): a worker whose recent
+ * tasks were run by their waiters naps, and an enqueue leaves its wake-up to the
+ * enqueuing thread's next stream or event call; a task whose thread makes no such call
+ * starts when the nap ends (FSDP2_CPU_STREAM_NAP_US, 1 ms). The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
  * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.

@@ -78,7 +78,15 @@ typedef struct shm_store_class {
 } shm_store_class_t;
 
 /* FSDP2_SHM_STREAM_STORES and _OUTPUT, in the order of their accepted values. */
-typedef enum shm_stores { SHM_STORES_AUTO, SHM_STORES_STREAM, SHM_STORES_PLAIN } shm_stores_t;
+/* FSDP2_SHM_STREAM_STORES's values, in its order; the group resolves AUTO at creation
+ * (fsdp2_shm_stores_resolve), FSDP2_SHM_STREAM_OUTPUT's AUTO stays. */
+typedef enum shm_stores {
+    SHM_STORES_AUTO,
+    SHM_STORES_STREAM,
+    SHM_STORES_PLAIN,
+    SHM_STORES_TOPOLOGY, /* fsdp2_shm_stores_rule, from the shared cache */
+    SHM_STORES_LEARN,    /* timed tries per size class */
+} shm_stores_t;
 
 typedef struct shm_header {
     uint64_t magic;
@@ -149,12 +157,13 @@ struct shm_group {
     int core_per_rank; /* no more ranks than CPUs they may use (all_reduce_fused) */
     int nudge; /* move_off_peer_core may act */
     /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
-     * and _OUTPUT, and for auto slot stores, per kind and class of collective size, the
-     * way in use and each way's recent cost. Touched only by the collective that runs
+     * (resolved: never AUTO) and _OUTPUT, and for learned slot stores, per kind and class
+     * of collective size, the way in use and each way's recent cost. Touched only by the collective that runs
      * (one at a time, wait_turn). */
     shm_stores_t stores_policy;
     shm_stores_t output_policy;
     size_t out_stream_min; /* FSDP2_SHM_STREAM_OUTPUT_MIN */
+    size_t shared_cache;   /* smallest cache the ranks' CPUs share (0: none), for TOPOLOGY */
     shm_store_class_t stores[SHM_STORE_ROWS][SHM_STORE_CLASSES];
 };
 
@@ -183,6 +192,7 @@ typedef struct shm_placement {
     int disjoint;       /* no CPU in two ranks' sets: bound apart */
     int oversubscribed; /* more ranks than cpus, or than the CPUs of a set holding the
                          * sets of that many ranks */
+    cpu_set_t all;      /* the union */
 } shm_placement_t;
 
 /* Room for a list of any set of CPU_SETSIZE CPUs (the longest, 2 on and 1 off:
@@ -200,6 +210,13 @@ void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out);
  * placement. */
 fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
                                        shm_placement_t *out);
+/* The size of the smallest cache that all of cpus share on this machine (0: none), from
+ * the machine's topology, loaded once per process; FSDP2_ERR_NOT_AVAILABLE without
+ * hwloc or when the topology cannot be loaded. */
+fsdp2_status_t fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes);
+/* Whether this process runs under a hypervisor (x86's CPUID flag; 0 elsewhere), whose
+ * virtual CPUs the host may move between physical caches unseen by the topology. */
+int fsdp2_host_is_virtual(void);
 
 /* ---- shm_stores.c: how bytes are written ---- */
 
@@ -214,6 +231,17 @@ void fsdp2_shm_fence_streams(void);
 void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
                              const void *const *src, int n, size_t count, double pre,
                              double post);
+/* The topology rule for slot stores: whether a collective of `bytes` per rank over n
+ * ranks writes its slots with non-temporal stores, given the size of the smallest cache
+ * the ranks' CPUs share (0: none). Plain stores while the slots the collective fills,
+ * n * min(bytes, a ring), fit in half that cache (the rest holds the collective's own
+ * inputs and outputs): readers then take the lines from the shared cache. Otherwise the
+ * lines would be written back to memory anyway, and a plain store also reads each line
+ * before writing it. */
+int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes);
+/* What FSDP2_SHM_STREAM_STORES=policy means for a group: auto is the topology rule,
+ * except under a hypervisor or without a topology, where it learns by timed tries. */
+shm_stores_t fsdp2_shm_stores_resolve(shm_stores_t policy, int virtual_host, int cache_known);
 /* Whether op's slot writes stream: the policy, and for auto the class's choice. A try
  * of a way found far costlier takes only the first *part_steps steps this rank posts
  * (0: the whole run), after which the run writes the other way. */

@@ -3,14 +3,21 @@
  * decides alike from the whole group's placement rather than from its own mask (a rank
  * bound to one core by Slurm, numactl or fsdp2run --bind core has a core of its own, not
  * a share of one). */
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp2/topology.h>
+
 #include "collectives/group_internal.h"
 #include "collectives/shm_internal.h"
 #include "core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 int fsdp2_cpus_format(const cpu_set_t *set, char *buf, size_t cap)
 {
@@ -69,6 +76,7 @@ void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out)
         CPU_OR(&twice, &twice, &both);
         CPU_OR(&all, &all, &sets[r]);
     }
+    out->all = all;
     out->ranks = n;
     out->cpus = CPU_COUNT(&all);
     out->disjoint = CPU_COUNT(&twice) == 0;
@@ -125,4 +133,37 @@ fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
     free(sets);
     free(text);
     return status;
+}
+
+int fsdp2_host_is_virtual(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 31) & 1; /* the hypervisor bit */
+#else
+    return 0;
+#endif
+}
+
+/* This machine's topology, loaded at the first group that needs it and kept: groups
+ * are made a few times per process, a load reads /sys for milliseconds. */
+static fsdp2_topology_t *machine;
+static fsdp2_status_t machine_status = FSDP2_ERR_NOT_AVAILABLE;
+static pthread_once_t machine_once = PTHREAD_ONCE_INIT;
+
+static void machine_load(void)
+{
+    machine_status = fsdp2_topology_load(&machine);
+}
+
+fsdp2_status_t fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes)
+{
+    pthread_once(&machine_once, machine_load);
+    if (machine_status != FSDP2_SUCCESS)
+        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "no topology of this machine");
+    int list[CPU_SETSIZE], n = 0, numa = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, cpus))
+            list[n++] = c;
+    return fsdp2_topology_shared_cache(machine, list, n, bytes, &numa);
 }

@@ -15,6 +15,7 @@
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/env_internal.h"
+#include "core/cpu_stream.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -200,14 +201,26 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
         fsdp2_shm_destroy(sg);
         return status;
     }
+    if (place.oversubscribed)
+        fsdp2_cpu_streams_note_oversubscribed();
+    /* Slot stores: the topology's rule, unless the CPUs are virtual (the host moves them
+     * between caches the topology does not show) or there is no topology. */
+    int virtual_host = fsdp2_host_is_virtual(), known = 0;
+    if (sg->stores_policy == SHM_STORES_TOPOLOGY ||
+        (sg->stores_policy == SHM_STORES_AUTO && !virtual_host))
+        known = fsdp2_shm_shared_cache(&place.all, &sg->shared_cache) == FSDP2_SUCCESS;
+    sg->stores_policy = fsdp2_shm_stores_resolve(sg->stores_policy, virtual_host, known);
     sg->core_per_rank = !place.oversubscribed;
     sg->spin_ns = place.oversubscribed ? 0 : fsdp2_env_int(FSDP2_ENV_SHM_SPIN_US) * 1000;
     sg->contended_max = place.oversubscribed ? INT_MAX : 2;
     sg->nudge = !place.oversubscribed && place.cpus > 1;
-    FSDP2_LOG(DEBUG, COLL, "group '%s': %d ranks on %d CPUs (%s): %s", g->name, g->size,
-              place.cpus, place.disjoint ? "bound apart" : "sharing their sets",
+    FSDP2_LOG(DEBUG, COLL, "group '%s': %d ranks on %d CPUs (%s): %s; slot stores %s",
+              g->name, g->size, place.cpus, place.disjoint ? "bound apart" : "sharing their sets",
               place.oversubscribed ? "more ranks than CPUs, waits yield"
-                                   : "a CPU each, waits poll");
+                                   : "a CPU each, waits poll",
+              sg->stores_policy == SHM_STORES_TOPOLOGY ? "by the shared cache"
+              : sg->stores_policy == SHM_STORES_LEARN  ? "learned"
+                                                       : "fixed");
     char *base = (char *)sg->hdr;
     sg->lines = (rank_line_t *)(base + SHM_PAGE);
     sg->done = (shm_counter_t *)(base + SHM_PAGE + (size_t)g->size * SHM_LINE);

@@ -253,6 +253,20 @@ static uint32_t next_wait(const shm_store_class_t *k, const coll_op_t *op)
     return wait < most ? wait : (uint32_t)most;
 }
 
+int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes)
+{
+    size_t ring = (size_t)SHM_SLOTS * SHM_SLOT;
+    size_t filled = (size_t)n * (bytes < ring ? bytes : ring);
+    return shared_cache == 0 || filled > shared_cache / 2;
+}
+
+shm_stores_t fsdp2_shm_stores_resolve(shm_stores_t policy, int virtual_host, int cache_known)
+{
+    if (policy != SHM_STORES_AUTO)
+        return policy == SHM_STORES_TOPOLOGY && !cache_known ? SHM_STORES_LEARN : policy;
+    return virtual_host || !cache_known ? SHM_STORES_LEARN : SHM_STORES_TOPOLOGY;
+}
+
 int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part_steps)
 {
     *part_steps = 0;
@@ -261,6 +275,8 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
         return 0;
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
+    if (sg->stores_policy == SHM_STORES_TOPOLOGY)
+        return fsdp2_shm_stores_rule(sg->shared_cache, sg->g->size, op->count * op->elem_size);
     const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     /* A long wait holds while the other way still looks far costlier, a shorter one
      * while it looks costlier: should the way in use get dearer in the meantime, the
@@ -290,7 +306,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
 /* Whether op's run is timed for fsdp2_shm_stores_learn. */
 int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
 {
-    return sg->stores_policy == SHM_STORES_AUTO && store_class(sg, op) >= 0;
+    return sg->stores_policy == SHM_STORES_LEARN && store_class(sg, op) >= 0;
 }
 
 /* A part try: the other way's cost per byte, as if it had taken the whole run, from
@@ -331,7 +347,7 @@ void fsdp2_shm_stores_learn(shm_group_t *sg, const coll_op_t *op, int first_way,
                             uint64_t steps, int64_t ns)
 {
     int c = store_class(sg, op);
-    if (c < 0 || sg->stores_policy != SHM_STORES_AUTO)
+    if (c < 0 || sg->stores_policy != SHM_STORES_LEARN)
         return;
     shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     uint64_t run = k->runs++;

@@ -12,16 +12,20 @@ fsdp2_status_t fsdp2_cpu_stream_synchronize(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = cpu_stream_of(stream);
     FSDP2_CHECK(fsdp2_cpu_check_not_own_worker(s, "synchronize"));
+    fsdp2_cpu_flush_owed(s); /* s's own tasks: this thread runs them */
     pthread_mutex_lock(&s->lock);
     uint64_t target = s->submitted;
     pthread_mutex_unlock(&s->lock);
-    FSDP2_CHECK(fsdp2_cpu_wait_position(s, target, -1));
+    fsdp2_status_t status = fsdp2_cpu_wait_position(s, target, -1);
+    fsdp2_cpu_flush_owed(NULL);
+    FSDP2_CHECK(status);
     return fsdp2_cpu_stream_report(s, 1);
 }
 
 fsdp2_status_t fsdp2_cpu_stream_query(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = cpu_stream_of(stream);
+    fsdp2_cpu_flush_owed(NULL); /* polling: the work must run meanwhile */
     pthread_mutex_lock(&s->lock);
     int done = s->completed == s->submitted;
     pthread_mutex_unlock(&s->lock);
@@ -53,10 +57,14 @@ fsdp2_status_t fsdp2_cpu_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t
     cpu_stream_t *s = cpu_stream_of(stream), *on;
     uint64_t target;
     event_capture(as_event(event), &on, &target);
-    if (!on)
+    if (!on) {
+        fsdp2_cpu_flush_owed(NULL);
         return FSDP2_SUCCESS;
+    }
     if (s->base.is_current || position_reached(on, target)) {
+        fsdp2_cpu_flush_owed(on); /* on's tasks up to target: this thread runs them */
         fsdp2_status_t status = fsdp2_cpu_wait_position(on, target, -1);
+        fsdp2_cpu_flush_owed(NULL);
         fsdp2_cpu_stream_release(on);
         return status;
     }
@@ -91,6 +99,7 @@ fsdp2_status_t fsdp2_cpu_event_record(fsdp2_event_t *event, fsdp2_stream_t *stre
     cpu_event_t *e = as_event(event);
     cpu_stream_t *s = cpu_stream_of(stream), *on = NULL;
     uint64_t target = 0;
+    fsdp2_cpu_flush_owed(NULL); /* what was recorded may be waited for elsewhere (a prefetch) */
     if (!s->base.is_current) { /* the current stream's work is always done already */
         pthread_mutex_lock(&s->lock);
         target = s->submitted;
@@ -111,6 +120,7 @@ fsdp2_status_t fsdp2_cpu_event_query(fsdp2_event_t *event)
 {
     cpu_stream_t *on;
     uint64_t target;
+    fsdp2_cpu_flush_owed(NULL); /* polling: the work must run meanwhile */
     event_capture(as_event(event), &on, &target);
     if (!on)
         return FSDP2_SUCCESS;
@@ -124,9 +134,11 @@ fsdp2_status_t fsdp2_cpu_event_wait_timeout(fsdp2_event_t *event, long timeout_m
     cpu_stream_t *on;
     uint64_t target;
     event_capture(as_event(event), &on, &target);
+    fsdp2_cpu_flush_owed(on && timeout_ms < 0 ? on : NULL); /* a timed wait does not help */
     if (!on)
         return FSDP2_SUCCESS;
     fsdp2_status_t status = fsdp2_cpu_wait_position(on, target, timeout_ms);
+    fsdp2_cpu_flush_owed(NULL);
     fsdp2_cpu_stream_release(on);
     return status;
 }

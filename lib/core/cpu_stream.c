@@ -78,6 +78,7 @@ void fsdp2_cpu_run_head_locked(cpu_stream_t *s)
 {
     cpu_task_t task = s->ring[s->head];
     s->running = 1;
+    fsdp2_cpu_note_runner(s);
     pthread_mutex_unlock(&s->lock);
     fsdp2_status_t status = task_run(&task);
     pthread_mutex_lock(&s->lock);
@@ -124,6 +125,7 @@ fsdp2_status_t fsdp2_cpu_check_not_own_worker(cpu_stream_t *s, const char *what)
 
 fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
 {
+    fsdp2_cpu_flush_owed(s); /* the next stream call pays what this thread owes */
     if (s->base.is_current) {
         fsdp2_status_t status = task_run(t);
         pthread_mutex_lock(&s->lock);
@@ -136,13 +138,16 @@ fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     }
     FSDP2_CHECK(fsdp2_cpu_check_not_own_worker(s, "enqueue"));
     pthread_mutex_lock(&s->lock);
-    while (s->count == s->capacity)
+    while (s->count == s->capacity) {
+        pthread_cond_signal(&s->not_empty); /* a full ring is never left to a nap */
         pthread_cond_wait(&s->not_full, &s->lock);
+    }
     s->ring[(s->head + s->count) % s->capacity] = *t;
     if (s->count++ == 0)
         s->queued_ns = fsdp2_now_ns();
     s->submitted++;
-    pthread_cond_signal(&s->not_empty); /* a sleeping worker wakes; no syscall otherwise */
+    if (!fsdp2_cpu_owe_wake(s))
+        pthread_cond_signal(&s->not_empty); /* a sleeping worker wakes; no syscall otherwise */
     pthread_mutex_unlock(&s->lock);
     return FSDP2_SUCCESS;
 }
@@ -169,9 +174,9 @@ static fsdp2_status_t stream_init(cpu_stream_t **out, const char *name, size_t c
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->not_empty, NULL);
+    pthread_cond_init(&s->not_empty, &attr); /* timed waits: the monotonic clock */
     pthread_cond_init(&s->not_full, NULL);
-    pthread_cond_init(&s->progress, &attr); /* timed waits count on the monotonic clock */
+    pthread_cond_init(&s->progress, &attr);
     pthread_condattr_destroy(&attr);
     *out = s;
     return FSDP2_SUCCESS;
@@ -223,6 +228,7 @@ fsdp2_status_t fsdp2_cpu_stream_destroy(fsdp2_stream_t *stream)
 {
     cpu_stream_t *s = cpu_stream_of(stream);
     FSDP2_CHECK(fsdp2_cpu_check_not_own_worker(s, "destroy"));
+    fsdp2_cpu_flush_owed(NULL);
     pthread_mutex_lock(&s->lock);
     s->stopping = 1;
     pthread_cond_signal(&s->not_empty);

@@ -85,6 +85,8 @@ struct cpu_stream {
     int running;       /* a task is being run (by the worker or a helping waiter) */
     int64_t queued_ns; /* when the queue last went from empty to not empty */
     int blocked;       /* threads waiting on s that cannot run its tasks themselves */
+    int helped_run;    /* tasks in a row run by waiters rather than the worker */
+    int napping;       /* the worker naps: an enqueue may leave its wake-up owed */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -127,6 +129,18 @@ void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s);
 /* Blocks until s->completed >= target, or the timeout (ms, < 0 forever) passes; an
  * untimed wait from an application thread runs s's queued tasks itself. */
 fsdp2_status_t fsdp2_cpu_wait_position(cpu_stream_t *s, uint64_t target, long timeout_ms);
+/* Counts who runs s's head task (caller holds s->lock): the worker, or a waiter. */
+void fsdp2_cpu_note_runner(cpu_stream_t *s);
+/* Whether an enqueue on s (lock held) may leave the worker's wake-up owed by this
+ * thread (deferred wake-ups); records it if so. */
+int fsdp2_cpu_owe_wake(cpu_stream_t *s);
+/* Pays every wake-up this thread owes except keep's (a stream it is about to wait for
+ * and help: what is left queued after the wait is paid by the flush that follows it).
+ * Every stream and event operation calls it. */
+void fsdp2_cpu_flush_owed(const cpu_stream_t *keep);
+/* A shared-memory group found more ranks than CPUs on this host: with
+ * FSDP2_CPU_STREAM_DEFER_WAKE=auto, wake-ups may be deferred from now on. */
+void fsdp2_cpu_streams_note_oversubscribed(void);
 
 /* The backend's operations, gathered into fsdp2_cpu_ops by cpu_device.c. */
 fsdp2_status_t fsdp2_cpu_stream_create(int index, const char *name, fsdp2_stream_t **out);

@@ -14,10 +14,24 @@
  * FSDP2_CPU_STREAM_CLAIM_US after the queue became non-empty; a task nobody waits for
  * starts that much later at most. Only untimed waits from application threads help: a
  * task may run for longer than a timeout allows, and a worker never runs another
- * stream's tasks (a host function of one stream would run on another's thread). */
+ * stream's tasks (a host function of one stream would run on another's thread).
+ *
+ * Deferred wake-ups, only where ranks outnumber CPUs. There each wake-up of a worker
+ * takes a CPU from the ranks in the middle of their collectives, and a blocking-style
+ * caller (enqueue, then synchronize) runs the task itself anyway. So once LAZY_AFTER
+ * tasks in a row were run by their waiters, the worker naps (FSDP2_CPU_STREAM_NAP_US at
+ * a time, for at most LAZY_IDLE_NAPS naps after its queue last became non-empty, then it
+ * sleeps) and an enqueue leaves its wake-up owed by the enqueuing thread: the thread's
+ * next stream or event call pays it, unless that call is a wait that runs the task
+ * itself, and a thread that exits pays what it owes. A task whose thread makes no
+ * further stream call then starts when the nap ends. FSDP records an event right after
+ * each collective it enqueues, which pays the wake-up at once. The mode is
+ * FSDP2_CPU_STREAM_DEFER_WAKE: auto turns it on once a shared-memory group of this
+ * process finds its host's ranks outnumbering their CPUs. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -27,6 +41,101 @@
 #include "core/error.h"
 
 _Thread_local cpu_stream_t *fsdp2_cpu_tls_helping;
+
+#define LAZY_AFTER 8       /* tasks in a row run by their waiters before the worker naps */
+#define LAZY_IDLE_NAPS 100 /* naps after the queue last became non-empty; then it sleeps */
+#define OWED_MAX 4         /* streams one thread may owe a wake-up */
+
+static atomic_int oversubscribed; /* a shared-memory group found more ranks than CPUs */
+
+void fsdp2_cpu_streams_note_oversubscribed(void)
+{
+    atomic_store(&oversubscribed, 1);
+}
+
+static int deferring(void)
+{
+    int64_t mode = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_DEFER_WAKE); /* auto|on|off */
+    return mode == 1 || (mode == 0 && atomic_load_explicit(&oversubscribed, memory_order_relaxed));
+}
+
+static int64_t nap_ns(void)
+{
+    return fsdp2_env_int(FSDP2_ENV_CPU_STREAM_NAP_US) * 1000;
+}
+
+/* Each owed stream holds a reference until paid. */
+static _Thread_local cpu_stream_t *tls_owed[OWED_MAX];
+static _Thread_local int tls_owed_n;
+static pthread_key_t owed_key; /* its destructor pays what an exiting thread owes */
+static pthread_once_t owed_once = PTHREAD_ONCE_INIT;
+static int owed_key_made; /* without the key nothing is owed: exits would not pay */
+
+void fsdp2_cpu_flush_owed(const cpu_stream_t *keep)
+{
+    int kept = 0;
+    for (int i = 0; i < tls_owed_n; i++) {
+        cpu_stream_t *s = tls_owed[i];
+        if (s == keep) {
+            tls_owed[kept++] = s;
+            continue;
+        }
+        pthread_mutex_lock(&s->lock);
+        if (s->count > 0)
+            pthread_cond_signal(&s->not_empty);
+        pthread_mutex_unlock(&s->lock);
+        fsdp2_cpu_stream_release(s);
+    }
+    tls_owed_n = kept;
+}
+
+static void owed_at_exit(void *unused)
+{
+    (void)unused;
+    fsdp2_cpu_flush_owed(NULL);
+}
+
+static void owed_key_init(void)
+{
+    owed_key_made = pthread_key_create(&owed_key, owed_at_exit) == 0;
+}
+
+int fsdp2_cpu_owe_wake(cpu_stream_t *s)
+{
+    if (!s->napping || fsdp2_cpu_tls_is_worker)
+        return 0;
+    for (int i = 0; i < tls_owed_n; i++)
+        if (tls_owed[i] == s)
+            return 1;
+    if (tls_owed_n == OWED_MAX)
+        return 0;
+    pthread_once(&owed_once, owed_key_init);
+    /* any non-NULL value runs the destructor at thread exit */
+    if (!owed_key_made || pthread_setspecific(owed_key, &owed_key) != 0)
+        return 0;
+    fsdp2_cpu_stream_retain(s);
+    tls_owed[tls_owed_n++] = s;
+    return 1;
+}
+
+void fsdp2_cpu_note_runner(cpu_stream_t *s)
+{
+    if (fsdp2_cpu_tls_is_worker)
+        s->helped_run = 0;
+    else if (s->helped_run < LAZY_AFTER)
+        s->helped_run++;
+}
+
+static void after_ns(int64_t ns, struct timespec *ts)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ns / 1000000000L;
+    ts->tv_nsec += ns % 1000000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
 
 static int spin_yields(void)
 {
@@ -61,7 +170,18 @@ void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s)
             pthread_mutex_lock(&s->lock);
             continue;
         }
+        int64_t nap = nap_ns();
+        if (s->helped_run >= LAZY_AFTER && !s->stopping && deferring() &&
+            fsdp2_now_ns() - s->queued_ns < LAZY_IDLE_NAPS * nap) {
+            struct timespec until; /* an owed wake-up (fsdp2_cpu_flush_owed) ends it early */
+            after_ns(nap, &until);
+            s->napping = 1;
+            pthread_cond_timedwait(&s->not_empty, &s->lock, &until);
+            s->napping = 0;
+            continue;
+        }
         pthread_cond_wait(&s->not_empty, &s->lock);
+        spin = -1; /* woken: a waiter may still claim the fresh task */
     }
 }
 
@@ -92,26 +212,15 @@ static void help_locked(cpu_stream_t *s)
         fsdp2_error_set_message(saved);
 }
 
-static void deadline_after(long timeout_ms, struct timespec *ts)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 fsdp2_status_t fsdp2_cpu_wait_position(cpu_stream_t *s, uint64_t target, long timeout_ms)
 {
     struct timespec deadline;
     if (timeout_ms >= 0)
-        deadline_after(timeout_ms, &deadline);
+        after_ns((int64_t)timeout_ms * 1000000, &deadline);
     fsdp2_status_t status = FSDP2_SUCCESS;
     pthread_mutex_lock(&s->lock);
-    /* A waiter that will not help must not wait out the claim window: the worker takes
-     * the work at once while such a waiter is here. */
+    /* A waiter that will not help must not wait out the claim window or a nap whose
+     * wake-up another thread owes: the worker takes the work at once while it is here. */
     int helper = timeout_ms < 0 && !fsdp2_cpu_tls_is_worker;
     s->blocked += !helper;
     if (!helper && s->count > 0 && !s->running)

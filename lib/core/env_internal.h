@@ -25,6 +25,13 @@
     XX(CPU_STREAM_CLAIM_US, "FSDP2_CPU_STREAM_CLAIM_US", INT, "20", "0..1000000",           \
        "microseconds a still-yielding cpu stream worker leaves a fresh task to a thread "   \
        "that waits for it, which then runs it itself (0: the worker takes it at once)")     \
+    XX(CPU_STREAM_DEFER_WAKE, "FSDP2_CPU_STREAM_DEFER_WAKE", ENUM, "auto", "auto|on|off",    \
+       "whether an enqueue may leave a napping cpu stream worker's wake-up to the "         \
+       "enqueuing thread's next stream call: auto = once a shared-memory group of this "    \
+       "process finds more ranks than CPUs on the host")                                  \
+    XX(CPU_STREAM_NAP_US, "FSDP2_CPU_STREAM_NAP_US", INT, "1000", "10..1000000",              \
+       "with deferred wake-ups, how long a cpu stream worker naps at a time: the latest a " \
+       "task whose thread makes no further stream call starts")                            \
     XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
        "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
        "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")                \
@@ -35,10 +42,13 @@
        "cpu allocations of 64 KiB or more come from a memfd that the ranks on this host map, " \
        "so that shared-memory collectives read and write them in place (off: "             \
        "posix_memalign; collectives copy through the segment's slots)")                    \
-    XX(SHM_STREAM_STORES, "FSDP2_SHM_STREAM_STORES", ENUM, "auto", "auto|on|off",           \
-       "how a rank writes the bytes its peers read from the shared-memory slots: auto = "   \
-       "each size class tries both now and then and keeps the faster, on = non-temporal "   \
-       "stores (past the caches), off = memcpy")                                           \
+    XX(SHM_STREAM_STORES, "FSDP2_SHM_STREAM_STORES", ENUM, "auto",                           \
+       "auto|on|off|topology|learn",                                                        \
+       "how a rank writes the bytes its peers read from the shared-memory slots: on = "     \
+       "non-temporal stores (past the caches), off = memcpy, topology = memcpy while the "  \
+       "slots a collective fills fit in half the cache all the ranks' CPUs share, learn = " \
+       "each size class tries both now and then and keeps the faster; auto = topology, or " \
+       "learn under a hypervisor or without hwloc")                                         \
     XX(SHM_STREAM_OUTPUT, "FSDP2_SHM_STREAM_OUTPUT", ENUM, "auto", "auto|on|off",           \
        "how a rank writes a shared-memory collective's output: auto = non-temporal stores " \
        "for outputs too large to stay cached (gathers and out-of-place reduce-scatters "    \

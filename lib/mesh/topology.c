@@ -290,6 +290,40 @@ fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo, int local_
     return FSDP2_SUCCESS;
 }
 
+fsdp2_status_t fsdp2_topology_shared_cache(const fsdp2_topology_t *topo, const int *cpus,
+                                           int ncpus, size_t *cache_bytes, int *numa_nodes)
+{
+    FSDP2_ARG_CHECK(topo && cpus && cache_bytes && numa_nodes,
+                    "topo, cpus, cache_bytes and numa_nodes must not be NULL");
+    FSDP2_ARG_CHECK(ncpus >= 1, "ncpus %d: want at least one CPU", ncpus);
+    hwloc_topology_t hw = topo->hw;
+    hwloc_const_bitmap_t machine = hwloc_topology_get_topology_cpuset(hw);
+    hwloc_bitmap_t set = hwloc_bitmap_alloc();
+    if (!set)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "topology: no memory for a cpuset");
+    for (int i = 0; i < ncpus; i++) {
+        if (cpus[i] < 0 || !hwloc_bitmap_isset(machine, (unsigned)cpus[i])) {
+            hwloc_bitmap_free(set);
+            return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                               "topology: CPU %d (entry %d) is not one of this machine's",
+                               cpus[i], i);
+        }
+        hwloc_bitmap_set(set, (unsigned)cpus[i]);
+    }
+    *cache_bytes = 0;
+    for (hwloc_obj_t o = hwloc_get_obj_covering_cpuset(hw, set); o; o = o->parent)
+        if (hwloc_obj_type_is_dcache(o->type)) { /* data or unified */
+            *cache_bytes = (size_t)o->attr->cache.size;
+            break;
+        }
+    *numa_nodes = 0;
+    for (hwloc_obj_t n = hwloc_get_next_obj_by_type(hw, HWLOC_OBJ_NUMANODE, NULL); n;
+         n = hwloc_get_next_obj_by_type(hw, HWLOC_OBJ_NUMANODE, n))
+        *numa_nodes += n->cpuset && hwloc_bitmap_intersects(n->cpuset, set);
+    hwloc_bitmap_free(set);
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *topo, int local_rank,
                                               int local_world_size, fsdp2_bind_mode_t mode,
                                               int *cpus, int max_cpus, int *ncpus)
@@ -707,6 +741,13 @@ fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo, int local_
                                         fsdp2_bind_mode_t *mode)
 {
     (void)topo, (void)local_world_size, (void)mode;
+    return no_hwloc(__func__);
+}
+
+fsdp2_status_t fsdp2_topology_shared_cache(const fsdp2_topology_t *topo, const int *cpus,
+                                           int ncpus, size_t *cache_bytes, int *numa_nodes)
+{
+    (void)topo, (void)cpus, (void)ncpus, (void)cache_bytes, (void)numa_nodes;
     return no_hwloc(__func__);
 }
 

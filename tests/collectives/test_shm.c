@@ -313,9 +313,10 @@ END_TEST
  * FSDP2_SHM_STREAM_STORES / FSDP2_SHM_STREAM_OUTPUT: both on (non-temporal stores), both
  * off (memcpy), slots plain with outputs streamed (what auto does for large gathers),
  * mixed (rank 0 streams both, the others neither: each rank's choice is its own and
- * must never change the steps), and both auto: the slots' way is timed per run and the
+ * must never change the steps), slots learned: the slots' way is timed per run and the
  * other way tried on run 2 and then every 8 runs (here with a rank arriving late, which
- * skews the timings; test_shm_stores.c drives the schedule itself); outputs stream from
+ * skews the timings; test_shm_stores.c drives the schedule itself), slots by the
+ * topology's rule, and both auto (the rule, or learned under a hypervisor); outputs stream from
  * 16 MiB (a 2-3 x 8 MiB all-gather); and outputs streamed by auto from 4 KiB
  * (FSDP2_SHM_STREAM_OUTPUT_MIN) with waits that never poll (FSDP2_SHM_SPIN_US=0). Odd sizes,
  * several slots, an all-reduce past 16 MiB (fused), pieces whose boundaries fall
@@ -325,8 +326,8 @@ END_TEST
 static int body_stream_stores(rank_ctx_t *c)
 {
     static const char *const modes[][2] = {
-        {"on", "on"}, {"off", "off"}, {"off", "on"}, {"mixed", "mixed"}, {"auto", "auto"},
-        {"off", "auto-4K"}};
+        {"on", "on"}, {"off", "off"}, {"off", "on"}, {"mixed", "mixed"}, {"learn", "auto"},
+        {"topology", "auto"}, {"auto", "auto"}, {"off", "auto-4K"}};
     int fails = 0;
     fsdp2_group_t *world = c->world;
     for (size_t m = 0; m < COUNT(modes) && !fails; m++) {
@@ -513,7 +514,7 @@ static int part_tries_ran(rank_ctx_t *c, const shm_group_t *sg, const part_armin
 static int body_part_tries(rank_ctx_t *c)
 {
     int fails = 0;
-    setenv("FSDP2_SHM_STREAM_STORES", "auto", 1);
+    setenv("FSDP2_SHM_STREAM_STORES", "learn", 1);
     fails += OK(c, fsdp2_env_reload());
     fsdp2_group_t *g = NULL, *world = c->world;
     /* rank 0 keeps the fused all-reduce's phases apart, rank 1 pairs them (2 CPUs) */

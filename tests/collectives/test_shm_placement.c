@@ -20,10 +20,12 @@
 
 #define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
 
-/* 2 packages (a NUMA node each) x 32 cores x 2 PUs: core c holds PUs 2c, 2c + 1. */
-static const char host_64[] = "pack:2 numa:1 core:32 pu:2";
-static const char laptop_8[] = "pack:1 core:8 pu:1";
-static const char vm_2[] = "pack:1 core:2 pu:1";
+/* 2 packages (a NUMA node and a 48 MiB L3 each) x 32 cores x 2 PUs: core c holds PUs
+ * 2c, 2c + 1. The laptop's 8 cores share an 8 MiB L3, the VM's 2 vCPUs a 32 MiB one (as
+ * this project's 2-vCPU VM reports). */
+static const char host_64[] = "pack:2 numa:1 l3:1(size=50331648) core:32 pu:2";
+static const char laptop_8[] = "pack:1 l3:1(size=8388608) core:8 pu:1";
+static const char vm_2[] = "pack:1 l3:1(size=33554432) core:2 pu:1";
 
 static fsdp2_topology_t *load(const char *description)
 {
@@ -60,6 +62,30 @@ static void expect(const cpu_set_t *sets, int n, int cpus, int disjoint, int ove
                   oversubscribed);
 }
 
+/* The slot stores the topology rule picks for n ranks on sets[0..n) of machine t, at
+ * each size from 16 KiB to 64 MiB (x4): want[i] is 'p' (plain) or 's' (streaming). */
+static void expect_stores(fsdp2_topology_t *t, const cpu_set_t *sets, int n,
+                          size_t want_cache, int want_numa, const char *want, const char *what)
+{
+    shm_placement_t p;
+    fsdp2_shm_placement(sets, n, &p);
+    int cpus[CPU_SETSIZE], ncpus = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &p.all))
+            cpus[ncpus++] = c;
+    size_t cache = 1;
+    int numa = -1;
+    OK(fsdp2_topology_shared_cache(t, cpus, ncpus, &cache, &numa));
+    ck_assert_msg(cache == want_cache && numa == want_numa,
+                  "%s: shared cache %zu bytes over %d NUMA nodes; expected %zu over %d", what,
+                  cache, numa, want_cache, want_numa);
+    char got[8] = "";
+    for (int i = 0; i < 6; i++)
+        got[i] = fsdp2_shm_stores_rule(cache, n, (size_t)16384 << (2 * i)) ? 's' : 'p';
+    ck_assert_msg(strcmp(got, want) == 0, "%s: slot stores 16K..64M %s, expected %s", what, got,
+                  want);
+}
+
 static void expect_auto(fsdp2_topology_t *t, int n, fsdp2_bind_mode_t want, const char *what)
 {
     fsdp2_bind_mode_t mode = (fsdp2_bind_mode_t)-1;
@@ -76,9 +102,16 @@ START_TEST(two_socket_host)
     cpu_set_t *sets = sets_for(t, 64, FSDP2_BIND_CORE);
     ck_assert_int_eq(CPU_COUNT(&sets[5]), 2);
     expect(sets, 64, 128, 1, 0, "64 ranks bound a core each");
+    /* across both sockets no cache is shared: the slots go past the caches */
+    expect_stores(t, sets, 64, 0, 2, "ssssss", "64 ranks bound a core each");
+    /* within socket 0: 8 ranks fill at most 8 MiB of slots, under half its 48 MiB L3;
+     * 32 ranks fill 32 MiB from 1 MiB each, over half */
+    expect_stores(t, sets, 8, 50331648, 1, "pppppp", "8 ranks on cores 0-7");
+    expect_stores(t, sets, 32, 50331648, 1, "pppsss", "32 ranks on socket 0");
     free(sets);
     sets = sets_for(t, 64, FSDP2_BIND_NONE);
     expect(sets, 64, 128, 0, 0, "64 ranks unbound");
+    expect_stores(t, sets, 64, 0, 2, "ssssss", "64 ranks unbound");
     free(sets);
     sets = sets_for(t, 2, FSDP2_BIND_NUMA); /* a package (its NUMA node) each */
     ck_assert_int_eq(CPU_COUNT(&sets[1]), 64);
@@ -100,6 +133,8 @@ START_TEST(laptop)
     fsdp2_topology_t *t = load(laptop_8);
     cpu_set_t *sets = sets_for(t, 8, FSDP2_BIND_NONE);
     expect(sets, 8, 8, 0, 0, "8 ranks unbound on 8 cores");
+    /* 8 ranks x 512 KiB fill half the 8 MiB L3 */
+    expect_stores(t, sets, 8, 8388608, 1, "pppsss", "8 ranks on the laptop");
     free(sets);
     sets = sets_for(t, 4, FSDP2_BIND_CORE);
     expect(sets, 4, 8, 1, 0, "4 ranks bound to 2 cores each");
@@ -119,6 +154,10 @@ START_TEST(two_vcpu_vm)
     fsdp2_topology_t *t = load(vm_2);
     cpu_set_t *sets = sets_for(t, 2, FSDP2_BIND_NONE);
     expect(sets, 2, 2, 0, 0, "2 ranks unbound on 2 vCPUs");
+    /* the rule would keep plain stores in the reported L3, but under a hypervisor auto
+     * learns: the host moves the vCPUs between caches this topology does not show */
+    expect_stores(t, sets, 2, 33554432, 1, "pppppp", "2 ranks on the VM");
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_AUTO, 1, 1), SHM_STORES_LEARN);
     free(sets);
     sets = sets_for(t, 2, FSDP2_BIND_CORE);
     expect(sets, 2, 2, 1, 0, "2 ranks bound a vCPU each");
@@ -162,6 +201,31 @@ START_TEST(sets_by_hand)
 }
 END_TEST
 
+/* What FSDP2_SHM_STREAM_STORES resolves to, and the topology query's errors. */
+START_TEST(store_policy)
+{
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_AUTO, 0, 1), SHM_STORES_TOPOLOGY);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_AUTO, 1, 1), SHM_STORES_LEARN);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_AUTO, 0, 0), SHM_STORES_LEARN);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_TOPOLOGY, 1, 1), SHM_STORES_TOPOLOGY);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_TOPOLOGY, 0, 0), SHM_STORES_LEARN);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_LEARN, 0, 1), SHM_STORES_LEARN);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_PLAIN, 0, 1), SHM_STORES_PLAIN);
+    ck_assert_int_eq(fsdp2_shm_stores_resolve(SHM_STORES_STREAM, 1, 0), SHM_STORES_STREAM);
+    fsdp2_topology_t *t = load(laptop_8);
+    size_t cache;
+    int numa, cpus[2] = {3, 8};
+    ck_assert_int_eq(fsdp2_topology_shared_cache(t, cpus, 2, &cache, &numa),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "CPU 8") != NULL, "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_topology_shared_cache(t, cpus, 0, &cache, &numa),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    OK(fsdp2_topology_shared_cache(t, cpus, 1, &cache, &numa)); /* one core: its own L3 */
+    ck_assert_uint_eq(cache, 8388608);
+    OK(fsdp2_topology_destroy(t));
+}
+END_TEST
+
 START_TEST(cpu_lists)
 {
     cpu_set_t set, back;
@@ -200,6 +264,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, laptop);
     tcase_add_test(tc, two_vcpu_vm);
     tcase_add_test(tc, sets_by_hand);
+    tcase_add_test(tc, store_policy);
     tcase_add_test(tc, cpu_lists);
     suite_add_tcase(s, tc);
     return s;

@@ -1,4 +1,4 @@
-/* FSDP2_SHM_STREAM_STORES=auto's schedule (lib/collectives/shm_stores.c), driven in one
+/* FSDP2_SHM_STREAM_STORES=learn's schedule (lib/collectives/shm_stores.c), driven in one
  * process with made-up costs: which runs try the other way of writing the slots, when
  * the way in use switches, and how the wait between tries grows while the other way
  * costs more than twice as much and falls back once it does not. test_shm.c runs the
@@ -30,7 +30,7 @@ static void learner_init(learner_t *l)
     strcpy(l->g.name, "stores");
     l->g.size = 2;
     l->sg.g = &l->g;
-    l->sg.stores_policy = SHM_STORES_AUTO;
+    l->sg.stores_policy = SHM_STORES_LEARN;
     l->sg.output_policy = SHM_STORES_AUTO;
     l->op = (coll_op_t){.kind = COLL_ALL_GATHER, .count = BYTES / 4, .elem_size = 4,
                         .dtype = FSDP2_F32};
@@ -293,7 +293,7 @@ START_TEST(in_place_all_gathers_learn_apart_from_out_of_place_ones)
 END_TEST
 
 #else
-/* Without SSE2 there are no non-temporal stores: auto writes plainly, and learns nothing. */
+/* Without SSE2 there are no non-temporal stores: learn writes plainly, and learns nothing. */
 START_TEST(without_sse2_auto_always_writes_plainly)
 {
     const double cost[2] = {4.0, 1.0};

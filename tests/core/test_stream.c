@@ -680,8 +680,15 @@ static void sleep_ms(long ms)
  * it: over an idle interval it blocks once, however its last tasks were run (by itself
  * or by waiters); a worker that woke on a timer would block once per wake-up. The
  * interval is the measurement, not a wait for something to happen. */
+static void set_defer_wake(const char *mode)
+{
+    setenv("FSDP2_CPU_STREAM_DEFER_WAKE", mode, 1);
+    OK(fsdp2_env_reload());
+}
+
 START_TEST(an_idle_worker_sleeps_until_the_next_task_wakes_it)
 {
+    set_defer_wake("auto"); /* no shared-memory group here: wake-ups are not deferred */
     fsdp2_stream_t *s;
     OK(fsdp2_stream_create(cpu, "idle", &s));
     for (int round = 0; round < 3; round++) {
@@ -716,6 +723,7 @@ static void *enqueue_and_exit(void *arg)
 
 START_TEST(a_task_whose_thread_exits_at_once_still_runs)
 {
+    set_defer_wake(_i ? "on" : "off"); /* with deferral it exits owing the wake-up */
     fsdp2_stream_t *s;
     OK(fsdp2_stream_create(cpu, "exit", &s));
     for (int round = 0; round < 5; round++) {
@@ -727,6 +735,33 @@ START_TEST(a_task_whose_thread_exits_at_once_still_runs)
         await_ran_without_stream_calls(&r);
     }
     OK(fsdp2_stream_destroy(s)); /* and no reference left behind (ASan's leak check) */
+    set_defer_wake("auto");
+}
+END_TEST
+
+/* With deferred wake-ups, after tasks their waiters ran, the worker naps and an enqueue
+ * leaves its wake-up to the enqueuing thread's next stream call: a task whose thread
+ * makes none still runs, on the worker, when the nap ends. */
+START_TEST(a_deferred_wake_up_still_runs_a_task_nobody_waits_for)
+{
+    set_defer_wake("on");
+    fsdp2_stream_t *s;
+    OK(fsdp2_stream_create(cpu, "deferred", &s));
+    for (int round = 0; round < 5; round++) {
+        waited_for_at_once(s);
+        ran_on_t r = {.ran = 0};
+        OK(fsdp2_stream_launch_host(s, note_thread, &r));
+        await_ran_without_stream_calls(&r);
+        ck_assert_msg(!pthread_equal(r.thread, pthread_self()), "ran on the caller");
+        if (round == 4) { /* the mode was in effect: the worker napped meanwhile */
+            waited_for_at_once(s);
+            long before = times_blocked(r.tid);
+            sleep_ms(50);
+            ck_assert_msg(times_blocked(r.tid) - before >= 5, "the worker did not nap");
+        }
+    }
+    OK(fsdp2_stream_destroy(s));
+    set_defer_wake("auto");
 }
 END_TEST
 
@@ -751,7 +786,8 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, errors_are_kept_on_the_current_stream_and_reported_by_destroy);
     tcase_add_test(tc, a_synchronizing_caller_helps_without_breaking_order_or_exclusivity);
     tcase_add_test(tc, an_idle_worker_sleeps_until_the_next_task_wakes_it);
-    tcase_add_test(tc, a_task_whose_thread_exits_at_once_still_runs);
+    tcase_add_loop_test(tc, a_task_whose_thread_exits_at_once_still_runs, 0, 2);
+    tcase_add_test(tc, a_deferred_wake_up_still_runs_a_task_nobody_waits_for);
     suite_add_tcase(s, tc);
     return s;
 }
