@@ -1,11 +1,11 @@
 /* The shared-memory transport: collectives of a group whose members all run on this
  * host, through one POSIX shared-memory segment per group.
  *
- * Each member owns a ring of SHM_SLOTS slots of SHM_SLOT bytes in the segment. A
+ * Each member owns a ring of params.slots slots of params.slot bytes in the segment. A
  * collective is a sequence of steps; in each step a rank copies the bytes its peers need
  * into its next slot and publishes that (its `head` counter), then reads what it needs
  * from its peers' slots for that step and says so (its `done` counter for each writer).
- * A writer reuses a slot once every reader has finished with it, SHM_SLOTS steps later,
+ * A writer reuses a slot once every reader has finished with it, params.slots steps later,
  * so copy-in and copy-out of consecutive steps overlap across ranks, and the slots stay
  * small enough to be read back from cache: that is what Open MPI's vader BTL and NCCL's
  * shm transport do. Counters are monotonic over the group's life (all members run the
@@ -40,11 +40,6 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log_internal.h"
-
-#define SHM_YIELDS 256        /* yields before it sleeps on the futex */
-#define SHM_CONTENDED_NS 2000 /* a yield this long ran another thread on our core */
-#define SHM_SLEEP_MS 5        /* one futex sleep; every wake re-checks */
-#define SHM_LIVENESS_MS 100   /* how often a waiter asks whether its peer still exists */
 
 /* ---- writing the slots and the output (choices in shm_stores.c) ---- */
 
@@ -124,7 +119,8 @@ static shm_counter_t *done_of(const run_t *x, int reader, int writer)
 
 static char *slot_of(const run_t *x, int r, uint64_t step)
 {
-    return x->sg->ring + ((size_t)r * SHM_SLOTS + (size_t)(step % SHM_SLOTS)) * SHM_SLOT;
+    const shm_params_t *p = &x->sg->params;
+    return x->sg->ring + ((size_t)r * p->slots + (size_t)(step % p->slots)) * p->slot;
 }
 
 /* The first rank to mark the segment broken also leaves its reason there. */
@@ -200,9 +196,9 @@ static fsdp2_status_t check_health(run_t *x, int peer)
     if (!x->deadline_ms) /* the first idle wait: the collective's clock starts */
         x->deadline_ms = now + g->timeout_ms;
     if (!x->liveness_ms)
-        x->liveness_ms = now + SHM_LIVENESS_MS;
+        x->liveness_ms = now + x->sg->liveness_ms;
     if (now >= x->liveness_ms) {
-        x->liveness_ms = now + SHM_LIVENESS_MS;
+        x->liveness_ms = now + x->sg->liveness_ms;
         if (x->sg->gone(x->sg->gone_arg, peer))
             return run_fail(x, FSDP2_ERR_PEER_FAILED, "%s: peer %d failed (its process is gone)",
                             x->what, peer);
@@ -277,25 +273,26 @@ static fsdp2_status_t wait_for(run_t *x, shm_counter_t *word, uint64_t target, i
             continue;
         }
         FSDP2_CHECK(check_health(x, peer));
-        if (yields++ < SHM_YIELDS && contended < x->sg->contended_max) {
+        if (yields++ < x->sg->wait_yields && contended < x->sg->contended_max) {
             int64_t t0 = fsdp2_now_ns();
             sched_yield();
-            contended += fsdp2_now_ns() - t0 > SHM_CONTENDED_NS;
+            contended += fsdp2_now_ns() - t0 > x->sg->contended_ns;
             continue;
         }
         atomic_fetch_add(&line->sleepers, 1);
         unsigned bell = atomic_load(&line->bell);
         if (atomic_load(word) < target)
-            futex_wait(&line->bell, bell, SHM_SLEEP_MS);
+            futex_wait(&line->bell, bell, x->sg->sleep_ms);
         atomic_fetch_sub(&line->sleepers, 1);
     }
 }
 
 fsdp2_status_t fsdp2_shm_slot_for_write(run_t *x, uint64_t t, char **slot)
 {
-    for (int k = 1; k < x->n && t >= SHM_SLOTS; k++) {
+    uint64_t slots = x->sg->params.slots;
+    for (int k = 1; k < x->n && t >= slots; k++) {
         int p = (x->me + k) % x->n;
-        FSDP2_CHECK(wait_for(x, done_of(x, p, x->me), t + 1 - SHM_SLOTS, p));
+        FSDP2_CHECK(wait_for(x, done_of(x, p, x->me), t + 1 - slots, p));
     }
     *slot = slot_of(x, x->me, t);
     return FSDP2_SUCCESS;
@@ -415,12 +412,13 @@ fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, s
     size_t most = 0;
     for (int r = 0; r < x->n; r++)
         most = len[r] > most ? len[r] : most;
-    for (size_t off = 0; off < most; off += SHM_SLOT) {
+    size_t slot_bytes = x->sg->params.slot;
+    for (size_t off = 0; off < most; off += slot_bytes) {
         uint64_t t = x->next++;
         if (off < len[x->me]) {
             char *slot;
             FSDP2_CHECK(fsdp2_shm_slot_for_write(x, t, &slot));
-            size_t m = min_size(SHM_SLOT, len[x->me] - off);
+            size_t m = min_size(slot_bytes, len[x->me] - off);
             fsdp2_shm_slot_copy(x, slot, mine + off, m);
             fsdp2_shm_post(x, t);
             if (own) /* from mine, still in cache (the slot may have been streamed) */
@@ -445,7 +443,7 @@ fsdp2_status_t fsdp2_shm_gather(run_t *x, const char *mine, const size_t *len, s
             FSDP2_CHECK(check_stamp(x, r));
             pending[ready] = pending[--np];
             fsdp2_shm_sink_write(x, &sinks[r], off, slot_of(x, r, t),
-                                 min_size(SHM_SLOT, len[r] - off));
+                                 min_size(slot_bytes, len[r] - off));
         }
         fsdp2_shm_finish_step(x, t);
     }

@@ -5,7 +5,7 @@
  * Segment: a page of header (shm_header_t), then one cache line per rank (rank_line_t),
  * then per reader a row of `row` done counters (one per writer), then two lines per rank
  * of single-copy announcements (direct_desc_t), padded to a page, then each rank's ring
- * of SHM_SLOTS slots of SHM_SLOT bytes. */
+ * of params.slots slots of params.slot bytes (shm_params_t). */
 #ifndef FSDP2_COLLECTIVES_SHM_INTERNAL_H
 #define FSDP2_COLLECTIVES_SHM_INTERNAL_H
 
@@ -16,8 +16,6 @@
 
 #include "collectives/shm.h"
 
-#define SHM_SLOT (256u << 10) /* bytes per step and rank */
-#define SHM_SLOTS 4           /* steps a writer may run ahead of its slowest reader */
 #define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
 /* Rows of a group's store choices: one per kind that moves bytes (a barrier moves none),
  * and one each for in-place reduce-scatters and all-gathers, whose outputs are written
@@ -31,8 +29,16 @@
 
 typedef _Atomic uint64_t shm_counter_t;
 
-#define SHM_ONE_STEP_MAX (16u << 10) /* all-reduces up to this many bytes take one step */
-#define SHM_ONE_STEP_PAIR_MIN (192u << 10) /* and at 2 ranks, from this many up to a slot */
+/* The protocol's sizes. Every member must take the same steps, so each comes from the
+ * environment of every rank and the members check at group creation that they agree
+ * (fsdp2_shm_create); their defaults, ranges and reasons are in the env table. */
+typedef struct shm_params {
+    size_t slot;              /* FSDP2_SHM_SLOT_BYTES: bytes per step and rank */
+    size_t slots;             /* FSDP2_SHM_SLOTS: steps a writer may lead its slowest reader */
+    size_t one_step_max;      /* FSDP2_SHM_ONE_STEP_MAX: all-reduces that take one step */
+    size_t one_step_pair_min; /* FSDP2_SHM_ONE_STEP_PAIR_MIN: and at 2 ranks, up to a slot */
+    size_t fused_min;         /* FSDP2_SHM_FUSED_MIN: all-reduces from here: all_reduce_fused */
+} shm_params_t;
 
 /* A rank's announcement for a single-copy collective (shm_direct.c), one line per rank
  * after the done rows: its arena (fsdp2_cpu_arena_id_t), where its buffers lie in it,
@@ -139,7 +145,8 @@ struct shm_group {
                                            * and then went through the slots */
     uint64_t direct_verdicts; /* of those, the ones that took a verdict step */
     shm_stamp_t *stamps; /* rank r's at stamps + r * SHM_STAMPS */
-    char *ring;      /* rank r's slots at ring + r * SHM_SLOTS * SHM_SLOT */
+    char *ring;      /* rank r's slots at ring + r * params.slots * params.slot */
+    shm_params_t params;
     shm_peer_gone_fn gone;
     void *gone_arg;
     pthread_mutex_t lock;
@@ -154,6 +161,15 @@ struct shm_group {
      * count. */
     int64_t spin_ns;
     int contended_max;
+    /* The waits' other settings (per rank, from the env table): yields before a wait
+     * sleeps on the futex (FSDP2_SHM_WAIT_YIELDS), a yield that took this long ran
+     * another thread on this core (FSDP2_SHM_CONTENDED_NS), one futex sleep (every wake
+     * re-checks; FSDP2_SHM_SLEEP_MS), and how often a waiter asks whether its peer's
+     * process still exists (FSDP2_SHM_LIVENESS_MS). */
+    int wait_yields;
+    int64_t contended_ns;
+    int sleep_ms;
+    int64_t liveness_ms;
     int core_per_rank; /* no more ranks than CPUs they may use (all_reduce_fused) */
     int nudge; /* move_off_peer_core may act */
     /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
@@ -168,14 +184,13 @@ struct shm_group {
 };
 
 /* Whether an all-reduce of `bytes` over n ranks takes one step (every rank posts its
- * whole buffer and reduces all of them): up to SHM_ONE_STEP_MAX, and at 2 ranks from
- * SHM_ONE_STEP_PAIR_MIN up to a slot: there one step beats two at 2 ranks, below it
- * two steps do (measured with bench/collectives.sh at 2 ranks); at more
- * ranks each rank would read every peer's whole buffer. */
-static inline int shm_all_reduce_one_step(int n, size_t bytes)
+ * whole buffer and reduces all of them): up to one_step_max, and at 2 ranks from
+ * one_step_pair_min up to a slot, where one step beats two; at more ranks each rank
+ * would read every peer's whole buffer. */
+static inline int shm_all_reduce_one_step(const shm_params_t *p, int n, size_t bytes)
 {
-    return bytes <= SHM_ONE_STEP_MAX ||
-           (n == 2 && bytes >= SHM_ONE_STEP_PAIR_MIN && bytes <= SHM_SLOT);
+    return bytes <= p->one_step_max ||
+           (n == 2 && bytes >= p->one_step_pair_min && bytes <= p->slot);
 }
 
 /* Unmaps the peers' arenas (shm_direct.c). */
@@ -198,6 +213,8 @@ typedef struct shm_placement {
 /* Room for a list of any set of CPU_SETSIZE CPUs (the longest, 2 on and 1 off:
  * "0-1,3-4,...", 2.7 KB). */
 #define SHM_CPUS_TEXT_MAX 4096
+/* A member's published sizes and CPUs (fsdp2_shm_exchange_members). */
+#define SHM_MEMBER_TEXT_MAX (SHM_CPUS_TEXT_MAX + 128)
 
 /* set as a list of CPUs and ranges, "0-3,8" (the kernel's cpulist format); -1 when it
  * does not fit in cap bytes. */
@@ -206,10 +223,16 @@ int fsdp2_cpus_format(const cpu_set_t *set, char *buf, size_t cap);
 int fsdp2_cpus_parse(const char *text, cpu_set_t *set);
 /* The placement of n ranks whose CPU sets are sets[0..n). */
 void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out);
-/* Collective over g: every member publishes its affinity and gets the group's
- * placement. */
-fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
-                                       shm_placement_t *out);
+/* This rank's protocol sizes, from its environment. */
+void fsdp2_shm_params(shm_params_t *out);
+/* FSDP2_ERR_INVALID_ARGUMENT, naming the variable and its value, for sizes that cannot
+ * work for n ranks. */
+fsdp2_status_t fsdp2_shm_params_check(const shm_params_t *p, int n);
+/* Collective over g: every member publishes its protocol sizes and its affinity, and
+ * reads everyone's. FSDP2_ERR_INVALID_ARGUMENT on every member, naming the variable,
+ * when a member's sizes differ from rank 0's; else the group's placement. */
+fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store,
+                                          const shm_params_t *params, shm_placement_t *out);
 /* The size of the smallest cache that all of cpus share on this machine (0: none), from
  * the machine's topology, loaded once per process; FSDP2_ERR_NOT_AVAILABLE without
  * hwloc or when the topology cannot be loaded. */
@@ -234,11 +257,11 @@ void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
 /* The topology rule for slot stores: whether a collective of `bytes` per rank over n
  * ranks writes its slots with non-temporal stores, given the size of the smallest cache
  * the ranks' CPUs share (0: none). Plain stores while the slots the collective fills,
- * n * min(bytes, a ring), fit in half that cache (the rest holds the collective's own
+ * n * min(bytes, a rank's ring of `ring` bytes), fit in half that cache (the rest holds the collective's own
  * inputs and outputs): readers then take the lines from the shared cache. Otherwise the
  * lines would be written back to memory anyway, and a plain store also reads each line
  * before writing it. */
-int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes);
+int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes, size_t ring);
 /* What FSDP2_SHM_STREAM_STORES=policy means for a group: auto is the topology rule,
  * except under a hypervisor or without a topology, where it learns by timed tries. */
 shm_stores_t fsdp2_shm_stores_resolve(shm_stores_t policy, int virtual_host, int cache_known);

@@ -13,6 +13,7 @@
 
 #include "collectives/group_internal.h"
 #include "collectives/shm_internal.h"
+#include "core/env_internal.h"
 #include "core/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -94,11 +95,63 @@ void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out)
     }
 }
 
-fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
-                                       shm_placement_t *out)
+void fsdp2_shm_params(shm_params_t *out)
+{
+    *out = (shm_params_t){
+        .slot = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_SLOT_BYTES),
+        .slots = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_SLOTS),
+        .one_step_max = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_ONE_STEP_MAX),
+        .one_step_pair_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_ONE_STEP_PAIR_MIN),
+        .fused_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_FUSED_MIN),
+    };
+}
+
+fsdp2_status_t fsdp2_shm_params_check(const shm_params_t *p, int n)
+{
+    if (p->slot % SHM_PAGE)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "FSDP2_SHM_SLOT_BYTES=%zu: want a multiple of %d", p->slot,
+                           SHM_PAGE);
+    /* a reduction's step holds a piece of at least a cache line for each peer */
+    if (n > 1 && p->slot / (size_t)(n - 1) < SHM_LINE)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "FSDP2_SHM_SLOT_BYTES=%zu is too small for %d ranks: want at "
+                           "least %zu", p->slot, n, (size_t)(n - 1) * SHM_LINE);
+    if (p->one_step_max > p->slot) /* a one-step all-reduce posts its whole buffer */
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "FSDP2_SHM_ONE_STEP_MAX=%zu is more than a slot "
+                           "(FSDP2_SHM_SLOT_BYTES=%zu)", p->one_step_max, p->slot);
+    return FSDP2_SUCCESS;
+}
+
+/* What a member publishes: its protocol sizes, then its CPUs ("262144 4 16384 196608
+ * 16777216 0-3,8"). */
+#define MEMBER_SIZES 5
+static const char *const size_names[MEMBER_SIZES] = {
+    "FSDP2_SHM_SLOT_BYTES", "FSDP2_SHM_SLOTS", "FSDP2_SHM_ONE_STEP_MAX",
+    "FSDP2_SHM_ONE_STEP_PAIR_MIN", "FSDP2_SHM_FUSED_MIN"};
+
+static void sizes_of(const shm_params_t *p, unsigned long long v[MEMBER_SIZES])
+{
+    v[0] = p->slot, v[1] = p->slots, v[2] = p->one_step_max, v[3] = p->one_step_pair_min,
+    v[4] = p->fused_min;
+}
+
+/* Parses a member's text into its sizes and CPU set; -1 when it is not such a text. */
+static int parse_member(const char *text, unsigned long long v[MEMBER_SIZES], cpu_set_t *set)
+{
+    int used = 0;
+    if (sscanf(text, "%llu %llu %llu %llu %llu %n", &v[0], &v[1], &v[2], &v[3], &v[4],
+               &used) != MEMBER_SIZES || used == 0)
+        return -1;
+    return fsdp2_cpus_parse(text + used, set) == 0 && CPU_COUNT(set) > 0 ? 0 : -1;
+}
+
+fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store,
+                                          const shm_params_t *params, shm_placement_t *out)
 {
     cpu_set_t *sets = calloc((size_t)g->size, sizeof(*sets));
-    char *text = malloc(SHM_CPUS_TEXT_MAX);
+    char *text = malloc(SHM_MEMBER_TEXT_MAX);
     if (!sets || !text) {
         free(sets);
         free(text);
@@ -109,24 +162,36 @@ fsdp2_status_t fsdp2_shm_exchange_cpus(fsdp2_group_t *g, fsdp2_store_t *store,
         CPU_ZERO(&mine); /* unknown: CPU 0, which every such rank then shares */
         CPU_SET(0, &mine);
     }
-    if (fsdp2_cpus_format(&mine, text, SHM_CPUS_TEXT_MAX) != 0)
-        snprintf(text, SHM_CPUS_TEXT_MAX, "0"); /* cannot happen: 1024 CPUs fit */
+    unsigned long long own[MEMBER_SIZES], first[MEMBER_SIZES], v[MEMBER_SIZES];
+    sizes_of(params, own);
+    int at = snprintf(text, SHM_MEMBER_TEXT_MAX, "%llu %llu %llu %llu %llu ", own[0], own[1],
+                      own[2], own[3], own[4]);
+    if (fsdp2_cpus_format(&mine, text + at, SHM_MEMBER_TEXT_MAX - (size_t)at) != 0)
+        snprintf(text + at, SHM_MEMBER_TEXT_MAX - (size_t)at, "0"); /* cannot happen */
     char key[FSDP2_GROUP_KEY_MAX];
-    fsdp2_group_member_key(g, "shm/cpus", g->rank, key);
+    fsdp2_group_member_key(g, "shm/member", g->rank, key);
     fsdp2_status_t status = fsdp2_store_set(store, key, text, strlen(text));
     if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_wait_members(g, store, "shm/cpus",
-                                          "publish the CPUs it may run on");
+        status = fsdp2_group_wait_members(g, store, "shm/member",
+                                          "publish its shared-memory sizes and CPUs");
     for (int r = 0; r < g->size && status == FSDP2_SUCCESS; r++) {
         size_t len = 0;
-        fsdp2_group_member_key(g, "shm/cpus", r, key);
-        status = fsdp2_store_get(store, key, text, SHM_CPUS_TEXT_MAX - 1, &len);
+        fsdp2_group_member_key(g, "shm/member", r, key);
+        status = fsdp2_store_get(store, key, text, SHM_MEMBER_TEXT_MAX - 1, &len);
         if (status != FSDP2_SUCCESS)
             break;
-        text[len < SHM_CPUS_TEXT_MAX ? len : SHM_CPUS_TEXT_MAX - 1] = '\0';
-        if (fsdp2_cpus_parse(text, &sets[r]) != 0 || CPU_COUNT(&sets[r]) == 0)
-            status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': member %d published CPUs "
-                                 "'%.64s', not a list like 0-3,8", g->name, r, text);
+        text[len < SHM_MEMBER_TEXT_MAX ? len : SHM_MEMBER_TEXT_MAX - 1] = '\0';
+        if (parse_member(text, r == 0 ? first : v, &sets[r]) != 0) {
+            status = fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': member %d published "
+                                 "'%.64s', not its sizes and CPUs", g->name, r, text);
+            break;
+        }
+        for (int i = 0; i < MEMBER_SIZES && r > 0 && status == FSDP2_SUCCESS; i++)
+            if (v[i] != first[i])
+                status = fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                                     "group '%s': %s is %llu on rank %d but %llu on rank 0: "
+                                     "shared-memory collectives need it alike on every rank",
+                                     g->name, size_names[i], v[i], r, first[i]);
     }
     if (status == FSDP2_SUCCESS)
         fsdp2_shm_placement(sets, g->size, out);

@@ -13,7 +13,6 @@
 #include "collectives/shm_run.h"
 #include "core/error.h"
 
-#define SHM_FUSED_MIN (16u << 20)    /* all-reduces from this many bytes: all_reduce_fused */
 #define SHM_PAIR_CHUNK (16u << 10)   /* bytes per copy in turn when the fused all-reduce pairs */
 
 /* A copy of a reduction: a piece of a peer's range into this rank's slot (to_slot), or
@@ -100,9 +99,9 @@ void fsdp2_shm_reduce_out(const run_t *x, const coll_op_t *op, char *out,
 
 /* Elements of es bytes per peer in one step's slot of a reduction over n ranks: a writer's
  * slot holds one piece for each peer, each a whole number of cache lines. */
-static size_t piece_elements(int n, size_t es)
+static size_t piece_elements(const run_t *x, size_t es)
 {
-    return SHM_SLOT / (size_t)(n - 1) / SHM_LINE * SHM_LINE / es;
+    return x->sg->params.slot / (size_t)(x->n - 1) / SHM_LINE * SHM_LINE / es;
 }
 
 /* Rank r's result covers elements [lo[r], hi[r]) of the send buffers; this rank's goes
@@ -113,7 +112,7 @@ static fsdp2_status_t reduce_ranges(run_t *x, const coll_op_t *op, const size_t 
 {
     int n = x->n, me = x->me;
     size_t es = op->elem_size;
-    size_t piece = piece_elements(n, es);
+    size_t piece = piece_elements(x, es);
     size_t most = 0, mine = hi[me] - lo[me];
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
@@ -280,7 +279,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
 {
     int n = x->n, pair = x->sg->core_per_rank;
     size_t es = op->elem_size, most = 0;
-    fused_t f = {op, op->recv, lo, hi, piece_elements(n, es), es};
+    fused_t f = {op, op->recv, lo, hi, piece_elements(x, es), es};
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
     if (!most) /* no steps (the fused path starts at 16 MiB, so never) */
@@ -311,7 +310,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
 fsdp2_status_t fsdp2_shm_run_all_reduce(run_t *x, const coll_op_t *op)
 {
     size_t es = op->elem_size;
-    if (shm_all_reduce_one_step(x->n, op->count * es))
+    if (shm_all_reduce_one_step(&x->sg->params, x->n, op->count * es))
         return all_reduce_one_step(x, op);
     size_t lo[FSDP2_SHM_MAX_RANKS], hi[FSDP2_SHM_MAX_RANKS], len[FSDP2_SHM_MAX_RANKS];
     sink_t sinks[FSDP2_SHM_MAX_RANKS];
@@ -323,7 +322,7 @@ fsdp2_status_t fsdp2_shm_run_all_reduce(run_t *x, const coll_op_t *op)
         len[r] = (hi[r] - lo[r]) * es;
         sinks[r] = (sink_t){.buf = buf + lo[r] * es};
     }
-    if (op->count * es >= SHM_FUSED_MIN) /* every rank runs the same steps: never per rank */
+    if (op->count * es >= x->sg->params.fused_min) /* the same on every rank (agreed) */
         return all_reduce_fused(x, op, lo, hi);
     /* Peers read our buffer only through our slots, so our range can take the result
      * while they still reduce theirs. */

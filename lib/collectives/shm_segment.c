@@ -21,13 +21,13 @@
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-static size_t segment_bytes(int n, size_t *row, size_t *ctl)
+static size_t segment_bytes(int n, const shm_params_t *p, size_t *row, size_t *ctl)
 {
     *row = round_up((size_t)n * 8, SHM_LINE) / 8;
     *ctl = round_up((size_t)n * SHM_LINE + (size_t)n * *row * 8 + 2 * (size_t)n * SHM_LINE +
                         (size_t)n * SHM_STAMPS * sizeof(shm_stamp_t),
                     SHM_PAGE);
-    return SHM_PAGE + *ctl + (size_t)n * SHM_SLOTS * SHM_SLOT;
+    return SHM_PAGE + *ctl + (size_t)n * p->slots * p->slot;
 }
 
 /* posix_fallocate, again when a signal interrupted it (tmpfs returns EINTR then). */
@@ -49,8 +49,8 @@ static int reserve(int fd, size_t at, size_t bytes)
  * failure here is not an error of the group: it is written to why, and the members then
  * agree to go without. ctl: the bytes before the rings. */
 static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t bytes,
-                                  size_t ctl, char *name, size_t cap, void **map, char *why,
-                                  size_t why_cap)
+                                  size_t ctl, size_t ring, char *name, size_t cap, void **map,
+                                  char *why, size_t why_cap)
 {
     char key[FSDP2_GROUP_NAME_MAX + 32];
     snprintf(key, sizeof(key), "%s/shm/name", g->name);
@@ -81,7 +81,6 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
         else if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes)
             e = EINVAL, step = "fstat (size)";
     }
-    size_t ring = (size_t)SHM_SLOTS * SHM_SLOT;
     if (fd >= 0 && !e && (e = reserve(fd, SHM_PAGE + ctl + (size_t)g->rank * ring, ring)) != 0)
         step = "posix_fallocate (this rank's ring)";
     if (fd >= 0 && !e) {
@@ -154,6 +153,10 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->stores_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_STORES);
     sg->output_policy = (shm_stores_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT);
     sg->out_stream_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_OUTPUT_MIN);
+    sg->wait_yields = (int)fsdp2_env_int(FSDP2_ENV_SHM_WAIT_YIELDS);
+    sg->contended_ns = fsdp2_env_int(FSDP2_ENV_SHM_CONTENDED_NS);
+    sg->sleep_ms = (int)fsdp2_env_int(FSDP2_ENV_SHM_SLEEP_MS);
+    sg->liveness_ms = fsdp2_env_int(FSDP2_ENV_SHM_LIVENESS_MS);
     sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
                         fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) == 0; /* "on" */
     sg->peers = calloc((size_t)g->size, sizeof(*sg->peers));
@@ -167,12 +170,23 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     pthread_mutex_init(&sg->lock, NULL);
     pthread_cond_init(&sg->turn_changed, &attr);
     pthread_condattr_destroy(&attr);
-    size_t ctl = 0, bytes = segment_bytes(g->size, &sg->row, &ctl);
+    /* The sizes every member must share, and where the members may run: one round. The
+     * sizes are checked once all agree, so that every member fails alike. */
+    shm_placement_t place;
+    fsdp2_shm_params(&sg->params);
+    fsdp2_status_t status = fsdp2_shm_exchange_members(g, store, &sg->params, &place);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_shm_params_check(&sg->params, g->size);
+    if (status != FSDP2_SUCCESS) {
+        fsdp2_shm_destroy(sg);
+        return status;
+    }
+    size_t ctl = 0, bytes = segment_bytes(g->size, &sg->params, &sg->row, &ctl);
     char name[96] = "", why[256] = "";
     void *map = NULL;
     int all = 0, missing = -1;
-    fsdp2_status_t status = map_segment(g, store, bytes, ctl, name, sizeof(name), &map, why,
-                                        sizeof(why));
+    status = map_segment(g, store, bytes, ctl, sg->params.slots * sg->params.slot, name,
+                         sizeof(name), &map, why, sizeof(why));
     if (map) {
         sg->hdr = map;
         sg->map_bytes = bytes;
@@ -192,12 +206,6 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
             FSDP2_LOG(WARN, COLL, "group '%s': no shared memory (%s%s%d): collectives go "
                       "over UCX", g->name, why[0] ? why : "", why[0] ? "; first rank without: "
                       : "first rank without it: ", missing);
-        fsdp2_shm_destroy(sg);
-        return status;
-    }
-    shm_placement_t place;
-    status = fsdp2_shm_exchange_cpus(g, store, &place);
-    if (status != FSDP2_SUCCESS) {
         fsdp2_shm_destroy(sg);
         return status;
     }

@@ -4,23 +4,22 @@
  *
  * Slots. A slot's bytes are written by one rank and read by the others. Written with
  * plain stores they are still in the writer's cache, modified, when a reader asks for
- * them, which is the fast case when the two cores share a cache: the reader gets them
- * from there. When the host has put the ranks' CPUs far apart (a cache-line round trip
- * of about 550 ns here instead of 130), every line crosses between the caches and the
- * collective runs at a third of its speed or less; written with non-temporal stores the
- * bytes go past the writer's caches to memory, which cost the all-gather 12-20% when
- * the CPUs were close and was 2-3.6x faster when they were far
- * (docs/performance-collectives.md). The host moves the CPUs every few seconds, so with
- * FSDP2_SHM_STREAM_STORES=auto each rank times its collectives per kind and size class,
- * tries the other way on its third run (SHM_STREAM_FIRST_TRY counts from 0) and then
- * every SHM_STREAM_EXPLORE runs, and keeps the cheaper. After a try that found the
- * other way more than twice as costly the wait is longer (next_wait): such a try costs
- * 2-5 runs' time, and one in 32 made large all-reduces 10% slower than the better way
- * alone (after a try that found it costlier at all the wait grows too, to 64 runs). And
- * such a try writes only the first eighth of the steps (at least one) the other way (a
- * part try; fsdp2_shm_post changes the way after them): a 64 MiB all-reduce's try of
- * plain stores went from 33 ms to 10 (6.4 the usual way) while the CPUs were far. Only
- * the writer's stores change, never the steps, so ranks may choose differently.
+ * them: the fast case when writer and readers share a cache that holds the slots in
+ * flight, since the reader then gets each line from there. Where they share none, every
+ * line crosses between caches one at a time; where the slots do not fit, the lines are
+ * written back to memory anyway, after a read of each (read for ownership). Non-temporal
+ * stores send the bytes to memory, which any reader fetches at memory speed.
+ * FSDP2_SHM_STREAM_STORES (resolved per group at creation, fsdp2_shm_stores_resolve):
+ * - topology: fsdp2_shm_stores_rule, from the smallest cache all the members' CPUs
+ *   share (hwloc) and the bytes of slots a collective fills;
+ * - learn: where the topology may be wrong (virtual CPUs that the host moves between
+ *   physical caches unseen), each rank times its collectives per kind and size class,
+ *   tries the other way on its third run (SHM_STREAM_FIRST_TRY counts from 0) and then
+ *   every SHM_STREAM_EXPLORE runs, and keeps the cheaper. A try of a way found far
+ *   costlier costs several runs' time, so the wait after it grows (next_wait) and it
+ *   writes only the first 1/SHM_STREAM_PART of the steps the other way (a part try;
+ *   fsdp2_shm_post changes the way after them). Figures in docs/collectives.md.
+ * Only the writer's stores change, never the steps, so ranks may choose differently.
  *
  * Outputs. A gather writes output lines it never read, and a plain store first reads
  * each from memory (read for ownership): past the cache that is a third of the traffic.
@@ -84,11 +83,11 @@ void fsdp2_shm_fence_streams(void)
 }
 
 /* Reductions stream straight from the registers, 16 bytes at a time: no block on the
- * stack to stream afterwards, so each output line is written once; SSE2 is as fast as
- * wider vectors here, the work being bound by memory. bf16 and f16 (converted to f32 and back) go a block at a
- * time. The arithmetic is fsdp2_reduce_rank_order's, lane by lane: each x / pre, summed
+ * stack to stream afterwards, so each output line is written once; the work is bound by
+ * memory, so wider vectors would not help. bf16 and f16 (converted to f32 and back) go a
+ * block at a time. The arithmetic is fsdp2_reduce_rank_order's, lane by lane: each x / pre, summed
  * in rank order, / post, rounded once. */
-#define SHM_REDUCE_STREAM_BLOCK (1u << 10) /* bytes; 1 KiB blocks went as fast as none */
+#define SHM_REDUCE_STREAM_BLOCK (1u << 10) /* bytes: small enough to stay in L1 */
 
 #if defined(__SSE2__)
 /* count: a multiple of 4 (whole lines). Divides as fsdp2_reduce_rank_order decides, from
@@ -181,7 +180,7 @@ static int store_class(const shm_group_t *sg, const coll_op_t *op)
 #endif
     size_t bytes = op->count * op->elem_size;
     if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
-        (op->kind == COLL_ALL_REDUCE && shm_all_reduce_one_step(sg->g->size, bytes)))
+        (op->kind == COLL_ALL_REDUCE && shm_all_reduce_one_step(&sg->params, sg->g->size, bytes)))
         return -1; /* one step: memcpy */
     int c = 0;
     for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
@@ -192,9 +191,7 @@ static int store_class(const shm_group_t *sg, const coll_op_t *op)
 /* op's row of sg->stores: its kind, except in place. An in-place reduce-scatter's
  * results are not streamed, and an in-place all-gather copies no own block to its
  * output, so their costs per byte differ from the out-of-place ones' and would mislead
- * their choice, and back (a 2-rank 1 MiB in-place all-gather, timed right after the
- * out-of-place sizes in the benchmark, once stayed with plain stores at a fifth of
- * Open MPI's speed for a whole cell). */
+ * their choice, and back. */
 static int store_row(const shm_group_t *sg, const coll_op_t *op)
 {
     size_t bytes = op->count * op->elem_size;
@@ -228,12 +225,11 @@ static int other_costlier(const shm_store_class_t *k)
  * of the way in use than take SHM_STREAM_WAIT_NS (but the first wait at least); 0 (the
  * usual SHM_STREAM_EXPLORE) when the other way is no costlier.
  *
- * A try of a costlier way costs what it costs more: every 8 runs, a way 1.36x dearer
- * (streaming for a 64 MiB all-reduce with the CPUs close) took 4.5% of the time, and so
- * would on any host whose ranks share a cache. A long wait costs when the other way
- * has become the cheaper without the way in use getting dearer (the CPUs moving close
- * again while streaming: plain 10-30% cheaper here); the time cap keeps that to about
- * a second for large collectives, the host moving its CPUs every few seconds. */
+ * A try of a costlier way costs what it costs more, on every try, for as long as the
+ * other way stays costlier; hence the growing waits. A long wait costs when the other
+ * way has become the cheaper without the way in use getting dearer (the vCPUs moved
+ * close again while streaming); the time cap bounds that to about a second for large
+ * collectives. */
 static uint32_t next_wait(const shm_store_class_t *k, const coll_op_t *op)
 {
     uint32_t first, max;
@@ -253,9 +249,8 @@ static uint32_t next_wait(const shm_store_class_t *k, const coll_op_t *op)
     return wait < most ? wait : (uint32_t)most;
 }
 
-int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes)
+int fsdp2_shm_stores_rule(size_t shared_cache, int n, size_t bytes, size_t ring)
 {
-    size_t ring = (size_t)SHM_SLOTS * SHM_SLOT;
     size_t filled = (size_t)n * (bytes < ring ? bytes : ring);
     return shared_cache == 0 || filled > shared_cache / 2;
 }
@@ -276,7 +271,8 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
     if (sg->stores_policy == SHM_STORES_STREAM)
         return 1;
     if (sg->stores_policy == SHM_STORES_TOPOLOGY)
-        return fsdp2_shm_stores_rule(sg->shared_cache, sg->g->size, op->count * op->elem_size);
+        return fsdp2_shm_stores_rule(sg->shared_cache, sg->g->size, op->count * op->elem_size,
+                                     sg->params.slots * sg->params.slot);
     const shm_store_class_t *k = &sg->stores[store_row(sg, op)][c];
     /* A long wait holds while the other way still looks far costlier, a shorter one
      * while it looks costlier: should the way in use get dearer in the meantime, the
@@ -288,7 +284,7 @@ int fsdp2_shm_stores_choose(shm_group_t *sg, const coll_op_t *op, uint64_t *part
     else if (k->wait && other_costlier(k))
         every = k->wait < SHM_STREAM_EXPLORE_MILD_MAX ? k->wait : SHM_STREAM_EXPLORE_MILD_MAX;
     /* The first try comes early (after one counted run of the way in use): a large
-     * collective in the wrong way costs 2-3x here. */
+     * collective in the wrong way costs several times the right one. */
     if (!(k->runs == SHM_STREAM_FIRST_TRY || k->try_whole || k->runs - k->last_try >= every))
         return k->streaming;
     /* The last figure of the other way is far costlier: try it on part of the run only.

@@ -57,9 +57,37 @@
        "0..1099511627776",                                                                  \
        "with FSDP2_SHM_STREAM_OUTPUT=auto, the output bytes from which gathers, broadcasts " \
        "and out-of-place reduce-scatters write it with non-temporal stores (this rank's)")  \
+    XX(SHM_SLOT_BYTES, "FSDP2_SHM_SLOT_BYTES", BYTES, "262144", "4096..1073741824",           \
+       "bytes a rank writes per step of a shared-memory collective (a multiple of 4096; at " \
+       "least 64 per peer); every member of a group must have the same")                   \
+    XX(SHM_SLOTS, "FSDP2_SHM_SLOTS", INT, "4", "2..64",                                       \
+       "steps a shared-memory writer may run ahead of its slowest reader (its ring's "     \
+       "slots); every member of a group must have the same")                               \
+    XX(SHM_ONE_STEP_MAX, "FSDP2_SHM_ONE_STEP_MAX", BYTES, "16384", "0..1073741824",           \
+       "shared-memory all-reduces up to this many bytes take one step (every rank posts its"\
+       " whole buffer); at most a slot; every member of a group must have the same")       \
+    XX(SHM_ONE_STEP_PAIR_MIN, "FSDP2_SHM_ONE_STEP_PAIR_MIN", BYTES, "196608",                 \
+       "0..1073741824",                                                                     \
+       "and at 2 ranks, all-reduces from this many bytes up to a slot; every member of a "  \
+       "group must have the same")                                                         \
+    XX(SHM_FUSED_MIN, "FSDP2_SHM_FUSED_MIN", BYTES, "16777216", "0..1099511627776",           \
+       "shared-memory all-reduces from this many bytes reduce and gather in one pass over " \
+       "the slots; every member of a group must have the same")                            \
     XX(SHM_SPIN_US, "FSDP2_SHM_SPIN_US", INT, "20", "0..1000000",                            \
        "microseconds a shared-memory wait polls before it yields, when the group has a CPU " \
        "per rank (0: yield at once; an oversubscribed group never polls)")                  \
+    XX(SHM_WAIT_YIELDS, "FSDP2_SHM_WAIT_YIELDS", INT, "256", "0..1000000",                  \
+       "times a shared-memory wait yields the core (after FSDP2_SHM_SPIN_US of polling) "   \
+       "before it sleeps on a futex until the peer posts")                                 \
+    XX(SHM_CONTENDED_NS, "FSDP2_SHM_CONTENDED_NS", INT, "2000", "0..1000000000",              \
+       "a shared-memory wait's yield that took longer ran another thread on this core: "    \
+       "with a CPU per rank, two such yields send the wait to sleep")                       \
+    XX(SHM_SLEEP_MS, "FSDP2_SHM_SLEEP_MS", INT, "5", "1..1000",                               \
+       "one futex sleep of a shared-memory wait (a post wakes it sooner; each wake "        \
+       "re-checks for a peer's failure, an abort and the timeout)")                        \
+    XX(SHM_LIVENESS_MS, "FSDP2_SHM_LIVENESS_MS", INT, "100", "1..60000",                      \
+       "how often a waiting shared-memory collective checks that the peer it waits for "    \
+       "still has a process: the longest a peer's death goes unseen")                      \
     XX(SHM_SINGLE_COPY, "FSDP2_SHM_SINGLE_COPY", ENUM, "on", "on|off",                     \
        "shared-memory all-reduces, reduce-scatters, all-gathers and broadcasts of 64 KiB or" \
        " more read and write the ranks' buffers in place when all of them lie in the "       \

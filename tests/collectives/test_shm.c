@@ -392,6 +392,92 @@ START_TEST(streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_
 }
 END_TEST
 
+/* ---- the protocol's sizes from the environment ---- */
+
+static const char *const small_sizes[][2] = {
+    {"FSDP2_SHM_SLOT_BYTES", "16K"}, {"FSDP2_SHM_SLOTS", "2"},
+    {"FSDP2_SHM_ONE_STEP_MAX", "4K"}, {"FSDP2_SHM_ONE_STEP_PAIR_MIN", "8K"},
+    {"FSDP2_SHM_FUSED_MIN", "256K"}};
+
+static int set_sizes(rank_ctx_t *c, int on)
+{
+    for (size_t i = 0; i < COUNT(small_sizes); i++)
+        if (on)
+            setenv(small_sizes[i][0], small_sizes[i][1], 1);
+        else
+            unsetenv(small_sizes[i][0]);
+    return OK(c, fsdp2_env_reload());
+}
+
+/* Slots of 16 KiB, 2 to a ring, one-step all-reduces up to 4 KiB (and at 2 ranks from
+ * 8 KiB up to a slot), fused all-reduces from 256 KiB: every collective of the slot
+ * sweep still gives the reference values, across many more steps and ring wraps. */
+static int body_small_sizes(rank_ctx_t *c)
+{
+    int fails = set_sizes(c, 1);
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    fsdp2_group_t *g = NULL, *world = c->world;
+    fails += OK(c, fsdp2_group_create(c->store, "small-sizes", c->rank, c->size, &go, &g));
+    if (!fails) {
+        c->world = g;
+        fails += body_across_slots(c);
+        c->world = world;
+    }
+    fsdp2_group_destroy(g);
+    return fails + set_sizes(c, 0);
+}
+
+START_TEST(collectives_with_small_slots_and_thresholds_from_the_environment_on_2_to_4_ranks)
+{
+    passes_on_ranks(2, 4, body_small_sizes);
+}
+END_TEST
+
+/* A group whose members' sizes differ cannot run the protocol: every member's create
+ * fails, naming the variable and both values; sizes that agree but cannot work fail on
+ * every member too. Either way the next group, with sizes alike, works. */
+static int body_sizes_disagree(rank_ctx_t *c)
+{
+    int fails = 0;
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    if (c->rank == 1)
+        setenv("FSDP2_SHM_SLOTS", "8", 1);
+    fails += OK(c, fsdp2_env_reload());
+    fsdp2_group_t *g = NULL;
+    fsdp2_status_t st = fsdp2_group_create(c->store, "disagree", c->rank, c->size, &go, &g);
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT && g == NULL &&
+                               strstr(fsdp2_last_error(),
+                                      "FSDP2_SHM_SLOTS is 8 on rank 1 but 4 on rank 0"),
+                        "sizes that differ: %s: %s", fsdp2_status_name(st), fsdp2_last_error());
+    unsetenv("FSDP2_SHM_SLOTS");
+    setenv("FSDP2_SHM_SLOT_BYTES", "5000", 1);
+    fails += OK(c, fsdp2_env_reload());
+    st = fsdp2_group_create(c->store, "unworkable", c->rank, c->size, &go, &g);
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT && g == NULL &&
+                               strstr(fsdp2_last_error(), "FSDP2_SHM_SLOT_BYTES=5000"),
+                        "a slot of 5000 bytes: %s: %s", fsdp2_status_name(st),
+                        fsdp2_last_error());
+    unsetenv("FSDP2_SHM_SLOT_BYTES");
+    fails += OK(c, fsdp2_env_reload());
+    fails += OK(c, fsdp2_group_create(c->store, "agreed", c->rank, c->size, &go, &g));
+    if (!fails) {
+        fsdp2_group_t *world = c->world;
+        c->world = g;
+        fails += check_all_reduce(c, FSDP2_F32, 3 * SLOT / 4 + 1);
+        c->world = world;
+    }
+    fsdp2_group_destroy(g);
+    return fails;
+}
+
+START_TEST(members_whose_sizes_differ_fail_alike_and_the_next_group_works)
+{
+    passes_on_ranks(2, 3, body_sizes_disagree);
+}
+END_TEST
+
 /* Creates group `name` with rank 0 pinned to one CPU meanwhile: the fused all-reduce
  * pairs a piece's copies out with the next piece's copy-in only on a rank whose group
  * has a core per rank (what its affinity mask allows when the group is created), so
@@ -738,6 +824,8 @@ static Suite *shm_suite(void)
     TCase *ok = tcase_create("results");
     tcase_set_timeout(ok, 600);
     tcase_add_test(ok, collectives_across_slot_boundaries_and_ring_wraps_on_2_to_4_ranks);
+    tcase_add_test(ok, collectives_with_small_slots_and_thresholds_from_the_environment_on_2_to_4_ranks);
+    tcase_add_test(ok, members_whose_sizes_differ_fail_alike_and_the_next_group_works);
     tcase_add_test(ok, shm_and_ucx_transports_give_identical_bits);
     tcase_add_test(ok, streaming_and_plain_slot_and_output_stores_give_the_same_values_on_2_and_3_ranks);
     tcase_add_test(ok, fused_all_reduce_ranks_may_pair_its_phases_or_not);

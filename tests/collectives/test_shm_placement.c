@@ -80,8 +80,9 @@ static void expect_stores(fsdp2_topology_t *t, const cpu_set_t *sets, int n,
                   "%s: shared cache %zu bytes over %d NUMA nodes; expected %zu over %d", what,
                   cache, numa, want_cache, want_numa);
     char got[8] = "";
+    size_t ring = (size_t)4 * 262144; /* the default: 4 slots of 256 KiB */
     for (int i = 0; i < 6; i++)
-        got[i] = fsdp2_shm_stores_rule(cache, n, (size_t)16384 << (2 * i)) ? 's' : 'p';
+        got[i] = fsdp2_shm_stores_rule(cache, n, (size_t)16384 << (2 * i), ring) ? 's' : 'p';
     ck_assert_msg(strcmp(got, want) == 0, "%s: slot stores 16K..64M %s, expected %s", what, got,
                   want);
 }
