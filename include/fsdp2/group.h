@@ -55,7 +55,10 @@ typedef struct fsdp2_group_options {
 /* Collective over the members: creates this process's end of group `name` (unique per
  * group, the same string on every member; it prefixes the store keys used to exchange
  * addresses) where this process has rank `rank` of `size`. Blocks until every member
- * has connected, or the timeout (an error naming the ranks that never arrived). */
+ * has connected, or the timeout (an error naming the ranks that never arrived). Settings
+ * that every member must share (FSDP2_UCX_SEGMENT_BYTES; FSDP2_SHM_SLOT_BYTES and the
+ * other sizes of the shared-memory protocol) are compared: a member whose value differs
+ * makes every member fail with FSDP2_ERR_INVALID_CONFIG, naming the variable and values. */
 FSDP2_API fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank,
                                             int size, const fsdp2_group_options_t *options,
                                             fsdp2_group_t **group);

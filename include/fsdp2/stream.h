@@ -20,9 +20,10 @@
  * wakes it, so an idle stream costs no CPU and a task enqueued to it starts within the
  * operating system's wake-up latency. A worker that is still yielding leaves a fresh
  * task to a waiter for FSDP2_CPU_STREAM_CLAIM_US (20 us); a task nobody waits for starts
- * that much later at most. Workers are SCHED_BATCH threads: waking one does not preempt
- * the enqueuing thread, so where every CPU is busy the task starts when the scheduler
- * next gives the worker a CPU, or runs on the enqueuing thread if it waits first.
+ * that much later at most. Workers are SCHED_BATCH threads where the system allows it:
+ * waking one does not preempt the enqueuing thread, so where every CPU is busy the task
+ * starts when the scheduler next gives the worker a CPU, or runs on the enqueuing thread
+ * if that thread waits for it first.
  * One exception, where ranks outnumber CPUs (FSDP2_CPU_STREAM_DEFER_WAKE, by default
  * once a shared-memory group of the process finds its host so): a worker whose recent
  * tasks were run by their waiters naps, and an enqueue leaves its wake-up to the

@@ -84,9 +84,10 @@ FSDP2_API fsdp2_status_t fsdp2_topology_cpuset_for_rank(const fsdp2_topology_t *
 FSDP2_API fsdp2_status_t fsdp2_topology_auto_bind(const fsdp2_topology_t *topo,
                                                   int local_world_size, fsdp2_bind_mode_t *mode);
 
-/* Of the CPUs cpus[0..ncpus) (PU OS indices), the smallest data or unified cache that
- * holds them all: its size in *cache_bytes, 0 when no cache does (CPUs on different
- * sockets or chiplets); and in *numa_nodes the NUMA nodes that have any of those CPUs.
+/* Of the CPUs cpus[0..ncpus) (PU OS indices), the largest data or unified cache that
+ * all of them share (the last level among them): its size in *cache_bytes, 0 when no
+ * cache does (CPUs on different sockets or chiplets); and in *numa_nodes the NUMA nodes
+ * that have any of those CPUs.
  * FSDP2_ERR_INVALID_ARGUMENT for an empty list or a CPU the machine does not have. */
 FSDP2_API fsdp2_status_t fsdp2_topology_shared_cache(const fsdp2_topology_t *topo,
                                                      const int *cpus, int ncpus,

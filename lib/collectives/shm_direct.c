@@ -38,8 +38,6 @@
  * arena takes no smaller block); from there up single-copy is faster than the slots
  * (docs/performance-collectives.md). */
 #define SHM_DIRECT_MIN FSDP2_CPU_ARENA_MIN
-#define SHM_DIRECT_BLOCK (64u << 10)   /* bytes an all-reduce sums before copying them out */
-#define SHM_DIRECT_COPY (256u << 10)   /* bytes a gather reads before writing them out */
 
 #define SHM_DIRECT_SKEW (68u << 10) /* see map_skewed */
 
@@ -191,7 +189,8 @@ static void all_reduce(run_t *x, const coll_op_t *op)
     size_t chunk = (op->count + (size_t)n - 1) / (size_t)n; /* torch.chunk */
     size_t lo = chunk * (size_t)me < op->count ? chunk * (size_t)me : op->count;
     size_t hi = lo + chunk < op->count ? lo + chunk : op->count;
-    size_t block = SHM_DIRECT_BLOCK / es;
+    size_t block = x->sg->direct_block / es; /* sums still cached when copied out */
+    block = block ? block : 1;
     char *buf[FSDP2_SHM_MAX_RANKS];
     for (int r = 0; r < n; r++)
         buf[r] = buffer_of(x, op, r, SHM_DIRECT_RECV);
@@ -231,8 +230,9 @@ static void scatter_copies(run_t *x, const coll_op_t *op, const char *from, size
         if (at != from && (op->kind != COLL_BROADCAST || r != op->root))
             dst[targets++] = at;
     }
-    for (size_t off = 0; off < bytes; off += SHM_DIRECT_COPY) {
-        size_t m = min_size(SHM_DIRECT_COPY, bytes - off);
+    size_t piece = x->sg->direct_copy;
+    for (size_t off = 0; off < bytes; off += piece) {
+        size_t m = min_size(piece, bytes - off);
         for (int i = 0; i < targets; i++)
             fsdp2_shm_out_copy(x, dst[i] + off, from + off, m);
     }
@@ -249,9 +249,9 @@ static void gather_pieces(run_t *x, const coll_op_t *op)
             continue;
         sink_t sink = {.piece = op->pieces + op->offsets[r]};
         const char *from = buffer_of(x, op, r, SHM_DIRECT_SEND);
-        for (size_t off = 0; off < op->count; off += SHM_DIRECT_COPY)
-            fsdp2_shm_sink_write(x, &sink, off, from + off, min_size(SHM_DIRECT_COPY,
-                                                                     op->count - off));
+        for (size_t off = 0; off < op->count; off += x->sg->direct_copy)
+            fsdp2_shm_sink_write(x, &sink, off, from + off,
+                                 min_size(x->sg->direct_copy, op->count - off));
     }
 }
 

@@ -16,7 +16,7 @@
 
 #include "collectives/shm.h"
 
-#define SHM_STORE_CLASSES 8   /* size classes (x4 each from SHM_STREAM_MIN) for stores */
+#define SHM_STORE_CLASSES 8   /* size classes (x4 each from stream_min) for stores */
 /* Rows of a group's store choices: one per kind that moves bytes (a barrier moves none),
  * and one each for in-place reduce-scatters and all-gathers, whose outputs are written
  * differently. */
@@ -170,6 +170,12 @@ struct shm_group {
     int64_t contended_ns;
     int sleep_ms;
     int64_t liveness_ms;
+    /* How much this rank copies or sums at a time (per rank, from the env table): a
+     * single-copy all-reduce's sums before it copies them out (FSDP2_SHM_DIRECT_BLOCK), a
+     * single-copy gather's reads before it writes them out (FSDP2_SHM_DIRECT_COPY), and
+     * the fused all-reduce's paired copies (FSDP2_SHM_PAIR_CHUNK); and the smallest
+     * collective whose slots may be streamed (FSDP2_SHM_STREAM_MIN). */
+    size_t direct_block, direct_copy, pair_chunk, stream_min;
     int core_per_rank; /* no more ranks than CPUs they may use (all_reduce_fused) */
     int nudge; /* move_off_peer_core may act */
     /* How this rank writes its slots and outputs (shm_stores.c): FSDP2_SHM_STREAM_STORES
@@ -225,18 +231,18 @@ int fsdp2_cpus_parse(const char *text, cpu_set_t *set);
 void fsdp2_shm_placement(const cpu_set_t *sets, int n, shm_placement_t *out);
 /* This rank's protocol sizes, from its environment. */
 void fsdp2_shm_params(shm_params_t *out);
-/* FSDP2_ERR_INVALID_ARGUMENT, naming the variable and its value, for sizes that cannot
+/* FSDP2_ERR_INVALID_CONFIG, naming the variable and its value, for sizes that cannot
  * work for n ranks. */
 fsdp2_status_t fsdp2_shm_params_check(const shm_params_t *p, int n);
 /* Collective over g: every member publishes its protocol sizes and its affinity, and
- * reads everyone's. FSDP2_ERR_INVALID_ARGUMENT on every member, naming the variable,
+ * reads everyone's. FSDP2_ERR_INVALID_CONFIG on every member, naming the variable,
  * when a member's sizes differ from rank 0's; else the group's placement. */
 fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store,
                                           const shm_params_t *params, shm_placement_t *out);
-/* The size of the smallest cache that all of cpus share on this machine (0: none), from
- * the machine's topology, loaded once per process; FSDP2_ERR_NOT_AVAILABLE without
- * hwloc or when the topology cannot be loaded. */
-fsdp2_status_t fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes);
+/* The size of the largest cache that all of cpus share on this machine (0: none), from
+ * the machine's topology, loaded once per process; -1 without one (no hwloc, a failed
+ * load, CPUs it does not list), leaving the thread's last error as it was. */
+int fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes);
 /* Whether this process runs under a hypervisor (x86's CPUID flag; 0 elsewhere), whose
  * virtual CPUs the host may move between physical caches unseen by the topology. */
 int fsdp2_host_is_virtual(void);
@@ -255,8 +261,8 @@ void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
                              const void *const *src, int n, size_t count, double pre,
                              double post);
 /* The topology rule for slot stores: whether a collective of `bytes` per rank over n
- * ranks writes its slots with non-temporal stores, given the size of the smallest cache
- * the ranks' CPUs share (0: none). Plain stores while the slots the collective fills,
+ * ranks writes its slots with non-temporal stores, given the size of the largest cache
+ * all the ranks' CPUs share (0: none). Plain stores while the slots the collective fills,
  * n * min(bytes, a rank's ring of `ring` bytes), fit in half that cache (the rest holds the collective's own
  * inputs and outputs): readers then take the lines from the shared cache. Otherwise the
  * lines would be written back to memory anyway, and a plain store also reads each line

@@ -15,6 +15,7 @@
 #include "collectives/shm_internal.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/log_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -109,18 +110,20 @@ void fsdp2_shm_params(shm_params_t *out)
 fsdp2_status_t fsdp2_shm_params_check(const shm_params_t *p, int n)
 {
     if (p->slot % SHM_PAGE)
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
                            "FSDP2_SHM_SLOT_BYTES=%zu: want a multiple of %d", p->slot,
                            SHM_PAGE);
     /* a reduction's step holds a piece of at least a cache line for each peer */
+    size_t least = ((size_t)(n - 1) * SHM_LINE + SHM_PAGE - 1) / SHM_PAGE * SHM_PAGE;
     if (n > 1 && p->slot / (size_t)(n - 1) < SHM_LINE)
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
                            "FSDP2_SHM_SLOT_BYTES=%zu is too small for %d ranks: want at "
-                           "least %zu", p->slot, n, (size_t)(n - 1) * SHM_LINE);
+                           "least %zu", p->slot, n, least);
     if (p->one_step_max > p->slot) /* a one-step all-reduce posts its whole buffer */
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
-                           "FSDP2_SHM_ONE_STEP_MAX=%zu is more than a slot "
-                           "(FSDP2_SHM_SLOT_BYTES=%zu)", p->one_step_max, p->slot);
+        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                           "FSDP2_SHM_ONE_STEP_MAX=%zu (16384 unless set) is more than a slot "
+                           "(FSDP2_SHM_SLOT_BYTES=%zu): set it to at most the slot",
+                           p->one_step_max, p->slot);
     return FSDP2_SUCCESS;
 }
 
@@ -188,7 +191,7 @@ fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store
         }
         for (int i = 0; i < MEMBER_SIZES && r > 0 && status == FSDP2_SUCCESS; i++)
             if (v[i] != first[i])
-                status = fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                status = fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
                                      "group '%s': %s is %llu on rank %d but %llu on rank 0: "
                                      "shared-memory collectives need it alike on every rank",
                                      g->name, size_names[i], v[i], r, first[i]);
@@ -221,14 +224,23 @@ static void machine_load(void)
     machine_status = fsdp2_topology_load(&machine);
 }
 
-fsdp2_status_t fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes)
+int fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes)
 {
+    char saved[1024]; /* group creation goes on without a topology: not an error of it */
+    snprintf(saved, sizeof(saved), "%s", fsdp2_last_error());
     pthread_once(&machine_once, machine_load);
-    if (machine_status != FSDP2_SUCCESS)
-        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "no topology of this machine");
-    int list[CPU_SETSIZE], n = 0, numa = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, cpus))
-            list[n++] = c;
-    return fsdp2_topology_shared_cache(machine, list, n, bytes, &numa);
+    fsdp2_status_t status = machine_status;
+    if (status == FSDP2_SUCCESS) {
+        int list[CPU_SETSIZE], n = 0, numa = 0;
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, cpus))
+                list[n++] = c;
+        status = fsdp2_topology_shared_cache(machine, list, n, bytes, &numa);
+    }
+    if (status != FSDP2_SUCCESS)
+        FSDP2_LOG(DEBUG, COLL, "no shared cache from the topology (%s): slot stores are "
+                  "learned", machine_status != FSDP2_SUCCESS ? "it could not be loaded"
+                                                             : fsdp2_last_error());
+    fsdp2_error_set_message(saved);
+    return status == FSDP2_SUCCESS ? 0 : -1;
 }

@@ -13,7 +13,6 @@
 #include "collectives/shm_run.h"
 #include "core/error.h"
 
-#define SHM_PAIR_CHUNK (16u << 10)   /* bytes per copy in turn when the fused all-reduce pairs */
 
 /* A copy of a reduction: a piece of a peer's range into this rank's slot (to_slot), or
  * a peer's result out of its slot into the buffer. */
@@ -222,7 +221,7 @@ static fsdp2_status_t results_out(run_t *x, const fused_t *f, size_t off, uint64
 }
 
 /* The peers' results at off (step t_result) out, paired with the next piece's copy-in
- * at off_next (step t_next; 0: none), SHM_PAIR_CHUNK bytes of each copy in turn: the
+ * at off_next (step t_next; 0: none), sg->pair_chunk bytes of each copy in turn: the
  * copies out read the other cores' caches and the copies in read memory, and a core
  * does both at once faster than one after the other. */
 static fsdp2_status_t results_out_paired(run_t *x, const fused_t *f, size_t off,
@@ -247,11 +246,12 @@ static fsdp2_status_t results_out_paired(run_t *x, const fused_t *f, size_t off,
                                     job, &jobs, &slot));
     for (int j = 0; j < jobs; j++)
         most = job[j].n > most ? job[j].n : most;
-    for (size_t c = 0; c < most; c += SHM_PAIR_CHUNK)
+    size_t chunk = x->sg->pair_chunk;
+    for (size_t c = 0; c < most; c += chunk)
         for (int j = 0; j < jobs; j++) {
             if (c >= job[j].n)
                 continue;
-            size_t k = min_size(SHM_PAIR_CHUNK, job[j].n - c);
+            size_t k = min_size(chunk, job[j].n - c);
             if (job[j].to_slot)
                 fsdp2_shm_slot_copy(x, job[j].dst + c, job[j].src + c, k);
             else
@@ -282,7 +282,7 @@ static fsdp2_status_t all_reduce_fused(run_t *x, const coll_op_t *op, const size
     fused_t f = {op, op->recv, lo, hi, piece_elements(x, es), es};
     for (int r = 0; r < n; r++)
         most = hi[r] - lo[r] > most ? hi[r] - lo[r] : most;
-    if (!most) /* no steps (the fused path starts at 16 MiB, so never) */
+    if (!most) /* no steps (an empty all-reduce takes one step instead, so never) */
         return FSDP2_SUCCESS;
     /* piece k's steps: t (its copy-in) and t_result; every rank numbers them the same */
     uint64_t t = x->next++;

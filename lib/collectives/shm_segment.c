@@ -15,7 +15,7 @@
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/env_internal.h"
-#include "core/cpu_stream.h"
+#include "core/cpu_wait.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -157,6 +157,10 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->contended_ns = fsdp2_env_int(FSDP2_ENV_SHM_CONTENDED_NS);
     sg->sleep_ms = (int)fsdp2_env_int(FSDP2_ENV_SHM_SLEEP_MS);
     sg->liveness_ms = fsdp2_env_int(FSDP2_ENV_SHM_LIVENESS_MS);
+    sg->direct_block = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_DIRECT_BLOCK);
+    sg->direct_copy = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_DIRECT_COPY);
+    sg->pair_chunk = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_PAIR_CHUNK);
+    sg->stream_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_MIN);
     sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
                         fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) == 0; /* "on" */
     sg->peers = calloc((size_t)g->size, sizeof(*sg->peers));
@@ -216,7 +220,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     int virtual_host = fsdp2_host_is_virtual(), known = 0;
     if (sg->stores_policy == SHM_STORES_TOPOLOGY ||
         (sg->stores_policy == SHM_STORES_AUTO && !virtual_host))
-        known = fsdp2_shm_shared_cache(&place.all, &sg->shared_cache) == FSDP2_SUCCESS;
+        known = fsdp2_shm_shared_cache(&place.all, &sg->shared_cache) == 0;
     sg->stores_policy = fsdp2_shm_stores_resolve(sg->stores_policy, virtual_host, known);
     sg->core_per_rank = !place.oversubscribed;
     sg->spin_ns = place.oversubscribed ? 0 : fsdp2_env_int(FSDP2_ENV_SHM_SPIN_US) * 1000;

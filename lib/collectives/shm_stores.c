@@ -35,9 +35,8 @@
 #include "collectives/shm_internal.h"
 #include "core/log_internal.h"
 
-#define SHM_STREAM_MIN (16u << 10)  /* collectives from this many bytes may stream stores */
-#define SHM_STREAM_FIRST_TRY 2      /* auto: the run (from 0) that first tries the other way */
-#define SHM_STREAM_EXPLORE 8        /* auto: then runs between tries */
+#define SHM_STREAM_FIRST_TRY 2      /* learn: the run (from 0) that first tries the other way */
+#define SHM_STREAM_EXPLORE 8        /* learn: then runs between tries */
 /* While the other way costs more, the wait starts at 2 * SHM_STREAM_EXPLORE and doubles
  * with each try up to SHM_STREAM_EXPLORE_MILD_MAX runs; while it costs more than
  * SHM_STREAM_FAR times as much (with SHM_STREAM_FAR_SAMPLES counted runs of each way),
@@ -50,7 +49,7 @@
 #define SHM_STREAM_FAR_SAMPLES 2
 #define SHM_STREAM_FAR 2.0
 #define SHM_STREAM_PART 8           /* a try of a way found far costlier takes 1/8 of the run */
-#define SHM_STREAM_SWITCH 0.9       /* auto: switch when the other way costs this much or less */
+#define SHM_STREAM_SWITCH 0.9       /* learn: switch when the other way costs this much or less */
 #define SHM_STREAM_COPY_MIN 256     /* copies shorter than this use memcpy even when streaming */
 
 void fsdp2_shm_stream_copy(char *dst, const char *src, size_t n)
@@ -171,7 +170,7 @@ void fsdp2_shm_reduce_stream(char *dst, fsdp2_dtype_t dtype, size_t es,
     fsdp2_reduce_rank_order(out + body * es, dtype, at, n, count - head - body, pre, post);
 }
 
-/* op's size class for auto (x4 each from SHM_STREAM_MIN), or -1: always memcpy. */
+/* op's size class (x4 each from sg->stream_min), or -1: always memcpy. */
 static int store_class(const shm_group_t *sg, const coll_op_t *op)
 {
 #if !defined(__SSE2__)
@@ -179,11 +178,11 @@ static int store_class(const shm_group_t *sg, const coll_op_t *op)
     return -1; /* no non-temporal stores to use */
 #endif
     size_t bytes = op->count * op->elem_size;
-    if (op->kind == COLL_BARRIER || bytes < SHM_STREAM_MIN ||
+    if (op->kind == COLL_BARRIER || bytes < sg->stream_min ||
         (op->kind == COLL_ALL_REDUCE && shm_all_reduce_one_step(&sg->params, sg->g->size, bytes)))
         return -1; /* one step: memcpy */
     int c = 0;
-    for (bytes /= SHM_STREAM_MIN; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
+    for (bytes /= sg->stream_min; bytes >= 4 && c < SHM_STORE_CLASSES - 1; bytes /= 4)
         c++;
     return c;
 }
@@ -314,8 +313,8 @@ int fsdp2_shm_stores_timed(const shm_group_t *sg, const coll_op_t *op)
  * figure lags behind, and the estimate comes out too high by the lag divided by the
  * part's share of the run's steps (about 1/8, but the steps of the class's last run may
  * differ from this one's up to 4x). Kept, the lower old figure lets the switch come as
- * soon as the way in use's rising figure passes it. Raised, it held a 1 MiB all-gather
- * in plain stores at 4x the cost for its whole long wait. */
+ * soon as the way in use's rising figure passes it; raised, it could hold the class in
+ * the dearer way for a whole long wait. */
 static void learn_part(shm_store_class_t *k, const coll_op_t *op, uint64_t run, double share,
                        double cost)
 {

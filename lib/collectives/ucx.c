@@ -334,7 +334,7 @@ static fsdp2_status_t wait_all(ucx_group_t *ug, req_list_t *rl, const char *what
         /* Idle: give the core away before trying again, since with more ranks than
          * cores the peer we wait for may need this one; block on the event fd only
          * after a while (waking from it costs a scheduler round trip). */
-        if (++idle < UCX_SPIN) {
+        if (++idle < ug->spin) {
             sched_yield();
             continue;
         }
@@ -477,12 +477,12 @@ static size_t range_len(const ranges_t *rg, int r)
 }
 
 /* The reduction half shared by reduce_scatter and all_reduce: this rank's result goes to
- * out. Rounds of at most UCX_SEGMENT bytes per peer bound the scratch. */
+ * out. Rounds of at most ug->segment bytes per peer bound the scratch. */
 static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_list_t *rl,
                                     const ranges_t *rg, char *out, const char *what)
 {
     fsdp2_group_t *g = ug->g;
-    size_t es = op->elem_size, seg = UCX_SEGMENT / es;
+    size_t es = op->elem_size, seg = ug->segment / es;
     size_t mine = range_len(rg, g->rank), most = range_len(rg, 0); /* rank 0's is longest */
     size_t my_lo, my_hi;
     range_of(rg, g->rank, &my_lo, &my_hi);
@@ -500,7 +500,7 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         for (int k = 1; k < g->size && m; k++) {
             int r = (g->rank + g->size - k) % g->size;
             int slot = (r - g->rank + g->size) % g->size - 1;
-            fsdp2_ucx_add_recv(ug, rl, r, scratch + (size_t)slot * UCX_SEGMENT, m * es,
+            fsdp2_ucx_add_recv(ug, rl, r, scratch + (size_t)slot * ug->segment, m * es,
                                make_tag(op->seq, PHASE_DATA, r, s));
         }
         for (int k = 1; k < g->size; k++) {
@@ -519,7 +519,7 @@ static fsdp2_status_t run_reduction(ucx_group_t *ug, const coll_op_t *op, req_li
         for (int r = 0; r < g->size; r++) {
             int slot = (r - g->rank + g->size) % g->size - 1;
             src[r] = r == g->rank ? (const void *)(op->send + (my_lo + off) * es)
-                                  : (const void *)(scratch + (size_t)slot * UCX_SEGMENT);
+                                  : (const void *)(scratch + (size_t)slot * ug->segment);
         }
         fsdp2_reduce_rank_order(out + off * es, op->dtype, src, g->size, m,
                                 op->reduce.pre_divide, op->reduce.post_divide);

@@ -14,10 +14,10 @@
 #include "collectives/group_internal.h"
 #include "collectives/shm.h"
 
-#define UCX_SLOTS 64          /* collectives enqueued and not yet finished, per group */
-#define UCX_SCRATCH_SETS 4    /* reductions running at once, per group */
-#define UCX_SEGMENT (1u << 20) /* bytes per peer per reduction round */
-#define UCX_SPIN 200          /* idle progress calls (each followed by a yield) before blocking */
+/* Array sizes of a group's state: collectives enqueued and not yet finished, and
+ * reductions running at once (each with its scratch set); an enqueue past either waits. */
+#define UCX_SLOTS 64
+#define UCX_SCRATCH_SETS 4
 
 /* A tag's phase: the data of a collective's rounds, an all-reduce's gather, a barrier,
  * the stamp each rank sends its peers with a collective's first round, and the message
@@ -52,7 +52,9 @@ struct ucx_group {
     pthread_mutex_t lock;
     pthread_cond_t changed;
     ucx_slot_t slots[UCX_SLOTS];
-    void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * UCX_SEGMENT bytes each */
+    size_t segment; /* FSDP2_UCX_SEGMENT_BYTES: bytes per peer per reduction round (agreed) */
+    int spin;       /* FSDP2_UCX_SPIN: idle progress calls, each followed by a yield */
+    void *scratch[UCX_SCRATCH_SETS]; /* (size - 1) * segment bytes each */
     const void **sources[UCX_SCRATCH_SETS]; /* size pointers each: a reduction's inputs */
     int scratch_busy[UCX_SCRATCH_SETS];
     int reductions_in_flight; /* enqueued and not finished; at most UCX_SCRATCH_SETS */

@@ -26,7 +26,8 @@ typedef struct ucx_identity {
      * boot id, sometimes even pids, but not these) */
     char shm_ns[96];
     int32_t pid;
-    int32_t shm; /* FSDP2_SHM is on */
+    int32_t shm;      /* FSDP2_SHM is on */
+    uint64_t segment; /* FSDP2_UCX_SEGMENT_BYTES: every member must have the same */
 } ucx_identity_t;
 
 static pthread_mutex_t context_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -47,11 +48,11 @@ static fsdp2_status_t alloc_scratch(ucx_group_t *ug)
     for (int i = 0; i < UCX_SCRATCH_SETS; i++) {
         ug->sources[i] = calloc((size_t)g->size, sizeof(void *));
         if (ug->sources[i] && g->size > 1)
-            ug->scratch[i] = malloc((size_t)(g->size - 1) * UCX_SEGMENT);
+            ug->scratch[i] = malloc((size_t)(g->size - 1) * ug->segment);
         if (!ug->sources[i] || (g->size > 1 && !ug->scratch[i]))
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': reduction scratch for "
                                "%d ranks (%zu bytes a set)", g->name, g->size,
-                               (size_t)(g->size - 1) * UCX_SEGMENT);
+                               (size_t)(g->size - 1) * ug->segment);
     }
     return FSDP2_SUCCESS;
 }
@@ -163,6 +164,7 @@ static void identity_of_self(ucx_identity_t *id)
                  (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
     id->pid = (int32_t)getpid();
     id->shm = fsdp2_env_int(FSDP2_ENV_SHM) == 0;
+    id->segment = (uint64_t)fsdp2_env_int(FSDP2_ENV_UCX_SEGMENT_BYTES);
 }
 
 /* Connects every endpoint now, with a zero-byte exchange, rather than lazily inside the
@@ -226,7 +228,14 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
         pe->pid = (pid_t)peer.pid;
         *all_local &= pe->local;
         *all_shm &= peer.shm;
+        if (peer.segment != me.segment) /* every member sees it: all fail alike */
+            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
+                               "group '%s': FSDP2_UCX_SEGMENT_BYTES is %llu on rank %d but "
+                               "%llu on rank %d: UCX reductions need it alike on every rank",
+                               g->name, (unsigned long long)peer.segment, r,
+                               (unsigned long long)me.segment, g->rank);
     }
+    ug->segment = (size_t)me.segment;
     return FSDP2_SUCCESS;
 }
 
@@ -294,6 +303,7 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     if (!ug)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", g->name);
     ug->g = g;
+    ug->spin = (int)fsdp2_env_int(FSDP2_ENV_UCX_SPIN);
     atomic_init(&ug->failed_peer, -1);
     pthread_mutex_init(&ug->lock, NULL);
     pthread_cond_init(&ug->changed, NULL);

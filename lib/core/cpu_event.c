@@ -52,6 +52,15 @@ static int position_reached(cpu_stream_t *s, uint64_t target)
     return done;
 }
 
+/* A host function running on s that waits for a later position of s would wait for
+ * itself. */
+static fsdp2_status_t own_wait_refused(cpu_stream_t *s, uint64_t target)
+{
+    if (position_reached(s, target))
+        return FSDP2_SUCCESS;
+    return fsdp2_cpu_check_not_own_worker(s, "a wait for an event");
+}
+
 fsdp2_status_t fsdp2_cpu_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t *event)
 {
     cpu_stream_t *s = cpu_stream_of(stream), *on;
@@ -62,14 +71,20 @@ fsdp2_status_t fsdp2_cpu_stream_wait_event(fsdp2_stream_t *stream, fsdp2_event_t
         return FSDP2_SUCCESS;
     }
     if (s->base.is_current || position_reached(on, target)) {
-        fsdp2_cpu_flush_owed(on); /* on's tasks up to target: this thread runs them */
-        fsdp2_status_t status = fsdp2_cpu_wait_position(on, target, -1);
-        fsdp2_cpu_flush_owed(NULL);
+        fsdp2_status_t status = own_wait_refused(on, target);
+        if (status == FSDP2_SUCCESS) {
+            fsdp2_cpu_flush_owed(on); /* on's tasks up to target: this thread runs them */
+            status = fsdp2_cpu_wait_position(on, target, -1);
+            fsdp2_cpu_flush_owed(NULL);
+        }
         fsdp2_cpu_stream_release(on);
         return status;
     }
     cpu_task_t t = {.kind = TASK_WAIT, .u.wait = {on, target}}; /* the task owns the ref */
-    return fsdp2_cpu_stream_submit(s, &t);
+    fsdp2_status_t status = fsdp2_cpu_stream_submit(s, &t);
+    if (status != FSDP2_SUCCESS) /* not queued: the reference is still ours */
+        fsdp2_cpu_stream_release(on);
+    return status;
 }
 
 fsdp2_status_t fsdp2_cpu_event_create(int index, fsdp2_event_t **out)
@@ -137,7 +152,9 @@ fsdp2_status_t fsdp2_cpu_event_wait_timeout(fsdp2_event_t *event, long timeout_m
     fsdp2_cpu_flush_owed(on && timeout_ms < 0 ? on : NULL); /* a timed wait does not help */
     if (!on)
         return FSDP2_SUCCESS;
-    fsdp2_status_t status = fsdp2_cpu_wait_position(on, target, timeout_ms);
+    fsdp2_status_t status = own_wait_refused(on, target);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_cpu_wait_position(on, target, timeout_ms);
     fsdp2_cpu_flush_owed(NULL);
     fsdp2_cpu_stream_release(on);
     return status;

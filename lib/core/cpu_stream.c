@@ -98,6 +98,9 @@ static void *stream_worker(void *arg)
 {
     cpu_stream_t *s = arg;
     fsdp2_cpu_tls_is_worker = 1;
+    /* Its wake-ups must not preempt the thread that enqueued (the kernel lets a batch
+     * thread preempt none): where every CPU is busy, that thread often runs the task
+     * itself before the worker gets a CPU. A system that forbids it keeps the default. */
     struct sched_param param = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
     pthread_mutex_lock(&s->lock);

@@ -136,11 +136,9 @@ void fsdp2_cpu_note_runner(cpu_stream_t *s);
 int fsdp2_cpu_owe_wake(cpu_stream_t *s);
 /* Pays every wake-up this thread owes except keep's (a stream it is about to wait for
  * and help: what is left queued after the wait is paid by the flush that follows it).
- * Every stream and event operation calls it. */
+ * Every enqueue, wait, query, record and destroy calls it. */
 void fsdp2_cpu_flush_owed(const cpu_stream_t *keep);
-/* A shared-memory group found more ranks than CPUs on this host: with
- * FSDP2_CPU_STREAM_DEFER_WAKE=auto, wake-ups may be deferred from now on. */
-void fsdp2_cpu_streams_note_oversubscribed(void);
+#include "core/cpu_wait.h"
 
 /* The backend's operations, gathered into fsdp2_cpu_ops by cpu_device.c. */
 fsdp2_status_t fsdp2_cpu_stream_create(int index, const char *name, fsdp2_stream_t **out);

@@ -159,7 +159,8 @@ static int claim_later(const cpu_stream_t *s, int spin, int spins)
 void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s)
 {
     int spins = spin_yields();
-    /* spin counts up to spins and stays there: the worker then sleeps until signalled */
+    /* spin counts up to spins and stays there (the worker then sleeps until signalled),
+     * but a wake-up for a fresh task starts it again for the claim window */
     for (int spin = 0; s->count == 0 || s->running || claim_later(s, spin, spins);
          spin += spin < spins) {
         if (s->stopping && s->count == 0 && !s->running)

@@ -35,6 +35,12 @@
     XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
        "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
        "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")                \
+    XX(UCX_SEGMENT_BYTES, "FSDP2_UCX_SEGMENT_BYTES", BYTES, "1048576", "4096..1073741824",     \
+       "bytes per peer of one round of a reduction over UCX messages (each group keeps 4 "  \
+       "sets of (ranks - 1) such buffers); every member of a group must have the same")    \
+    XX(UCX_SPIN, "FSDP2_UCX_SPIN", INT, "200", "0..1000000",                                  \
+       "idle UCX progress calls, each followed by a yield, before a wait blocks on the "    \
+       "worker's event fd")                                                                 \
     XX(SHM, "FSDP2_SHM", ENUM, "on", "on|off",                                              \
        "collectives of a group whose members all run on this host go through a shared-"     \
        "memory segment of the group (off: UCX messages, as across hosts)")                 \
@@ -88,6 +94,17 @@
     XX(SHM_LIVENESS_MS, "FSDP2_SHM_LIVENESS_MS", INT, "100", "1..60000",                      \
        "how often a waiting shared-memory collective checks that the peer it waits for "    \
        "still has a process: the longest a peer's death goes unseen")                      \
+    XX(SHM_DIRECT_BLOCK, "FSDP2_SHM_DIRECT_BLOCK", BYTES, "65536", "64..1073741824",          \
+       "bytes a single-copy all-reduce sums before it copies them to the peers (while "     \
+       "they are in cache)")                                                                \
+    XX(SHM_DIRECT_COPY, "FSDP2_SHM_DIRECT_COPY", BYTES, "262144", "64..1073741824",           \
+       "bytes a single-copy gather or broadcast reads from a peer before writing them out")  \
+    XX(SHM_PAIR_CHUNK, "FSDP2_SHM_PAIR_CHUNK", BYTES, "16384", "64..1073741824",              \
+       "bytes of each copy in turn when the fused all-reduce pairs its copy-out with the "  \
+       "next piece's copy-in")                                                              \
+    XX(SHM_STREAM_MIN, "FSDP2_SHM_STREAM_MIN", BYTES, "16384", "64..1073741824",              \
+       "the smallest shared-memory collective whose slots may be written with non-"        \
+       "temporal stores (FSDP2_SHM_STREAM_STORES); smaller ones use memcpy")               \
     XX(SHM_SINGLE_COPY, "FSDP2_SHM_SINGLE_COPY", ENUM, "on", "on|off",                     \
        "shared-memory all-reduces, reduce-scatters, all-gathers and broadcasts of 64 KiB or" \
        " more read and write the ranks' buffers in place when all of them lie in the "       \

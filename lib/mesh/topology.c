@@ -310,12 +310,10 @@ fsdp2_status_t fsdp2_topology_shared_cache(const fsdp2_topology_t *topo, const i
         }
         hwloc_bitmap_set(set, (unsigned)cpus[i]);
     }
-    *cache_bytes = 0;
+    *cache_bytes = 0; /* the outermost data or unified cache over all of them */
     for (hwloc_obj_t o = hwloc_get_obj_covering_cpuset(hw, set); o; o = o->parent)
-        if (hwloc_obj_type_is_dcache(o->type)) { /* data or unified */
+        if (hwloc_obj_type_is_dcache(o->type))
             *cache_bytes = (size_t)o->attr->cache.size;
-            break;
-        }
     *numa_nodes = 0;
     for (hwloc_obj_t n = hwloc_get_next_obj_by_type(hw, HWLOC_OBJ_NUMANODE, NULL); n;
          n = hwloc_get_next_obj_by_type(hw, HWLOC_OBJ_NUMANODE, n))

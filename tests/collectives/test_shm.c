@@ -447,7 +447,7 @@ static int body_sizes_disagree(rank_ctx_t *c)
     fails += OK(c, fsdp2_env_reload());
     fsdp2_group_t *g = NULL;
     fsdp2_status_t st = fsdp2_group_create(c->store, "disagree", c->rank, c->size, &go, &g);
-    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT && g == NULL &&
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_CONFIG && g == NULL &&
                                strstr(fsdp2_last_error(),
                                       "FSDP2_SHM_SLOTS is 8 on rank 1 but 4 on rank 0"),
                         "sizes that differ: %s: %s", fsdp2_status_name(st), fsdp2_last_error());
@@ -455,11 +455,23 @@ static int body_sizes_disagree(rank_ctx_t *c)
     setenv("FSDP2_SHM_SLOT_BYTES", "5000", 1);
     fails += OK(c, fsdp2_env_reload());
     st = fsdp2_group_create(c->store, "unworkable", c->rank, c->size, &go, &g);
-    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_ARGUMENT && g == NULL &&
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_CONFIG && g == NULL &&
                                strstr(fsdp2_last_error(), "FSDP2_SHM_SLOT_BYTES=5000"),
                         "a slot of 5000 bytes: %s: %s", fsdp2_status_name(st),
                         fsdp2_last_error());
     unsetenv("FSDP2_SHM_SLOT_BYTES");
+    /* over UCX messages, the reductions' round size */
+    setenv("FSDP2_SHM", "off", 1);
+    if (c->rank == 1)
+        setenv("FSDP2_UCX_SEGMENT_BYTES", "64K", 1);
+    fails += OK(c, fsdp2_env_reload());
+    st = fsdp2_group_create(c->store, "disagree-ucx", c->rank, c->size, &go, &g);
+    fails += RANK_CHECK(c, st == FSDP2_ERR_INVALID_CONFIG && g == NULL &&
+                               strstr(fsdp2_last_error(), "FSDP2_UCX_SEGMENT_BYTES is "),
+                        "UCX segments that differ: %s: %s", fsdp2_status_name(st),
+                        fsdp2_last_error());
+    unsetenv("FSDP2_SHM");
+    unsetenv("FSDP2_UCX_SEGMENT_BYTES");
     fails += OK(c, fsdp2_env_reload());
     fails += OK(c, fsdp2_group_create(c->store, "agreed", c->rank, c->size, &go, &g));
     if (!fails) {
@@ -654,11 +666,14 @@ static double wavy(int rank, size_t i)
     return sin((double)i * 0.37 + rank) * 1000.0 / (double)(rank + 3);
 }
 
-/* Sums of non-integers round at every step, so this checks the order of summation. */
+/* Sums of non-integers round at every step, so this checks the order of summation. The
+ * UCX group reduces in rounds of 4 KiB per peer (FSDP2_UCX_SEGMENT_BYTES), many per
+ * collective. */
 static int body_same_bits(rank_ctx_t *c)
 {
     int fails = 0;
     setenv("FSDP2_SHM", "off", 1);
+    setenv("FSDP2_UCX_SEGMENT_BYTES", "4K", 1);
     fails += OK(c, fsdp2_env_reload());
     fsdp2_group_t *plain = NULL;
     fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
@@ -696,7 +711,8 @@ static int body_same_bits(rank_ctx_t *c)
         }
     }
     fsdp2_group_destroy(plain);
-    return fails;
+    unsetenv("FSDP2_UCX_SEGMENT_BYTES");
+    return fails + OK(c, fsdp2_env_reload());
 }
 
 START_TEST(shm_and_ucx_transports_give_identical_bits)

@@ -339,6 +339,42 @@ START_TEST(single_copy_collectives_give_the_rank_order_sums_on_2_3_and_4_ranks)
 }
 END_TEST
 
+/* How much each rank copies or sums at a time is its own choice: the ranks of one group
+ * run with different FSDP2_SHM_DIRECT_BLOCK, FSDP2_SHM_DIRECT_COPY, FSDP2_SHM_PAIR_CHUNK
+ * and FSDP2_SHM_STREAM_MIN (down to 64 bytes), and every collective still gives the
+ * rank-order sums. */
+static int body_per_rank_chunks(rank_ctx_t *c)
+{
+    static const char *const sizes[3][4] = {{"64", "4K", "64", "64"},
+                                            {"4K", "64", "1K", "1M"},
+                                            {"1M", "1M", "16K", "16K"}};
+    static const char *const names[4] = {"FSDP2_SHM_DIRECT_BLOCK", "FSDP2_SHM_DIRECT_COPY",
+                                         "FSDP2_SHM_PAIR_CHUNK", "FSDP2_SHM_STREAM_MIN"};
+    for (int i = 0; i < 4; i++)
+        setenv(names[i], sizes[c->rank % 3][i], 1);
+    int fails = OK(c, fsdp2_env_reload()), collectives = 0;
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 60000;
+    fsdp2_group_t *g = NULL, *world = c->world;
+    fails += OK(c, fsdp2_group_create(c->store, "chunks", c->rank, c->size, &go, &g));
+    if (!fails) {
+        c->world = g;
+        fails += run_every_collective(c, 1, &collectives);
+        fails += counted(c, shm_of(g), (uint64_t)collectives, 0);
+        c->world = world;
+    }
+    fsdp2_group_destroy(g);
+    for (int i = 0; i < 4; i++)
+        unsetenv(names[i]);
+    return fails + OK(c, fsdp2_env_reload());
+}
+
+START_TEST(ranks_may_copy_and_sum_in_pieces_of_their_own_size)
+{
+    three_ranks(body_per_rank_chunks);
+}
+END_TEST
+
 /* Rank 1's buffers are plain malloc: every collective announces, sees that, and goes
  * through the slots on every rank, with the same results. */
 static int body_one_rank_not_shareable(rank_ctx_t *c)
@@ -455,6 +491,7 @@ static Suite *shm_direct_suite(void)
     TCase *tc = tcase_create("single_copy");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, single_copy_collectives_give_the_rank_order_sums_on_2_3_and_4_ranks);
+    tcase_add_test(tc, ranks_may_copy_and_sum_in_pieces_of_their_own_size);
     tcase_add_test(tc, one_rank_without_shareable_buffers_sends_every_rank_through_the_slots);
     tcase_add_test(tc, a_rank_that_cannot_map_a_peer_sends_every_rank_through_the_slots);
     tcase_add_test(tc, single_copy_switched_off_on_one_rank_is_off_for_the_group);

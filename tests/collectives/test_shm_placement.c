@@ -21,10 +21,10 @@
 #define OK(call) ck_assert_msg((call) == FSDP2_SUCCESS, "%s failed: %s", #call, fsdp2_last_error())
 
 /* 2 packages (a NUMA node and a 48 MiB L3 each) x 32 cores x 2 PUs: core c holds PUs
- * 2c, 2c + 1. The laptop's 8 cores share an 8 MiB L3, the VM's 2 vCPUs a 32 MiB one (as
- * this project's 2-vCPU VM reports). */
+ * 2c, 2c + 1. The laptop's 8 cores have 1 MiB of L2 each and share an 8 MiB L3; the
+ * VM's 2 vCPUs share a 32 MiB L3 (what a hypervisor may report, whatever the host does). */
 static const char host_64[] = "pack:2 numa:1 l3:1(size=50331648) core:32 pu:2";
-static const char laptop_8[] = "pack:1 l3:1(size=8388608) core:8 pu:1";
+static const char laptop_8[] = "pack:1 l3:1(size=8388608) l2:8(size=1048576) core:1 pu:1";
 static const char vm_2[] = "pack:1 l3:1(size=33554432) core:2 pu:1";
 
 static fsdp2_topology_t *load(const char *description)
@@ -221,7 +221,7 @@ START_TEST(store_policy)
     ck_assert_msg(strstr(fsdp2_last_error(), "CPU 8") != NULL, "%s", fsdp2_last_error());
     ck_assert_int_eq(fsdp2_topology_shared_cache(t, cpus, 0, &cache, &numa),
                      FSDP2_ERR_INVALID_ARGUMENT);
-    OK(fsdp2_topology_shared_cache(t, cpus, 1, &cache, &numa)); /* one core: its own L3 */
+    OK(fsdp2_topology_shared_cache(t, cpus, 1, &cache, &numa)); /* one core: the L3, not L2 */
     ck_assert_uint_eq(cache, 8388608);
     OK(fsdp2_topology_destroy(t));
 }

@@ -32,6 +32,8 @@ static void learner_init(learner_t *l)
     l->sg.g = &l->g;
     l->sg.stores_policy = SHM_STORES_LEARN;
     l->sg.output_policy = SHM_STORES_AUTO;
+    fsdp2_shm_params(&l->sg.params); /* the env table's defaults */
+    l->sg.stream_min = 16u << 10;
     l->op = (coll_op_t){.kind = COLL_ALL_GATHER, .count = BYTES / 4, .elem_size = 4,
                         .dtype = FSDP2_F32};
     l->ns_scale = 1e-3; /* runs of 17-67 us: the waits' time cap does not bind */
