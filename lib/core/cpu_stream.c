@@ -164,6 +164,7 @@ static fsdp2_status_t stream_init(cpu_stream_t **out, const char *name, size_t c
     s->base.device = (fsdp2_device_t){FSDP2_DEVICE_CPU, 0};
     atomic_init(&s->refs, 1);
     snprintf(s->name, sizeof(s->name), "%s", name);
+    fsdp2_cpu_wait_settings(s);
     if (capacity) {
         s->ring = calloc(capacity, sizeof(*s->ring));
         if (!s->ring) {

@@ -87,6 +87,11 @@ struct cpu_stream {
     int blocked;       /* threads waiting on s that cannot run its tasks themselves */
     int helped_run;    /* tasks in a row run by waiters rather than the worker */
     int napping;       /* the worker naps: an enqueue may leave its wake-up owed */
+    /* The waiting policy's settings, read from the env table when the stream is made
+     * (fsdp2_cpu_wait_settings): FSDP2_CPU_STREAM_SPIN, _CLAIM_US, _NAP_US, _DEFER_WAKE. */
+    int spins;
+    int64_t claim_ns, nap_ns;
+    int defer_wake; /* 0 auto, 1 on, 2 off */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */
@@ -129,6 +134,8 @@ void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s);
 /* Blocks until s->completed >= target, or the timeout (ms, < 0 forever) passes; an
  * untimed wait from an application thread runs s's queued tasks itself. */
 fsdp2_status_t fsdp2_cpu_wait_position(cpu_stream_t *s, uint64_t target, long timeout_ms);
+/* Fills s's waiting settings from the env table. */
+void fsdp2_cpu_wait_settings(cpu_stream_t *s);
 /* Counts who runs s's head task (caller holds s->lock): the worker, or a waiter. */
 void fsdp2_cpu_note_runner(cpu_stream_t *s);
 /* Whether an enqueue on s (lock held) may leave the worker's wake-up owed by this

@@ -53,15 +53,18 @@ void fsdp2_cpu_streams_note_oversubscribed(void)
     atomic_store(&oversubscribed, 1);
 }
 
-static int deferring(void)
+static int deferring(const cpu_stream_t *s)
 {
-    int64_t mode = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_DEFER_WAKE); /* auto|on|off */
-    return mode == 1 || (mode == 0 && atomic_load_explicit(&oversubscribed, memory_order_relaxed));
+    return s->defer_wake == 1 ||
+           (s->defer_wake == 0 && atomic_load_explicit(&oversubscribed, memory_order_relaxed));
 }
 
-static int64_t nap_ns(void)
+void fsdp2_cpu_wait_settings(cpu_stream_t *s)
 {
-    return fsdp2_env_int(FSDP2_ENV_CPU_STREAM_NAP_US) * 1000;
+    s->spins = (int)fsdp2_env_int(FSDP2_ENV_CPU_STREAM_SPIN);
+    s->claim_ns = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_CLAIM_US) * 1000;
+    s->nap_ns = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_NAP_US) * 1000;
+    s->defer_wake = (int)fsdp2_env_int(FSDP2_ENV_CPU_STREAM_DEFER_WAKE); /* auto|on|off */
 }
 
 /* Each owed stream holds a reference until paid. */
@@ -137,28 +140,18 @@ static void after_ns(int64_t ns, struct timespec *ts)
     }
 }
 
-static int spin_yields(void)
-{
-    return (int)fsdp2_env_int(FSDP2_ENV_CPU_STREAM_SPIN);
-}
-
-static int64_t claim_ns(void)
-{
-    return fsdp2_env_int(FSDP2_ENV_CPU_STREAM_CLAIM_US) * 1000;
-}
-
 /* Whether the worker, after `spin` of its `spins` yields, leaves the head task to a
  * waiter for now. Never once a waiter that cannot help is blocked on s, or when
  * stopping. */
 static int claim_later(const cpu_stream_t *s, int spin, int spins)
 {
     return s->count > 0 && !s->running && !s->stopping && !s->blocked && spin < spins &&
-           fsdp2_now_ns() - s->queued_ns < claim_ns();
+           fsdp2_now_ns() - s->queued_ns < s->claim_ns;
 }
 
 void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s)
 {
-    int spins = spin_yields();
+    int spins = s->spins;
     /* spin counts up to spins and stays there (the worker then sleeps until signalled),
      * but a wake-up for a fresh task starts it again for the claim window */
     for (int spin = 0; s->count == 0 || s->running || claim_later(s, spin, spins);
@@ -171,8 +164,8 @@ void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s)
             pthread_mutex_lock(&s->lock);
             continue;
         }
-        int64_t nap = nap_ns();
-        if (s->helped_run >= LAZY_AFTER && !s->stopping && deferring() &&
+        int64_t nap = s->nap_ns;
+        if (s->helped_run >= LAZY_AFTER && !s->stopping && deferring(s) &&
             fsdp2_now_ns() - s->queued_ns < LAZY_IDLE_NAPS * nap) {
             struct timespec until; /* an owed wake-up (fsdp2_cpu_flush_owed) ends it early */
             after_ns(nap, &until);
@@ -226,7 +219,7 @@ fsdp2_status_t fsdp2_cpu_wait_position(cpu_stream_t *s, uint64_t target, long ti
     s->blocked += !helper;
     if (!helper && s->count > 0 && !s->running)
         pthread_cond_signal(&s->not_empty);
-    int spins = spin_yields();
+    int spins = s->spins;
     for (int spin = 0; spin < spins && s->completed < target; spin++) {
         if (can_help(s, timeout_ms)) {
             help_locked(s);
