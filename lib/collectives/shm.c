@@ -539,13 +539,8 @@ static fsdp2_status_t wait_turn(shm_group_t *sg, const coll_op_t *op, int64_t *d
                                     what, (unsigned long long)sg->turn,
                                     (double)sg->g->timeout_ms / 1e3);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 10 * 1000000L; /* wakes to see group failures */
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        /* wakes to see group failures */
+        struct timespec ts = fsdp2_time_after(CLOCK_MONOTONIC, 10 * 1000000L);
         pthread_cond_timedwait(&sg->turn_changed, &sg->lock, &ts);
     }
     pthread_mutex_unlock(&sg->lock);

@@ -670,13 +670,8 @@ fsdp2_status_t fsdp2_ucx_enqueue(fsdp2_group_t *g, const coll_op_t *op,
                                       "reductions in flight to finish",
                                (double)g->timeout_ms / 1e3, busy ? UCX_SLOTS : UCX_SCRATCH_SETS);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
-        ts.tv_nsec += 10 * 1000000L;        /* re-checks the deadline */
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        /* re-checks the deadline; REALTIME: the condition variable's clock */
+        struct timespec ts = fsdp2_time_after(CLOCK_REALTIME, 10 * 1000000L);
         pthread_cond_timedwait(&ug->changed, &ug->lock, &ts);
     }
     slot->busy = 1;

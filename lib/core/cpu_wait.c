@@ -129,17 +129,6 @@ void fsdp2_cpu_note_runner(cpu_stream_t *s)
         s->helped_run++;
 }
 
-static void after_ns(int64_t ns, struct timespec *ts)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ns / 1000000000L;
-    ts->tv_nsec += ns % 1000000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 /* Whether the worker, after `spin` of its `spins` yields, leaves the head task to a
  * waiter for now. Never once a waiter that cannot help is blocked on s, or when
  * stopping. */
@@ -167,8 +156,8 @@ void fsdp2_cpu_worker_wait_locked(cpu_stream_t *s)
         int64_t nap = s->nap_ns;
         if (s->helped_run >= LAZY_AFTER && !s->stopping && deferring(s) &&
             fsdp2_now_ns() - s->queued_ns < LAZY_IDLE_NAPS * nap) {
-            struct timespec until; /* an owed wake-up (fsdp2_cpu_flush_owed) ends it early */
-            after_ns(nap, &until);
+            /* an owed wake-up (fsdp2_cpu_flush_owed) ends it early */
+            struct timespec until = fsdp2_time_after(CLOCK_MONOTONIC, nap);
             s->napping = 1;
             pthread_cond_timedwait(&s->not_empty, &s->lock, &until);
             s->napping = 0;
@@ -210,7 +199,7 @@ fsdp2_status_t fsdp2_cpu_wait_position(cpu_stream_t *s, uint64_t target, long ti
 {
     struct timespec deadline;
     if (timeout_ms >= 0)
-        after_ns((int64_t)timeout_ms * 1000000, &deadline);
+        deadline = fsdp2_time_after(CLOCK_MONOTONIC, (int64_t)timeout_ms * 1000000);
     fsdp2_status_t status = FSDP2_SUCCESS;
     pthread_mutex_lock(&s->lock);
     /* A waiter that will not help must not wait out the claim window or a nap whose
