@@ -30,7 +30,9 @@
  * enqueuing thread's next stream or event call; a task whose thread makes no such call
  * starts when the nap ends (FSDP2_CPU_STREAM_NAP_US, 1 ms). The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
- * and waiting on an event there blocks the caller. On cuda they are CUDA streams (non
+ * and waiting on an event there blocks the caller. With FSDP2_CPU_STREAM_BLOCKING=on
+ * (a debugging aid, as CUDA_LAUNCH_BLOCKING=1) every enqueue on a cpu side stream returns
+ * once its task has run, with the task's failure. On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.
  *
  * A host function must not enqueue on, synchronize or destroy the stream it runs on

@@ -148,11 +148,16 @@ fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     s->ring[(s->head + s->count) % s->capacity] = *t;
     if (s->count++ == 0)
         s->queued_ns = fsdp2_now_ns();
-    s->submitted++;
+    uint64_t position = ++s->submitted;
     if (!fsdp2_cpu_owe_wake(s))
         pthread_cond_signal(&s->not_empty); /* a sleeping worker wakes; no syscall otherwise */
     pthread_mutex_unlock(&s->lock);
-    return FSDP2_SUCCESS;
+    if (!s->blocking)
+        return FSDP2_SUCCESS;
+    /* FSDP2_CPU_STREAM_BLOCKING: the task has run (this thread runs it, as a waiter)
+     * before the enqueue returns, and its failure is the enqueue's. */
+    FSDP2_CHECK(fsdp2_cpu_wait_position(s, position, -1));
+    return fsdp2_cpu_stream_report(s, 1);
 }
 
 static fsdp2_status_t stream_init(cpu_stream_t **out, const char *name, size_t capacity)

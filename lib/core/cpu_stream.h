@@ -88,10 +88,12 @@ struct cpu_stream {
     int helped_run;    /* tasks in a row run by waiters rather than the worker */
     int napping;       /* the worker naps: an enqueue may leave its wake-up owed */
     /* The waiting policy's settings, read from the env table when the stream is made
-     * (fsdp2_cpu_wait_settings): FSDP2_CPU_STREAM_SPIN, _CLAIM_US, _NAP_US, _DEFER_WAKE. */
+     * (fsdp2_cpu_wait_settings): FSDP2_CPU_STREAM_SPIN, _CLAIM_US, _NAP_US, _DEFER_WAKE,
+     * _BLOCKING. */
     int spins;
     int64_t claim_ns, nap_ns;
     int defer_wake; /* 0 auto, 1 on, 2 off */
+    int blocking;   /* each enqueue waits until its task has run */
     int has_thread;
     pthread_t thread;
     fsdp2_status_t error; /* first failure of a host function */

@@ -65,6 +65,7 @@ void fsdp2_cpu_wait_settings(cpu_stream_t *s)
     s->claim_ns = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_CLAIM_US) * 1000;
     s->nap_ns = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_NAP_US) * 1000;
     s->defer_wake = (int)fsdp2_env_int(FSDP2_ENV_CPU_STREAM_DEFER_WAKE); /* auto|on|off */
+    s->blocking = fsdp2_env_int(FSDP2_ENV_CPU_STREAM_BLOCKING) == 1; /* off|on */
 }
 
 /* Each owed stream holds a reference until paid. */

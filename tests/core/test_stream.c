@@ -814,6 +814,73 @@ START_TEST(a_deferred_wake_up_still_runs_a_task_nobody_waits_for)
 }
 END_TEST
 
+typedef struct slow_task {
+    atomic_int done;
+    fsdp2_event_t *e; /* waited for on a second stream from the host function */
+    fsdp2_stream_t *other;
+} slow_task_t;
+
+static fsdp2_status_t slow_run(void *arg)
+{
+    slow_task_t *t = arg;
+    sleep_ms(20);
+    if (t->other) /* an enqueue from a host function onto another blocking stream */
+        FSDP2_CHECK(fsdp2_stream_wait_event(t->other, t->e));
+    atomic_store(&t->done, 1);
+    return FSDP2_SUCCESS;
+}
+
+/* FSDP2_CPU_STREAM_BLOCKING=on: each task has run when its enqueue returns (as
+ * CUDA_LAUNCH_BLOCKING=1), cross-stream waits still work, and a task's failure is its
+ * enqueue's. Streams take the setting when they are made. */
+START_TEST(blocking_streams_run_each_task_before_its_enqueue_returns)
+{
+    setenv("FSDP2_CPU_STREAM_BLOCKING", "on", 1);
+    OK(fsdp2_env_reload());
+    fsdp2_stream_t *s, *t;
+    fsdp2_event_t *e;
+    OK(fsdp2_stream_create(cpu, "blocking", &s));
+    OK(fsdp2_stream_create(cpu, "blocking2", &t));
+    OK(fsdp2_event_create(cpu, &e));
+    unsetenv("FSDP2_CPU_STREAM_BLOCKING"); /* made streams keep it */
+    OK(fsdp2_env_reload());
+
+    slow_task_t task = {.done = 0};
+    OK(fsdp2_stream_launch_host(s, slow_run, &task));
+    ck_assert_int_eq(atomic_load(&task.done), 1);
+
+    float src[1000], dst[1000] = {0};
+    for (int i = 0; i < 1000; i++)
+        src[i] = (float)i * 0.5f;
+    OK(fsdp2_memcpy_async(dst, src, sizeof(src), s));
+    ck_assert_mem_eq(dst, src, sizeof(src));
+
+    OK(fsdp2_event_record(e, s));
+    slow_task_t waiter = {.done = 0, .e = e, .other = t};
+    OK(fsdp2_stream_launch_host(s, slow_run, &waiter));
+    ck_assert_int_eq(atomic_load(&waiter.done), 1);
+    OK(fsdp2_stream_wait_event(t, e));
+    OK(fsdp2_event_query(e));
+
+    ck_assert_int_eq(fsdp2_stream_launch_host(t, fail_run, NULL), FSDP2_ERR_PEER_FAILED);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank 3 went away"));
+    ck_assert_int_eq(fsdp2_stream_synchronize(t), FSDP2_ERR_PEER_FAILED); /* sticky */
+    OK(fsdp2_stream_synchronize(s));
+    OK(fsdp2_event_destroy(e));
+    OK(fsdp2_stream_destroy(t)); /* already reported */
+    OK(fsdp2_stream_destroy(s));
+
+    /* Without the setting a task runs after its enqueue returns. */
+    gate_t g;
+    gate_init(&g);
+    OK(fsdp2_stream_create(cpu, "async", &s));
+    OK(fsdp2_stream_launch_host(s, gate_wait, &g));
+    ck_assert_int_eq(fsdp2_stream_query(s), FSDP2_ERR_NOT_READY);
+    gate_open(&g);
+    OK(fsdp2_stream_destroy(s));
+}
+END_TEST
+
 static Suite *stream_suite(void)
 {
     Suite *s = suite_create("stream");
@@ -837,6 +904,7 @@ static Suite *stream_suite(void)
     tcase_add_test(tc, an_idle_worker_sleeps_until_the_next_task_wakes_it);
     tcase_add_loop_test(tc, a_task_whose_thread_exits_at_once_still_runs, 0, 2);
     tcase_add_test(tc, a_deferred_wake_up_still_runs_a_task_nobody_waits_for);
+    tcase_add_test(tc, blocking_streams_run_each_task_before_its_enqueue_returns);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A few training steps of the Fashion-MNIST example at ws = 1 and ws = 2 (FSDP), at
-# ws = 2 replicated (--no-shard), at ws = 4 with reshard_after_forward 2, as HSDP on two
+# ws = 2 replicated (--no-shard), at ws = 4 with reshard_after_forward 2, at ws = 4 with
+# blocking cpu streams (FSDP2_CPU_STREAM_BLOCKING=on), as HSDP on two
 # "nodes" of 2 ranks (two fsdp2run instances on loopback: a [2, 2] mesh), and stopped at
 # ws = 4 after one epoch with a checkpoint then resumed at ws = 2, must reach the same
 # losses: each step's global batch is the same 64 samples whatever the world size, and
@@ -23,6 +24,9 @@ common=(--model mlp --epochs 2 --limit 1280 --seed 3)
 # Mixed precision (bf16 compute, f32 reduction): close to f32, not equal.
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --param-dtype bf16 --json "$out/bf16.json" >/dev/null
 "$run" --nproc-per-node 4 "$prog" "${common[@]}" --reshard-after-forward 2 --json "$out/rs2.json" >/dev/null
+# Every side-stream task run before its enqueue returns (a debugging mode): same math.
+FSDP2_CPU_STREAM_BLOCKING=on "$run" --nproc-per-node 4 "$prog" "${common[@]}" \
+    --reshard-after-forward 0 --json "$out/blocking4.json" >/dev/null
 # HSDP: shard within each "node", replicate across the two.
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for node in 0 1; do
@@ -46,12 +50,12 @@ grep -h "HSDP \[2 replicas, 2 shards\]" "$out/hsdp0.log"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-runs = {name: json.load(open(f"{out}/{name}.json")) for name in ("ws1", "ws2", "ddp2", "rs2", "hsdp", "resumed")}
+runs = {name: json.load(open(f"{out}/{name}.json")) for name in ("ws1", "ws2", "ddp2", "rs2", "blocking4", "hsdp", "resumed")}
 bad = 0
 if len(runs["resumed"]["epochs"]) != 1 or runs["resumed"]["epochs"][0]["epoch"] != 2:
     print("FAIL: the resumed run should have trained epoch 2 only:", runs["resumed"]["epochs"])
     bad += 1
-for name in ("ws2", "ddp2", "rs2", "hsdp", "resumed"):
+for name in ("ws2", "ddp2", "rs2", "blocking4", "hsdp", "resumed"):
     by_epoch = {e["epoch"]: e for e in runs[name]["epochs"]}
     for a in runs["ws1"]["epochs"]:
         b = by_epoch.get(a["epoch"])
