@@ -206,13 +206,8 @@ static void *watchdog_main(void *arg)
             }
         }
         if (ng->count > 0 && !ng->comm_gone) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += NCCL_WATCH_MS * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            /* ng->wake counts the default clock */
+            struct timespec until = fsdp2_time_after(CLOCK_REALTIME, NCCL_WATCH_MS * 1000000LL);
             pthread_cond_timedwait(&ng->wake, &ng->lock, &until);
         }
     }
