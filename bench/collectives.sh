@@ -5,9 +5,10 @@
 #
 # Builds build/ (as ./scripts/demo does), installs Open MPI if missing (the peer only),
 # then for each rank count runs bench_collectives under fsdp2run and mpi_collectives
-# under mpirun with Open MPI's best configuration here: its UCX pml (Debian disables it
-# by default) and glibc malloc told not to give pages back between calls (without that
-# its large reduce-scatter is several times slower, which would flatter us). Prints
+# under mpirun with Open MPI's best configuration here (bench/mpi_flags.sh): its UCX pml
+# (Debian disables it by default) and glibc malloc told not to give pages back between
+# calls (without that its large reduce-scatter is several times slower, which would
+# flatter us). Prints
 # busbw side by side with the ratio ours / MPI and ours as a share of one thread's
 # memcpy rate (the limit), reduce-scatters from 64 MiB also as a share of what reading
 # their inputs allows (all ranks read at once, as bench_collectives measures), and
@@ -55,10 +56,9 @@ mpicc -O2 -o build/bench/mpi_collectives bench/mpi_collectives.c
 mpicc -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Ibuild/include -o build/bench/interleaved \
     bench/interleaved.c -Lbuild/lib -lfsdp2 -Wl,-rpath,"$PWD/build/lib"
 
-mpi_flags=(--allow-run-as-root --oversubscribe --bind-to none
-    --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any
-    -x MALLOC_MMAP_THRESHOLD_=2147483647 -x MALLOC_TRIM_THRESHOLD_=4294967295
-    -x MALLOC_TOP_PAD_=536870912)
+# shellcheck source=mpi_flags.sh
+source bench/mpi_flags.sh
+mpi_flags=("${mpi_base[@]}" "${mpi_pml_ucx[@]}")
 for rep in $(seq 1 "$repeat"); do
     for np in $np_list; do
         echo "== $np ranks, run $rep of $repeat: libfsdp2"

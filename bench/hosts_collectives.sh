@@ -22,6 +22,8 @@ source "$here/tests/hosts/hosts.sh"
 hosts_can || exit 1
 # shellcheck source=../scripts/deps.sh
 source "$here/scripts/deps.sh"
+# shellcheck source=mpi_flags.sh
+source "$here/bench/mpi_flags.sh"
 fsdp2_install_deps openmpi-bin libopenmpi-dev
 out=$(mktemp -d)
 chmod 755 "$out"
@@ -51,15 +53,14 @@ for rate in $rates; do
     for pml in ucx ob1; do
         echo "== link $rate: Open MPI, pml $pml"
         if [ "$pml" = ucx ]; then
-            transport=(--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any)
+            transport=("${mpi_pml_ucx[@]}")
         else
             transport=(--mca pml ob1 --mca btl tcp,vader,self)
         fi
-        hosts_run 0 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+        hosts_run 0 mpirun "${mpi_base[@]}" \
             --mca plm_rsh_agent "$here/tests/hosts/mpi_agent.sh" \
             --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 "${transport[@]}" \
-            -x MALLOC_MMAP_THRESHOLD_=2147483647 -x MALLOC_TRIM_THRESHOLD_=4294967295 \
-            -x MALLOC_TOP_PAD_=536870912 --host "$(hosts_addr 0):2,$(hosts_addr 1):2" -np 4 \
+            --host "$(hosts_addr 0):2,$(hosts_addr 1):2" -np 4 \
             "$out/mpi_collectives" --min 65536 --max "$max" --ops "$ops" \
             --json "$out/mpi_$pml.$rate.json"
     done
