@@ -618,3 +618,57 @@ fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *stor
     snprintf(verb, sizeof(verb), "reach '%s'", what);
     return fsdp2_group_wait_members(g, store, what, verb);
 }
+
+/* A failed member's outcome, kept under "<group>/<what>/failed" (the first failure). */
+typedef struct member_outcome {
+    int32_t status, rank;
+    char message[240];
+} member_outcome_t;
+
+/* A constant number of store requests per member, whatever the group's size: a failed
+ * member counts itself under "<what>/failures" and offers its outcome before it arrives;
+ * the others, once all have arrived, read the count and only then the outcome. */
+fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store, const char *what,
+                                         fsdp2_status_t mine)
+{
+    char key[FSDP2_GROUP_KEY_MAX], verb[FSDP2_GROUP_NAME_MAX + 32];
+    snprintf(key, sizeof(key), "%s/%s/failed", g->name, what);
+    if (mine != FSDP2_SUCCESS) {
+        member_outcome_t out;
+        memset(&out, 0, sizeof(out));
+        out.status = (int32_t)mine;
+        out.rank = g->rank;
+        snprintf(out.message, sizeof(out.message), "%s", fsdp2_last_error());
+        int swapped = 0;
+        char failures[FSDP2_GROUP_KEY_MAX];
+        snprintf(failures, sizeof(failures), "%s/%s/failures", g->name, what);
+        /* best effort: a store that fails here fails the peers' waits instead */
+        if (fsdp2_store_compare_set(store, key, "", 0, &out, sizeof(out), &swapped) ==
+                FSDP2_SUCCESS &&
+            fsdp2_store_add(store, failures, 1, NULL) == FSDP2_SUCCESS) {
+            fsdp2_group_member_key(g, what, g->rank, key);
+            fsdp2_store_set(store, key, "0", 1);
+        }
+        return fsdp2_error(mine, "%s", out.message);
+    }
+    fsdp2_group_member_key(g, what, g->rank, key);
+    FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
+    snprintf(verb, sizeof(verb), "reach '%s'", what);
+    FSDP2_CHECK(fsdp2_group_wait_members(g, store, what, verb));
+    int64_t failed = 0;
+    snprintf(key, sizeof(key), "%s/%s/failures", g->name, what);
+    FSDP2_CHECK(fsdp2_store_add(store, key, 0, &failed));
+    if (failed == 0)
+        return FSDP2_SUCCESS;
+    member_outcome_t peer;
+    size_t len = 0;
+    snprintf(key, sizeof(key), "%s/%s/failed", g->name, what);
+    FSDP2_CHECK(fsdp2_store_get(store, key, &peer, sizeof(peer), &len));
+    if (len != sizeof(peer))
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
+                           "libfsdp2 version?)", g->name, key, len, sizeof(peer));
+    peer.message[sizeof(peer.message) - 1] = '\0';
+    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d could not finish its part "
+                       "of the set-up (%s): %s", g->name, (int)peer.rank,
+                       fsdp2_status_name((fsdp2_status_t)peer.status), peer.message);
+}

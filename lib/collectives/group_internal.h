@@ -129,6 +129,14 @@ fsdp2_status_t fsdp2_group_wait_members(struct fsdp2_group *g, fsdp2_store_t *st
 fsdp2_status_t fsdp2_group_members_barrier(struct fsdp2_group *g, fsdp2_store_t *store,
                                            const char *what);
 
+/* Ends a set-up whose last steps are each member's own (no exchange after them): every
+ * member publishes `mine`, how its part went, and reads the others'. A member that failed
+ * returns its own error at once; the others fail with FSDP2_ERR_PEER_FAILED naming a
+ * failed member (the first to report) and its message, so that the group is made on
+ * every member or on none. */
+fsdp2_status_t fsdp2_group_members_agree(struct fsdp2_group *g, fsdp2_store_t *store,
+                                         const char *what, fsdp2_status_t mine);
+
 /* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
  * f32 (f64 for f64), then / post (post already includes the group size for AVG),
  * rounded once. dst may alias one of the sources. dtype f32, f64, bf16 or f16. */

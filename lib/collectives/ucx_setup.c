@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log_internal.h"
 
 #define UCX_ADDRESS_MAX 65536
@@ -46,9 +47,9 @@ static fsdp2_status_t alloc_scratch(ucx_group_t *ug)
 {
     fsdp2_group_t *g = ug->g;
     for (int i = 0; i < UCX_SCRATCH_SETS; i++) {
-        ug->sources[i] = calloc((size_t)g->size, sizeof(void *));
+        ug->sources[i] = fsdp2_calloc((size_t)g->size, sizeof(void *));
         if (ug->sources[i] && g->size > 1)
-            ug->scratch[i] = malloc((size_t)(g->size - 1) * ug->segment);
+            ug->scratch[i] = fsdp2_malloc((size_t)(g->size - 1) * ug->segment);
         if (!ug->sources[i] || (g->size > 1 && !ug->scratch[i]))
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': reduction scratch for "
                                "%d ranks (%zu bytes a set)", g->name, g->size,
@@ -352,6 +353,7 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     }
     g->backend = ug;
     status = connect_peers(ug, store);
+    int connected = status == FSDP2_SUCCESS;
     /* (connect_peers clears `local` for peers the user put on UCX failure handling) */
     for (int r = 0; r < g->size; r++)
         all_local &= r == g->rank || ug->peer_errors[r].local;
@@ -362,6 +364,10 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         status = alloc_scratch(ug);
     if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
         status = fsdp2_ucx_listen_aborts(ug);
+    /* The scratch and the abort listener are this member's own: made on every member or
+     * on none. */
+    if (connected && g->size > 1)
+        status = fsdp2_group_members_agree(g, store, "ucx/ready", status);
     if (status == FSDP2_SUCCESS && g->size > 1) {
         int remote = 0;
         for (int r = 0; r < g->size; r++)

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "../core/check_main.h"
+#include "core/env_internal.h"
+#include "core/fault.h"
 #include "ranks.h"
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
@@ -250,6 +252,77 @@ START_TEST(different_calls_under_one_sequence_number_fail_on_every_rank)
 }
 END_TEST
 
+/* A member that cannot finish its own part of a group's creation fails the creation on
+ * every member, which names it, instead of leaving its peers a group that fails at its
+ * first collective. Over UCX messages the last such part is the reduction scratch,
+ * the creation's last allocations (4 sets of an array and a buffer): rank 1 counts the
+ * allocation points of one creation, then fails the last one, and the one before it,
+ * in two more. A creation after them works. */
+static int body_creation_fails_on_one_member(rank_ctx_t *c)
+{
+    int fails = 0;
+    setenv("FSDP2_SHM", "off", 1); /* the path that takes scratch */
+    fails += OK(c, fsdp2_env_reload());
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 20000;
+    fsdp2_group_t *g = NULL;
+    if (c->rank == 1)
+        fsdp2_fault_arm(FAULT_NONE, 0); /* counting only */
+    fails += OK(c, fsdp2_group_create(c->store, "probe", c->rank, c->size, &go, &g));
+    uint64_t points = fsdp2_fault_count(FAULT_ALLOC);
+    fsdp2_fault_disarm();
+    fsdp2_group_destroy(g);
+    fails += RANK_CHECK(c, c->rank != 1 || points >= 8, "%llu allocation points",
+                        (unsigned long long)points);
+    for (int k = 0; k < 2 && fails == 0; k++) {
+        char name[32];
+        snprintf(name, sizeof(name), "short%d", k);
+        if (c->rank == 1)
+            fsdp2_fault_arm(FAULT_ALLOC, points - (uint64_t)k);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        g = NULL;
+        fsdp2_status_t st = fsdp2_group_create(c->store, name, c->rank, c->size, &go, &g);
+        double took = ranks_seconds_since(&t0);
+        fsdp2_fault_disarm();
+        const char *msg = fsdp2_last_error();
+        fails += RANK_CHECK(c, g == NULL, "%s: a group on a failed creation", name);
+        if (c->rank == 1)
+            fails += RANK_CHECK(c, st == FSDP2_ERR_OUT_OF_MEMORY && strstr(msg, "scratch"),
+                                "%s: %s: %s", name, fsdp2_status_name(st), msg);
+        else
+            fails += RANK_CHECK(c, st == FSDP2_ERR_PEER_FAILED && strstr(msg, "rank 1") &&
+                                       strstr(msg, "scratch") && strstr(msg, name),
+                                "%s: %s: %s", name, fsdp2_status_name(st), msg);
+        fails += RANK_CHECK(c, took < 10.0, "%s: failed after %.1f s (group timeout 20 s)", name,
+                            took);
+        if (g)
+            fsdp2_group_destroy(g);
+    }
+    float x[4] = {(float)c->rank, 1, 2, 3};
+    fails += OK(c, fsdp2_group_create(c->store, "after", c->rank, c->size, &go, &g));
+    if (fails == 0) {
+        fails += OK(c, fsdp2_all_reduce_async(g, x, 4, FSDP2_F32, NULL, c->stream));
+        fails += OK(c, fsdp2_stream_synchronize(c->stream));
+        float want = (float)(c->size * (c->size - 1) / 2);
+        fails += RANK_CHECK(c, x[0] == want && x[3] == 3.0f * (float)c->size, "sum %g %g", x[0],
+                            x[3]);
+        fsdp2_group_destroy(g);
+    }
+    return fails;
+}
+
+START_TEST(a_member_that_cannot_finish_creation_fails_it_on_every_member)
+{
+    for (int size = 2; size <= 3; size++) {
+        ranks_result_t res;
+        int failed = run_ranks(size, body_creation_fails_on_one_member, NULL, 0, 90, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "world size %d: statuses %d %d %d", size,
+                      res.status[0], res.status[1], res.status[2]);
+    }
+}
+END_TEST
+
 static Suite *failures_suite(void)
 {
     Suite *s = suite_create("collective failures");
@@ -260,6 +333,7 @@ static Suite *failures_suite(void)
     tcase_add_test(bad, abort_fails_every_rank_at_once_naming_the_aborting_rank);
     tcase_add_test(bad, an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging);
     tcase_add_loop_test(bad, different_calls_under_one_sequence_number_fail_on_every_rank, 0, 3);
+    tcase_add_test(bad, a_member_that_cannot_finish_creation_fails_it_on_every_member);
     suite_add_tcase(s, bad);
     return s;
 }
