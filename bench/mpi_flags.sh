@@ -1,5 +1,7 @@
-# Open MPI as the benchmarks' peer, in its best configuration on these machines; sourced
-# by bench/collectives.sh and bench/hosts_collectives.sh.
+# shellcheck shell=bash
+# Open MPI as the benchmarks' peer, in the fastest configuration we measured for it
+# (docs/performance-collectives.md); sourced by bench/collectives.sh and
+# bench/hosts_collectives.sh.
 # mpi_base: root allowed, more ranks than CPUs allowed and left unbound (a script that
 # binds does so itself), and glibc malloc told not to give pages back between calls
 # (without that Open MPI's large reduce-scatter is several times slower, which would

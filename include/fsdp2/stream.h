@@ -31,8 +31,10 @@
  * starts when the nap ends (FSDP2_CPU_STREAM_NAP_US, 1 ms). The calling thread itself is the
  * "current stream" (fsdp2_stream_current): work enqueued there runs at once, inline,
  * and waiting on an event there blocks the caller. With FSDP2_CPU_STREAM_BLOCKING=on
- * (a debugging aid, as CUDA_LAUNCH_BLOCKING=1) every enqueue on a cpu side stream returns
- * once its task has run, with the task's failure. On cuda they are CUDA streams (non
+ * (a debugging aid, as CUDA_LAUNCH_BLOCKING=1) an application thread's enqueue on a cpu
+ * side stream returns once its task has run, with that task's failure; an enqueue from a
+ * host function does not wait (its task may wait for the stream running the function).
+ * On cuda they are CUDA streams (non
  * blocking) and events (no timing), and the current stream is the legacy default one.
  *
  * A host function must not enqueue on, synchronize or destroy the stream it runs on

@@ -634,11 +634,13 @@ fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store,
     char key[FSDP2_GROUP_KEY_MAX], verb[FSDP2_GROUP_NAME_MAX + 32];
     snprintf(key, sizeof(key), "%s/%s/failed", g->name, what);
     if (mine != FSDP2_SUCCESS) {
+        char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
+        snprintf(own, sizeof(own), "%s", fsdp2_last_error());
         member_outcome_t out;
         memset(&out, 0, sizeof(out));
         out.status = (int32_t)mine;
         out.rank = g->rank;
-        snprintf(out.message, sizeof(out.message), "%s", fsdp2_last_error());
+        memcpy(out.message, own, strnlen(own, sizeof(out.message) - 1)); /* cut to fit */
         int swapped = 0;
         char failures[FSDP2_GROUP_KEY_MAX];
         snprintf(failures, sizeof(failures), "%s/%s/failures", g->name, what);
@@ -649,7 +651,7 @@ fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store,
             fsdp2_group_member_key(g, what, g->rank, key);
             fsdp2_store_set(store, key, "0", 1);
         }
-        return fsdp2_error(mine, "%s", out.message);
+        return fsdp2_error(mine, "%s", own);
     }
     fsdp2_group_member_key(g, what, g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
@@ -668,7 +670,11 @@ fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store,
         return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
                            "libfsdp2 version?)", g->name, key, len, sizeof(peer));
     peer.message[sizeof(peer.message) - 1] = '\0';
-    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d could not finish its part "
-                       "of the set-up (%s): %s", g->name, (int)peer.rank,
+    char others[48] = "";
+    if (failed > 1)
+        snprintf(others, sizeof(others), " (and %lld other member%s)", (long long)(failed - 1),
+                 failed > 2 ? "s" : "");
+    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d%s could not finish its part "
+                       "of the set-up (%s): %s", g->name, (int)peer.rank, others,
                        fsdp2_status_name((fsdp2_status_t)peer.status), peer.message);
 }

@@ -286,8 +286,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     }
     free(remote);
     FSDP2_CHECK(status);
-    FSDP2_CHECK(fsdp2_group_members_barrier(g, store, "ucx/connected"));
-    return wire_up(ug);
+    return fsdp2_group_members_barrier(g, store, "ucx/connected");
 }
 
 /* The shared-memory transport's liveness check: same-host peers by pid. */
@@ -353,7 +352,10 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     }
     g->backend = ug;
     status = connect_peers(ug, store);
+    /* Past the barrier every member reaches the agreement below, whatever fails next. */
     int connected = status == FSDP2_SUCCESS;
+    if (connected)
+        status = wire_up(ug);
     /* (connect_peers clears `local` for peers the user put on UCX failure handling) */
     for (int r = 0; r < g->size; r++)
         all_local &= r == g->rank || ug->peer_errors[r].local;
@@ -364,8 +366,8 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
         status = alloc_scratch(ug);
     if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
         status = fsdp2_ucx_listen_aborts(ug);
-    /* The scratch and the abort listener are this member's own: made on every member or
-     * on none. */
+    /* The connections' first messages, the shared-memory transport, the scratch and the
+     * abort listener: the group is made on every member or on none. */
     if (connected && g->size > 1)
         status = fsdp2_group_members_agree(g, store, "ucx/ready", status);
     if (status == FSDP2_SUCCESS && g->size > 1) {

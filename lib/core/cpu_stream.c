@@ -61,16 +61,21 @@ static fsdp2_status_t task_run(const cpu_task_t *t)
     return FSDP2_ERR_INTERNAL;
 }
 
-/* Caller holds s->lock. Keeps the first error and the running thread's message. */
-static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status)
+/* Caller holds s->lock. Keeps the first error and the last, each with the running
+ * thread's message and the failed task's position. */
+static void stream_note_error(cpu_stream_t *s, fsdp2_status_t status, uint64_t position)
 {
+    const char *message = fsdp2_last_error();
+    /* A host function that failed without setting a message is reported by name. */
+    snprintf(s->failed_message, sizeof(s->failed_message), "%s",
+             message[0] ? message : fsdp2_status_name(status));
+    s->failed_status = status;
+    s->failed_position = position;
     if (s->error != FSDP2_SUCCESS)
         return;
     s->error = status;
-    const char *message = fsdp2_last_error();
-    /* A host function that failed without setting a message is reported by name. */
-    snprintf(s->error_message, sizeof(s->error_message), "%s",
-             message[0] ? message : fsdp2_status_name(status));
+    s->error_position = position;
+    memcpy(s->error_message, s->failed_message, sizeof(s->error_message));
 }
 
 /* One runner at a time keeps the stream's order: `running` excludes the others. */
@@ -83,7 +88,7 @@ void fsdp2_cpu_run_head_locked(cpu_stream_t *s)
     fsdp2_status_t status = task_run(&task);
     pthread_mutex_lock(&s->lock);
     if (status != FSDP2_SUCCESS)
-        stream_note_error(s, status);
+        stream_note_error(s, status, s->completed + 1);
     s->head = (s->head + 1) % s->capacity;
     s->count--;
     s->completed++;
@@ -126,6 +131,24 @@ fsdp2_status_t fsdp2_cpu_check_not_own_worker(cpu_stream_t *s, const char *what)
     return FSDP2_SUCCESS;
 }
 
+/* The failure of the task at `position`, once it has run: the last failure recorded
+ * (a later failure on the stream, from another thread's task, can hide it). */
+static fsdp2_status_t task_failure(cpu_stream_t *s, uint64_t position)
+{
+    pthread_mutex_lock(&s->lock);
+    fsdp2_status_t status = s->failed_position == position ? s->failed_status : FSDP2_SUCCESS;
+    char message[sizeof(s->failed_message)];
+    if (status != FSDP2_SUCCESS) {
+        memcpy(message, s->failed_message, sizeof(message));
+        if (s->error_position == position)
+            s->error_reported = 1; /* returned here: destroy need not report it again */
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (status == FSDP2_SUCCESS)
+        return FSDP2_SUCCESS;
+    return fsdp2_error(status, "stream '%s': %s", s->name, message);
+}
+
 fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
 {
     fsdp2_cpu_flush_owed(s); /* the next stream call pays what this thread owes */
@@ -135,7 +158,7 @@ fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
         s->submitted++;
         s->completed++;
         if (status != FSDP2_SUCCESS) /* kept, as on a side stream */
-            stream_note_error(s, status);
+            stream_note_error(s, status, s->completed);
         pthread_mutex_unlock(&s->lock);
         return status;
     }
@@ -152,12 +175,13 @@ fsdp2_status_t fsdp2_cpu_stream_submit(cpu_stream_t *s, const cpu_task_t *t)
     if (!fsdp2_cpu_owe_wake(s))
         pthread_cond_signal(&s->not_empty); /* a sleeping worker wakes; no syscall otherwise */
     pthread_mutex_unlock(&s->lock);
-    if (!s->blocking)
-        return FSDP2_SUCCESS;
     /* FSDP2_CPU_STREAM_BLOCKING: the task has run (this thread runs it, as a waiter)
-     * before the enqueue returns, and its failure is the enqueue's. */
+     * before the enqueue returns, and its failure is the enqueue's. Not for an enqueue
+     * from a host function: its task may wait for the stream that runs the function. */
+    if (!s->blocking || fsdp2_cpu_tls_is_worker || fsdp2_cpu_tls_helping)
+        return FSDP2_SUCCESS;
     FSDP2_CHECK(fsdp2_cpu_wait_position(s, position, -1));
-    return fsdp2_cpu_stream_report(s, 1);
+    return task_failure(s, position);
 }
 
 static fsdp2_status_t stream_init(cpu_stream_t **out, const char *name, size_t capacity)

@@ -99,6 +99,11 @@ struct cpu_stream {
     fsdp2_status_t error; /* first failure of a host function */
     int error_reported;   /* synchronize or query returned it */
     char error_message[512];
+    uint64_t error_position; /* the task that failed first (its count of submitted tasks) */
+    /* The last task that failed, for a blocking enqueue to return its own failure. */
+    uint64_t failed_position;
+    fsdp2_status_t failed_status;
+    char failed_message[512];
     char name[32];
 };
 

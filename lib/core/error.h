@@ -4,6 +4,9 @@
 
 #include <fsdp2/status.h>
 
+/* The longest message a thread keeps, with its terminating NUL. */
+#define FSDP2_ERROR_MESSAGE_MAX 1024
+
 /* Records a detailed message for status on this thread and returns status, so that
  * `return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "n=%zu", n);` reads naturally. */
 fsdp2_status_t fsdp2_error(fsdp2_status_t status, const char *fmt, ...)

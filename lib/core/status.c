@@ -8,8 +8,6 @@
 #include "core/error.h"
 #include "core/log_internal.h"
 
-#define FSDP2_ERROR_MESSAGE_MAX 1024
-
 static _Thread_local char last_error[FSDP2_ERROR_MESSAGE_MAX];
 
 unsigned fsdp2_version(void)

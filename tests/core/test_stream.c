@@ -816,23 +816,39 @@ END_TEST
 
 typedef struct slow_task {
     atomic_int done;
-    fsdp2_event_t *e; /* waited for on a second stream from the host function */
-    fsdp2_stream_t *other;
 } slow_task_t;
 
 static fsdp2_status_t slow_run(void *arg)
 {
-    slow_task_t *t = arg;
     sleep_ms(20);
-    if (t->other) /* an enqueue from a host function onto another blocking stream */
-        FSDP2_CHECK(fsdp2_stream_wait_event(t->other, t->e));
-    atomic_store(&t->done, 1);
+    atomic_store(&((slow_task_t *)arg)->done, 1);
     return FSDP2_SUCCESS;
 }
 
-/* FSDP2_CPU_STREAM_BLOCKING=on: each task has run when its enqueue returns (as
- * CUDA_LAUNCH_BLOCKING=1), cross-stream waits still work, and a task's failure is its
- * enqueue's. Streams take the setting when they are made. */
+/* A host function on stream a that makes a blocking stream b wait for an event recorded
+ * on a after the function itself: b's task waits for a, which runs this function, so
+ * the enqueue from here must not wait for b. */
+typedef struct wait_behind_self {
+    fsdp2_stream_t *b;
+    fsdp2_event_t *e;
+    atomic_int recorded, returned;
+    fsdp2_status_t status;
+} wait_behind_self_t;
+
+static fsdp2_status_t wait_behind_self_run(void *arg)
+{
+    wait_behind_self_t *w = arg;
+    while (!atomic_load(&w->recorded))
+        sched_yield();
+    w->status = fsdp2_stream_wait_event(w->b, w->e);
+    atomic_store(&w->returned, 1);
+    return FSDP2_SUCCESS;
+}
+
+/* FSDP2_CPU_STREAM_BLOCKING=on: each task enqueued by an application thread has run when
+ * its enqueue returns (as CUDA_LAUNCH_BLOCKING=1) and the enqueue returns that task's
+ * failure, not an earlier one's; an enqueue from a host function does not wait. Streams
+ * take the setting when they are made. */
 START_TEST(blocking_streams_run_each_task_before_its_enqueue_returns)
 {
     setenv("FSDP2_CPU_STREAM_BLOCKING", "on", 1);
@@ -854,18 +870,33 @@ START_TEST(blocking_streams_run_each_task_before_its_enqueue_returns)
         src[i] = (float)i * 0.5f;
     OK(fsdp2_memcpy_async(dst, src, sizeof(src), s));
     ck_assert_mem_eq(dst, src, sizeof(src));
-
     OK(fsdp2_event_record(e, s));
-    slow_task_t waiter = {.done = 0, .e = e, .other = t};
-    OK(fsdp2_stream_launch_host(s, slow_run, &waiter));
-    ck_assert_int_eq(atomic_load(&waiter.done), 1);
     OK(fsdp2_stream_wait_event(t, e));
-    OK(fsdp2_event_query(e));
 
+    /* A failure is its own enqueue's; later work on the stream still succeeds, and the
+     * stream keeps the first failure for synchronize. */
     ck_assert_int_eq(fsdp2_stream_launch_host(t, fail_run, NULL), FSDP2_ERR_PEER_FAILED);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "rank 3 went away"));
+    slow_task_t after = {.done = 0};
+    OK(fsdp2_stream_launch_host(t, slow_run, &after));
+    ck_assert_int_eq(atomic_load(&after.done), 1);
+    OK(fsdp2_stream_wait_event(t, e));
     ck_assert_int_eq(fsdp2_stream_synchronize(t), FSDP2_ERR_PEER_FAILED); /* sticky */
     OK(fsdp2_stream_synchronize(s));
+
+    /* From a host function on a stream without the setting (run by its worker: nobody
+     * waits for it), an enqueue on t waiting for work behind the function returns. */
+    fsdp2_stream_t *a;
+    OK(fsdp2_stream_create(cpu, "async", &a));
+    wait_behind_self_t w = {.b = t, .e = e, .recorded = 0, .returned = 0};
+    OK(fsdp2_stream_launch_host(a, wait_behind_self_run, &w));
+    OK(fsdp2_event_record(e, a)); /* after the function */
+    atomic_store(&w.recorded, 1);
+    while (!atomic_load(&w.returned))
+        sched_yield();
+    ck_assert_int_eq(w.status, FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_stream_synchronize(t), FSDP2_ERR_PEER_FAILED); /* still sticky */
+    OK(fsdp2_event_query(e));
     OK(fsdp2_event_destroy(e));
     OK(fsdp2_stream_destroy(t)); /* already reported */
     OK(fsdp2_stream_destroy(s));
@@ -873,11 +904,10 @@ START_TEST(blocking_streams_run_each_task_before_its_enqueue_returns)
     /* Without the setting a task runs after its enqueue returns. */
     gate_t g;
     gate_init(&g);
-    OK(fsdp2_stream_create(cpu, "async", &s));
-    OK(fsdp2_stream_launch_host(s, gate_wait, &g));
-    ck_assert_int_eq(fsdp2_stream_query(s), FSDP2_ERR_NOT_READY);
+    OK(fsdp2_stream_launch_host(a, gate_wait, &g));
+    ck_assert_int_eq(fsdp2_stream_query(a), FSDP2_ERR_NOT_READY);
     gate_open(&g);
-    OK(fsdp2_stream_destroy(s));
+    OK(fsdp2_stream_destroy(a));
 }
 END_TEST
 

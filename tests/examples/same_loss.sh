@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A few training steps of the Fashion-MNIST example at ws = 1 and ws = 2 (FSDP), at
 # ws = 2 replicated (--no-shard), at ws = 4 with reshard_after_forward 2, at ws = 4 with
-# blocking cpu streams (FSDP2_CPU_STREAM_BLOCKING=on), as HSDP on two
-# "nodes" of 2 ranks (two fsdp2run instances on loopback: a [2, 2] mesh), and stopped at
-# ws = 4 after one epoch with a checkpoint then resumed at ws = 2, must reach the same
-# losses: each step's global batch is the same 64 samples whatever the world size, and
-# the gradients are averaged.
+# blocking cpu streams (FSDP2_CPU_STREAM_BLOCKING=on) and reshard_after_forward false,
+# as HSDP on two "nodes" of 2 ranks (two fsdp2run instances on loopback: a [2, 2] mesh),
+# and stopped at ws = 4 after one epoch with a checkpoint then resumed at ws = 2, must
+# reach the same losses: each step's global batch is the same 64 samples whatever the
+# world size, and the gradients are averaged.
 #   same_loss.sh FSDP2RUN FASHION_MNIST
 set -euo pipefail
 run=$1
@@ -24,7 +24,8 @@ common=(--model mlp --epochs 2 --limit 1280 --seed 3)
 # Mixed precision (bf16 compute, f32 reduction): close to f32, not equal.
 "$run" --nproc-per-node 2 "$prog" "${common[@]}" --param-dtype bf16 --json "$out/bf16.json" >/dev/null
 "$run" --nproc-per-node 4 "$prog" "${common[@]}" --reshard-after-forward 2 --json "$out/rs2.json" >/dev/null
-# Every side-stream task run before its enqueue returns (a debugging mode): same math.
+# Every side-stream task run before its enqueue returns (a debugging mode): same math;
+# parameters kept unsharded from forward to backward (the other runs reshard them).
 FSDP2_CPU_STREAM_BLOCKING=on "$run" --nproc-per-node 4 "$prog" "${common[@]}" \
     --reshard-after-forward 0 --json "$out/blocking4.json" >/dev/null
 # HSDP: shard within each "node", replicate across the two.
