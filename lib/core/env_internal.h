@@ -33,8 +33,8 @@
        "with deferred wake-ups, how long a cpu stream worker naps at a time: the latest a " \
        "task whose thread makes no further stream call starts")                            \
     XX(CPU_STREAM_BLOCKING, "FSDP2_CPU_STREAM_BLOCKING", ENUM, "off", "off|on",               \
-       "on: every task put on a cpu side stream has run when its enqueue returns, as with "  \
-       "CUDA_LAUNCH_BLOCKING=1 (work runs in program order, nothing beside it)")           \
+       "on: a task an application thread puts on a cpu side stream has run when its "      \
+       "enqueue returns, which returns its failure, as with CUDA_LAUNCH_BLOCKING=1")        \
     XX(UCX_ERROR_MODE, "FSDP2_UCX_ERROR_MODE", ENUM, "auto", "auto|peer|none",              \
        "UCX peer-failure handling: auto = none within a host (shared memory; liveness "     \
        "by pid), peer across hosts (UCX reports failures; forces TCP/RDMA)")                \
