@@ -631,8 +631,9 @@ typedef struct member_outcome {
 fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store, const char *what,
                                          fsdp2_status_t mine)
 {
-    char key[FSDP2_GROUP_KEY_MAX], verb[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(key, sizeof(key), "%s/%s/failed", g->name, what);
+    char failed_key[FSDP2_GROUP_KEY_MAX], count_key[FSDP2_GROUP_KEY_MAX];
+    snprintf(failed_key, sizeof(failed_key), "%s/%s/failed", g->name, what);
+    snprintf(count_key, sizeof(count_key), "%s/%s/failures", g->name, what);
     if (mine != FSDP2_SUCCESS) {
         char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
         snprintf(own, sizeof(own), "%s", fsdp2_last_error());
@@ -642,33 +643,26 @@ fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store,
         out.rank = g->rank;
         memcpy(out.message, own, strnlen(own, sizeof(out.message) - 1)); /* cut to fit */
         int swapped = 0;
-        char failures[FSDP2_GROUP_KEY_MAX];
-        snprintf(failures, sizeof(failures), "%s/%s/failures", g->name, what);
+        char key[FSDP2_GROUP_KEY_MAX];
+        fsdp2_group_member_key(g, what, g->rank, key);
         /* best effort: a store that fails here fails the peers' waits instead */
-        if (fsdp2_store_compare_set(store, key, "", 0, &out, sizeof(out), &swapped) ==
+        if (fsdp2_store_compare_set(store, failed_key, "", 0, &out, sizeof(out), &swapped) ==
                 FSDP2_SUCCESS &&
-            fsdp2_store_add(store, failures, 1, NULL) == FSDP2_SUCCESS) {
-            fsdp2_group_member_key(g, what, g->rank, key);
-            fsdp2_store_set(store, key, "0", 1);
-        }
+            fsdp2_store_add(store, count_key, 1, NULL) == FSDP2_SUCCESS)
+            fsdp2_store_set(store, key, "1", 1); /* arrived, without waiting for the rest */
         return fsdp2_error(mine, "%s", own);
     }
-    fsdp2_group_member_key(g, what, g->rank, key);
-    FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
-    snprintf(verb, sizeof(verb), "reach '%s'", what);
-    FSDP2_CHECK(fsdp2_group_wait_members(g, store, what, verb));
+    FSDP2_CHECK(fsdp2_group_members_barrier(g, store, what));
     int64_t failed = 0;
-    snprintf(key, sizeof(key), "%s/%s/failures", g->name, what);
-    FSDP2_CHECK(fsdp2_store_add(store, key, 0, &failed));
+    FSDP2_CHECK(fsdp2_store_add(store, count_key, 0, &failed));
     if (failed == 0)
         return FSDP2_SUCCESS;
     member_outcome_t peer;
     size_t len = 0;
-    snprintf(key, sizeof(key), "%s/%s/failed", g->name, what);
-    FSDP2_CHECK(fsdp2_store_get(store, key, &peer, sizeof(peer), &len));
+    FSDP2_CHECK(fsdp2_store_get(store, failed_key, &peer, sizeof(peer), &len));
     if (len != sizeof(peer))
         return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
-                           "libfsdp2 version?)", g->name, key, len, sizeof(peer));
+                           "libfsdp2 version?)", g->name, failed_key, len, sizeof(peer));
     peer.message[sizeof(peer.message) - 1] = '\0';
     char others[48] = "";
     if (failed > 1)
