@@ -10,8 +10,8 @@
 
 namespace {
 
-constexpr unsigned kThreads = 256;
-constexpr size_t kMaxBlocks = 8192;
+constexpr unsigned kOptimThreads = 256;
+constexpr size_t kOptimMaxBlocks = 8192;
 
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
@@ -133,18 +133,18 @@ cudaError_t launch(const optim_coeffs_t *c, const optim_shard_t *shards,
                    const fsdp2_cuda_optim_chunk_t *chunks, size_t nchunks, cudaStream_t stream)
 {
     coeffs_t<T> k = coeffs_of<T>(c);
-    unsigned grid = (unsigned)(nchunks < kMaxBlocks ? nchunks : kMaxBlocks);
+    unsigned grid = (unsigned)(nchunks < kOptimMaxBlocks ? nchunks : kOptimMaxBlocks);
     switch (c->kind) {
     case FSDP2_OPTIMIZER_SGD:
-        update_kernel<T, FSDP2_OPTIMIZER_SGD><<<grid, kThreads, 0, stream>>>(k, shards, chunks,
+        update_kernel<T, FSDP2_OPTIMIZER_SGD><<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks,
                                                                             nchunks);
         break;
     case FSDP2_OPTIMIZER_ADAMW:
-        update_kernel<T, FSDP2_OPTIMIZER_ADAMW><<<grid, kThreads, 0, stream>>>(k, shards, chunks,
+        update_kernel<T, FSDP2_OPTIMIZER_ADAMW><<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks,
                                                                               nchunks);
         break;
     case FSDP2_OPTIMIZER_ADADELTA:
-        update_kernel<T, FSDP2_OPTIMIZER_ADADELTA><<<grid, kThreads, 0, stream>>>(k, shards,
+        update_kernel<T, FSDP2_OPTIMIZER_ADADELTA><<<grid, kOptimThreads, 0, stream>>>(k, shards,
                                                                                  chunks, nchunks);
         break;
     default:
