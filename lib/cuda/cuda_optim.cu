@@ -136,16 +136,16 @@ cudaError_t launch(const optim_coeffs_t *c, const optim_shard_t *shards,
     unsigned grid = (unsigned)(nchunks < kOptimMaxBlocks ? nchunks : kOptimMaxBlocks);
     switch (c->kind) {
     case FSDP2_OPTIMIZER_SGD:
-        update_kernel<T, FSDP2_OPTIMIZER_SGD><<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks,
-                                                                            nchunks);
+        update_kernel<T, FSDP2_OPTIMIZER_SGD>
+            <<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks, nchunks);
         break;
     case FSDP2_OPTIMIZER_ADAMW:
-        update_kernel<T, FSDP2_OPTIMIZER_ADAMW><<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks,
-                                                                              nchunks);
+        update_kernel<T, FSDP2_OPTIMIZER_ADAMW>
+            <<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks, nchunks);
         break;
     case FSDP2_OPTIMIZER_ADADELTA:
-        update_kernel<T, FSDP2_OPTIMIZER_ADADELTA><<<grid, kOptimThreads, 0, stream>>>(k, shards,
-                                                                                 chunks, nchunks);
+        update_kernel<T, FSDP2_OPTIMIZER_ADADELTA>
+            <<<grid, kOptimThreads, 0, stream>>>(k, shards, chunks, nchunks);
         break;
     default:
         return cudaErrorInvalidValue;
