@@ -1,7 +1,7 @@
 /* The strided chunk copy with cast of the cuda device backend, for every pair of the 7
  * dtypes (cuda_kernels.h; how the kernels are built: cuda_kernels.cu; which pairs have
- * vector kernels: cuda_pack.cuh). A file of its own so that it compiles beside the
- * others. */
+ * vector kernels: cuda_pack.cuh). The module's .cu files compile as one translation
+ * unit (lib/meson.build), so their anonymous namespaces share one scope. */
 #include "cuda/cuda_kernels.h"
 
 #include <climits>

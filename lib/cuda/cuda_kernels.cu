@@ -1,7 +1,7 @@
 /* The CUDA kernels of the cuda device backend: fill, accumulate for every pair of the 7
  * dtypes (kernels of their own for the floating pairs: cuda_pack.cuh), the reductions'
  * divide, and clipping's norm and scale (the strided chunk copy with cast is in
- * cuda_chunk_copy.cu, compiled beside this file).
+ * cuda_chunk_copy.cu, compiled in one unit with this file).
  *
  * Every kernel is a grid-stride loop whose body is one function of cuda_convert.h,
  * instantiated for a compile-time pair of dtypes so that its dtype switches fold away;

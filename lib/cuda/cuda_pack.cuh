@@ -1,6 +1,6 @@
 /* What the CUDA kernel files share: launch shapes, the packs of the vector paths and
  * their alignment (see cuda_kernels.cu). Included by .cu files only; everything is in an
- * anonymous namespace, one copy per file. */
+ * anonymous namespace, once per translation unit. */
 #ifndef FSDP2_CUDA_PACK_CUH
 #define FSDP2_CUDA_PACK_CUH
 
