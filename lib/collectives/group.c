@@ -204,26 +204,12 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     };
     if (options)
         FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, earlier, 1));
+    FSDP2_ARG_CHECK(opts.backend == FSDP2_BACKEND_UCX || opts.backend == FSDP2_BACKEND_NCCL,
+                    "group '%s': backend %d is not ucx or nccl", name, (int)opts.backend);
     FSDP2_CHECK(fsdp2_env_init());
-    const fsdp2_group_ops_t *ops = NULL;
-    if (opts.backend == FSDP2_BACKEND_UCX) {
-#ifdef FSDP2_HAVE_UCX
-        ops = &fsdp2_ucx_group_ops;
-#else
-        return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
-                           "group '%s': libfsdp2 was built without UCX (libucx-dev)", name);
-#endif
-    } else if (opts.backend == FSDP2_BACKEND_NCCL) {
-        if (nccl_ops(&ops) != FSDP2_SUCCESS)
-            return fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "group '%s': the nccl backend: %s", name,
-                               fsdp2_last_error());
-    } else
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': backend %d is not ucx or nccl",
-                           name, (int)opts.backend);
     fsdp2_group_t *g = calloc(1, sizeof(*g));
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", name);
-    g->ops = ops;
     snprintf(g->name, sizeof(g->name), "%s", name);
     g->rank = rank;
     g->size = size;
@@ -233,8 +219,25 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     atomic_init(&g->aborted, 0);
     atomic_init(&g->error, FSDP2_SUCCESS);
     pthread_mutex_init(&g->error_lock, NULL);
-    fsdp2_status_t status = ops->create(g, store);
+    fsdp2_status_t status = FSDP2_SUCCESS;
+    const fsdp2_group_ops_t *ops = NULL;
+    if (opts.backend == FSDP2_BACKEND_UCX) { /* a member without UCX or the module tells */
+#ifdef FSDP2_HAVE_UCX
+        ops = &fsdp2_ucx_group_ops;
+#else
+        status = fsdp2_error(FSDP2_ERR_NOT_AVAILABLE,
+                             "group '%s': libfsdp2 was built without UCX (libucx-dev)", name);
+#endif
+    } else if (nccl_ops(&ops) != FSDP2_SUCCESS) {
+        status = fsdp2_error(FSDP2_ERR_NOT_AVAILABLE, "group '%s': the nccl backend: %s", name,
+                             fsdp2_last_error());
+    }
+    g->ops = ops;
+    if (status == FSDP2_SUCCESS)
+        status = ops->create(g, store);
     if (status != FSDP2_SUCCESS) {
+        /* (the backend told the others already if its failure came after the members met) */
+        status = fsdp2_group_setup_failed(g, store, status);
         pthread_mutex_destroy(&g->error_lock);
         free(g);
         return status;
@@ -559,8 +562,8 @@ static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char
                                   const char ***list)
 {
     size_t key_len = FSDP2_GROUP_KEY_MAX;
-    *block = malloc((size_t)g->size * key_len);
-    *list = malloc((size_t)g->size * sizeof(**list));
+    *block = fsdp2_malloc((size_t)g->size * key_len);
+    *list = fsdp2_malloc((size_t)g->size * sizeof(**list));
     if (!*block || !*list) {
         free(*block);
         free((void *)*list);
@@ -576,99 +579,140 @@ static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char
     return FSDP2_SUCCESS;
 }
 
+/* A failed member's report, kept under "<group>/setup/failed" (the first to fail). */
+typedef struct setup_outcome {
+    int32_t status, rank;
+    char message[240];
+} setup_outcome_t;
+
+static void setup_failed_key(const fsdp2_group_t *g, char *key)
+{
+    snprintf(key, FSDP2_GROUP_KEY_MAX, "%s/setup/failed", g->name);
+}
+
+/* The error of a member whose set-up ended because of another's report, read from
+ * `key` into *peer (len bytes); `mine`, if any, is how this member's own step failed. */
+static fsdp2_status_t peer_setup_error(fsdp2_group_t *g, const char *key, setup_outcome_t *peer,
+                                       size_t len, const char *mine)
+{
+    g->setup_failed = 1; /* this member's failure is that one's */
+    if (len != sizeof(*peer))
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
+                           "libfsdp2 version?)", g->name, key, len, sizeof(*peer));
+    peer->message[sizeof(peer->message) - 1] = '\0';
+    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d could not do its part of the "
+                       "set-up (%s): %s%s%s", g->name, (int)peer->rank,
+                       fsdp2_status_name((fsdp2_status_t)peer->status), peer->message,
+                       mine ? "; then on this member: " : "", mine ? mine : "");
+}
+
+fsdp2_status_t fsdp2_group_setup_failed(fsdp2_group_t *g, fsdp2_store_t *store,
+                                        fsdp2_status_t status)
+{
+    if (g->setup_failed || g->size == 1)
+        return status;
+    g->setup_failed = 1;
+    char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
+    snprintf(own, sizeof(own), "%s", fsdp2_last_error());
+    setup_outcome_t out;
+    memset(&out, 0, sizeof(out));
+    out.status = (int32_t)status;
+    out.rank = g->rank;
+    memcpy(out.message, own, strnlen(own, sizeof(out.message) - 1)); /* cut to fit */
+    char key[FSDP2_GROUP_KEY_MAX];
+    setup_failed_key(g, key);
+    int swapped = 0;
+    if (fsdp2_store_compare_set(store, key, "", 0, &out, sizeof(out), &swapped) != FSDP2_SUCCESS) {
+        FSDP2_LOG(WARN, COLL, "group '%s': could not tell the other members of this failure "
+                  "(they wait for their timeout): %s", g->name, fsdp2_last_error());
+    } else if (!swapped) { /* another member failed first: most likely the cause */
+        setup_outcome_t peer;
+        size_t len = 0;
+        if (fsdp2_store_get(store, key, &peer, sizeof(peer), &len) == FSDP2_SUCCESS)
+            return peer_setup_error(g, key, &peer, len, own);
+    }
+    return fsdp2_error(status, "%s", own);
+}
+
+/* Waits for keys[0..n) unless a member reports its failure first: then
+ * FSDP2_ERR_PEER_FAILED, naming it. A timeout keeps the store's message. */
+static fsdp2_status_t setup_wait(fsdp2_group_t *g, fsdp2_store_t *store,
+                                 const char *const *keys, size_t n)
+{
+    char failed[FSDP2_GROUP_KEY_MAX];
+    setup_failed_key(g, failed);
+    setup_outcome_t peer;
+    size_t len = 0;
+    fsdp2_status_t status = fsdp2_store_wait_unless(store, keys, n, failed, g->timeout_ms, &peer,
+                                                    sizeof(peer), &len);
+    if (status != FSDP2_ERR_ABORTED)
+        return status;
+    return peer_setup_error(g, failed, &peer, len, NULL);
+}
+
+fsdp2_status_t fsdp2_group_wait_keys(fsdp2_group_t *g, fsdp2_store_t *store,
+                                     const char *const *keys, size_t n, const char *verb)
+{
+    fsdp2_status_t status = setup_wait(g, store, keys, n);
+    if (status == FSDP2_ERR_TIMEOUT) {
+        char waited[512];
+        snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
+        status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
+    }
+    return status;
+}
+
+/* Waits for keys[r], member r's key for `what`, naming the members missing at a
+ * timeout. */
+static fsdp2_status_t wait_member_keys(fsdp2_group_t *g, fsdp2_store_t *store,
+                                       const char *const *keys, const char *verb)
+{
+    fsdp2_status_t status = setup_wait(g, store, keys, (size_t)g->size);
+    if (status != FSDP2_ERR_TIMEOUT)
+        return status;
+    char waited[512];
+    snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
+    char list[256];
+    int count = 0;
+    uint8_t *missing = malloc((size_t)g->size);
+    if (missing && fsdp2_store_missing(store, keys, (size_t)g->size, missing) == FSDP2_SUCCESS)
+        count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
+    free(missing);
+    if (count == 0) /* unknown, or all arrived just after the deadline */
+        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
+    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s within "
+                       "%.1f s (the group's timeout: options, or FSDP2_TIMEOUT)", g->name,
+                       g->size, count == 1 ? "" : "s", list, verb, (double)g->timeout_ms / 1e3);
+}
+
 fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, const char *key,
                                         const char *verb)
 {
     char *block;
     const char **keys;
     FSDP2_CHECK(member_keys(g, key, &block, &keys));
-    fsdp2_status_t status = fsdp2_store_wait_for(store, keys, (size_t)g->size, g->timeout_ms);
-    uint8_t *missing = NULL;
-    if (status == FSDP2_ERR_TIMEOUT) {
-        char waited[512];
-        snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
-        char list[256];
-        int count = 0;
-        missing = malloc((size_t)g->size);
-        if (missing &&
-            fsdp2_store_missing(store, keys, (size_t)g->size, missing) == FSDP2_SUCCESS)
-            count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
-        if (count == 0) /* unknown, or all arrived just after the deadline */
-            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
-        else
-            status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s "
-                                 "within %.1f s (the group's timeout: options, or FSDP2_TIMEOUT)",
-                                 g->name, g->size, count == 1 ? "" : "s", list, verb,
-                                 (double)g->timeout_ms / 1e3);
-    }
-    free(missing);
+    fsdp2_status_t status = wait_member_keys(g, store, keys, verb);
     free(block);
     free((void *)keys);
     return status;
 }
 
 /* Each member sets its key, then waits for all of the group's keys (the store's own
- * barrier spans its whole world, and a mesh dim's group is a subset). */
+ * barrier spans its whole world, and a mesh dim's group is a subset). Setting the key is
+ * a member's last step that can fail on its own: once all have set theirs, the others
+ * go on to steps that do not watch the store. */
 fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
                                            const char *what)
 {
-    char key[FSDP2_GROUP_KEY_MAX], verb[FSDP2_GROUP_NAME_MAX + 32];
-    fsdp2_group_member_key(g, what, g->rank, key);
-    FSDP2_CHECK(fsdp2_store_set(store, key, "1", 1));
+    char *block;
+    const char **keys;
+    FSDP2_CHECK(member_keys(g, what, &block, &keys));
+    char verb[FSDP2_GROUP_NAME_MAX + 32];
     snprintf(verb, sizeof(verb), "reach '%s'", what);
-    return fsdp2_group_wait_members(g, store, what, verb);
-}
-
-/* A failed member's outcome, kept under "<group>/<what>/failed" (the first failure). */
-typedef struct member_outcome {
-    int32_t status, rank;
-    char message[240];
-} member_outcome_t;
-
-/* A constant number of store requests per member, whatever the group's size: a failed
- * member counts itself under "<what>/failures" and offers its outcome before it arrives;
- * the others, once all have arrived, read the count and only then the outcome. */
-fsdp2_status_t fsdp2_group_members_agree(fsdp2_group_t *g, fsdp2_store_t *store, const char *what,
-                                         fsdp2_status_t mine)
-{
-    char failed_key[FSDP2_GROUP_KEY_MAX], count_key[FSDP2_GROUP_KEY_MAX];
-    snprintf(failed_key, sizeof(failed_key), "%s/%s/failed", g->name, what);
-    snprintf(count_key, sizeof(count_key), "%s/%s/failures", g->name, what);
-    if (mine != FSDP2_SUCCESS) {
-        char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
-        snprintf(own, sizeof(own), "%s", fsdp2_last_error());
-        member_outcome_t out;
-        memset(&out, 0, sizeof(out));
-        out.status = (int32_t)mine;
-        out.rank = g->rank;
-        memcpy(out.message, own, strnlen(own, sizeof(out.message) - 1)); /* cut to fit */
-        int swapped = 0;
-        char key[FSDP2_GROUP_KEY_MAX];
-        fsdp2_group_member_key(g, what, g->rank, key);
-        /* best effort: a store that fails here fails the peers' waits instead */
-        if (fsdp2_store_compare_set(store, failed_key, "", 0, &out, sizeof(out), &swapped) ==
-                FSDP2_SUCCESS &&
-            fsdp2_store_add(store, count_key, 1, NULL) == FSDP2_SUCCESS)
-            fsdp2_store_set(store, key, "1", 1); /* arrived, without waiting for the rest */
-        return fsdp2_error(mine, "%s", own);
-    }
-    FSDP2_CHECK(fsdp2_group_members_barrier(g, store, what));
-    int64_t failed = 0;
-    FSDP2_CHECK(fsdp2_store_add(store, count_key, 0, &failed));
-    if (failed == 0)
-        return FSDP2_SUCCESS;
-    member_outcome_t peer;
-    size_t len = 0;
-    FSDP2_CHECK(fsdp2_store_get(store, failed_key, &peer, sizeof(peer), &len));
-    if (len != sizeof(peer))
-        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
-                           "libfsdp2 version?)", g->name, failed_key, len, sizeof(peer));
-    peer.message[sizeof(peer.message) - 1] = '\0';
-    char others[48] = "";
-    if (failed > 1)
-        snprintf(others, sizeof(others), " (and %lld other member%s)", (long long)(failed - 1),
-                 failed > 2 ? "s" : "");
-    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d%s could not finish its part "
-                       "of the set-up (%s): %s", g->name, (int)peer.rank, others,
-                       fsdp2_status_name((fsdp2_status_t)peer.status), peer.message);
+    fsdp2_status_t status = fsdp2_store_set(store, keys[g->rank], "1", 1);
+    if (status == FSDP2_SUCCESS)
+        status = wait_member_keys(g, store, keys, verb);
+    free(block);
+    free((void *)keys);
+    return status;
 }

@@ -86,6 +86,7 @@ struct fsdp2_group {
     atomic_int error; /* sticky fsdp2_status_t, first failure wins */
     pthread_mutex_t error_lock;
     char error_message[640];
+    int setup_failed; /* set-up: the members know (told by this one, or by another) */
     void *backend;
 };
 
@@ -120,22 +121,29 @@ void fsdp2_group_member_key(const struct fsdp2_group *g, const char *what, int r
 
 /* Waits until every member r has set its key for `key` (fsdp2_group_member_key), for
  * the group's timeout; a timeout names the members that have not: "members 2,3 did
- * not <verb> within 300.0 s". */
+ * not <verb> within 300.0 s". Every wait of a set-up ends at once when a member's part
+ * of it failed (fsdp2_group_setup_failed): FSDP2_ERR_PEER_FAILED, naming that member
+ * and its reason. */
 fsdp2_status_t fsdp2_group_wait_members(struct fsdp2_group *g, fsdp2_store_t *store,
                                         const char *key, const char *verb);
+
+/* fsdp2_group_wait_members for keys[0..n) (n >= 1) that need not be one per member. */
+fsdp2_status_t fsdp2_group_wait_keys(struct fsdp2_group *g, fsdp2_store_t *store,
+                                     const char *const *keys, size_t n, const char *verb);
+
+/* Tells the other members that this member's part of the set-up failed with status and
+ * this thread's last error: their set-up waits end at once. Returns the error to give:
+ * status with that message, or FSDP2_ERR_PEER_FAILED naming a member that reported its
+ * failure first (most likely the cause: a peer that left makes the next step fail here
+ * too). Once per group, and not at all for a failure that another's report caused. Best
+ * effort: a store that fails here leaves the others to their timeout. */
+fsdp2_status_t fsdp2_group_setup_failed(struct fsdp2_group *g, fsdp2_store_t *store,
+                                        fsdp2_status_t status);
 
 /* A barrier over the group's members only, through the store (set-up time). `what`
  * names it within the group's keys. */
 fsdp2_status_t fsdp2_group_members_barrier(struct fsdp2_group *g, fsdp2_store_t *store,
                                            const char *what);
-
-/* Ends a set-up whose last steps are each member's own (no exchange after them): every
- * member publishes `mine`, how its part went, and reads the others'. A member that failed
- * returns its own error at once; the others fail with FSDP2_ERR_PEER_FAILED naming a
- * failed member (the first to report) and its message, so that the group is made on
- * every member or on none. */
-fsdp2_status_t fsdp2_group_members_agree(struct fsdp2_group *g, fsdp2_store_t *store,
-                                         const char *what, fsdp2_status_t mine);
 
 /* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
  * f32 (f64 for f64), then / post (post already includes the group size for AVG),

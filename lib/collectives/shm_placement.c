@@ -14,6 +14,7 @@
 #include "collectives/group_internal.h"
 #include "collectives/shm_internal.h"
 #include "core/env_internal.h"
+#include "core/fault.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -153,8 +154,8 @@ static int parse_member(const char *text, unsigned long long v[MEMBER_SIZES], cp
 fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store,
                                           const shm_params_t *params, shm_placement_t *out)
 {
-    cpu_set_t *sets = calloc((size_t)g->size, sizeof(*sets));
-    char *text = malloc(SHM_MEMBER_TEXT_MAX);
+    cpu_set_t *sets = fsdp2_calloc((size_t)g->size, sizeof(*sets));
+    char *text = fsdp2_malloc(SHM_MEMBER_TEXT_MAX);
     if (!sets || !text) {
         free(sets);
         free(text);

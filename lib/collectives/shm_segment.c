@@ -15,6 +15,7 @@
 #include "collectives/shm_internal.h"
 #include "core/clock.h"
 #include "core/env_internal.h"
+#include "core/fault.h"
 #include "core/cpu_wait.h"
 #include "core/error.h"
 #include "core/log_internal.h"
@@ -71,6 +72,8 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
         }
     } else {
         size_t len = 0;
+        const char *keys[1] = {key};
+        FSDP2_CHECK(fsdp2_group_wait_keys(g, store, keys, 1, "hear the segment's name"));
         FSDP2_CHECK(fsdp2_store_get(store, key, name, cap - 1, &len));
         name[len < cap ? len : cap - 1] = '\0';
         struct stat st;
@@ -144,7 +147,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     if (g->size > FSDP2_SHM_MAX_RANKS)
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "group '%s': %d ranks (shm: at most %d)",
                            g->name, g->size, FSDP2_SHM_MAX_RANKS);
-    shm_group_t *sg = calloc(1, sizeof(*sg));
+    shm_group_t *sg = fsdp2_calloc(1, sizeof(*sg));
     if (!sg)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm", g->name);
     sg->g = g;
@@ -163,7 +166,7 @@ fsdp2_status_t fsdp2_shm_create(fsdp2_group_t *g, fsdp2_store_t *store, shm_peer
     sg->stream_min = (size_t)fsdp2_env_int(FSDP2_ENV_SHM_STREAM_MIN);
     sg->direct_policy = fsdp2_env_int(FSDP2_ENV_SHM_SINGLE_COPY) == 0 &&
                         fsdp2_env_int(FSDP2_ENV_CPU_SHARED_ALLOC) == 0; /* "on" */
-    sg->peers = calloc((size_t)g->size, sizeof(*sg->peers));
+    sg->peers = fsdp2_calloc((size_t)g->size, sizeof(*sg->peers));
     if (!sg->peers) {
         free(sg);
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': shm peers", g->name);

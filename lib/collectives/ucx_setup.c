@@ -253,8 +253,9 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     fsdp2_status_t status = fsdp2_store_set(store, key, address, address_len);
     ucp_worker_release_address(ug->worker, address);
     FSDP2_CHECK(status);
+    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "ucx/address", "publish its address"));
     int mode = (int)fsdp2_env_int(FSDP2_ENV_UCX_ERROR_MODE); /* 0 auto, 1 peer, 2 none */
-    void *remote = malloc(UCX_ADDRESS_MAX);
+    void *remote = fsdp2_malloc(UCX_ADDRESS_MAX);
     if (!remote)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': address buffer", g->name);
     for (int k = 1; k < g->size && status == FSDP2_SUCCESS; k++) {
@@ -299,7 +300,7 @@ static int shm_peer_gone(void *arg, int peer)
 
 static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
 {
-    ucx_group_t *ug = calloc(1, sizeof(*ug));
+    ucx_group_t *ug = fsdp2_calloc(1, sizeof(*ug));
     if (!ug)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", g->name);
     ug->g = g;
@@ -308,9 +309,9 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     pthread_mutex_init(&ug->lock, NULL);
     pthread_cond_init(&ug->changed, NULL);
     fsdp2_status_t status = FSDP2_SUCCESS;
-    ug->eps = calloc((size_t)g->size, sizeof(*ug->eps));
-    ug->peer_errors = calloc((size_t)g->size, sizeof(*ug->peer_errors));
-    ug->abort_reqs = calloc((size_t)g->size, sizeof(void *));
+    ug->eps = fsdp2_calloc((size_t)g->size, sizeof(*ug->eps));
+    ug->peer_errors = fsdp2_calloc((size_t)g->size, sizeof(*ug->peer_errors));
+    ug->abort_reqs = fsdp2_calloc((size_t)g->size, sizeof(void *));
     atomic_init(&ug->abort_from, 0);
     atomic_init(&ug->abort_sent, 0);
     int ok = ug->eps && ug->peer_errors && ug->abort_reqs;
@@ -319,14 +320,14 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     size_t most = 4 * (size_t)g->size + 2;
     for (int i = 0; i < UCX_SLOTS && ok; i++) {
         ug->slots[i].ug = ug;
-        req_list_t *rl = calloc(1, sizeof(*rl));
+        req_list_t *rl = fsdp2_calloc(1, sizeof(*rl));
         ug->slots[i].list = rl;
         if (rl) {
-            rl->req = calloc(most, sizeof(void *));
-            rl->peer = calloc(most, sizeof(int));
-            rl->want = calloc(most, sizeof(size_t));
-            rl->stamp_from = calloc(most, sizeof(int));
-            rl->stamps = calloc((size_t)g->size, sizeof(coll_stamp_t));
+            rl->req = fsdp2_calloc(most, sizeof(void *));
+            rl->peer = fsdp2_calloc(most, sizeof(int));
+            rl->want = fsdp2_calloc(most, sizeof(size_t));
+            rl->stamp_from = fsdp2_calloc(most, sizeof(int));
+            rl->stamps = fsdp2_calloc((size_t)g->size, sizeof(coll_stamp_t));
             rl->short_peer = -1;
         }
         ok = rl && rl->req && rl->peer && rl->want && rl->stamp_from && rl->stamps;
@@ -352,9 +353,7 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     }
     g->backend = ug;
     status = connect_peers(ug, store);
-    /* Past the barrier every member reaches the agreement below, whatever fails next. */
-    int connected = status == FSDP2_SUCCESS;
-    if (connected)
+    if (status == FSDP2_SUCCESS)
         status = wire_up(ug);
     /* (connect_peers clears `local` for peers the user put on UCX failure handling) */
     for (int r = 0; r < g->size; r++)
@@ -367,9 +366,10 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     if (status == FSDP2_SUCCESS && !ug->shm && g->size > 1)
         status = fsdp2_ucx_listen_aborts(ug);
     /* The connections' first messages, the shared-memory transport, the scratch and the
-     * abort listener: the group is made on every member or on none. */
-    if (connected && g->size > 1)
-        status = fsdp2_group_members_agree(g, store, "ucx/ready", status);
+     * abort listener are each member's own: a member that failed one of them tells the
+     * others (below), so the group is made on every member or on none. */
+    if (status == FSDP2_SUCCESS && g->size > 1)
+        status = fsdp2_group_members_barrier(g, store, "ucx/ready");
     if (status == FSDP2_SUCCESS && g->size > 1) {
         int remote = 0;
         for (int r = 0; r < g->size; r++)
@@ -379,6 +379,8 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
     }
 cleanup:
     if (status != FSDP2_SUCCESS) {
+        /* before the teardown, which need not be quick: the others' waits end now */
+        status = fsdp2_group_setup_failed(g, store, status);
         int had_context = ug->has_context;
         g->backend = NULL;
         ucx_group_free(ug);

@@ -733,6 +733,50 @@ fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *key
     return s;
 }
 
+fsdp2_status_t fsdp2_store_wait_unless(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                       const char *unless, long timeout_ms, void *value,
+                                       size_t cap, size_t *len)
+{
+    FSDP2_ARG_CHECK(store && len && (value || cap == 0), "wait: store, value or len is NULL");
+    *len = 0;
+    FSDP2_ARG_CHECK(timeout_ms > 0, "wait: timeout %ld ms", timeout_ms);
+    if (timeout_ms > STORE_TIMEOUT_MAX_MS)
+        timeout_ms = STORE_TIMEOUT_MAX_MS;
+    FSDP2_ARG_CHECK(keys != NULL || n == 0, "wait: keys is NULL with n=%zu", n);
+    FSDP2_ARG_CHECK(n >= 1 && n < UINT32_MAX / 8, "wait: n=%zu keys", n);
+    FSDP2_CHECK(check_key("wait", unless));
+    const char **all = malloc((n + 1) * sizeof(*all));
+    if (!all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "wait: %zu keys", n);
+    all[0] = unless;
+    memcpy(all + 1, keys, n * sizeof(*all));
+    uint32_t *lens;
+    fsdp2_status_t s = key_lengths("wait", all, n + 1, &lens);
+    if (s != FSDP2_SUCCESS) {
+        free(all);
+        return s;
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "wait for %zu keys", n);
+    s = store_call(store, what, STORE_OP_UNLESS, (uint32_t)timeout_ms, (const void *const *)all,
+                   lens, (uint32_t)n + 1, fsdp2_now_ms() + timeout_ms + STORE_REPLY_GRACE_MS);
+    free(lens);
+    free(all);
+    if (s == FSDP2_ERR_TIMEOUT && !store->broken)
+        return wait_timed_out(store, keys, n, timeout_ms);
+    FSDP2_CHECK(s);
+    if (store->reply.nfields == 0)
+        return FSDP2_SUCCESS;
+    store_field_t f = reply_field(store);
+    if (f.len > cap)
+        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                           "wait: '%s' holds %u bytes, more than the %zu of the buffer", unless,
+                           f.len, cap);
+    memcpy(value, f.data, f.len);
+    *len = f.len;
+    return fsdp2_error(FSDP2_ERR_ABORTED, "wait: '%s' was set", unless);
+}
+
 fsdp2_status_t fsdp2_store_add(fsdp2_store_t *store, const char *key, int64_t delta,
                                int64_t *result)
 {

@@ -12,6 +12,14 @@
 fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *keys, size_t n,
                                     long timeout_ms);
 
+/* fsdp2_store_wait_for that also ends once the key `unless` exists (a failure's mark):
+ * FSDP2_SUCCESS when keys[0..n) all exist, FSDP2_ERR_ABORTED with unless's value in
+ * value[0..*len) when it exists first (the caller makes its message of the value);
+ * FSDP2_ERR_TIMEOUT names the keys still missing. n >= 1. */
+fsdp2_status_t fsdp2_store_wait_unless(fsdp2_store_t *store, const char *const *keys, size_t n,
+                                       const char *unless, long timeout_ms, void *value,
+                                       size_t cap, size_t *len);
+
 /* Which of keys[0..n) are not set right now, without waiting: missing[i] = 1 for those.
  * For messages after a wait timed out (the answer may be stale a moment later). */
 fsdp2_status_t fsdp2_store_missing(fsdp2_store_t *store, const char *const *keys, size_t n,

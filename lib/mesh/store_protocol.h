@@ -11,7 +11,7 @@
  * A request carries a fresh id; its reply (same op) repeats it, so that a client which
  * gave up on a request can recognise and drop the late reply. status is an
  * fsdp2_status_t; an error reply carries one field, a message. timeout_ms is read for
- * GET and WAIT only: the server parks those until their keys exist and answers
+ * GET, WAIT and UNLESS only: the server parks those until their keys exist and answers
  * FSDP2_ERR_TIMEOUT once timeout_ms has passed, so a waiting client never polls.
  *
  *   op     request fields                      success reply fields
@@ -22,6 +22,8 @@
  *   SET    [key, value]                        []
  *   GET    [key]                               [value]            (parks until key exists)
  *   WAIT   [key...]                            []                 (parks until all exist)
+ *   UNLESS [unless, key...]                    [] or [unless's value]   (a WAIT that also
+ *                                               ends, with that value, once `unless` exists)
  *   ADD    [key, delta i64]                    [new value i64]    (value kept as decimal text)
  *   CAS    [key, expected, desired]            [swapped u8]
  *   CHECK  [key...]                            [one byte per key: 1 exists, 0 not]
@@ -53,7 +55,7 @@
 #include <fsdp2/store.h>
 
 #define STORE_MAGIC 0x46534432u /* "FSD2" */
-#define STORE_VERSION 2u
+#define STORE_VERSION 3u
 #define STORE_HEADER_BYTES 16u
 #define STORE_NONCE_BYTES 16u
 #define STORE_PROOF_BYTES 32u
@@ -84,6 +86,7 @@ typedef enum store_op {
     STORE_OP_CHECK = 7,
     STORE_OP_CLOSE = 8,
     STORE_OP_AUTH = 9,
+    STORE_OP_UNLESS = 10,
 } store_op_t;
 
 typedef struct store_header {

@@ -379,6 +379,14 @@ static int try_answer(fsdp2_store_server_t *s, conn_t *c)
         }
         return e != NULL;
     }
+    if (c->req.op == STORE_OP_UNLESS) { /* its first field: the key that ends it early */
+        store_entry_t *e = map_find_field(&s->map, store_field_next(&cur));
+        if (e) {
+            conn_unpark(s, c);
+            conn_reply(c, FSDP2_SUCCESS, e->value, e->value_len, 1);
+            return 1;
+        }
+    }
     cur = c->body + c->park_at;
     for (; c->park_next < c->req.nfields; c->park_next++) {
         const uint8_t *at = cur;
@@ -397,11 +405,21 @@ static void handle_wait(fsdp2_store_server_t *s, conn_t *c, int64_t now)
     const uint8_t *cur = c->body + STORE_HEADER_BYTES;
     if (c->req.op == STORE_OP_GET && !fields_ok(c, "GET", 1))
         return;
+    if (c->req.op == STORE_OP_UNLESS && c->req.nfields < 2) {
+        conn_fail(c, "UNLESS with %u fields instead of 2 or more", c->req.nfields);
+        return;
+    }
     for (uint32_t i = 0; i < c->req.nfields; i++)
         if (!key_ok(c, store_field_next(&cur)))
             return;
+    /* the keys to wait for: UNLESS's start after its first */
+    cur = c->body + STORE_HEADER_BYTES;
     c->park_next = 0;
-    c->park_at = STORE_HEADER_BYTES;
+    if (c->req.op == STORE_OP_UNLESS) {
+        store_field_next(&cur);
+        c->park_next = 1;
+    }
+    c->park_at = (size_t)(cur - c->body);
     if (try_answer(s, c))
         return;
     c->parked = 1;
@@ -524,6 +542,7 @@ static void handle_request(fsdp2_store_server_t *s, conn_t *c, int64_t now)
         return;
     case STORE_OP_GET:
     case STORE_OP_WAIT:
+    case STORE_OP_UNLESS:
         handle_wait(s, c, now);
         return;
     case STORE_OP_ADD:
@@ -584,16 +603,18 @@ static void server_expire(fsdp2_store_server_t *s, int64_t now)
         const uint8_t *cur = c->body + c->park_at;
         store_field_t key = store_field_next(&cur);
         conn_unpark(s, c);
-        if (c->req.op == STORE_OP_GET)
+        if (c->req.op == STORE_OP_GET) {
             conn_reply_error(c, FSDP2_ERR_TIMEOUT, "key '%.*s' was not set within %u ms",
                              (int)key.len, (const char *)key.data, c->req.timeout_ms);
-        else
+        } else {
             /* keys are checked in order: this is the first missing one (later ones were
              * not looked at, so no count of missing keys is claimed) */
+            uint32_t first = c->req.op == STORE_OP_UNLESS; /* UNLESS's first is not waited for */
             conn_reply_error(c, FSDP2_ERR_TIMEOUT,
                              "key '%.*s' (key %u of the %u waited for) was not set within %u ms",
-                             (int)key.len, (const char *)key.data, c->park_next + 1,
-                             c->req.nfields, c->req.timeout_ms);
+                             (int)key.len, (const char *)key.data, c->park_next + 1 - first,
+                             c->req.nfields - first, c->req.timeout_ms);
+        }
         conn_frame_done(c);
     }
 }

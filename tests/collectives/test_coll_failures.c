@@ -252,48 +252,57 @@ START_TEST(different_calls_under_one_sequence_number_fail_on_every_rank)
 }
 END_TEST
 
-/* A member that cannot finish its own part of a group's creation fails the creation on
- * every member, which names it, instead of leaving its peers a group that fails at its
- * first collective. Over UCX messages the last such part is the reduction scratch,
- * the creation's last allocations (4 sets of an array and a buffer): rank 1 counts the
- * allocation points of one creation, then fails the last one, and the one before it,
- * in two more. A creation after them works. */
+/* A member that fails its part of a group's creation, at any step, fails the creation on
+ * every member at once, naming it, instead of leaving its peers waiting at the store for
+ * the group's timeout or holding a group that fails at its first collective. The victim
+ * counts the allocation points of one creation, then fails each in turn, one creation
+ * per point; a creation after them works. The transport is the run's (collective_failures
+ * and collective_failures_ucx). arg: the victim's rank. */
 static int body_creation_fails_on_one_member(rank_ctx_t *c)
 {
-    int fails = 0;
-    setenv("FSDP2_SHM", "off", 1); /* the path that takes scratch */
-    fails += OK(c, fsdp2_env_reload());
+    int victim = *(const int *)c->arg, fails = 0;
     fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
     go.timeout_ms = 20000;
     fsdp2_group_t *g = NULL;
-    if (c->rank == 1)
+    if (c->rank == victim)
         fsdp2_fault_arm(FAULT_NONE, 0); /* counting only */
     fails += OK(c, fsdp2_group_create(c->store, "probe", c->rank, c->size, &go, &g));
     uint64_t points = fsdp2_fault_count(FAULT_ALLOC);
     fsdp2_fault_disarm();
     fsdp2_group_destroy(g);
-    fails += RANK_CHECK(c, c->rank != 1 || points >= 8, "%llu allocation points",
+    fails += RANK_CHECK(c, c->rank != victim || points >= 4, "%llu allocation points",
                         (unsigned long long)points);
-    for (int k = 0; k < 2 && fails == 0; k++) {
+    /* every rank walks as many points as the victim counted */
+    int64_t n = 0;
+    if (c->rank == victim)
+        fails += OK(c, fsdp2_store_add(c->store, "walk/points", (int64_t)points, &n));
+    const char *key = "walk/points";
+    fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
+    fails += OK(c, fsdp2_store_add(c->store, "walk/points", 0, &n));
+    for (int64_t at = 1; at <= n && fails == 0; at++) {
         char name[32];
-        snprintf(name, sizeof(name), "short%d", k);
-        if (c->rank == 1)
-            fsdp2_fault_arm(FAULT_ALLOC, points - (uint64_t)k);
+        snprintf(name, sizeof(name), "walk%lld", (long long)at);
+        if (c->rank == victim)
+            fsdp2_fault_arm(FAULT_ALLOC, (uint64_t)at);
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         g = NULL;
         fsdp2_status_t st = fsdp2_group_create(c->store, name, c->rank, c->size, &go, &g);
         double took = ranks_seconds_since(&t0);
+        int fired = fsdp2_fault_fired();
         fsdp2_fault_disarm();
         const char *msg = fsdp2_last_error();
         fails += RANK_CHECK(c, g == NULL, "%s: a group on a failed creation", name);
-        if (c->rank == 1)
-            fails += RANK_CHECK(c, st == FSDP2_ERR_OUT_OF_MEMORY && strstr(msg, "scratch"),
+        if (c->rank == victim) {
+            fails += RANK_CHECK(c, fired && st == FSDP2_ERR_OUT_OF_MEMORY, "%s: %s: %s", name,
+                                fsdp2_status_name(st), msg);
+        } else {
+            char who[16];
+            snprintf(who, sizeof(who), "rank %d", victim);
+            fails += RANK_CHECK(c, st == FSDP2_ERR_PEER_FAILED && strstr(msg, who) &&
+                                       strstr(msg, "OUT_OF_MEMORY") && strstr(msg, name),
                                 "%s: %s: %s", name, fsdp2_status_name(st), msg);
-        else
-            fails += RANK_CHECK(c, st == FSDP2_ERR_PEER_FAILED && strstr(msg, "rank 1") &&
-                                       strstr(msg, "scratch") && strstr(msg, name),
-                                "%s: %s: %s", name, fsdp2_status_name(st), msg);
+        }
         fails += RANK_CHECK(c, took < 10.0, "%s: failed after %.1f s (group timeout 20 s)", name,
                             took);
         if (g)
@@ -312,13 +321,15 @@ static int body_creation_fails_on_one_member(rank_ctx_t *c)
     return fails;
 }
 
-START_TEST(a_member_that_cannot_finish_creation_fails_it_on_every_member)
+/* _i: the victim, rank 1 or rank 0 (which leads the shared-memory set-up). */
+START_TEST(a_member_that_fails_its_part_of_creation_fails_it_on_every_member)
 {
+    int victim = 1 - _i;
     for (int size = 2; size <= 3; size++) {
         ranks_result_t res;
-        int failed = run_ranks(size, body_creation_fails_on_one_member, NULL, 0, 90, &res);
-        ck_assert_msg(failed == 0 && !res.timed_out, "world size %d: statuses %d %d %d", size,
-                      res.status[0], res.status[1], res.status[2]);
+        int failed = run_ranks(size, body_creation_fails_on_one_member, &victim, 0, 120, &res);
+        ck_assert_msg(failed == 0 && !res.timed_out, "victim %d, world size %d: statuses %d %d %d",
+                      victim, size, res.status[0], res.status[1], res.status[2]);
     }
 }
 END_TEST
@@ -333,7 +344,8 @@ static Suite *failures_suite(void)
     tcase_add_test(bad, abort_fails_every_rank_at_once_naming_the_aborting_rank);
     tcase_add_test(bad, an_enqueue_behind_the_callers_own_later_work_times_out_instead_of_hanging);
     tcase_add_loop_test(bad, different_calls_under_one_sequence_number_fail_on_every_rank, 0, 3);
-    tcase_add_test(bad, a_member_that_cannot_finish_creation_fails_it_on_every_member);
+    tcase_add_loop_test(bad, a_member_that_fails_its_part_of_creation_fails_it_on_every_member,
+                        0, 2);
     suite_add_tcase(s, bad);
     return s;
 }
