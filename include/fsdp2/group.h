@@ -58,7 +58,11 @@ typedef struct fsdp2_group_options {
  * has connected, or the timeout (an error naming the ranks that never arrived). Settings
  * that every member must share (FSDP2_UCX_SEGMENT_BYTES; FSDP2_SHM_SLOT_BYTES and the
  * other sizes of the shared-memory protocol) are compared: a member whose value differs
- * makes every member fail with FSDP2_ERR_INVALID_CONFIG, naming the variable and values. */
+ * makes every member fail with FSDP2_ERR_INVALID_CONFIG, naming the variable and values.
+ * A member whose own part fails makes every other member's creation fail at once with
+ * FSDP2_ERR_PEER_FAILED, naming it and its error: the group exists on every member or
+ * on none. A creation that failed past its checks of the arguments leaves keys in the
+ * store: try again under another name. */
 FSDP2_API fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank,
                                             int size, const fsdp2_group_options_t *options,
                                             fsdp2_group_t **group);
