@@ -219,6 +219,9 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     atomic_init(&g->aborted, 0);
     atomic_init(&g->error, FSDP2_SUCCESS);
     pthread_mutex_init(&g->error_lock, NULL);
+    g->setup = (fsdp2_setup_t){.kind = "group", .rank = rank, .size = size,
+                               .timeout_ms = g->timeout_ms};
+    snprintf(g->setup.name, sizeof(g->setup.name), "%s", name);
     fsdp2_status_t status = FSDP2_SUCCESS;
     const fsdp2_group_ops_t *ops = NULL;
     if (opts.backend == FSDP2_BACKEND_UCX) { /* a member without UCX or the module tells */
@@ -237,7 +240,7 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
         status = ops->create(g, store);
     if (status != FSDP2_SUCCESS) {
         /* (the backend told the others already if its failure came after the members met) */
-        status = fsdp2_group_setup_failed(g, store, status);
+        status = fsdp2_setup_failed(&g->setup, store, status);
         pthread_mutex_destroy(&g->error_lock);
         free(g);
         return status;
@@ -554,165 +557,6 @@ fsdp2_status_t fsdp2_barrier_async(fsdp2_group_t *g, fsdp2_stream_t *stream)
 
 void fsdp2_group_member_key(const fsdp2_group_t *g, const char *what, int r, char *key)
 {
-    snprintf(key, FSDP2_GROUP_KEY_MAX, "%s/%s/%d", g->name, what, r);
+    fsdp2_setup_key(&g->setup, what, r, key);
 }
 
-/* Every member's key for `what`: list[r] points into one block. */
-static fsdp2_status_t member_keys(const fsdp2_group_t *g, const char *what, char **block,
-                                  const char ***list)
-{
-    size_t key_len = FSDP2_GROUP_KEY_MAX;
-    *block = fsdp2_malloc((size_t)g->size * key_len);
-    *list = fsdp2_malloc((size_t)g->size * sizeof(**list));
-    if (!*block || !*list) {
-        free(*block);
-        free((void *)*list);
-        *block = NULL;
-        *list = NULL;
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s': %d keys '%s'", g->name, g->size,
-                           what);
-    }
-    for (int r = 0; r < g->size; r++) {
-        (*list)[r] = *block + (size_t)r * key_len;
-        fsdp2_group_member_key(g, what, r, *block + (size_t)r * key_len);
-    }
-    return FSDP2_SUCCESS;
-}
-
-/* A failed member's report, kept under "<group>/setup/failed" (the first to fail). */
-typedef struct setup_outcome {
-    int32_t status, rank;
-    char message[240];
-} setup_outcome_t;
-
-static void setup_failed_key(const fsdp2_group_t *g, char *key)
-{
-    snprintf(key, FSDP2_GROUP_KEY_MAX, "%s/setup/failed", g->name);
-}
-
-/* The error of a member whose set-up ended because of another's report, read from
- * `key` into *peer (len bytes); `mine`, if any, is how this member's own step failed. */
-static fsdp2_status_t peer_setup_error(fsdp2_group_t *g, const char *key, setup_outcome_t *peer,
-                                       size_t len, const char *mine)
-{
-    g->setup_failed = 1; /* this member's failure is that one's */
-    if (len != sizeof(*peer))
-        return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': '%s' is %zu bytes, not %zu (another "
-                           "libfsdp2 version?)", g->name, key, len, sizeof(*peer));
-    peer->message[sizeof(peer->message) - 1] = '\0';
-    return fsdp2_error(FSDP2_ERR_PEER_FAILED, "group '%s': rank %d could not do its part of the "
-                       "set-up (%s): %s%s%s", g->name, (int)peer->rank,
-                       fsdp2_status_name((fsdp2_status_t)peer->status), peer->message,
-                       mine ? "; then on this member: " : "", mine ? mine : "");
-}
-
-fsdp2_status_t fsdp2_group_setup_failed(fsdp2_group_t *g, fsdp2_store_t *store,
-                                        fsdp2_status_t status)
-{
-    if (g->setup_failed || g->size == 1)
-        return status;
-    g->setup_failed = 1;
-    char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
-    snprintf(own, sizeof(own), "%s", fsdp2_last_error());
-    setup_outcome_t out;
-    memset(&out, 0, sizeof(out));
-    out.status = (int32_t)status;
-    out.rank = g->rank;
-    memcpy(out.message, own, strnlen(own, sizeof(out.message) - 1)); /* cut to fit */
-    char key[FSDP2_GROUP_KEY_MAX];
-    setup_failed_key(g, key);
-    int swapped = 0;
-    if (fsdp2_store_compare_set(store, key, "", 0, &out, sizeof(out), &swapped) != FSDP2_SUCCESS) {
-        FSDP2_LOG(WARN, COLL, "group '%s': could not tell the other members of this failure "
-                  "(they wait for their timeout): %s", g->name, fsdp2_last_error());
-    } else if (!swapped) { /* another member failed first: most likely the cause */
-        setup_outcome_t peer;
-        size_t len = 0;
-        if (fsdp2_store_get(store, key, &peer, sizeof(peer), &len) == FSDP2_SUCCESS)
-            return peer_setup_error(g, key, &peer, len, own);
-    }
-    return fsdp2_error(status, "%s", own);
-}
-
-/* Waits for keys[0..n) unless a member reports its failure first: then
- * FSDP2_ERR_PEER_FAILED, naming it. A timeout keeps the store's message. */
-static fsdp2_status_t setup_wait(fsdp2_group_t *g, fsdp2_store_t *store,
-                                 const char *const *keys, size_t n)
-{
-    char failed[FSDP2_GROUP_KEY_MAX];
-    setup_failed_key(g, failed);
-    setup_outcome_t peer;
-    size_t len = 0;
-    fsdp2_status_t status = fsdp2_store_wait_unless(store, keys, n, failed, g->timeout_ms, &peer,
-                                                    sizeof(peer), &len);
-    if (status != FSDP2_ERR_ABORTED)
-        return status;
-    return peer_setup_error(g, failed, &peer, len, NULL);
-}
-
-fsdp2_status_t fsdp2_group_wait_keys(fsdp2_group_t *g, fsdp2_store_t *store,
-                                     const char *const *keys, size_t n, const char *verb)
-{
-    fsdp2_status_t status = setup_wait(g, store, keys, n);
-    if (status == FSDP2_ERR_TIMEOUT) {
-        char waited[512];
-        snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
-        status = fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
-    }
-    return status;
-}
-
-/* Waits for keys[r], member r's key for `what`, naming the members missing at a
- * timeout. */
-static fsdp2_status_t wait_member_keys(fsdp2_group_t *g, fsdp2_store_t *store,
-                                       const char *const *keys, const char *verb)
-{
-    fsdp2_status_t status = setup_wait(g, store, keys, (size_t)g->size);
-    if (status != FSDP2_ERR_TIMEOUT)
-        return status;
-    char waited[512];
-    snprintf(waited, sizeof(waited), "%s", fsdp2_last_error());
-    char list[256];
-    int count = 0;
-    uint8_t *missing = malloc((size_t)g->size);
-    if (missing && fsdp2_store_missing(store, keys, (size_t)g->size, missing) == FSDP2_SUCCESS)
-        count = fsdp2_store_format_ranks(missing, g->size, list, sizeof(list));
-    free(missing);
-    if (count == 0) /* unknown, or all arrived just after the deadline */
-        return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s': %s: %s", g->name, verb, waited);
-    return fsdp2_error(FSDP2_ERR_TIMEOUT, "group '%s' of %d: member%s %s did not %s within "
-                       "%.1f s (the group's timeout: options, or FSDP2_TIMEOUT)", g->name,
-                       g->size, count == 1 ? "" : "s", list, verb, (double)g->timeout_ms / 1e3);
-}
-
-fsdp2_status_t fsdp2_group_wait_members(fsdp2_group_t *g, fsdp2_store_t *store, const char *key,
-                                        const char *verb)
-{
-    char *block;
-    const char **keys;
-    FSDP2_CHECK(member_keys(g, key, &block, &keys));
-    fsdp2_status_t status = wait_member_keys(g, store, keys, verb);
-    free(block);
-    free((void *)keys);
-    return status;
-}
-
-/* Each member sets its key, then waits for all of the group's keys (the store's own
- * barrier spans its whole world, and a mesh dim's group is a subset). Setting the key is
- * a member's last step that can fail on its own: once all have set theirs, the others
- * go on to steps that do not watch the store. */
-fsdp2_status_t fsdp2_group_members_barrier(fsdp2_group_t *g, fsdp2_store_t *store,
-                                           const char *what)
-{
-    char *block;
-    const char **keys;
-    FSDP2_CHECK(member_keys(g, what, &block, &keys));
-    char verb[FSDP2_GROUP_NAME_MAX + 32];
-    snprintf(verb, sizeof(verb), "reach '%s'", what);
-    fsdp2_status_t status = fsdp2_store_set(store, keys[g->rank], "1", 1);
-    if (status == FSDP2_SUCCESS)
-        status = wait_member_keys(g, store, keys, verb);
-    free(block);
-    free((void *)keys);
-    return status;
-}

@@ -9,7 +9,9 @@
 
 #include <fsdp2/group.h>
 
-#define FSDP2_GROUP_NAME_MAX 128
+#include "collectives/setup.h"
+
+#define FSDP2_GROUP_NAME_MAX FSDP2_SETUP_NAME_MAX
 
 typedef enum coll_kind {
     COLL_ALL_GATHER,
@@ -86,7 +88,7 @@ struct fsdp2_group {
     atomic_int error; /* sticky fsdp2_status_t, first failure wins */
     pthread_mutex_t error_lock;
     char error_message[640];
-    int setup_failed; /* set-up: the members know (told by this one, or by another) */
+    fsdp2_setup_t setup; /* its creation: its waits end at once when a member fails */
     void *backend;
 };
 
@@ -115,35 +117,10 @@ void fsdp2_group_error_text(struct fsdp2_group *g, char *buf, size_t len);
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
-/* Member r's store key for `what` during set-up: "<group name>/<what>/<r>". */
-#define FSDP2_GROUP_KEY_MAX (FSDP2_GROUP_NAME_MAX + 64)
+/* Member r's store key for `what` during set-up: "<group name>/<what>/<r>" (the
+ * waits and barriers of a group's creation: collectives/setup.h, on g->setup). */
+#define FSDP2_GROUP_KEY_MAX FSDP2_SETUP_KEY_MAX
 void fsdp2_group_member_key(const struct fsdp2_group *g, const char *what, int r, char *key);
-
-/* Waits until every member r has set its key for `key` (fsdp2_group_member_key), for
- * the group's timeout; a timeout names the members that have not: "members 2,3 did
- * not <verb> within 300.0 s". Every wait of a set-up ends at once when a member's part
- * of it failed (fsdp2_group_setup_failed): FSDP2_ERR_PEER_FAILED, naming that member
- * and its reason. */
-fsdp2_status_t fsdp2_group_wait_members(struct fsdp2_group *g, fsdp2_store_t *store,
-                                        const char *key, const char *verb);
-
-/* fsdp2_group_wait_members for keys[0..n) (n >= 1) that need not be one per member. */
-fsdp2_status_t fsdp2_group_wait_keys(struct fsdp2_group *g, fsdp2_store_t *store,
-                                     const char *const *keys, size_t n, const char *verb);
-
-/* Tells the other members that this member's part of the set-up failed with status and
- * this thread's last error: their set-up waits end at once. Returns the error to give:
- * status with that message, or FSDP2_ERR_PEER_FAILED naming a member that reported its
- * failure first (most likely the cause: a peer that left makes the next step fail here
- * too). Once per group, and not at all for a failure that another's report caused. Best
- * effort: a store that fails here leaves the others to their timeout. */
-fsdp2_status_t fsdp2_group_setup_failed(struct fsdp2_group *g, fsdp2_store_t *store,
-                                        fsdp2_status_t status);
-
-/* A barrier over the group's members only, through the store (set-up time). `what`
- * names it within the group's keys. */
-fsdp2_status_t fsdp2_group_members_barrier(struct fsdp2_group *g, fsdp2_store_t *store,
-                                           const char *what);
 
 /* dst[i] = reduction of src[0][i] .. src[n-1][i] in rank order: each x / pre, summed in
  * f32 (f64 for f64), then / post (post already includes the group size for AVG),

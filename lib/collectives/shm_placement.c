@@ -176,7 +176,7 @@ fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store
     fsdp2_group_member_key(g, "shm/member", g->rank, key);
     fsdp2_status_t status = fsdp2_store_set(store, key, text, strlen(text));
     if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_wait_members(g, store, "shm/member",
+        status = fsdp2_setup_wait_members(&g->setup, store, "shm/member",
                                           "publish its shared-memory sizes and CPUs");
     for (int r = 0; r < g->size && status == FSDP2_SUCCESS; r++) {
         size_t len = 0;

@@ -73,7 +73,7 @@ static fsdp2_status_t map_segment(fsdp2_group_t *g, fsdp2_store_t *store, size_t
     } else {
         size_t len = 0;
         const char *keys[1] = {key};
-        FSDP2_CHECK(fsdp2_group_wait_keys(g, store, keys, 1, "hear the segment's name"));
+        FSDP2_CHECK(fsdp2_setup_wait_keys(&g->setup, store, keys, 1, "hear the segment's name"));
         FSDP2_CHECK(fsdp2_store_get(store, key, name, cap - 1, &len));
         name[len < cap ? len : cap - 1] = '\0';
         struct stat st;
@@ -122,7 +122,7 @@ static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int min
     fsdp2_group_member_key(g, "shm/mapped", g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, !mine ? "0" : *direct ? "2" : "1", 1));
     /* all at once first, so that a timeout names every member that never answered */
-    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "shm/mapped", "say whether it mapped the "
+    FSDP2_CHECK(fsdp2_setup_wait_members(&g->setup, store, "shm/mapped", "say whether it mapped the "
                                          "shared-memory segment"));
     *all = 1;
     *first_missing = -1;

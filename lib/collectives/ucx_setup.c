@@ -200,7 +200,7 @@ static fsdp2_status_t exchange_identities(ucx_group_t *ug, fsdp2_store_t *store,
     fsdp2_group_member_key(g, "ucx/identity", g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, &me, sizeof(me)));
     /* All at once first, so that a timeout names every member that never came. */
-    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "ucx/identity", "join"));
+    FSDP2_CHECK(fsdp2_setup_wait_members(&g->setup, store, "ucx/identity", "join"));
     *all_local = 1;
     *all_shm = me.shm;
     for (int k = 1; k < g->size; k++) {
@@ -253,7 +253,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     fsdp2_status_t status = fsdp2_store_set(store, key, address, address_len);
     ucp_worker_release_address(ug->worker, address);
     FSDP2_CHECK(status);
-    FSDP2_CHECK(fsdp2_group_wait_members(g, store, "ucx/address", "publish its address"));
+    FSDP2_CHECK(fsdp2_setup_wait_members(&g->setup, store, "ucx/address", "publish its address"));
     int mode = (int)fsdp2_env_int(FSDP2_ENV_UCX_ERROR_MODE); /* 0 auto, 1 peer, 2 none */
     void *remote = fsdp2_malloc(UCX_ADDRESS_MAX);
     if (!remote)
@@ -287,7 +287,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     }
     free(remote);
     FSDP2_CHECK(status);
-    return fsdp2_group_members_barrier(g, store, "ucx/connected");
+    return fsdp2_setup_barrier(&g->setup, store, "ucx/connected");
 }
 
 /* The shared-memory transport's liveness check: same-host peers by pid. */
@@ -369,7 +369,7 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
      * abort listener are each member's own: a member that failed one of them tells the
      * others (below), so the group is made on every member or on none. */
     if (status == FSDP2_SUCCESS && g->size > 1)
-        status = fsdp2_group_members_barrier(g, store, "ucx/ready");
+        status = fsdp2_setup_barrier(&g->setup, store, "ucx/ready");
     if (status == FSDP2_SUCCESS && g->size > 1) {
         int remote = 0;
         for (int r = 0; r < g->size; r++)
@@ -380,7 +380,7 @@ static fsdp2_status_t ucx_create(fsdp2_group_t *g, fsdp2_store_t *store)
 cleanup:
     if (status != FSDP2_SUCCESS) {
         /* before the teardown, which need not be quick: the others' waits end now */
-        status = fsdp2_group_setup_failed(g, store, status);
+        status = fsdp2_setup_failed(&g->setup, store, status);
         int had_context = ug->has_context;
         g->backend = NULL;
         ucx_group_free(ug);

@@ -1,0 +1,52 @@
+/* A set-up that several processes do together through the rendezvous store: a group's
+ * creation, a mesh's. Its keys start with its name. A member whose part fails writes its
+ * report under "<name>/setup/failed" (the first report stays), and every wait of the
+ * set-up on every other member ends at once on it, with FSDP2_ERR_PEER_FAILED naming
+ * that member and its error: nobody waits for a member that will not come. */
+#ifndef FSDP2_COLLECTIVES_SETUP_H
+#define FSDP2_COLLECTIVES_SETUP_H
+
+#include <stddef.h>
+
+#include <fsdp2/status.h>
+#include <fsdp2/store.h>
+
+/* The longest name, and the longest key: the name, "/", a step and a member's rank. */
+#define FSDP2_SETUP_NAME_MAX 128
+#define FSDP2_SETUP_KEY_MAX (FSDP2_SETUP_NAME_MAX + 64)
+
+typedef struct fsdp2_setup {
+    const char *kind; /* "group", "mesh": for messages */
+    char name[FSDP2_SETUP_NAME_MAX];
+    int rank, size; /* this member, and how many take part */
+    long timeout_ms;
+    int failed; /* the members know of a failure (this one's report, or another's) */
+} fsdp2_setup_t;
+
+/* Member r's key for `what`: "<name>/<what>/<r>". key holds FSDP2_SETUP_KEY_MAX. */
+void fsdp2_setup_key(const fsdp2_setup_t *s, const char *what, int r, char *key);
+
+/* Waits for keys[0..n) (n >= 1) for the set-up's timeout, unless a member reports a
+ * failure first; a timeout says the set-up waited to `verb`. */
+fsdp2_status_t fsdp2_setup_wait_keys(fsdp2_setup_t *s, fsdp2_store_t *store,
+                                     const char *const *keys, size_t n, const char *verb);
+
+/* Waits until every member r has set its key for `what`; a timeout names the members
+ * that have not: "members 2,3 did not <verb> within 300.0 s". */
+fsdp2_status_t fsdp2_setup_wait_members(fsdp2_setup_t *s, fsdp2_store_t *store,
+                                        const char *what, const char *verb);
+
+/* This member sets its key for `what`, then waits for every member's. Setting the key
+ * is the member's last step that can fail on its own: once all have set theirs, the
+ * others may go on to steps that do not watch the store. */
+fsdp2_status_t fsdp2_setup_barrier(fsdp2_setup_t *s, fsdp2_store_t *store, const char *what);
+
+/* Reports that this member's part failed with status and this thread's last error:
+ * the others' waits end at once. Returns the error to give: status with that message,
+ * or, unless status is a timeout, FSDP2_ERR_PEER_FAILED naming a member that reported
+ * first (most likely the cause: a member that left makes the next step fail here too).
+ * Once per set-up, and not at all for a failure that another's report caused, or with
+ * one member. Best effort: a store that fails here leaves the others to their timeout. */
+fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status);
+
+#endif
