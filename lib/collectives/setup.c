@@ -67,7 +67,9 @@ static fsdp2_status_t peer_error(fsdp2_setup_t *s, const char *key, setup_outcom
 
 fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status)
 {
-    if (s->failed || s->size == 1)
+    /* a timeout is not reported: every member waiting for the absent ones finds its own,
+     * naming them */
+    if (s->failed || s->size == 1 || status == FSDP2_ERR_TIMEOUT)
         return status;
     s->failed = 1;
     char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
@@ -83,9 +85,10 @@ fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_
     if (fsdp2_store_compare_set(store, key, "", 0, &out, sizeof(out), &swapped) != FSDP2_SUCCESS) {
         FSDP2_LOG(WARN, COLL, "%s '%s': could not tell the other members of this failure "
                   "(they wait for their timeout): %s", s->kind, s->name, fsdp2_last_error());
-    } else if (!swapped && status != FSDP2_ERR_TIMEOUT) {
-        /* Another member failed first: most likely the cause. (A timeout is this
-         * member's own finding: it names the members that did not come.) */
+    } else if (!swapped && (status == FSDP2_ERR_BACKEND || status == FSDP2_ERR_PEER_FAILED)) {
+        /* A failure to reach a peer, after another member reported its own: most likely
+         * that one's consequence (a member that left takes its endpoints with it). A
+         * timeout, a setting that differs or this member's memory are its own. */
         setup_outcome_t peer;
         size_t len = 0;
         if (fsdp2_store_get(store, key, &peer, sizeof(peer), &len) == FSDP2_SUCCESS)

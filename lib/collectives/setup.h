@@ -43,10 +43,11 @@ fsdp2_status_t fsdp2_setup_barrier(fsdp2_setup_t *s, fsdp2_store_t *store, const
 
 /* Reports that this member's part failed with status and this thread's last error:
  * the others' waits end at once. Returns the error to give: status with that message,
- * or, unless status is a timeout, FSDP2_ERR_PEER_FAILED naming a member that reported
- * first (most likely the cause: a member that left makes the next step fail here too).
- * Once per set-up, and not at all for a failure that another's report caused, or with
- * one member. Best effort: a store that fails here leaves the others to their timeout. */
+ * or, when status is a failure to reach a peer (FSDP2_ERR_BACKEND, _PEER_FAILED),
+ * FSDP2_ERR_PEER_FAILED naming a member that reported first (most likely the cause: a
+ * member that left takes its endpoints with it).
+ * Once per set-up, and not at all for a timeout (each waiting member finds its own), a
+ * failure that another's report caused, or with one member. Best effort: a store that fails here leaves the others to their timeout. */
 fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status);
 
 #endif

@@ -23,7 +23,8 @@
  *   GET    [key]                               [value]            (parks until key exists)
  *   WAIT   [key...]                            []                 (parks until all exist)
  *   UNLESS [unless, key...]                    [] or [unless's value]   (a WAIT that also
- *                                               ends, with that value, once `unless` exists)
+ *                                               ends, with that value, once `unless` exists
+ *                                               while a key is missing)
  *   ADD    [key, delta i64]                    [new value i64]    (value kept as decimal text)
  *   CAS    [key, expected, desired]            [swapped u8]
  *   CHECK  [key...]                            [one byte per key: 1 exists, 0 not]

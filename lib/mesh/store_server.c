@@ -379,19 +379,21 @@ static int try_answer(fsdp2_store_server_t *s, conn_t *c)
         }
         return e != NULL;
     }
-    if (c->req.op == STORE_OP_UNLESS) { /* its first field: the key that ends it early */
-        store_entry_t *e = map_find_field(&s->map, store_field_next(&cur));
-        if (e) {
-            conn_unpark(s, c);
-            conn_reply(c, FSDP2_SUCCESS, e->value, e->value_len, 1);
-            return 1;
-        }
-    }
+    const uint8_t *unless = cur; /* UNLESS: its first field, the key that ends it early */
     cur = c->body + c->park_at;
     for (; c->park_next < c->req.nfields; c->park_next++) {
         const uint8_t *at = cur;
         if (!map_find_field(&s->map, store_field_next(&cur))) {
             c->park_at = (size_t)(at - c->body);
+            /* keys that all exist answer an UNLESS whatever its first key says */
+            store_entry_t *e = c->req.op == STORE_OP_UNLESS
+                                   ? map_find_field(&s->map, store_field_next(&unless))
+                                   : NULL;
+            if (e) {
+                conn_unpark(s, c);
+                conn_reply(c, FSDP2_SUCCESS, e->value, e->value_len, 1);
+                return 1;
+            }
             return 0;
         }
     }
