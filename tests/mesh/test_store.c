@@ -31,6 +31,7 @@
 #include <fsdp2/fsdp2.h>
 
 #include "core/env_internal.h"
+#include "mesh/store_internal.h"
 #include "mesh/store_server.h"
 
 #define MAX_RANKS 4
@@ -281,6 +282,69 @@ static int body_late_set(rank_ctx_t *ctx)
 START_TEST(get_is_parked_by_the_server_until_another_rank_sets_the_key)
 {
     munmap(run_all_ok(2, 30000, body_late_set), sizeof(shared_t));
+}
+END_TEST
+
+/* Rank 1 waits for "a" and "b" unless "failed"; rank 0 sets "a", then "failed" while
+ * "b" is missing: the wait ends then, long before its timeout, with the value. */
+static int body_unless(rank_ctx_t *ctx)
+{
+    const char *keys[] = {"a", "b"};
+    if (ctx->rank == 1) {
+        char buf[16] = {0};
+        size_t len = 0;
+        double t0 = now_s();
+        fsdp2_status_t st = fsdp2_store_wait_unless(ctx->store, keys, 2, "failed", 20000, buf,
+                                                    sizeof(buf), &len);
+        double took = now_s() - t0;
+        RANK_EXPECT(ctx, st == FSDP2_ERR_ABORTED && len == 4 && memcmp(buf, "oops", 4) == 0,
+                    "%s, '%.*s': %s", fsdp2_status_name(st), (int)len, buf, fsdp2_last_error());
+        RANK_EXPECT(ctx, took < 10, "the wait ended after %.1f s", took);
+        RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "checked"));
+        return 0;
+    }
+    RANK_EXPECT(ctx, wait_parked(ctx->store, 1) == 0, "rank 1's wait was never parked");
+    RANK_OK(ctx, fsdp2_store_set(ctx->store, "a", "1", 1));
+    RANK_OK(ctx, fsdp2_store_set(ctx->store, "failed", "oops", 4));
+    RANK_OK(ctx, fsdp2_store_barrier(ctx->store, "checked"));
+    return 0;
+}
+
+START_TEST(a_wait_unless_ends_when_its_first_key_appears_while_another_is_missing)
+{
+    munmap(run_all_ok(2, 30000, body_unless), sizeof(shared_t));
+}
+END_TEST
+
+/* Keys that all exist answer whatever `unless` says; a missing one with `unless` set
+ * gives its value; neither times out naming only the waited-for keys missing. */
+START_TEST(a_wait_unless_prefers_keys_that_exist_and_times_out_naming_the_missing_ones)
+{
+    fsdp2_store_t *st = open_store("127.0.0.1", 0, 1, 1, 0, 300);
+    const char *keys[] = {"a", "b", "c"};
+    char buf[8];
+    size_t len = 99;
+    ck_assert_int_eq(fsdp2_store_wait_unless(st, keys, 3, "bad", 300, buf, sizeof(buf), &len),
+                     FSDP2_ERR_TIMEOUT);
+    ck_assert_str_eq(fsdp2_last_error(), "wait: 3 of 3 keys not set within 0.3 s: 'a', 'b', 'c'");
+    ck_assert_int_eq(len, 0);
+    OK(fsdp2_store_set(st, "a", "1", 1));
+    OK(fsdp2_store_set(st, "b", "1", 1));
+    OK(fsdp2_store_set(st, "bad", "why", 3));
+    ck_assert_int_eq(fsdp2_store_wait_unless(st, keys, 3, "bad", 300, buf, sizeof(buf), &len),
+                     FSDP2_ERR_ABORTED);
+    ck_assert_int_eq(len, 3);
+    ck_assert_int_eq(memcmp(buf, "why", 3), 0);
+    /* a value larger than the buffer is refused, naming both sizes */
+    ck_assert_int_eq(fsdp2_store_wait_unless(st, keys, 3, "bad", 300, buf, 2, &len),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "holds 3 bytes, more than the 2"));
+    OK(fsdp2_store_set(st, "c", "1", 1));
+    OK(fsdp2_store_wait_unless(st, keys, 3, "bad", 300, buf, sizeof(buf), &len));
+    ck_assert_int_eq(len, 0);
+    ck_assert_int_eq(fsdp2_store_wait_unless(st, keys, 0, "bad", 300, buf, sizeof(buf), &len),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    OK(fsdp2_store_destroy(st));
 }
 END_TEST
 
@@ -697,6 +761,7 @@ static Suite *store_suite(void)
     tcase_add_loop_test(multi, values_set_by_each_rank_read_back_identically_by_every_rank, 0,
                         MAX_RANKS);
     tcase_add_test(multi, get_is_parked_by_the_server_until_another_rank_sets_the_key);
+    tcase_add_test(multi, a_wait_unless_ends_when_its_first_key_appears_while_another_is_missing);
     tcase_add_test(multi, add_from_4_ranks_x_1000_reaches_4000_with_every_result_seen_once);
     tcase_add_test(multi, compare_set_races_between_4_ranks_have_exactly_one_winner);
     tcase_add_test(multi, barrier_times_out_naming_the_ranks_that_never_connected);
@@ -709,6 +774,7 @@ static Suite *store_suite(void)
     TCase *one = tcase_create("one process");
     tcase_set_timeout(one, 120);
     tcase_add_test(one, get_and_wait_time_out_when_keys_never_come_and_the_store_stays_usable);
+    tcase_add_test(one, a_wait_unless_prefers_keys_that_exist_and_times_out_naming_the_missing_ones);
     tcase_add_test(one, add_and_compare_set_follow_their_definitions);
     tcase_add_test(one, values_up_to_the_maximum_are_stored_and_larger_ones_refused);
     tcase_add_test(one, bad_arguments_are_refused_naming_the_value);
