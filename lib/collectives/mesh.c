@@ -8,6 +8,8 @@
 #include "collectives/group_internal.h"
 #include "collectives/mesh_default.h"
 #include "collectives/mesh_fail.h"
+#include "collectives/setup.h"
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "mesh/mesh_layout.h"
 
@@ -111,6 +113,30 @@ static fsdp2_status_t name_world_ranks(const fsdp2_mesh_t *m, int d, fsdp2_statu
                        n - 1, m->layout.names[d], ranks, used >= sizeof(ranks) ? "..." : "");
 }
 
+/* The group of dim d: the ranks that share every other coordinate, named by the mesh,
+ * the dim and those coordinates, the same string on every member. Returns snprintf's
+ * length (FSDP2_GROUP_NAME_MAX or more: it did not fit). */
+static int dim_group_name(const fsdp2_mesh_t *m, int d, char name[FSDP2_GROUP_NAME_MAX])
+{
+    int other = m->layout.ndim == 2 ? m->coords[1 - d] : 0;
+    return snprintf(name, FSDP2_GROUP_NAME_MAX, "%s/%s/%d", m->name, m->layout.names[d], other);
+}
+
+/* Tells the members of dim d's group, which this rank will not create, that its part
+ * failed with status and this thread's last error (which stays). */
+static void tell_dim_group(const fsdp2_mesh_t *m, fsdp2_store_t *store, int d,
+                           fsdp2_status_t status, long timeout_ms)
+{
+    fsdp2_setup_t s = {.kind = "group", .rank = m->coords[d], .size = m->layout.shape[d],
+                       .timeout_ms = timeout_ms};
+    if ((size_t)dim_group_name(m, d, s.name) >= sizeof(s.name))
+        return;
+    char own[FSDP2_ERROR_MESSAGE_MAX];
+    snprintf(own, sizeof(own), "%s", fsdp2_last_error());
+    (void)fsdp2_setup_failed(&s, store, status);
+    (void)fsdp2_error(status, "%s", own); /* whatever that group's first report was */
+}
+
 fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,
                                  int ndim, const int *shape, const char *const *names,
                                  const fsdp2_group_options_t *options, fsdp2_mesh_t **out)
@@ -134,13 +160,12 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
     m->rank = rank;
     keep_creator(m, store, name, options);
     mesh_layout_coords(&m->layout, rank, m->coords);
-    for (int d = 0; d < ndim && status == FSDP2_SUCCESS; d++) {
-        /* The group of ranks that share every other coordinate: named by the mesh, the
-         * dim and those coordinates, the same string on every member. */
+    long timeout_ms = m->options.timeout_ms > 0 ? m->options.timeout_ms
+                                                : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    int d = 0;
+    for (; d < ndim && status == FSDP2_SUCCESS; d++) {
         char group_name[FSDP2_GROUP_NAME_MAX];
-        int other = ndim == 2 ? m->coords[1 - d] : 0;
-        int len = snprintf(group_name, sizeof(group_name), "%s/%s/%d", name, m->layout.names[d],
-                           other);
+        int len = dim_group_name(m, d, group_name);
         status = (size_t)len < sizeof(group_name)
                      ? fsdp2_group_create(store, group_name, m->coords[d], m->layout.shape[d],
                                           options, &m->groups[d])
@@ -149,7 +174,17 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
         if (status != FSDP2_SUCCESS && (size_t)len < sizeof(group_name))
             status = name_world_ranks(m, d, status);
     }
+    /* The mesh exists on every rank or on none: a rank whose group failed tells the
+     * members of the groups it will not create, and every rank, at the end. */
+    fsdp2_setup_t setup = {.kind = "mesh", .rank = rank, .size = world_size,
+                           .timeout_ms = timeout_ms};
+    snprintf(setup.name, sizeof(setup.name), "%s", name);
+    for (int left = d; status != FSDP2_SUCCESS && left < ndim; left++)
+        tell_dim_group(m, store, left, status, timeout_ms);
+    if (status == FSDP2_SUCCESS && world_size > 1)
+        status = fsdp2_setup_barrier(&setup, store, "mesh/ready");
     if (status != FSDP2_SUCCESS) {
+        status = fsdp2_setup_failed(&setup, store, status); /* not if it learnt it there */
         fsdp2_mesh_destroy(m);
         return status;
     }

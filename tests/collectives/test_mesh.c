@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../core/check_main.h"
+#include "core/fault.h"
 #include "ranks.h"
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
@@ -235,6 +236,86 @@ START_TEST(a_rank_missing_from_a_mesh_is_named_in_its_group_and_in_the_world)
 }
 END_TEST
 
+/* A rank that fails its part of a 2x2 mesh's creation, in either dim's group or at the
+ * end, fails the mesh on every rank at once: the members of its groups, of the group it
+ * will not create, and the ranks that share no group with it all name its error. Rank 1
+ * counts the allocation points of one creation, then fails a sample of them (the first,
+ * both sides of the middle, where its first group ends, and the last, where its second
+ * group and the mesh end), one creation per point; a mesh made afterwards works. */
+static int body_mesh_fails_on_one_rank(rank_ctx_t *c)
+{
+    const int shape[2] = {2, 2}, victim = 1;
+    const char *names[2] = {"replicate", "shard"};
+    fsdp2_group_options_t options = FSDP2_GROUP_OPTIONS_INIT;
+    options.timeout_ms = 20000;
+    fsdp2_mesh_t *mesh = NULL;
+    if (c->rank == victim)
+        fsdp2_fault_arm(FAULT_NONE, 0); /* counting only */
+    int fails = OK(c, fsdp2_mesh_create(c->store, "probe", c->rank, c->size, 2, shape, names,
+                                        &options, &mesh));
+    uint64_t points = fsdp2_fault_count(FAULT_ALLOC);
+    fsdp2_fault_disarm();
+    fsdp2_mesh_destroy(mesh);
+    int64_t n = 0;
+    if (c->rank == victim)
+        fails += OK(c, fsdp2_store_add(c->store, "points", (int64_t)points, &n));
+    const char *key = "points";
+    fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
+    fails += OK(c, fsdp2_store_add(c->store, "points", 0, &n));
+    fails += RANK_CHECK(c, n >= 8, "%lld allocation points", (long long)n);
+    for (int64_t at = 1; at <= n && fails == 0; at++) {
+        int near_middle = at + 3 > n / 2 && at < n / 2 + 3;
+        if (!(at == 1 || near_middle || at + 8 > n))
+            continue;
+        char name[32];
+        snprintf(name, sizeof(name), "walk%lld", (long long)at);
+        if (c->rank == victim)
+            fsdp2_fault_arm(FAULT_ALLOC, (uint64_t)at);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        mesh = NULL;
+        fsdp2_status_t st = fsdp2_mesh_create(c->store, name, c->rank, c->size, 2, shape, names,
+                                              &options, &mesh);
+        double took = ranks_seconds_since(&t0);
+        int fired = fsdp2_fault_fired();
+        fsdp2_fault_disarm();
+        const char *msg = fsdp2_last_error();
+        fails += RANK_CHECK(c, mesh == NULL, "%s: a mesh on a failed creation", name);
+        if (c->rank == victim)
+            fails += RANK_CHECK(c, fired && st == FSDP2_ERR_OUT_OF_MEMORY, "%s: %s: %s", name,
+                                fsdp2_status_name(st), msg);
+        else
+            fails += RANK_CHECK(c, st == FSDP2_ERR_PEER_FAILED && strstr(msg, "OUT_OF_MEMORY") &&
+                                       strstr(msg, name),
+                                "%s: %s: %s", name, fsdp2_status_name(st), msg);
+        fails += RANK_CHECK(c, took < 10.0, "%s: failed after %.1f s (timeout 20 s)", name, took);
+        fsdp2_mesh_destroy(mesh);
+    }
+    fails += OK(c, fsdp2_mesh_create(c->store, "after", c->rank, c->size, 2, shape, names,
+                                     &options, &mesh));
+    for (int d = 0; d < 2 && fails == 0; d++) {
+        fsdp2_group_t *g = NULL;
+        float x = (float)c->rank;
+        fails += OK(c, fsdp2_mesh_group(mesh, d, &g));
+        fails += OK(c, fsdp2_all_reduce_async(g, &x, 1, FSDP2_F32, NULL, c->stream));
+        fails += OK(c, fsdp2_stream_synchronize(c->stream));
+        /* dim 0 joins ranks r and r + 2, dim 1 ranks r and r ^ 1 */
+        float want = d == 0 ? (float)(2 * (c->rank % 2) + 2) : (float)(4 * (c->rank / 2) + 1);
+        fails += RANK_CHECK(c, x == want, "dim %d: sum %g, want %g", d, x, want);
+    }
+    fsdp2_mesh_destroy(mesh);
+    return fails;
+}
+
+START_TEST(a_rank_that_fails_its_part_of_a_mesh_fails_it_on_every_rank_at_once)
+{
+    ranks_result_t res;
+    ck_assert_msg(run_ranks(4, body_mesh_fails_on_one_rank, NULL, 20000, 120, &res) == 0,
+                  "statuses %d %d %d %d (timed out %d)", res.status[0], res.status[1],
+                  res.status[2], res.status[3], res.timed_out);
+}
+END_TEST
+
 static Suite *mesh_suite(void)
 {
     Suite *s = suite_create("mesh");
@@ -244,6 +325,7 @@ static Suite *mesh_suite(void)
     tcase_add_test(tc, two_dim_meshes_over_4_ranks_are_row_major_with_a_group_per_dim);
     tcase_add_test(tc, invalid_meshes_are_errors_naming_the_problem);
     tcase_add_test(tc, a_rank_missing_from_a_mesh_is_named_in_its_group_and_in_the_world);
+    tcase_add_test(tc, a_rank_that_fails_its_part_of_a_mesh_fails_it_on_every_rank_at_once);
     suite_add_tcase(s, tc);
     return s;
 }
