@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "collectives/group_internal.h"
 #include "collectives/mesh_default.h"
 #include "collectives/trace_session.h"
 #include "core/error.h"
@@ -61,6 +62,10 @@ cleanup:;
     /* Tearing down what was made sets messages of its own: the cause is kept. */
     char message[1024];
     snprintf(message, sizeof(message), "%s", fsdp2_last_error());
+    /* Ranks whose init succeeded are in their first collective on the world, or soon
+     * will be: it fails at once, naming this rank and the cause. */
+    if (c->world)
+        fsdp2_group_break(c->world, status, message);
     fsdp2_finalize(c);
     return fsdp2_error(status, "%s", message);
 }

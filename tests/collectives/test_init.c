@@ -218,6 +218,60 @@ static int bad_trace_body(int rank, int port, const void *arg)
     return 0;
 }
 
+/* fsdp2_init failing on rank 1 alone, after the world was made: rank 0's init succeeds,
+ * and its first collective fails at once naming rank 1 and the cause, though rank 1's
+ * process lives on for a while (no pid check can find it gone). */
+static int one_bad_trace_body(int rank, int port, const void *arg)
+{
+    (void)arg;
+    set_pair_env(rank, port, rank, 2);
+    if (rank == 1)
+        setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
+    fsdp2_context_t *ctx = NULL;
+    fsdp2_status_t s = fsdp2_init(NULL, &ctx);
+    if (rank == 1) {
+        int bad = s != FSDP2_ERR_INVALID_CONFIG;
+        if (bad)
+            fprintf(stderr, "rank 1: init gave %s (%s)\n", fsdp2_status_name(s),
+                    fsdp2_last_error());
+        sleep(4);
+        return bad;
+    }
+    if (s != FSDP2_SUCCESS) {
+        fprintf(stderr, "rank 0: init: %s\n", fsdp2_last_error());
+        return 1;
+    }
+    fsdp2_group_t *world = NULL;
+    fsdp2_stream_t *stream = NULL;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    float x = 1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    s = fsdp2_context_world(ctx, &world);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_current(cpu, &stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_all_reduce_async(world, &x, 1, FSDP2_F32, NULL, stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(stream);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    const char *msg = fsdp2_last_error();
+    int bad = s != FSDP2_ERR_PEER_FAILED || !strstr(msg, "rank 1") ||
+              !strstr(msg, "FSDP2_TRACE") || took > 3.0;
+    if (bad)
+        fprintf(stderr, "rank 0: all_reduce gave %s after %.1f s: %s\n", fsdp2_status_name(s),
+                took, msg);
+    fsdp2_finalize(ctx);
+    return bad;
+}
+
+START_TEST(an_init_that_fails_on_one_rank_fails_the_others_first_collective_at_once)
+{
+    run_pair(one_bad_trace_body, NULL);
+}
+END_TEST
+
 START_TEST(a_failed_init_of_two_ranks_keeps_its_cause_as_the_message)
 {
     run_pair(bad_trace_body, NULL);
@@ -303,6 +357,7 @@ static Suite *init_suite(void)
     tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
     tcase_add_test(tc, every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules);
     tcase_add_test(tc, a_failed_init_of_two_ranks_keeps_its_cause_as_the_message);
+    tcase_add_test(tc, an_init_that_fails_on_one_rank_fails_the_others_first_collective_at_once);
     tcase_add_test(tc, ranks_that_never_start_are_named_by_every_rank_within_the_timeout);
     suite_add_tcase(s, tc);
     return s;
