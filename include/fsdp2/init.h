@@ -26,7 +26,9 @@ typedef struct fsdp2_init_options {
 #define FSDP2_INIT_OPTIONS_INIT {sizeof(fsdp2_init_options_t), FSDP2_BACKEND_UCX, 0}
 
 /* Collective over the world: every rank calls it. Blocks until all ranks connected (or
- * the timeout, naming the ranks that did not). options may be NULL. */
+ * the timeout, naming the ranks that did not). options may be NULL. A rank whose init
+ * fails after the others reached it fails them too: in the world group's creation, or
+ * at their first collective on the world, naming it and its error. */
 FSDP2_API fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t **ctx);
 
 /* Destroys the world group and the store (on rank 0, after the others closed theirs).

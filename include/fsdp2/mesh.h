@@ -21,7 +21,9 @@ typedef struct fsdp2_mesh fsdp2_mesh_t;
 /* Collective over the world (world_size ranks; this one is `rank`). `name` prefixes the
  * groups' store keys and must differ between meshes (1..60 characters). shape's product must equal
  * world_size; names (distinct, 1..31 characters) may be NULL for "dim0", "dim1".
- * options (may be NULL) apply to every group. */
+ * options (may be NULL) apply to every group. The mesh exists on every rank or on none: a
+ * rank whose part fails makes every other rank's creation fail at once with
+ * FSDP2_ERR_PEER_FAILED, naming it and its error. */
 FSDP2_API fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank,
                                            int world_size, int ndim, const int *shape,
                                            const char *const *names,
