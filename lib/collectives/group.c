@@ -161,6 +161,7 @@ static const fsdp2_cuda_group_host_t nccl_host = {
     .store_set = fsdp2_store_set,
     .store_get = fsdp2_store_get,
     .store_add = fsdp2_store_add,
+    .setup_wait_keys = fsdp2_setup_wait_keys,
 };
 
 static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;

@@ -129,6 +129,12 @@ fsdp2_status_t fsdp2_store_add(fsdp2_store_t *store, const char *key, int64_t de
     return group_host->store_add(store, key, delta, result);
 }
 
+fsdp2_status_t fsdp2_setup_wait_keys(fsdp2_setup_t *s, fsdp2_store_t *store,
+                                     const char *const *keys, size_t n, const char *verb)
+{
+    return group_host->setup_wait_keys(s, store, keys, n, verb);
+}
+
 /* ---- the entry points ---- */
 
 /* The collectives layer asks once per process, under its own once-guard; the table it

@@ -27,13 +27,14 @@
 #include <fsdp2/store.h>
 #include <fsdp2/tensor.h>
 
+#include "collectives/setup.h"
 #include "core/log_internal.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define FSDP2_CUDA_MODULE_ABI 1u
+#define FSDP2_CUDA_MODULE_ABI 2u
 /* The module's file name, looked for beside libfsdp2.so and on the library path. */
 #define FSDP2_CUDA_MODULE_FILE "libfsdp2-cuda.so"
 #define FSDP2_CUDA_MODULE_INIT "fsdp2_cuda_module_init"
@@ -76,6 +77,8 @@ typedef struct fsdp2_cuda_group_host {
                                 size_t *len);
     fsdp2_status_t (*store_add)(fsdp2_store_t *store, const char *key, int64_t delta,
                                 int64_t *result);
+    fsdp2_status_t (*setup_wait_keys)(fsdp2_setup_t *s, fsdp2_store_t *store,
+                                      const char *const *keys, size_t n, const char *verb);
 } fsdp2_cuda_group_host_t;
 
 /* A piece of one optimizer shard that one block updates. */

@@ -257,6 +257,8 @@ static fsdp2_status_t exchange_id(fsdp2_group_t *g, fsdp2_store_t *store, ncclUn
         return fsdp2_store_set(store, key, id, sizeof(*id));
     }
     size_t len = 0;
+    const char *keys[1] = {key};
+    FSDP2_CHECK(fsdp2_setup_wait_keys(&g->setup, store, keys, 1, "hear rank 0's NCCL unique id"));
     FSDP2_CHECK(fsdp2_store_get(store, key, id, sizeof(*id), &len));
     if (len != sizeof(*id))
         return fsdp2_error(FSDP2_ERR_CORRUPT, "group '%s': NCCL unique id '%s' has %zu bytes, "
