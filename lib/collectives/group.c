@@ -190,6 +190,13 @@ static fsdp2_status_t nccl_ops(const fsdp2_group_ops_t **ops)
 fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank, int size,
                                   const fsdp2_group_options_t *options, fsdp2_group_t **out)
 {
+    return fsdp2_group_create_in(store, name, rank, size, options, NULL, out);
+}
+
+fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int rank, int size,
+                                     const fsdp2_group_options_t *options, fsdp2_setup_t *parent,
+                                     fsdp2_group_t **out)
+{
     FSDP2_ARG_CHECK(out, "group is NULL");
     *out = NULL;
     FSDP2_ARG_CHECK(store && name, "store or name is NULL");
@@ -207,10 +214,15 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
         FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, earlier, 1));
     FSDP2_ARG_CHECK(opts.backend == FSDP2_BACKEND_UCX || opts.backend == FSDP2_BACKEND_NCCL,
                     "group '%s': backend %d is not ucx or nccl", name, (int)opts.backend);
-    FSDP2_CHECK(fsdp2_env_init());
-    fsdp2_group_t *g = calloc(1, sizeof(*g));
-    if (!g)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", name);
+    /* From here on a failure is reported to the other members (collectives/setup.h). */
+    fsdp2_setup_t setup = {.kind = "group", .rank = rank, .size = size, .parent = parent};
+    snprintf(setup.name, sizeof(setup.name), "%s", name);
+    fsdp2_status_t status = fsdp2_env_init();
+    fsdp2_group_t *g = status == FSDP2_SUCCESS ? fsdp2_calloc(1, sizeof(*g)) : NULL;
+    if (status == FSDP2_SUCCESS && !g)
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "group '%s'", name);
+    if (status != FSDP2_SUCCESS)
+        return fsdp2_setup_failed(&setup, store, status);
     snprintf(g->name, sizeof(g->name), "%s", name);
     g->rank = rank;
     g->size = size;
@@ -220,12 +232,10 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     atomic_init(&g->aborted, 0);
     atomic_init(&g->error, FSDP2_SUCCESS);
     pthread_mutex_init(&g->error_lock, NULL);
-    g->setup = (fsdp2_setup_t){.kind = "group", .rank = rank, .size = size,
-                               .timeout_ms = g->timeout_ms};
-    snprintf(g->setup.name, sizeof(g->setup.name), "%s", name);
-    fsdp2_status_t status = FSDP2_SUCCESS;
+    g->setup = setup;
+    g->setup.timeout_ms = g->timeout_ms;
     const fsdp2_group_ops_t *ops = NULL;
-    if (opts.backend == FSDP2_BACKEND_UCX) { /* a member without UCX or the module tells */
+    if (opts.backend == FSDP2_BACKEND_UCX) {
 #ifdef FSDP2_HAVE_UCX
         ops = &fsdp2_ucx_group_ops;
 #else
@@ -240,7 +250,7 @@ fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int ra
     if (status == FSDP2_SUCCESS)
         status = ops->create(g, store);
     if (status != FSDP2_SUCCESS) {
-        /* (the backend told the others already if its failure came after the members met) */
+        /* what failed before the backend, or in nccl's (ucx reports before its teardown) */
         status = fsdp2_setup_failed(&g->setup, store, status);
         pthread_mutex_destroy(&g->error_lock);
         free(g);

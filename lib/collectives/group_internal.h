@@ -117,6 +117,12 @@ void fsdp2_group_error_text(struct fsdp2_group *g, char *buf, size_t len);
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
+/* fsdp2_group_create as a step of the set-up `parent` (a mesh's; NULL: none): a failure
+ * is reported there too (collectives/setup.h). */
+fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int rank, int size,
+                                     const fsdp2_group_options_t *options, fsdp2_setup_t *parent,
+                                     struct fsdp2_group **out);
+
 /* Member r's store key for `what` during set-up: "<group name>/<what>/<r>" (the
  * waits and barriers of a group's creation: collectives/setup.h, on g->setup). */
 #define FSDP2_GROUP_KEY_MAX FSDP2_SETUP_KEY_MAX

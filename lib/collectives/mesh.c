@@ -122,19 +122,18 @@ static int dim_group_name(const fsdp2_mesh_t *m, int d, char name[FSDP2_GROUP_NA
     return snprintf(name, FSDP2_GROUP_NAME_MAX, "%s/%s/%d", m->name, m->layout.names[d], other);
 }
 
-/* Tells the members of dim d's group, which this rank will not create, that its part
- * failed with status and this thread's last error (which stays). */
+/* Tells the members of dim d's group, which this rank did not finish or will not create,
+ * that its part failed with status and this thread's last error, which stays its error. */
 static void tell_dim_group(const fsdp2_mesh_t *m, fsdp2_store_t *store, int d,
-                           fsdp2_status_t status, long timeout_ms)
+                           fsdp2_status_t status)
 {
-    fsdp2_setup_t s = {.kind = "group", .rank = m->coords[d], .size = m->layout.shape[d],
-                       .timeout_ms = timeout_ms};
+    fsdp2_setup_t s = {.kind = "group", .rank = m->coords[d], .size = m->layout.shape[d]};
     if ((size_t)dim_group_name(m, d, s.name) >= sizeof(s.name))
         return;
     char own[FSDP2_ERROR_MESSAGE_MAX];
     snprintf(own, sizeof(own), "%s", fsdp2_last_error());
     (void)fsdp2_setup_failed(&s, store, status);
-    (void)fsdp2_error(status, "%s", own); /* whatever that group's first report was */
+    (void)fsdp2_error(status, "%s", own);
 }
 
 fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int rank, int world_size,
@@ -160,27 +159,31 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
     m->rank = rank;
     keep_creator(m, store, name, options);
     mesh_layout_coords(&m->layout, rank, m->coords);
-    long timeout_ms = m->options.timeout_ms > 0 ? m->options.timeout_ms
-                                                : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    /* The mesh exists on every rank or on none: a rank whose part fails reports it to
+     * the mesh (its groups do so themselves) and to the groups it will not create; every
+     * rank ends with a barrier. */
+    fsdp2_setup_t setup = {.kind = "mesh", .rank = rank, .size = world_size};
+    snprintf(setup.name, sizeof(setup.name), "%s", name);
+    status = fsdp2_env_init();
+    setup.timeout_ms = m->options.timeout_ms > 0 ? m->options.timeout_ms
+                                                 : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
     int d = 0;
     for (; d < ndim && status == FSDP2_SUCCESS; d++) {
         char group_name[FSDP2_GROUP_NAME_MAX];
         int len = dim_group_name(m, d, group_name);
         status = (size_t)len < sizeof(group_name)
-                     ? fsdp2_group_create(store, group_name, m->coords[d], m->layout.shape[d],
-                                          options, &m->groups[d])
+                     ? fsdp2_group_create_in(store, group_name, m->coords[d],
+                                             m->layout.shape[d], options, &setup, &m->groups[d])
                      : fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT, "mesh '%s': the group name of dim "
                                    "'%s' is %d characters long", name, m->layout.names[d], len);
         if (status != FSDP2_SUCCESS && (size_t)len < sizeof(group_name))
             status = name_world_ranks(m, d, status);
     }
-    /* The mesh exists on every rank or on none: a rank whose group failed tells the
-     * members of the groups it will not create, and every rank, at the end. */
-    fsdp2_setup_t setup = {.kind = "mesh", .rank = rank, .size = world_size,
-                           .timeout_ms = timeout_ms};
-    snprintf(setup.name, sizeof(setup.name), "%s", name);
-    for (int left = d; status != FSDP2_SUCCESS && left < ndim; left++)
-        tell_dim_group(m, store, left, status, timeout_ms);
+    /* from the failed dim's group (told twice does no harm: the first report stays); a
+     * timeout is each waiting member's own */
+    for (int left = d > 0 ? d - 1 : 0;
+         status != FSDP2_SUCCESS && status != FSDP2_ERR_TIMEOUT && left < ndim; left++)
+        tell_dim_group(m, store, left, status);
     if (status == FSDP2_SUCCESS && world_size > 1)
         status = fsdp2_setup_barrier(&setup, store, "mesh/ready");
     if (status != FSDP2_SUCCESS) {

@@ -49,12 +49,19 @@ static void failed_key(const fsdp2_setup_t *s, char *key)
     snprintf(key, FSDP2_SETUP_KEY_MAX, "%s/setup/failed", s->name);
 }
 
+/* Ends the reporting of s and of its parents. */
+static void mark_failed(fsdp2_setup_t *s)
+{
+    for (; s; s = s->parent)
+        s->failed = 1;
+}
+
 /* The error of a member whose set-up ended because of another's report, read from
  * `key` into *peer (len bytes); `mine`, if any, is how this member's own step failed. */
 static fsdp2_status_t peer_error(fsdp2_setup_t *s, const char *key, setup_outcome_t *peer,
                                  size_t len, const char *mine)
 {
-    s->failed = 1; /* this member's failure is that one's */
+    mark_failed(s); /* this member's failure is that one's */
     if (len != sizeof(*peer))
         return fsdp2_error(FSDP2_ERR_CORRUPT, "%s '%s': '%s' is %zu bytes, not %zu (another "
                            "libfsdp2 version?)", s->kind, s->name, key, len, sizeof(*peer));
@@ -65,15 +72,12 @@ static fsdp2_status_t peer_error(fsdp2_setup_t *s, const char *key, setup_outcom
                        mine ? "; then on this member: " : "", mine ? mine : "");
 }
 
-fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status)
+/* Writes this member's report under s's key, unless one is there: then, for a failure
+ * to reach a peer, the error names that report's member. Returns the error to give. */
+static fsdp2_status_t report(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status,
+                             const char *own)
 {
-    /* a timeout is not reported: every member waiting for the absent ones finds its own,
-     * naming them */
-    if (s->failed || s->size == 1 || status == FSDP2_ERR_TIMEOUT)
-        return status;
     s->failed = 1;
-    char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
-    snprintf(own, sizeof(own), "%s", fsdp2_last_error());
     setup_outcome_t out;
     memset(&out, 0, sizeof(out));
     out.status = (int32_t)status;
@@ -97,8 +101,24 @@ fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_
     return fsdp2_error(status, "%s", own);
 }
 
+fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status)
+{
+    if (s->failed || s->size == 1)
+        return status;
+    char own[FSDP2_ERROR_MESSAGE_MAX]; /* whole: the store calls below may set another */
+    snprintf(own, sizeof(own), "%s", fsdp2_last_error());
+    fsdp2_status_t result = report(s, store, status, own);
+    char given[FSDP2_ERROR_MESSAGE_MAX];
+    snprintf(given, sizeof(given), "%s", fsdp2_last_error());
+    for (fsdp2_setup_t *p = s->parent; p && !p->failed; p = p->parent)
+        if (p->size > 1)
+            (void)report(p, store, status, own);
+    return fsdp2_error(result, "%s", given);
+}
+
 /* Waits for keys[0..n) unless a member reports its failure first: then
- * FSDP2_ERR_PEER_FAILED, naming it. A timeout keeps the store's message. */
+ * FSDP2_ERR_PEER_FAILED, naming it. A timeout is every waiting member's own: it ends
+ * the reporting. */
 static fsdp2_status_t wait_unless_failed(fsdp2_setup_t *s, fsdp2_store_t *store,
                                          const char *const *keys, size_t n)
 {
@@ -108,6 +128,8 @@ static fsdp2_status_t wait_unless_failed(fsdp2_setup_t *s, fsdp2_store_t *store,
     size_t len = 0;
     fsdp2_status_t status = fsdp2_store_wait_unless(store, keys, n, failed, s->timeout_ms, &peer,
                                                     sizeof(peer), &len);
+    if (status == FSDP2_ERR_TIMEOUT)
+        mark_failed(s);
     if (status != FSDP2_ERR_ABORTED)
         return status;
     return peer_error(s, failed, &peer, len, NULL);
@@ -171,8 +193,11 @@ fsdp2_status_t fsdp2_setup_barrier(fsdp2_setup_t *s, fsdp2_store_t *store, const
     char verb[FSDP2_SETUP_NAME_MAX + 32];
     snprintf(verb, sizeof(verb), "reach '%s'", what);
     fsdp2_status_t status = fsdp2_store_set(store, keys[s->rank], "1", 1);
-    if (status == FSDP2_SUCCESS)
+    if (status == FSDP2_SUCCESS) {
         status = wait_member_keys(s, store, keys, verb);
+        if (status != FSDP2_SUCCESS)
+            mark_failed(s);
+    }
     free(block);
     free((void *)keys);
     return status;

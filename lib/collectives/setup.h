@@ -20,7 +20,13 @@ typedef struct fsdp2_setup {
     char name[FSDP2_SETUP_NAME_MAX];
     int rank, size; /* this member, and how many take part */
     long timeout_ms;
-    int failed; /* the members know of a failure (this one's report, or another's) */
+    /* Nothing more to report: this member reported, learnt of another's report, timed
+     * out in a wait of the set-up (every member waiting there finds its own timeout), or
+     * failed in a barrier's wait after arriving. */
+    int failed;
+    /* The set-up this one is a step of (a mesh's, for its dims' groups), or NULL: a report
+     * goes there too, and what ends this set-up's reporting ends the parent's. */
+    struct fsdp2_setup *parent;
 } fsdp2_setup_t;
 
 /* Member r's key for `what`: "<name>/<what>/<r>". key holds FSDP2_SETUP_KEY_MAX. */
@@ -36,18 +42,18 @@ fsdp2_status_t fsdp2_setup_wait_keys(fsdp2_setup_t *s, fsdp2_store_t *store,
 fsdp2_status_t fsdp2_setup_wait_members(fsdp2_setup_t *s, fsdp2_store_t *store,
                                         const char *what, const char *verb);
 
-/* This member sets its key for `what`, then waits for every member's. Setting the key
- * is the member's last step that can fail on its own: once all have set theirs, the
- * others may go on to steps that do not watch the store. */
+/* This member sets its key for `what`, then waits for every member's. A failure of that
+ * wait is not reported: the others may be past the barrier already, in steps that do not
+ * watch the store, and a report would stop only some of them. */
 fsdp2_status_t fsdp2_setup_barrier(fsdp2_setup_t *s, fsdp2_store_t *store, const char *what);
 
-/* Reports that this member's part failed with status and this thread's last error:
- * the others' waits end at once. Returns the error to give: status with that message,
- * or, when status is a failure to reach a peer (FSDP2_ERR_BACKEND, _PEER_FAILED),
- * FSDP2_ERR_PEER_FAILED naming a member that reported first (most likely the cause: a
- * member that left takes its endpoints with it).
- * Once per set-up, and not at all for a timeout (each waiting member finds its own), a
- * failure that another's report caused, or with one member. Best effort: a store that fails here leaves the others to their timeout. */
+/* Reports that this member's part failed with status and this thread's last error, to
+ * the set-up and its parents: the others' waits end at once. Returns the error to give:
+ * status with that message, or, when status is a failure to reach a peer
+ * (FSDP2_ERR_BACKEND, _PEER_FAILED), FSDP2_ERR_PEER_FAILED naming a member that reported
+ * first (most likely the cause: a member that left takes its endpoints with it). Nothing
+ * is reported once `failed` is set, or with one member. Best effort: a store that fails
+ * here leaves the others to their timeout. */
 fsdp2_status_t fsdp2_setup_failed(fsdp2_setup_t *s, fsdp2_store_t *store, fsdp2_status_t status);
 
 #endif

@@ -122,8 +122,8 @@ static fsdp2_status_t all_mapped(fsdp2_group_t *g, fsdp2_store_t *store, int min
     fsdp2_group_member_key(g, "shm/mapped", g->rank, key);
     FSDP2_CHECK(fsdp2_store_set(store, key, !mine ? "0" : *direct ? "2" : "1", 1));
     /* all at once first, so that a timeout names every member that never answered */
-    FSDP2_CHECK(fsdp2_setup_wait_members(&g->setup, store, "shm/mapped", "say whether it mapped the "
-                                         "shared-memory segment"));
+    FSDP2_CHECK(fsdp2_setup_wait_members(&g->setup, store, "shm/mapped",
+                                         "say whether it mapped the shared-memory segment"));
     *all = 1;
     *first_missing = -1;
     for (int r = 0; r < g->size; r++) {

@@ -248,8 +248,8 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     ucs_status_t s = ucp_worker_get_address(ug->worker, &address, &address_len);
     if (s != UCS_OK)
         return ucx_status(s, "ucp_worker_get_address");
-    char key[FSDP2_GROUP_NAME_MAX + 64];
-    snprintf(key, sizeof(key), "%s/ucx/address/%d", g->name, g->rank);
+    char key[FSDP2_GROUP_KEY_MAX];
+    fsdp2_group_member_key(g, "ucx/address", g->rank, key);
     fsdp2_status_t status = fsdp2_store_set(store, key, address, address_len);
     ucp_worker_release_address(ug->worker, address);
     FSDP2_CHECK(status);
@@ -261,7 +261,7 @@ static fsdp2_status_t connect_peers(ucx_group_t *ug, fsdp2_store_t *store)
     for (int k = 1; k < g->size && status == FSDP2_SUCCESS; k++) {
         int r = (g->rank + k) % g->size;
         size_t len = 0;
-        snprintf(key, sizeof(key), "%s/ucx/address/%d", g->name, r);
+        fsdp2_group_member_key(g, "ucx/address", r, key);
         status = fsdp2_store_get(store, key, remote, UCX_ADDRESS_MAX, &len);
         if (status != FSDP2_SUCCESS)
             break;

@@ -709,28 +709,37 @@ fsdp2_status_t fsdp2_store_wait(fsdp2_store_t *store, const char *const *keys, s
     return fsdp2_store_wait_for(store, keys, n, store->timeout_ms);
 }
 
+/* WAIT (fields: the keys) or UNLESS (fields: `unless`, then the keys). A timeout names
+ * the waited-for keys still missing. */
+static fsdp2_status_t wait_call(fsdp2_store_t *st, store_op_t op, const char *const *fields,
+                                size_t nfields, long timeout_ms)
+{
+    if (timeout_ms > STORE_TIMEOUT_MAX_MS)
+        timeout_ms = STORE_TIMEOUT_MAX_MS;
+    size_t first = op == STORE_OP_UNLESS; /* the first waited-for key */
+    uint32_t *lens;
+    FSDP2_CHECK(key_lengths("wait", fields, nfields, &lens));
+    char what[64];
+    snprintf(what, sizeof(what), "wait for %zu keys", nfields - first);
+    fsdp2_status_t s = store_call(st, what, op, (uint32_t)timeout_ms, (const void *const *)fields,
+                                  lens, (uint32_t)nfields,
+                                  fsdp2_now_ms() + timeout_ms + STORE_REPLY_GRACE_MS);
+    free(lens);
+    if (s == FSDP2_ERR_TIMEOUT && !st->broken)
+        s = wait_timed_out(st, fields + first, nfields - first, timeout_ms);
+    return s;
+}
+
 fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *keys, size_t n,
                                     long timeout_ms)
 {
     FSDP2_ARG_CHECK(store != NULL, "store is NULL");
     FSDP2_ARG_CHECK(timeout_ms > 0, "wait: timeout %ld ms", timeout_ms);
-    if (timeout_ms > STORE_TIMEOUT_MAX_MS)
-        timeout_ms = STORE_TIMEOUT_MAX_MS;
     FSDP2_ARG_CHECK(keys != NULL || n == 0, "wait: keys is NULL with n=%zu", n);
     FSDP2_ARG_CHECK(n <= UINT32_MAX / 8, "wait: n=%zu keys", n);
     if (n == 0)
         return FSDP2_SUCCESS;
-    uint32_t *lens;
-    FSDP2_CHECK(key_lengths("wait", keys, n, &lens));
-    char what[64];
-    snprintf(what, sizeof(what), "wait for %zu keys", n);
-    fsdp2_status_t s = store_call(store, what, STORE_OP_WAIT, (uint32_t)timeout_ms,
-                                  (const void *const *)keys, lens, (uint32_t)n,
-                                  fsdp2_now_ms() + timeout_ms + STORE_REPLY_GRACE_MS);
-    free(lens);
-    if (s == FSDP2_ERR_TIMEOUT && !store->broken)
-        s = wait_timed_out(store, keys, n, timeout_ms);
-    return s;
+    return wait_call(store, STORE_OP_WAIT, keys, n, timeout_ms);
 }
 
 fsdp2_status_t fsdp2_store_wait_unless(fsdp2_store_t *store, const char *const *keys, size_t n,
@@ -740,41 +749,22 @@ fsdp2_status_t fsdp2_store_wait_unless(fsdp2_store_t *store, const char *const *
     FSDP2_ARG_CHECK(store && len && (value || cap == 0), "wait: store, value or len is NULL");
     *len = 0;
     FSDP2_ARG_CHECK(timeout_ms > 0, "wait: timeout %ld ms", timeout_ms);
-    if (timeout_ms > STORE_TIMEOUT_MAX_MS)
-        timeout_ms = STORE_TIMEOUT_MAX_MS;
-    FSDP2_ARG_CHECK(keys != NULL || n == 0, "wait: keys is NULL with n=%zu", n);
+    FSDP2_ARG_CHECK(keys != NULL && unless != NULL, "wait: keys or unless is NULL");
     FSDP2_ARG_CHECK(n >= 1 && n < UINT32_MAX / 8, "wait: n=%zu keys", n);
-    FSDP2_CHECK(check_key("wait", unless));
     const char **all = malloc((n + 1) * sizeof(*all));
     if (!all)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "wait: %zu keys", n);
     all[0] = unless;
     memcpy(all + 1, keys, n * sizeof(*all));
-    uint32_t *lens;
-    fsdp2_status_t s = key_lengths("wait", all, n + 1, &lens);
-    if (s != FSDP2_SUCCESS) {
-        free(all);
-        return s;
-    }
-    char what[64];
-    snprintf(what, sizeof(what), "wait for %zu keys", n);
-    s = store_call(store, what, STORE_OP_UNLESS, (uint32_t)timeout_ms, (const void *const *)all,
-                   lens, (uint32_t)n + 1, fsdp2_now_ms() + timeout_ms + STORE_REPLY_GRACE_MS);
-    free(lens);
+    fsdp2_status_t s = wait_call(store, STORE_OP_UNLESS, all, n + 1, timeout_ms);
     free(all);
-    if (s == FSDP2_ERR_TIMEOUT && !store->broken)
-        return wait_timed_out(store, keys, n, timeout_ms);
     FSDP2_CHECK(s);
     if (store->reply.nfields == 0)
         return FSDP2_SUCCESS;
     store_field_t f = reply_field(store);
-    if (f.len > cap)
-        return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
-                           "wait: '%s' holds %u bytes, more than the %zu of the buffer", unless,
-                           f.len, cap);
-    memcpy(value, f.data, f.len);
+    memcpy(value, f.data, f.len < cap ? f.len : cap);
     *len = f.len;
-    return fsdp2_error(FSDP2_ERR_ABORTED, "wait: '%s' was set", unless);
+    return fsdp2_error(FSDP2_ERR_ABORTED, "wait: '%s' was set (%u bytes)", unless, f.len);
 }
 
 fsdp2_status_t fsdp2_store_add(fsdp2_store_t *store, const char *key, int64_t delta,

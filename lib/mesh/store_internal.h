@@ -13,9 +13,10 @@ fsdp2_status_t fsdp2_store_wait_for(fsdp2_store_t *store, const char *const *key
                                     long timeout_ms);
 
 /* fsdp2_store_wait_for that also ends once the key `unless` exists (a failure's mark):
- * FSDP2_SUCCESS when keys[0..n) all exist, FSDP2_ERR_ABORTED with unless's value in
- * value[0..*len) when it exists first (the caller makes its message of the value);
- * FSDP2_ERR_TIMEOUT names the keys still missing. n >= 1. */
+ * FSDP2_SUCCESS when keys[0..n) all exist, FSDP2_ERR_ABORTED when `unless` exists while
+ * one of them is missing, its length in *len and as much of its value as fits in
+ * value[0..cap) (the caller makes its message of the value); FSDP2_ERR_TIMEOUT names the
+ * keys still missing. n >= 1. */
 fsdp2_status_t fsdp2_store_wait_unless(fsdp2_store_t *store, const char *const *keys, size_t n,
                                        const char *unless, long timeout_ms, void *value,
                                        size_t cap, size_t *len);
