@@ -54,8 +54,9 @@ FSDP2_API fsdp2_status_t fsdp2_context_mesh(const fsdp2_context_t *ctx, fsdp2_me
  * FSDP2_ERR_INVALID_ARGUMENT (each rank checks alone; pass the same value everywhere).
  * Collective over the world the first time for a shard size (an all-gather of every
  * rank's proposal, then the mesh's groups): a layout that breaks the rules is
- * FSDP2_ERR_INVALID_CONFIG on every rank, naming the rank that broke them. The context
- * owns the mesh (up to 4 shard sizes) until fsdp2_finalize. */
+ * FSDP2_ERR_INVALID_CONFIG on every rank, naming the rank that broke them. A mesh that
+ * failed to form fails on every rank, and may be asked for again. The context owns the
+ * mesh (up to 4 shard sizes) until fsdp2_finalize. */
 FSDP2_API fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *ctx, int shard,
                                                  fsdp2_mesh_t **mesh);
 

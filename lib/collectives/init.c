@@ -20,6 +20,9 @@ struct fsdp2_context {
     fsdp2_mesh_t *mesh; /* 1D over world */
     fsdp2_group_options_t go;
     fsdp2_mesh_t *hsdp[CONTEXT_HSDP_MESHES]; /* fsdp2_context_hsdp_mesh's, by creation */
+    /* HSDP meshes that failed to form: a retry takes a new name, since a failed creation
+     * leaves its keys in the store (alike on every rank: a mesh fails on all or none) */
+    int hsdp_failures;
 };
 
 fsdp2_status_t fsdp2_init(const fsdp2_init_options_t *options, fsdp2_context_t **out)
@@ -177,10 +180,17 @@ fsdp2_status_t fsdp2_context_hsdp_mesh(fsdp2_context_t *c, int shard, fsdp2_mesh
     FSDP2_CHECK(agree_hsdp(c, shard, consecutive));
     int shape[2] = {in->world_size / shard, shard};
     char name[32];
-    snprintf(name, sizeof(name), "hsdp%d", shard);
+    if (c->hsdp_failures == 0)
+        snprintf(name, sizeof(name), "hsdp%d", shard);
+    else
+        snprintf(name, sizeof(name), "hsdp%d-%d", shard, c->hsdp_failures);
     const char *const names[2] = {"replicate", "shard"};
-    FSDP2_CHECK(fsdp2_mesh_create(c->store, name, in->rank, in->world_size, 2, shape, names,
-                                  &c->go, &c->hsdp[i]));
+    fsdp2_status_t status = fsdp2_mesh_create(c->store, name, in->rank, in->world_size, 2, shape,
+                                              names, &c->go, &c->hsdp[i]);
+    if (status != FSDP2_SUCCESS) {
+        c->hsdp_failures++;
+        return status;
+    }
     *mesh = c->hsdp[i];
     return FSDP2_SUCCESS;
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "../core/check_main.h"
+#include "core/fault.h"
 #include <fsdp2/fsdp2.h>
 
 static const char *const launcher_vars[] = {
@@ -275,6 +276,55 @@ START_TEST(an_init_that_fails_on_one_rank_fails_the_others_first_collective_at_o
 }
 END_TEST
 
+/* An HSDP mesh whose creation failed (rank 1's first allocation in it) fails on both
+ * ranks, and asking again makes it: the retry takes a name of its own, since the failed
+ * creation left its keys in the store. */
+static int hsdp_retry_body(int rank, int port, const void *arg)
+{
+    (void)arg;
+    set_pair_env(rank, port, rank, 2);
+    fsdp2_context_t *ctx = NULL;
+    if (fsdp2_init(NULL, &ctx) != FSDP2_SUCCESS) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, fsdp2_last_error());
+        return 1;
+    }
+    fsdp2_mesh_t *mesh = NULL;
+    if (rank == 1)
+        fsdp2_fault_arm(FAULT_ALLOC, 1);
+    fsdp2_status_t s = fsdp2_context_hsdp_mesh(ctx, 2, &mesh);
+    fsdp2_fault_disarm();
+    fsdp2_status_t want = rank == 1 ? FSDP2_ERR_OUT_OF_MEMORY : FSDP2_ERR_PEER_FAILED;
+    int bad = s != want || mesh != NULL;
+    if (bad)
+        fprintf(stderr, "rank %d: first hsdp mesh gave %s, want %s: %s\n", rank,
+                fsdp2_status_name(s), fsdp2_status_name(want), fsdp2_last_error());
+    fsdp2_group_t *g = NULL;
+    fsdp2_stream_t *stream = NULL;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    float x = (float)rank + 1;
+    s = fsdp2_context_hsdp_mesh(ctx, 2, &mesh);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_mesh_group(mesh, 1, &g);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_current(cpu, &stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_all_reduce_async(g, &x, 1, FSDP2_F32, NULL, stream);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(stream);
+    if (s != FSDP2_SUCCESS || x != 3.0f) {
+        fprintf(stderr, "rank %d: the retry gave %s, sum %g: %s\n", rank, fsdp2_status_name(s),
+                x, fsdp2_last_error());
+        bad = 1;
+    }
+    return fsdp2_finalize(ctx) != FSDP2_SUCCESS || bad;
+}
+
+START_TEST(a_failed_hsdp_mesh_can_be_asked_for_again)
+{
+    run_pair(hsdp_retry_body, NULL);
+}
+END_TEST
+
 START_TEST(a_failed_init_of_two_ranks_keeps_its_cause_as_the_message)
 {
     run_pair(bad_trace_body, NULL);
@@ -360,6 +410,7 @@ static Suite *init_suite(void)
     tcase_add_test(tc, the_hsdp_mesh_of_one_process_and_bad_shard_sizes);
     tcase_add_test(tc, every_rank_refuses_an_hsdp_layout_that_breaks_the_node_rules);
     tcase_add_test(tc, a_failed_init_of_two_ranks_keeps_its_cause_as_the_message);
+    tcase_add_test(tc, a_failed_hsdp_mesh_can_be_asked_for_again);
     tcase_add_test(tc, an_init_that_fails_on_one_rank_fails_the_others_first_collective_at_once);
     tcase_add_test(tc, ranks_that_never_start_are_named_by_every_rank_within_the_timeout);
     suite_add_tcase(s, tc);
