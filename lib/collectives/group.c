@@ -187,6 +187,12 @@ static fsdp2_status_t nccl_ops(const fsdp2_group_ops_t **ops)
     return FSDP2_SUCCESS;
 }
 
+long fsdp2_group_timeout_ms(const fsdp2_group_options_t *options)
+{
+    return options && options->timeout_ms > 0 ? options->timeout_ms
+                                              : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+}
+
 fsdp2_status_t fsdp2_group_create(fsdp2_store_t *store, const char *name, int rank, int size,
                                   const fsdp2_group_options_t *options, fsdp2_group_t **out)
 {
@@ -215,8 +221,8 @@ fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int
     FSDP2_ARG_CHECK(opts.backend == FSDP2_BACKEND_UCX || opts.backend == FSDP2_BACKEND_NCCL,
                     "group '%s': backend %d is not ucx or nccl", name, (int)opts.backend);
     /* From here on a failure is reported to the other members (collectives/setup.h). */
-    fsdp2_setup_t setup = {.kind = "group", .rank = rank, .size = size, .parent = parent};
-    snprintf(setup.name, sizeof(setup.name), "%s", name);
+    fsdp2_setup_t setup = {.kind = "group", .name = name, .rank = rank, .size = size,
+                           .parent = parent};
     fsdp2_status_t status = fsdp2_env_init();
     fsdp2_group_t *g = status == FSDP2_SUCCESS ? fsdp2_calloc(1, sizeof(*g)) : NULL;
     if (status == FSDP2_SUCCESS && !g)
@@ -226,13 +232,14 @@ fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int
     snprintf(g->name, sizeof(g->name), "%s", name);
     g->rank = rank;
     g->size = size;
-    g->timeout_ms = opts.timeout_ms > 0 ? opts.timeout_ms : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    g->timeout_ms = fsdp2_group_timeout_ms(&opts);
     g->cuda_device = opts.cuda_device;
     atomic_init(&g->next_seq, 0);
     atomic_init(&g->aborted, 0);
     atomic_init(&g->error, FSDP2_SUCCESS);
     pthread_mutex_init(&g->error_lock, NULL);
     g->setup = setup;
+    g->setup.name = g->name;
     g->setup.timeout_ms = g->timeout_ms;
     const fsdp2_group_ops_t *ops = NULL;
     if (opts.backend == FSDP2_BACKEND_UCX) {

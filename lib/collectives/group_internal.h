@@ -117,6 +117,10 @@ void fsdp2_group_error_text(struct fsdp2_group *g, char *buf, size_t len);
  * healthy. Collectives call it before starting so a failed group fails fast. */
 fsdp2_status_t fsdp2_group_check(struct fsdp2_group *g);
 
+/* A group's timeout: the options' (may be NULL), else FSDP2_TIMEOUT. After
+ * fsdp2_env_init. */
+long fsdp2_group_timeout_ms(const fsdp2_group_options_t *options);
+
 /* fsdp2_group_create as a step of the set-up `parent` (a mesh's; NULL: none): a failure
  * is reported there too (collectives/setup.h). */
 fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int rank, int size,

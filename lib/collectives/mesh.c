@@ -127,9 +127,11 @@ static int dim_group_name(const fsdp2_mesh_t *m, int d, char name[FSDP2_GROUP_NA
 static void tell_dim_group(const fsdp2_mesh_t *m, fsdp2_store_t *store, int d,
                            fsdp2_status_t status)
 {
-    fsdp2_setup_t s = {.kind = "group", .rank = m->coords[d], .size = m->layout.shape[d]};
-    if ((size_t)dim_group_name(m, d, s.name) >= sizeof(s.name))
+    char name[FSDP2_GROUP_NAME_MAX];
+    if ((size_t)dim_group_name(m, d, name) >= sizeof(name))
         return;
+    fsdp2_setup_t s = {.kind = "group", .name = name, .rank = m->coords[d],
+                       .size = m->layout.shape[d]};
     char own[FSDP2_ERROR_MESSAGE_MAX];
     snprintf(own, sizeof(own), "%s", fsdp2_last_error());
     (void)fsdp2_setup_failed(&s, store, status);
@@ -162,11 +164,9 @@ fsdp2_status_t fsdp2_mesh_create(fsdp2_store_t *store, const char *name, int ran
     /* The mesh exists on every rank or on none: a rank whose part fails reports it to
      * the mesh (its groups do so themselves) and to the groups it will not create; every
      * rank ends with a barrier. */
-    fsdp2_setup_t setup = {.kind = "mesh", .rank = rank, .size = world_size};
-    snprintf(setup.name, sizeof(setup.name), "%s", name);
+    fsdp2_setup_t setup = {.kind = "mesh", .name = name, .rank = rank, .size = world_size};
     status = fsdp2_env_init();
-    setup.timeout_ms = m->options.timeout_ms > 0 ? m->options.timeout_ms
-                                                 : (long)fsdp2_env_int(FSDP2_ENV_TIMEOUT);
+    setup.timeout_ms = fsdp2_group_timeout_ms(&m->options);
     int d = 0;
     for (; d < ndim && status == FSDP2_SUCCESS; d++) {
         char group_name[FSDP2_GROUP_NAME_MAX];

@@ -17,7 +17,7 @@
 
 typedef struct fsdp2_setup {
     const char *kind; /* "group", "mesh": for messages */
-    char name[FSDP2_SETUP_NAME_MAX];
+    const char *name; /* the owner's (shorter than FSDP2_SETUP_NAME_MAX) */
     int rank, size; /* this member, and how many take part */
     long timeout_ms;
     /* Nothing more to report: this member reported, learnt of another's report, timed

@@ -33,6 +33,19 @@ double ranks_seconds_since(const struct timespec *t0)
     return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
+fsdp2_status_t ranks_value_from(rank_ctx_t *c, int from, const char *key, int64_t value,
+                                int64_t *out)
+{
+    *out = 0;
+    if (c->rank == from) {
+        fsdp2_status_t s = fsdp2_store_add(c->store, key, value, out);
+        if (s != FSDP2_SUCCESS)
+            return s;
+    }
+    fsdp2_status_t s = fsdp2_store_wait(c->store, &key, 1);
+    return s == FSDP2_SUCCESS ? fsdp2_store_add(c->store, key, 0, out) : s;
+}
+
 static int rank_main(int rank, int size, int port_in, int *port_out, int nout, rank_fn fn,
                      void *arg, long group_timeout_ms)
 {

@@ -31,6 +31,11 @@ typedef struct ranks_result {
 int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
               ranks_result_t *result);
 
+/* Rank `from` publishes value under key (unset until then); every rank reads it into
+ * *out. */
+fsdp2_status_t ranks_value_from(rank_ctx_t *c, int from, const char *key, int64_t value,
+                                int64_t *out);
+
 /* Seconds on CLOCK_MONOTONIC since *t0 (taken with clock_gettime). */
 double ranks_seconds_since(const struct timespec *t0);
 

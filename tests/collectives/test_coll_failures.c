@@ -275,11 +275,7 @@ static int body_creation_fails_on_one_member(rank_ctx_t *c)
                         (unsigned long long)points);
     /* every rank walks as many points as the victim counted */
     int64_t n = 0;
-    if (c->rank == victim)
-        fails += OK(c, fsdp2_store_add(c->store, "walk/points", (int64_t)points, &n));
-    const char *key = "walk/points";
-    fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
-    fails += OK(c, fsdp2_store_add(c->store, "walk/points", 0, &n));
+    fails += OK(c, ranks_value_from(c, victim, "walk/points", (int64_t)points, &n));
     for (int64_t at = 1; at <= n && fails == 0; at++) {
         if (at > 24 && at + 40 <= n && at % 25 != 0)
             continue;

@@ -257,11 +257,7 @@ static int body_mesh_fails_on_one_rank(rank_ctx_t *c)
     fsdp2_fault_disarm();
     fsdp2_mesh_destroy(mesh);
     int64_t n = 0;
-    if (c->rank == victim)
-        fails += OK(c, fsdp2_store_add(c->store, "points", (int64_t)points, &n));
-    const char *key = "points";
-    fails += OK(c, fsdp2_store_wait(c->store, &key, 1));
-    fails += OK(c, fsdp2_store_add(c->store, "points", 0, &n));
+    fails += OK(c, ranks_value_from(c, victim, "points", (int64_t)points, &n));
     fails += RANK_CHECK(c, n >= 8, "%lld allocation points", (long long)n);
     for (int64_t at = 1; at <= n && fails == 0; at++) {
         int near_middle = at + 3 > n / 2 && at < n / 2 + 3;
