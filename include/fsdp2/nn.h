@@ -1,6 +1,6 @@
-/* Layers for C applications: forward and backward of the pieces of an MLP, a CNN and a
- * GPT-2 style transformer, on the cpu device. Built when the library is configured with
- * -Dnn=true (the default); GEMMs go to OpenBLAS.
+/* Layers for C applications: forward and backward of the pieces of an MLP, a CNN, and
+ * GPT-2 and Llama style transformers, on the cpu device. Built when the library is
+ * configured with -Dnn=true (the default); GEMMs go to OpenBLAS.
  *
  * Conventions, the same for every function here:
  * - Activations and their gradients are f32 arrays the caller owns, contiguous and
@@ -188,6 +188,96 @@ FSDP2_API fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const flo
                                                      int64_t batch, int64_t seq, int64_t dim,
                                                      int64_t heads, const float *dy,
                                                      float *dqkv, fsdp2_nn_workspace_t *ws);
+
+/* ---- Llama-family layers ---- */
+
+/* RMSNorm over the last dim (dim = weight's length), as Llama's:
+ * y = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), the mean summed in f64.
+ * rstd[rows] is written for the backward. y may alias x only when the backward is not
+ * needed. The workspace holds the weight as f32 and the gradient's sums: see
+ * fsdp2_nn_rmsnorm_workspace_bytes (0 bytes needed when every tensor is f32). */
+FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_workspace_bytes(int64_t dim, size_t *bytes);
+
+FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows,
+                                                  const fsdp2_tensor_t *weight, float eps,
+                                                  float *y, float *rstd,
+                                                  fsdp2_nn_workspace_t *ws);
+
+/* dx += d/dx; dweight += sum over rows of dy * x * rstd. */
+FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, int64_t rows,
+                                                   const fsdp2_tensor_t *weight,
+                                                   const float *rstd, const float *dy,
+                                                   float *dx, fsdp2_tensor_t *dweight,
+                                                   fsdp2_nn_workspace_t *ws);
+
+/* SwiGLU's gate: y = silu(gate) * up with silu(g) = g / (1 + e^-g), element-wise over n
+ * (Llama's MLP is down(silu(gate(x)) * up(x))). y may alias gate or up without backward. */
+FSDP2_API fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float *y,
+                                                 int64_t n);
+/* dgate += dy * up * silu'(gate); dup += dy * silu(gate) (either may be NULL). */
+FSDP2_API fsdp2_status_t fsdp2_nn_swiglu_backward(const float *gate, const float *up,
+                                                  const float *dy, float *dgate, float *dup,
+                                                  int64_t n);
+
+/* Rotary position embeddings as Llama's (the "rotate half" pairing: feature i of a head
+ * turns with feature i + head_dim / 2 by the angle pos * inv_freq[i]). */
+typedef enum fsdp2_nn_rope_scaling {
+    FSDP2_NN_ROPE_DEFAULT = 0, /* inv_freq[i] = theta^(-2i / head_dim) */
+    FSDP2_NN_ROPE_LLAMA3 = 1,  /* Llama 3's rope_scaling of rope_type "llama3" */
+} fsdp2_nn_rope_scaling_t;
+
+/* A config.json's rope fields. The llama3 fields are read only with that scaling. */
+typedef struct fsdp2_nn_rope_config {
+    double theta;                   /* rope_theta */
+    fsdp2_nn_rope_scaling_t scaling;
+    double factor;                  /* rope_scaling.factor */
+    double low_freq_factor;         /* rope_scaling.low_freq_factor */
+    double high_freq_factor;        /* rope_scaling.high_freq_factor */
+    int64_t original_max_positions; /* rope_scaling.original_max_position_embeddings */
+} fsdp2_nn_rope_config_t;
+
+#define FSDP2_NN_ROPE_CONFIG_INIT {10000.0, FSDP2_NN_ROPE_DEFAULT, 1.0, 1.0, 1.0, 0}
+
+/* Writes the table the rotations read: table[positions, head_dim], for each position
+ * the cosines of its head_dim / 2 angles, then their sines (f32, as transformers computes
+ * them: inv_freq and the angle rounded to f32). Built once, when the model is planned;
+ * head_dim must be even. Refuses a theta, factor or frequency bound that is not finite
+ * and positive, or llama3 bounds with high_freq_factor <= low_freq_factor. */
+FSDP2_API fsdp2_status_t fsdp2_nn_rope_table(const fsdp2_nn_rope_config_t *config,
+                                             int64_t head_dim, int64_t positions,
+                                             float *table);
+
+/* x [batch, seq, heads * head_dim] (q or k as the projection wrote it): each head of the
+ * row at position t (0 <= t < seq <= positions) is rotated by the table's row t into y.
+ * y may alias x (the rotation in place). */
+FSDP2_API fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, int64_t seq,
+                                               int64_t heads, int64_t head_dim,
+                                               const float *table, int64_t positions,
+                                               float *y);
+/* dx += the rotation back of dy. dx may be dy itself: then dy is rotated back in place
+ * (written, not added), which suits a forward done in place. */
+FSDP2_API fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, int64_t batch, int64_t seq,
+                                                int64_t heads, int64_t head_dim,
+                                                const float *table, int64_t positions,
+                                                float *dx);
+
+/* ---- causal grouped-query attention ----
+ * q [batch, seq, heads * head_dim]; k and v [batch, seq, kv_heads * head_dim], kv_heads
+ * dividing heads: query head h reads key/value head h / (heads / kv_heads) (kv_heads =
+ * heads is multi-head attention, 1 is multi-query). y [batch, seq, heads * head_dim].
+ * probs [batch, heads, seq, seq] as for fsdp2_nn_attention_forward (scale 1/sqrt(head_dim),
+ * causal mask), kept for the backward, whose workspace is fsdp2_nn_attention_workspace_bytes. */
+FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const float *k,
+                                                        const float *v, int64_t batch,
+                                                        int64_t seq, int64_t heads,
+                                                        int64_t kv_heads, int64_t head_dim,
+                                                        float *y, float *probs);
+/* dq, dk, dv += the gradients (a key/value head sums the gradients of its group's query
+ * heads). */
+FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_backward(
+    const float *q, const float *k, const float *v, const float *probs, int64_t batch,
+    int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const float *dy, float *dq,
+    float *dk, float *dv, fsdp2_nn_workspace_t *ws);
 
 /* ---- losses: they WRITE the gradient ---- */
 

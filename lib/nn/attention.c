@@ -1,9 +1,14 @@
-/* Causal multi-head self-attention over a fused qkv input, one (sample, head) at a time
- * and, within it, in blocks of ATT_ROWS query rows: rows [r0, r1) see keys [0, r1) only,
- * so the GEMMs skip the masked part above the diagonal (about half of them for long
- * sequences). Per block: scores by one sgemm into the saved probabilities, a masked
- * softmax per row, one sgemm for the output. The backward recomputes nothing: it reads
- * the saved probabilities and needs one [seq, seq] scratch for their gradient. */
+/* Causal self-attention, one (sample, query head) at a time and, within it, in blocks of
+ * ATT_ROWS query rows: rows [r0, r1) see keys [0, r1) only, so the GEMMs skip the masked
+ * part above the diagonal (about half of them for long sequences). Per block: scores by
+ * one sgemm into the saved probabilities, a masked softmax per row, one sgemm for the
+ * output. The backward recomputes nothing: it reads the saved probabilities and needs one
+ * [seq, seq] scratch for their gradient.
+ *
+ * One core serves both layouts: GPT-2's fused qkv (q, k and v are column ranges of one
+ * [seq, 3 dim] row) and Llama's separate q, k, v with grouped key/value heads. A layout is
+ * where each of q, k, v, y starts and its row stride; query head h reads key/value head
+ * h / group. */
 #include <cblas.h>
 #include <math.h>
 
@@ -13,24 +18,18 @@
  * part, large enough that each GEMM still has ATT_ROWS rows. */
 #define ATT_ROWS 64
 
+/* Where the operands of one sample live (pointers at head 0, row 0; strides in floats). */
+typedef struct att_layout {
+    int64_t batch, seq, heads, group, hd;
+    int64_t ldq, ldk, ldy; /* row strides of q, of k and v, of y */
+} att_layout_t;
+
 fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes)
 {
     FSDP2_ARG_CHECK(bytes, "bytes is NULL");
     FSDP2_CHECK(nn_check_dim(seq, "seq"));
     FSDP2_ARG_CHECK(seq <= 46340, "seq = %lld: seq * seq overflows a BLAS int", (long long)seq);
     *bytes = nn_region_bytes(seq * seq);
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t check_attention(int64_t batch, int64_t seq, int64_t dim, int64_t heads)
-{
-    FSDP2_CHECK(nn_check_dim(batch, "batch"));
-    FSDP2_CHECK(nn_check_dim(seq, "seq"));
-    FSDP2_ARG_CHECK(seq <= 46340, "seq = %lld: seq * seq overflows a BLAS int", (long long)seq);
-    FSDP2_CHECK(nn_check_dim(3 * dim, "3 * dim"));
-    FSDP2_ARG_CHECK(heads > 0 && dim % heads == 0,
-                    "dim = %lld does not split into heads = %lld equal heads", (long long)dim,
-                    (long long)heads);
     return FSDP2_SUCCESS;
 }
 
@@ -55,31 +54,134 @@ static void causal_softmax(float *p, int64_t seq, int64_t r0, int64_t r1)
     }
 }
 
-fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch, int64_t seq,
-                                          int64_t dim, int64_t heads, float *y, float *probs)
+static void attention_forward(const att_layout_t *l, const float *q, const float *k,
+                              const float *v, float *y, float *probs)
 {
-    FSDP2_CHECK(check_attention(batch, seq, dim, heads));
-    int64_t hd = dim / heads, n = batch * seq * dim;
-    FSDP2_ARG_CHECK((qkv && y && probs) || n == 0, "qkv, y or probs is NULL");
-    if (n == 0)
-        return FSDP2_SUCCESS;
+    int64_t seq = l->seq, hd = l->hd;
     float scale = (float)(1.0 / sqrt((double)hd));
-    int ld = (int)(3 * dim), T = (int)seq, D = (int)hd;
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t h = 0; h < heads; h++) {
-            const float *q = qkv + b * seq * 3 * dim + h * hd, *k = q + dim, *v = q + 2 * dim;
-            float *p = probs + (b * heads + h) * seq * seq, *out = y + b * seq * dim + h * hd;
+    int ldq = (int)l->ldq, ldk = (int)l->ldk, ldy = (int)l->ldy, T = (int)seq, D = (int)hd;
+    for (int64_t b = 0; b < l->batch; b++) {
+        for (int64_t h = 0; h < l->heads; h++) {
+            const float *qh = q + b * seq * l->ldq + h * hd;
+            const float *kh = k + b * seq * l->ldk + (h / l->group) * hd;
+            const float *vh = v + b * seq * l->ldk + (h / l->group) * hd;
+            float *p = probs + (b * l->heads + h) * seq * seq;
+            float *out = y + b * seq * l->ldy + h * hd;
             for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
                 int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq;
                 int M = (int)(r1 - r0), N = (int)r1;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, scale, q + r0 * ld,
-                            ld, k, ld, 0.0f, p + r0 * T, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, scale,
+                            qh + r0 * ldq, ldq, kh, ldk, 0.0f, p + r0 * T, T);
                 causal_softmax(p, seq, r0, r1);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, N, 1.0f, p + r0 * T,
-                            T, v, ld, 0.0f, out + r0 * dim, (int)dim);
+                            T, vh, ldk, 0.0f, out + r0 * ldy, ldy);
             }
         }
     }
+}
+
+/* dS = P (dP - rowsum(P dP)) in place over rows [r0, r1) of dp; masked entries have P = 0 */
+static void softmax_backward(const float *p, float *dp, int64_t seq, int64_t r0, int64_t r1)
+{
+    for (int64_t i = r0; i < r1; i++) {
+        const float *pr = p + i * seq;
+        float *dr = dp + i * seq;
+        double dot = 0; /* the terms have both signs: summed in f64 */
+        for (int64_t j = 0; j <= i; j++)
+            dot += (double)pr[j] * dr[j];
+        for (int64_t j = 0; j <= i; j++)
+            dr[j] = pr[j] * (dr[j] - (float)dot);
+        for (int64_t j = i + 1; j < r1; j++)
+            dr[j] = 0.0f;
+    }
+}
+
+/* dq, dk, dv share q's and k's layouts. */
+static void attention_backward(const att_layout_t *l, const float *q, const float *k,
+                               const float *v, const float *probs, const float *dy, float *dq,
+                               float *dk, float *dv, float *dp)
+{
+    int64_t seq = l->seq, hd = l->hd;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    int ldq = (int)l->ldq, ldk = (int)l->ldk, ldy = (int)l->ldy, T = (int)seq, D = (int)hd;
+    for (int64_t b = 0; b < l->batch; b++) {
+        for (int64_t h = 0; h < l->heads; h++) {
+            int64_t qat = b * seq * l->ldq + h * hd, kat = b * seq * l->ldk + (h / l->group) * hd;
+            const float *qh = q + qat, *kh = k + kat, *vh = v + kat;
+            float *dqh = dq + qat, *dkh = dk + kat, *dvh = dv + kat;
+            const float *p = probs + (b * l->heads + h) * seq * seq;
+            const float *g = dy + b * seq * l->ldy + h * hd;
+            for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
+                int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq;
+                int M = (int)(r1 - r0), N = (int)r1;
+                const float *pb = p + r0 * T, *gb = g + r0 * ldy;
+                float *db = dp + r0 * T;
+                /* dP = dY V^T; dV += P^T dY (keys [0, r1) only: the rest of P is 0) */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, 1.0f, gb, ldy, vh,
+                            ldk, 0.0f, db, T);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, 1.0f, pb, T, gb,
+                            ldy, 1.0f, dvh, ldk);
+                softmax_backward(p, dp, seq, r0, r1);
+                /* dQ += scale dS K; dK += scale dS^T Q */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, N, scale, db, T, kh,
+                            ldk, 1.0f, dqh + r0 * ldq, ldq);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, scale, db, T,
+                            qh + r0 * ldq, ldq, 1.0f, dkh, ldk);
+            }
+        }
+    }
+}
+
+/* The layout of sizes given by a caller, checked: every stride and seq * seq fit a BLAS
+ * int, heads and kv_heads positive with kv_heads dividing heads. */
+static fsdp2_status_t attention_layout(int64_t batch, int64_t seq, int64_t heads,
+                                       int64_t kv_heads, int64_t hd, int fused, att_layout_t *l)
+{
+    FSDP2_CHECK(nn_check_dim(batch, "batch"));
+    FSDP2_CHECK(nn_check_dim(seq, "seq"));
+    FSDP2_ARG_CHECK(seq <= 46340, "seq = %lld: seq * seq overflows a BLAS int", (long long)seq);
+    FSDP2_ARG_CHECK(heads > 0 && heads <= INT_MAX, "heads = %lld is outside [1, %d]",
+                    (long long)heads, INT_MAX);
+    FSDP2_ARG_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+                    "kv_heads = %lld does not divide heads = %lld", (long long)kv_heads,
+                    (long long)heads);
+    FSDP2_ARG_CHECK(hd > 0 && hd <= INT_MAX / 3 / heads,
+                    "head_dim = %lld with heads = %lld: a row of q, k and v overflows a BLAS int",
+                    (long long)hd, (long long)heads);
+    *l = (att_layout_t){.batch = batch, .seq = seq, .heads = heads, .group = heads / kv_heads,
+                        .hd = hd, .ldq = heads * hd, .ldk = kv_heads * hd, .ldy = heads * hd};
+    if (fused) /* q, k and v are column ranges of one row of 3 * dim */
+        l->ldq = l->ldk = 3 * heads * hd;
+    return FSDP2_SUCCESS;
+}
+
+/* GPT-2's fused layout: dim and heads as the caller gives them. */
+static fsdp2_status_t fused_layout(int64_t batch, int64_t seq, int64_t dim, int64_t heads,
+                                   att_layout_t *l)
+{
+    FSDP2_CHECK(nn_check_dim(3 * dim, "3 * dim"));
+    FSDP2_ARG_CHECK(heads > 0 && dim % heads == 0,
+                    "dim = %lld does not split into heads = %lld equal heads", (long long)dim,
+                    (long long)heads);
+    if (dim == 0) { /* no features: nothing to compute, but the other sizes still count */
+        FSDP2_CHECK(nn_check_dim(batch, "batch"));
+        FSDP2_CHECK(nn_check_dim(seq, "seq"));
+        *l = (att_layout_t){.batch = 0};
+        return FSDP2_SUCCESS;
+    }
+    return attention_layout(batch, seq, heads, heads, dim / heads, 1, l);
+}
+
+fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch, int64_t seq,
+                                          int64_t dim, int64_t heads, float *y, float *probs)
+{
+    att_layout_t l;
+    FSDP2_CHECK(fused_layout(batch, seq, dim, heads, &l));
+    int64_t n = batch * seq * dim;
+    FSDP2_ARG_CHECK((qkv && y && probs) || n == 0, "qkv, y or probs is NULL");
+    if (n == 0)
+        return FSDP2_SUCCESS;
+    attention_forward(&l, qkv, qkv + dim, qkv + 2 * dim, y, probs);
     return FSDP2_SUCCESS;
 }
 
@@ -88,8 +190,9 @@ fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs,
                                            const float *dy, float *dqkv,
                                            fsdp2_nn_workspace_t *ws)
 {
-    FSDP2_CHECK(check_attention(batch, seq, dim, heads));
-    int64_t hd = dim / heads, n = batch * seq * dim;
+    att_layout_t l;
+    FSDP2_CHECK(fused_layout(batch, seq, dim, heads, &l));
+    int64_t n = batch * seq * dim;
     FSDP2_ARG_CHECK((qkv && probs && dy && dqkv) || n == 0, "qkv, probs, dy or dqkv is NULL");
     size_t need;
     FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &need));
@@ -97,45 +200,43 @@ fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs,
     FSDP2_CHECK(nn_carve_begin(ws, need, "attention backward", &c));
     if (n == 0)
         return FSDP2_SUCCESS;
-    float *dp = nn_carve_floats(&c, seq * seq);
-    float scale = (float)(1.0 / sqrt((double)hd));
-    int ld = (int)(3 * dim), T = (int)seq, D = (int)hd;
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t h = 0; h < heads; h++) {
-            int64_t at = b * seq * 3 * dim + h * hd;
-            const float *q = qkv + at, *k = q + dim, *v = q + 2 * dim;
-            float *dq = dqkv + at, *dk = dq + dim, *dv = dq + 2 * dim;
-            const float *p = probs + (b * heads + h) * seq * seq;
-            const float *g = dy + b * seq * dim + h * hd;
-            for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
-                int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq;
-                int M = (int)(r1 - r0), N = (int)r1;
-                const float *pb = p + r0 * T, *gb = g + r0 * dim;
-                float *db = dp + r0 * T;
-                /* dP = dY V^T; dV += P^T dY (keys [0, r1) only: the rest of P is 0) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, 1.0f, gb, (int)dim,
-                            v, ld, 0.0f, db, T);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, 1.0f, pb, T, gb,
-                            (int)dim, 1.0f, dv, ld);
-                /* dS = P (dP - rowsum(P dP)), in place; masked entries have P = 0 */
-                for (int64_t i = r0; i < r1; i++) {
-                    const float *pr = p + i * seq;
-                    float *dr = dp + i * seq;
-                    double dot = 0; /* the terms have both signs: summed in f64 */
-                    for (int64_t j = 0; j <= i; j++)
-                        dot += (double)pr[j] * dr[j];
-                    for (int64_t j = 0; j <= i; j++)
-                        dr[j] = pr[j] * (dr[j] - (float)dot);
-                    for (int64_t j = i + 1; j < r1; j++)
-                        dr[j] = 0.0f;
-                }
-                /* dQ += scale dS K; dK += scale dS^T Q */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, N, scale, db, T, k,
-                            ld, 1.0f, dq + r0 * ld, ld);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, scale, db, T,
-                            q + r0 * ld, ld, 1.0f, dk, ld);
-            }
-        }
-    }
+    attention_backward(&l, qkv, qkv + dim, qkv + 2 * dim, probs, dy, dqkv, dqkv + dim,
+                       dqkv + 2 * dim, nn_carve_floats(&c, seq * seq));
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const float *k, const float *v,
+                                              int64_t batch, int64_t seq, int64_t heads,
+                                              int64_t kv_heads, int64_t head_dim, float *y,
+                                              float *probs)
+{
+    att_layout_t l;
+    FSDP2_CHECK(attention_layout(batch, seq, heads, kv_heads, head_dim, 0, &l));
+    int64_t n = batch * seq;
+    FSDP2_ARG_CHECK((q && k && v && y && probs) || n == 0, "q, k, v, y or probs is NULL");
+    if (n == 0)
+        return FSDP2_SUCCESS;
+    attention_forward(&l, q, k, v, y, probs);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, const float *v,
+                                               const float *probs, int64_t batch, int64_t seq,
+                                               int64_t heads, int64_t kv_heads,
+                                               int64_t head_dim, const float *dy, float *dq,
+                                               float *dk, float *dv, fsdp2_nn_workspace_t *ws)
+{
+    att_layout_t l;
+    FSDP2_CHECK(attention_layout(batch, seq, heads, kv_heads, head_dim, 0, &l));
+    int64_t n = batch * seq;
+    FSDP2_ARG_CHECK((q && k && v && probs && dy && dq && dk && dv) || n == 0,
+                    "q, k, v, probs, dy, dq, dk or dv is NULL");
+    size_t need;
+    FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &need));
+    nn_carve_t c;
+    FSDP2_CHECK(nn_carve_begin(ws, need, "attention backward", &c));
+    if (n == 0)
+        return FSDP2_SUCCESS;
+    attention_backward(&l, q, k, v, probs, dy, dq, dk, dv, nn_carve_floats(&c, seq * seq));
     return FSDP2_SUCCESS;
 }

@@ -145,3 +145,43 @@ fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db,
         db[i] += dy[i];
     return FSDP2_SUCCESS;
 }
+
+/* silu(g) = g sigmoid(g); sigmoid through nn_expf, which saturates without NaN. */
+static inline float sigmoid(float g)
+{
+    return 1.0f / (1.0f + nn_expf(-g));
+}
+
+FSDP2_VECTOR_CLONES
+static void swiglu(const float *gate, const float *up, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        y[i] = g * sigmoid(g) * up[i];
+    }
+}
+
+fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float *y, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, gate && up && y));
+    swiglu(gate, up, y, n);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_swiglu_backward(const float *gate, const float *up, const float *dy,
+                                        float *dgate, float *dup, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, gate && up && dy));
+    const float *in[3] = {gate, up, dy};
+    for (int i = 0; i < 3; i++)
+        FSDP2_ARG_CHECK((!dgate || dgate != in[i]) && (!dup || dup != in[i]),
+                        "dgate or dup aliases gate, up or dy: the backward adds into them");
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], s = sigmoid(g), silu = g * s;
+        if (dup)
+            dup[i] += dy[i] * silu;
+        if (dgate)
+            dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    }
+    return FSDP2_SUCCESS;
+}

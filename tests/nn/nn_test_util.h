@@ -68,7 +68,7 @@ typedef struct fixture_entry {
     double *v;
 } fixture_entry_t;
 
-static fixture_entry_t fixture_entries[128];
+static fixture_entry_t fixture_entries[256];
 static int fixture_count;
 
 static inline void fixtures_load(const char *path)
@@ -84,7 +84,7 @@ static inline void fixtures_load(const char *path)
                 ;
             continue;
         }
-        ck_assert_int_lt(fixture_count, 128);
+        ck_assert_int_lt(fixture_count, 256);
         fixture_entry_t *e = &fixture_entries[fixture_count++];
         ck_assert_int_eq(fscanf(f, "%63s", e->name), 1);
         if (strcmp(word, "scalar") == 0) {

@@ -23,6 +23,7 @@ struct gc {
     int nin;
     int64_t rows, a, b, c, d; /* op-specific sizes */
     const int32_t *ids;
+    const float *table; /* the rope table */
     ref_fn forward;
     int64_t ny;
     const double *r;
@@ -476,6 +477,191 @@ START_TEST(cross_entropy_and_mse_gradients_match_finite_differences)
 }
 END_TEST
 
+/* ---- RMSNorm: in[0] x [rows, a], in[1] w [a], eps 1e-6 ---- */
+
+static void ref_rmsnorm(const gc_t *g, double *y)
+{
+    for (int64_t r = 0; r < g->rows; r++) {
+        const double *x = g->in[0] + r * g->a;
+        double ms = 0;
+        for (int64_t j = 0; j < g->a; j++)
+            ms += x[j] * x[j] / (double)g->a;
+        for (int64_t j = 0; j < g->a; j++)
+            y[r * g->a + j] = x[j] / sqrt(ms + (double)1e-6f) * g->in[1][j];
+    }
+}
+
+START_TEST(rmsnorm_backward_matches_finite_differences)
+{
+    const int64_t shapes[][2] = {{1, 3}, {4, 17}, {3, 64}, {2, 1}};
+    for (int s = 0; s < 4; s++) {
+        int64_t rows = shapes[s][0], dim = shapes[s][1];
+        gc_t g = {.rows = rows, .a = dim, .forward = ref_rmsnorm, .nin = 2};
+        g.in[0] = random_values(g.n[0] = rows * dim, -2, 2);
+        g.in[1] = random_values(g.n[1] = dim, 0.5, 1.5);
+        double *r = random_values(g.ny = rows * dim, -1, 1);
+        g.r = r;
+        float *x = to_f32(g.in[0], g.n[0]), *w = to_f32(g.in[1], g.n[1]);
+        float *dy = to_f32(r, g.ny), *y = f32_array(g.ny), *dx = f32_array(g.n[0]);
+        float *dw = f32_array(dim), *rstd = f32_array(rows);
+        fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0), *tdw = wrap(dw, FSDP2_F32, 1, dim, 0);
+        NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, tw, 1e-6f, y, rstd, NULL));
+        check_forward(&g, y, "rmsnorm y");
+        NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, tw, rstd, dy, dx, tdw, NULL));
+        check_grad(&g, 0, dx, "rmsnorm dx");
+        check_grad(&g, 1, dw, "rmsnorm dweight");
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw);
+        free(x), free(w), free(dy), free(y), free(dx), free(dw), free(rstd), free(r);
+        free(g.in[0]), free(g.in[1]);
+    }
+}
+END_TEST
+
+/* ---- SwiGLU's gate: in[0] gate [a], in[1] up [a] ---- */
+
+static void ref_swiglu(const gc_t *g, double *y)
+{
+    for (int64_t i = 0; i < g->a; i++) {
+        double x = g->in[0][i];
+        y[i] = x / (1 + exp(-x)) * g->in[1][i];
+    }
+}
+
+START_TEST(swiglu_backward_matches_finite_differences)
+{
+    gc_t g = {.a = 203, .forward = ref_swiglu, .nin = 2};
+    g.in[0] = random_values(g.n[0] = 203, -9, 9);
+    g.in[1] = random_values(g.n[1] = 203, -2, 2);
+    double *r = random_values(g.ny = 203, -1, 1);
+    g.r = r;
+    float *gate = to_f32(g.in[0], 203), *up = to_f32(g.in[1], 203), *dy = to_f32(r, 203);
+    float *y = f32_array(203), *dgate = f32_array(203), *dup = f32_array(203);
+    NN_OK(fsdp2_nn_swiglu_forward(gate, up, y, 203));
+    check_forward(&g, y, "swiglu y");
+    NN_OK(fsdp2_nn_swiglu_backward(gate, up, dy, dgate, dup, 203));
+    check_grad(&g, 0, dgate, "swiglu dgate");
+    check_grad(&g, 1, dup, "swiglu dup");
+    free(gate), free(up), free(dy), free(y), free(dgate), free(dup), free(r);
+    free(g.in[0]), free(g.in[1]);
+}
+END_TEST
+
+/* ---- rotary embeddings: in[0] x [a=batch, b=seq, c=heads * d], d = head_dim; the
+ * angles come from the table (f32), the rotation is the reference's ---- */
+
+static void ref_rope(const gc_t *g, double *y)
+{
+    int64_t half = g->d / 2;
+    for (int64_t r = 0; r < g->a * g->b; r++) {
+        const float *cs = g->table + (r % g->b) * g->d, *sn = cs + half;
+        for (int64_t h = 0; h < g->c; h++) {
+            const double *x = g->in[0] + (r * g->c + h) * g->d;
+            double *o = y + (r * g->c + h) * g->d;
+            for (int64_t i = 0; i < half; i++) {
+                o[i] = x[i] * cs[i] - x[i + half] * sn[i];
+                o[i + half] = x[i + half] * cs[i] + x[i] * sn[i];
+            }
+        }
+    }
+}
+
+START_TEST(rope_backward_matches_finite_differences_also_in_place)
+{
+    const int64_t B = 2, T = 9, H = 3, D = 8, n = B * T * H * D;
+    fsdp2_nn_rope_config_t cfg = FSDP2_NN_ROPE_CONFIG_INIT;
+    float *table = f32_array(16 * D);
+    NN_OK(fsdp2_nn_rope_table(&cfg, D, 16, table));
+    gc_t g = {.a = B, .b = T, .c = H, .d = D, .table = table, .forward = ref_rope, .nin = 1};
+    g.in[0] = random_values(g.n[0] = n, -2, 2);
+    double *r = random_values(g.ny = n, -1, 1);
+    g.r = r;
+    float *x = to_f32(g.in[0], n), *dy = to_f32(r, n), *y = f32_array(n), *dx = f32_array(n);
+    NN_OK(fsdp2_nn_rope_forward(x, B, T, H, D, table, 16, y));
+    check_forward(&g, y, "rope y");
+    NN_OK(fsdp2_nn_rope_backward(dy, B, T, H, D, table, 16, dx));
+    check_grad(&g, 0, dx, "rope dx");
+    /* in place: the forward over x itself, the backward over dy itself */
+    NN_OK(fsdp2_nn_rope_forward(x, B, T, H, D, table, 16, x));
+    check_forward(&g, x, "rope y in place");
+    NN_OK(fsdp2_nn_rope_backward(dy, B, T, H, D, table, 16, dy));
+    check_grad(&g, 0, dy, "rope dx in place");
+    free(x), free(dy), free(y), free(dx), free(r), free(g.in[0]), free(table);
+}
+END_TEST
+
+/* ---- grouped-query attention: in[0] q [a=batch, b=seq, c=heads * rows], in[1] k and
+ * in[2] v [batch, seq, d=kv_heads * rows], rows = head_dim ---- */
+
+static void ref_gqa(const gc_t *g, double *y)
+{
+    int64_t B = g->a, T = g->b, H = g->c, KV = g->d, D = g->rows, group = H / KV;
+    double *p = malloc(sizeof(double) * (size_t)T);
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            int64_t kh = h / group;
+            for (int64_t i = 0; i < T; i++) {
+                const double *q = g->in[0] + ((b * T + i) * H + h) * D;
+                double max = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const double *k = g->in[1] + ((b * T + j) * KV + kh) * D;
+                    double s = 0;
+                    for (int64_t e = 0; e < D; e++)
+                        s += q[e] * k[e];
+                    p[j] = s / sqrt((double)D);
+                    max = p[j] > max ? p[j] : max;
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    sum += (p[j] = exp(p[j] - max));
+                for (int64_t e = 0; e < D; e++) {
+                    double o = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        o += p[j] / sum * g->in[2][((b * T + j) * KV + kh) * D + e];
+                    y[((b * T + i) * H + h) * D + e] = o;
+                }
+            }
+        }
+    }
+    free(p);
+}
+
+START_TEST(gqa_attention_backward_matches_finite_differences_for_groups_and_row_blocks)
+{
+    /* batch, seq, heads, kv_heads, head_dim: groups of 3, 2, 1 (multi-head) and 4
+     * (multi-query), odd head dims, and 70 positions (query blocks of 64 and 6 rows) */
+    const int64_t shapes[][5] = {{2, 5, 6, 2, 5}, {1, 8, 4, 2, 7}, {2, 3, 3, 3, 2},
+                                 {1, 6, 4, 1, 3}, {1, 70, 2, 1, 4}};
+    for (int s = 0; s < 5; s++) {
+        int64_t B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], KV = shapes[s][3];
+        int64_t D = shapes[s][4];
+        gc_t g = {.a = B, .b = T, .c = H, .d = KV, .rows = D, .forward = ref_gqa, .nin = 3};
+        g.in[0] = random_values(g.n[0] = B * T * H * D, -1.5, 1.5);
+        g.in[1] = random_values(g.n[1] = B * T * KV * D, -1.5, 1.5);
+        g.in[2] = random_values(g.n[2] = B * T * KV * D, -1.5, 1.5);
+        double *r = random_values(g.ny = B * T * H * D, -1, 1);
+        g.r = r;
+        float *q = to_f32(g.in[0], g.n[0]), *k = to_f32(g.in[1], g.n[1]);
+        float *v = to_f32(g.in[2], g.n[2]), *dy = to_f32(r, g.ny), *y = f32_array(g.ny);
+        float *probs = f32_array(B * H * T * T), *dq = f32_array(g.n[0]);
+        float *dk = f32_array(g.n[1]), *dv = f32_array(g.n[2]);
+        size_t bytes;
+        NN_OK(fsdp2_nn_attention_workspace_bytes(T, &bytes));
+        fsdp2_nn_workspace_t ws = workspace_new(bytes);
+        NN_OK(fsdp2_nn_gqa_attention_forward(q, k, v, B, T, H, KV, D, y, probs));
+        check_forward(&g, y, "gqa attention y");
+        NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, probs, B, T, H, KV, D, dy, dq, dk, dv,
+                                              &ws));
+        check_grad(&g, 0, dq, "gqa attention dq");
+        check_grad(&g, 1, dk, "gqa attention dk");
+        check_grad(&g, 2, dv, "gqa attention dv");
+        workspace_free(&ws);
+        free(q), free(k), free(v), free(dy), free(y), free(probs), free(dq), free(dk), free(dv);
+        free(r);
+        for (int i = 0; i < 3; i++)
+            free(g.in[i]);
+    }
+}
+END_TEST
+
 static Suite *nn_gradcheck_suite(void)
 {
     Suite *s = suite_create("nn_gradcheck");
@@ -489,6 +675,10 @@ static Suite *nn_gradcheck_suite(void)
     tcase_add_test(tc, cross_entropy_and_mse_gradients_match_finite_differences);
     tcase_add_test(tc, conv2d_backward_matches_finite_differences);
     tcase_add_test(tc, maxpool2d_backward_matches_finite_differences_on_inputs_without_ties);
+    tcase_add_test(tc, rmsnorm_backward_matches_finite_differences);
+    tcase_add_test(tc, swiglu_backward_matches_finite_differences);
+    tcase_add_test(tc, rope_backward_matches_finite_differences_also_in_place);
+    tcase_add_test(tc, gqa_attention_backward_matches_finite_differences_for_groups_and_row_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

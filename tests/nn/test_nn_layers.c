@@ -1,6 +1,6 @@
 /* lib/nn against PyTorch: every layer's forward and backward on the inputs of
  * fixtures.txt, whose outputs and gradients PyTorch computed in float64 from the same
- * float32 inputs (make_fixtures.py). The layers compute in f32: agreement to 2e-6 of the
+ * float32 inputs (make_fixtures.py; the Llama layers through transformers' modules). The layers compute in f32: agreement to 2e-6 of the
  * tensor's largest magnitude (1e-7, the fixtures' printing, where no arithmetic happens). Backward results land on buffers holding zeros (the
  * layers add). */
 #include "../core/check_main.h"
@@ -176,6 +176,109 @@ START_TEST(conv2d_and_max_pooling_match_pytorch)
 }
 END_TEST
 
+START_TEST(rmsnorm_and_swiglu_match_transformers)
+{
+    float *x = fixture_f32("rmsnorm.x", 60), *w = fixture_f32("rmsnorm.w", 12);
+    float *dy = fixture_f32("rmsnorm.dy", 60), *y = f32_array(60), *dx = f32_array(60);
+    float *dw = f32_array(12), rstd[5];
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, 12, 0), *tdw = wrap(dw, FSDP2_F32, 1, 12, 0);
+    NN_OK(fsdp2_nn_rmsnorm_forward(x, 5, tw, 1e-6f, y, rstd, NULL));
+    assert_close("rmsnorm y", y, fixture("rmsnorm.y", 60), 60, TOL);
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, 5, tw, rstd, dy, dx, tdw, NULL));
+    assert_close("rmsnorm dx", dx, fixture("rmsnorm.dx", 60), 60, TOL);
+    assert_close("rmsnorm dw", dw, fixture("rmsnorm.dw", 12), 12, TOL);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw);
+    free(x), free(w), free(dy), free(y), free(dx), free(dw);
+
+    float *g = fixture_f32("swiglu.gate", 40), *u = fixture_f32("swiglu.up", 40);
+    dy = fixture_f32("swiglu.dy", 40), y = f32_array(40);
+    float *dg = f32_array(40), *du = f32_array(40);
+    NN_OK(fsdp2_nn_swiglu_forward(g, u, y, 40));
+    assert_close("swiglu y", y, fixture("swiglu.y", 40), 40, TOL);
+    NN_OK(fsdp2_nn_swiglu_backward(g, u, dy, dg, du, 40));
+    assert_close("swiglu dgate", dg, fixture("swiglu.dgate", 40), 40, TOL);
+    assert_close("swiglu dup", du, fixture("swiglu.dup", 40), 40, TOL);
+    free(g), free(u), free(dy), free(y), free(dg), free(du);
+}
+END_TEST
+
+/* transformers' tables repeat the half's angles: cos and sin [positions, head_dim] */
+static void check_rope_table(const char *name, const float *table, int64_t positions,
+                             int64_t head_dim)
+{
+    char key[64];
+    int64_t half = head_dim / 2, n = positions * half;
+    double *want = malloc(sizeof(double) * (size_t)(2 * n));
+    float *got = f32_array(2 * n);
+    snprintf(key, sizeof(key), "%s.cos", name);
+    const double *cos = fixture(key, positions * head_dim);
+    snprintf(key, sizeof(key), "%s.sin", name);
+    const double *sin = fixture(key, positions * head_dim);
+    for (int64_t t = 0; t < positions; t++) {
+        for (int64_t i = 0; i < half; i++) {
+            ck_assert(cos[t * head_dim + i] == cos[t * head_dim + half + i]);
+            want[t * half + i] = cos[t * head_dim + i];
+            want[n + t * half + i] = sin[t * head_dim + i];
+            got[t * half + i] = table[t * head_dim + i];
+            got[n + t * half + i] = table[t * head_dim + half + i];
+        }
+    }
+    assert_close(name, got, want, 2 * n, 1e-6);
+    free(want), free(got);
+}
+
+START_TEST(rope_tables_and_rotations_match_transformers_with_llama3_scaling)
+{
+    const int64_t P = 64, D = 16;
+    fsdp2_nn_rope_config_t cfg = FSDP2_NN_ROPE_CONFIG_INIT;
+    float *table = f32_array(P * D);
+    cfg.theta = 500000.0;
+    NN_OK(fsdp2_nn_rope_table(&cfg, D, P, table));
+    check_rope_table("rope_default", table, P, D);
+    cfg.scaling = FSDP2_NN_ROPE_LLAMA3;
+    cfg.factor = 8, cfg.low_freq_factor = 1, cfg.high_freq_factor = 4;
+    cfg.original_max_positions = 32;
+    NN_OK(fsdp2_nn_rope_table(&cfg, D, P, table));
+    check_rope_table("rope_llama3", table, P, D);
+
+    /* q [2, 7, 4 heads, 16], k [2, 7, 2 heads, 16]: forward out of place, backward added */
+    const int64_t B = 2, T = 7, nq = B * T * 4 * D, nk = B * T * 2 * D;
+    float *q = fixture_f32("rope.q", nq), *k = fixture_f32("rope.k", nk);
+    float *dq = fixture_f32("rope.dq", nq), *dk = fixture_f32("rope.dk", nk);
+    float *qr = f32_array(nq), *kr = f32_array(nk), *gq = f32_array(nq), *gk = f32_array(nk);
+    NN_OK(fsdp2_nn_rope_forward(q, B, T, 4, D, table, P, qr));
+    NN_OK(fsdp2_nn_rope_forward(k, B, T, 2, D, table, P, kr));
+    assert_close("rope q", qr, fixture("rope.qr", nq), nq, TOL);
+    assert_close("rope k", kr, fixture("rope.kr", nk), nk, TOL);
+    NN_OK(fsdp2_nn_rope_backward(dq, B, T, 4, D, table, P, gq));
+    NN_OK(fsdp2_nn_rope_backward(dk, B, T, 2, D, table, P, gk));
+    assert_close("rope dq", gq, fixture("rope.gq", nq), nq, TOL);
+    assert_close("rope dk", gk, fixture("rope.gk", nk), nk, TOL);
+    free(table), free(q), free(k), free(dq), free(dk), free(qr), free(kr), free(gq), free(gk);
+}
+END_TEST
+
+START_TEST(grouped_query_attention_matches_transformers_eager_attention)
+{
+    const int64_t B = 2, T = 7, H = 6, KV = 2, D = 5;
+    const int64_t nq = B * T * H * D, nk = B * T * KV * D, np = B * H * T * T;
+    float *q = fixture_f32("gqa.q", nq), *k = fixture_f32("gqa.k", nk);
+    float *v = fixture_f32("gqa.v", nk), *dy = fixture_f32("gqa.dy", nq);
+    float *y = f32_array(nq), *probs = f32_array(np), *dq = f32_array(nq);
+    float *dk = f32_array(nk), *dv = f32_array(nk);
+    fsdp2_nn_workspace_t ws = workspace_new(WS_BYTES);
+    NN_OK(fsdp2_nn_gqa_attention_forward(q, k, v, B, T, H, KV, D, y, probs));
+    assert_close("gqa y", y, fixture("gqa.y", nq), nq, TOL);
+    assert_close("gqa probs", probs, fixture("gqa.probs", np), np, TOL);
+    NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, probs, B, T, H, KV, D, dy, dq, dk, dv, &ws));
+    assert_close("gqa dq", dq, fixture("gqa.dq", nq), nq, 4 * TOL);
+    assert_close("gqa dk", dk, fixture("gqa.dk", nk), nk, 4 * TOL);
+    assert_close("gqa dv", dv, fixture("gqa.dv", nk), nk, 4 * TOL);
+    workspace_free(&ws);
+    free(q), free(k), free(v), free(dy), free(y), free(probs), free(dq), free(dk), free(dv);
+}
+END_TEST
+
 static Suite *nn_layers_suite(void)
 {
     Suite *s = suite_create("nn_layers");
@@ -188,6 +291,9 @@ static Suite *nn_layers_suite(void)
     tcase_add_test(tc, causal_attention_with_head_dim_5_matches_pytorch);
     tcase_add_test(tc, cross_entropy_with_an_ignored_row_and_mse_match_pytorch);
     tcase_add_test(tc, conv2d_and_max_pooling_match_pytorch);
+    tcase_add_test(tc, rmsnorm_and_swiglu_match_transformers);
+    tcase_add_test(tc, rope_tables_and_rotations_match_transformers_with_llama3_scaling);
+    tcase_add_test(tc, grouped_query_attention_matches_transformers_eager_attention);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -346,6 +346,138 @@ START_TEST(residual_forward_and_backward_fan_out)
 }
 END_TEST
 
+START_TEST(bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds)
+{
+    const int64_t rows = 5, dim = 37;
+    float *x = random_f32(rows * dim, -2, 3), *w = random_f32(dim, 0.5f, 1.5f);
+    float *dy = random_f32(rows * dim, -1, 1);
+    uint16_t *w16 = to_bf16(w, dim);
+    float *wr = from_bf16(w16, dim), *y16 = f32_array(rows * dim), *y32 = f32_array(rows * dim);
+    float s16[5], s32[5];
+    size_t bytes;
+    NN_OK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    fsdp2_tensor_t *a = wrap(w16, FSDP2_BF16, 1, dim, 0), *ar = wrap(wr, FSDP2_F32, 1, dim, 0);
+    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, a, 1e-6f, y16, s16, &ws));
+    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, ar, 1e-6f, y32, s32, NULL));
+    assert_close_f32("bf16 rmsnorm y", y16, y32, rows * dim, 0);
+    /* the gradients land on buffers holding 1: the backward adds */
+    uint16_t *gw16 = calloc((size_t)dim, 2);
+    float *gw = f32_array(dim), *dx16 = f32_array(rows * dim), *dx32 = f32_array(rows * dim);
+    for (int64_t i = 0; i < dim; i++)
+        gw16[i] = fsdp2_f32_to_bf16(1.0f), gw[i] = 1.0f;
+    for (int64_t i = 0; i < rows * dim; i++)
+        dx16[i] = dx32[i] = 1.0f;
+    fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 1, dim, 0), *tgw = wrap(gw, FSDP2_F32, 1, dim, 0);
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, a, s16, dy, dx16, tgw16, &ws));
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, ar, s32, dy, dx32, tgw, NULL));
+    assert_close_f32("bf16 rmsnorm dx", dx16, dx32, rows * dim, 0);
+    float *dx0 = f32_array(rows * dim);
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, ar, s32, dy, dx0, NULL, NULL));
+    for (int64_t i = 0; i < rows * dim; i++)
+        ck_assert_float_eq(dx32[i], 1.0f + dx0[i]);
+    for (int64_t i = 0; i < dim; i++) /* 1 + the sum, rounded once */
+        ck_assert_uint_eq(gw16[i], fsdp2_f32_to_bf16(gw[i]));
+    fsdp2_tensor_release(a), fsdp2_tensor_release(ar), fsdp2_tensor_release(tgw16);
+    fsdp2_tensor_release(tgw);
+    workspace_free(&ws);
+    free(x), free(w), free(dy), free(w16), free(wr), free(y16), free(y32), free(gw16), free(gw);
+    free(dx16), free(dx32), free(dx0);
+}
+END_TEST
+
+START_TEST(gqa_attention_with_one_group_per_head_equals_the_fused_attention)
+{
+    /* kv_heads = heads: the same numbers as GPT-2's fused layout, q, k, v split apart */
+    const int64_t B = 2, T = 70, H = 3, D = 4, C = H * D;
+    float *qkv = random_f32(B * T * 3 * C, -1.5f, 1.5f), *dy = random_f32(B * T * C, -1, 1);
+    float *q = f32_array(B * T * C), *k = f32_array(B * T * C), *v = f32_array(B * T * C);
+    for (int64_t r = 0; r < B * T; r++) {
+        memcpy(q + r * C, qkv + r * 3 * C, sizeof(float) * C);
+        memcpy(k + r * C, qkv + r * 3 * C + C, sizeof(float) * C);
+        memcpy(v + r * C, qkv + r * 3 * C + 2 * C, sizeof(float) * C);
+    }
+    float *y1 = f32_array(B * T * C), *y2 = f32_array(B * T * C);
+    float *p1 = f32_array(B * H * T * T), *p2 = f32_array(B * H * T * T);
+    float *dqkv = f32_array(B * T * 3 * C), *dq = f32_array(B * T * C), *dk = f32_array(B * T * C);
+    float *dv = f32_array(B * T * C);
+    size_t bytes;
+    NN_OK(fsdp2_nn_attention_workspace_bytes(T, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    NN_OK(fsdp2_nn_attention_forward(qkv, B, T, C, H, y1, p1));
+    NN_OK(fsdp2_nn_gqa_attention_forward(q, k, v, B, T, H, H, D, y2, p2));
+    ck_assert_mem_eq(y1, y2, sizeof(float) * (size_t)(B * T * C));
+    ck_assert_mem_eq(p1, p2, sizeof(float) * (size_t)(B * H * T * T));
+    NN_OK(fsdp2_nn_attention_backward(qkv, p1, B, T, C, H, dy, dqkv, &ws));
+    NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, p2, B, T, H, H, D, dy, dq, dk, dv, &ws));
+    for (int64_t r = 0; r < B * T; r++) {
+        ck_assert_mem_eq(dq + r * C, dqkv + r * 3 * C, sizeof(float) * C);
+        ck_assert_mem_eq(dk + r * C, dqkv + r * 3 * C + C, sizeof(float) * C);
+        ck_assert_mem_eq(dv + r * C, dqkv + r * 3 * C + 2 * C, sizeof(float) * C);
+    }
+    workspace_free(&ws);
+    free(qkv), free(dy), free(q), free(k), free(v), free(y1), free(y2), free(p1), free(p2);
+    free(dqkv), free(dq), free(dk), free(dv);
+}
+END_TEST
+
+START_TEST(llama_layers_refuse_bad_input_naming_the_value_and_write_nothing)
+{
+    float x[64] = {0}, y[64], w[8] = {1, 1, 1, 1, 1, 1, 1, 1}, table[64];
+    for (int i = 0; i < 64; i++)
+        y[i] = 5.0f;
+    fsdp2_tensor_t *w4 = wrap(w, FSDP2_F32, 1, 4, 0), *w5 = wrap(w, FSDP2_F32, 1, 5, 0);
+    float rstd[4] = {1, 1, 1, 1};
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, w4, NAN, y, rstd, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "eps = nan"), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, 2, w4, rstd, x, y, w5, NULL),
+                     FSDP2_ERR_SHAPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "[5]") && strstr(fsdp2_last_error(), "[4]"), "%s",
+                  fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, 2, w4, rstd, y, y, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    uint16_t w16[4] = {0};
+    fsdp2_tensor_t *b4 = wrap(w16, FSDP2_BF16, 1, 4, 0);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, b4, 1e-6f, y, rstd, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "bytes"), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x, y, y, NULL, 8), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x, y, -3), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "-3"), "%s", fsdp2_last_error());
+    /* rope: an odd head_dim, a sequence past the table, bad scaling bounds */
+    fsdp2_nn_rope_config_t cfg = FSDP2_NN_ROPE_CONFIG_INIT;
+    ck_assert_int_eq(fsdp2_nn_rope_table(&cfg, 5, 2, table), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "head_dim = 5"), "%s", fsdp2_last_error());
+    NN_OK(fsdp2_nn_rope_table(&cfg, 4, 4, table));
+    ck_assert_int_eq(fsdp2_nn_rope_forward(x, 1, 5, 1, 4, table, 4, y),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "seq = 5") && strstr(fsdp2_last_error(), "4 positions"),
+                  "%s", fsdp2_last_error());
+    cfg.theta = -1;
+    ck_assert_int_eq(fsdp2_nn_rope_table(&cfg, 4, 4, table), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "theta = -1"), "%s", fsdp2_last_error());
+    cfg = (fsdp2_nn_rope_config_t)FSDP2_NN_ROPE_CONFIG_INIT;
+    cfg.scaling = FSDP2_NN_ROPE_LLAMA3;
+    cfg.factor = 8, cfg.low_freq_factor = 4, cfg.high_freq_factor = 1;
+    cfg.original_max_positions = 8192;
+    ck_assert_int_eq(fsdp2_nn_rope_table(&cfg, 4, 4, table), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "high_freq_factor = 1"), "%s", fsdp2_last_error());
+    cfg.low_freq_factor = 1, cfg.high_freq_factor = 4, cfg.original_max_positions = 0;
+    ck_assert_int_eq(fsdp2_nn_rope_table(&cfg, 4, 4, table), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "original_max_position_embeddings = 0"), "%s",
+                  fsdp2_last_error());
+    /* attention: kv_heads that do not divide heads */
+    ck_assert_int_eq(fsdp2_nn_gqa_attention_forward(x, x, x, 1, 2, 6, 4, 2, y, y),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "kv_heads = 4 does not divide heads = 6"), "%s",
+                  fsdp2_last_error());
+    for (int i = 0; i < 64; i++)
+        ck_assert(y[i] == 5.0f);
+    fsdp2_tensor_release(w4), fsdp2_tensor_release(w5), fsdp2_tensor_release(b4);
+}
+END_TEST
+
 START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
 {
     float w[12] = {0}, x[8] = {0}, y[8], big[64];
@@ -469,6 +601,9 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, residual_forward_and_backward_fan_out);
     tcase_add_test(tc, cross_entropy_stays_exact_for_logits_of_1000);
     tcase_add_test(tc, bad_input_is_refused_naming_the_value_and_writes_nothing);
+    tcase_add_test(tc, bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds);
+    tcase_add_test(tc, gqa_attention_with_one_group_per_head_equals_the_fused_attention);
+    tcase_add_test(tc, llama_layers_refuse_bad_input_naming_the_value_and_write_nothing);
     tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
     suite_add_tcase(s, tc);
     return s;
