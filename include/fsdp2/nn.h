@@ -66,6 +66,40 @@ FSDP2_API fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows,
                                                   fsdp2_tensor_t *dbias,
                                                   fsdp2_nn_workspace_t *ws);
 
+/* ---- LoRA linear: y = x W^T + b + scale * dropout(x) A^T B^T ----
+ * A frozen base (weight [out, in], bias [out] or NULL) and a low-rank adapter as PEFT's
+ * LoRA: A = lora_A.weight [r, in], B = lora_B.weight [out, r], scale = lora_alpha / r,
+ * the dropout on the adapter's input only. The backward computes no gradient of the base:
+ * dx and the adapter's dA, dB only. */
+typedef struct fsdp2_nn_lora {
+    const fsdp2_tensor_t *a; /* [r, in], f32 or bf16 */
+    const fsdp2_tensor_t *b; /* [out, r], f32 or bf16 */
+    double scale;            /* lora_alpha / r */
+    double dropout;          /* lora_dropout, in [0, 1) */
+    uint64_t seed, offset;   /* the mask, as fsdp2_nn_dropout_forward's over x's elements */
+} fsdp2_nn_lora_t;
+
+/* Workspace both directions need: about 4 MiB for rank r adapters whatever the rows (the
+ * adapter's input in blocks of rows, the adapter as f32, its gradients' sums), or the
+ * base linear's, whichever is larger. */
+FSDP2_API fsdp2_status_t fsdp2_nn_lora_workspace_bytes(int64_t in, int64_t out, int64_t r,
+                                                       size_t *bytes);
+
+/* y is written. */
+FSDP2_API fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows,
+                                               const fsdp2_tensor_t *weight,
+                                               const fsdp2_tensor_t *bias,
+                                               const fsdp2_nn_lora_t *lora, float *y,
+                                               fsdp2_nn_workspace_t *ws);
+
+/* dx += dy W + the adapter's part (through the same dropout mask); da, db += the
+ * adapter's gradients (either may be NULL). The adapter's input is recomputed from x. */
+FSDP2_API fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows,
+                                                const fsdp2_tensor_t *weight,
+                                                const fsdp2_nn_lora_t *lora, const float *dy,
+                                                float *dx, fsdp2_tensor_t *da,
+                                                fsdp2_tensor_t *db, fsdp2_nn_workspace_t *ws);
+
 /* ---- embedding: y[i] = weight[ids[i]] for a table weight[num, dim] ---- */
 
 /* Workspace of the backward for n ids over a table [num, dim]. */

@@ -2,8 +2,8 @@
 """Writes fixtures.txt: forward outputs and gradients of each lib/nn layer computed by
 PyTorch in float64 from float32 inputs; the Llama-family layers through transformers' own
 modules (LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb, the eager attention with
-repeat_kv, the silu activation). Run once by hand in a venv with torch and transformers
-(pip install torch==2.13.0 transformers); the test suite reads the file and never needs
+repeat_kv, the silu activation), and the LoRA linear through peft's own layer. Run once by hand in a venv with torch and transformers
+(pip install torch==2.13.0 transformers peft); the test suite reads the file and never needs
 PyTorch.
 
     ~/venv-peers/bin/python tests/nn/make_fixtures.py > tests/nn/fixtures.txt
@@ -28,7 +28,7 @@ def emit(name, t):
 
 
 def scalar(name, v):
-    out.write("scalar %s %.17g\n" % (name, float(v)))
+    out.write("scalar %s %.17g\n" % (name, float(v.detach() if hasattr(v, "detach") else v)))
 
 
 def f32(*shape, scale=1.0, shift=0.0):
@@ -230,4 +230,38 @@ y.backward(dy)
 for n, t in [("gqa.q", q), ("gqa.k", k), ("gqa.v", v), ("gqa.dy", dy), ("gqa.y", y),
              ("gqa.probs", probs), ("gqa.dq", ql.grad), ("gqa.dk", kl.grad),
              ("gqa.dv", vl.grad)]:
+    emit(n, t)
+
+# LoRA linear through peft: a frozen Linear(7, 6) with bias, r 3, alpha 6 (scale 2), no
+# dropout (the C layer's mask is its own generator's, tested against its rule); B drawn at
+# random, since peft starts it at zero
+import peft  # noqa: E402
+
+
+class Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(7, 6)
+
+
+x, w, b, dy = f32(5, 7), f32(6, 7, scale=0.4), f32(6, scale=0.1), f32(5, 6)
+a, bb = f32(3, 7, scale=0.5), f32(6, 3, scale=0.5)
+holder = Holder().double()
+with torch.no_grad():
+    holder.lin.weight.copy_(w)
+    holder.lin.bias.copy_(b)
+lora = peft.get_peft_model(holder, peft.LoraConfig(r=3, lora_alpha=6, lora_dropout=0.0,
+                                                   target_modules=["lin"]))
+layer = lora.base_model.model.lin
+with torch.no_grad():
+    layer.lora_A["default"].weight.copy_(a)
+    layer.lora_B["default"].weight.copy_(bb)
+xl = leaf(x)
+y = layer(xl)
+y.backward(dy)
+assert layer.base_layer.weight.grad is None
+for n, t in [("lora.x", x), ("lora.w", w), ("lora.b", b), ("lora.a", a), ("lora.bb", bb),
+             ("lora.dy", dy), ("lora.y", y), ("lora.dx", xl.grad),
+             ("lora.da", layer.lora_A["default"].weight.grad),
+             ("lora.db", layer.lora_B["default"].weight.grad)]:
     emit(n, t)

@@ -662,6 +662,88 @@ START_TEST(gqa_attention_backward_matches_finite_differences_for_groups_and_row_
 }
 END_TEST
 
+/* ---- LoRA linear: in[0] x [rows, a], in[1] A [d, a], in[2] B [b, d]; the frozen base
+ * W [b, a], its bias and the dropout mask m [rows, a] (0 or 1 / (1 - p), from the dropout
+ * layer) in a lora_case_t: y = x W^T + bias + 2 ((x m) A^T) B^T ---- */
+
+typedef struct lora_case {
+    const float *w, *bias, *mask;
+} lora_case_t;
+
+static const lora_case_t *lora_now;
+
+static void ref_lora(const gc_t *g, double *y)
+{
+    const lora_case_t *lc = lora_now;
+    int64_t in = g->a, out = g->b, r = g->d;
+    double *u = malloc(sizeof(double) * (size_t)r);
+    for (int64_t row = 0; row < g->rows; row++) {
+        const double *x = g->in[0] + row * in;
+        for (int64_t k = 0; k < r; k++) {
+            u[k] = 0;
+            for (int64_t i = 0; i < in; i++)
+                u[k] += x[i] * lc->mask[row * in + i] * g->in[1][k * in + i];
+        }
+        for (int64_t o = 0; o < out; o++) {
+            double s = lc->bias[o];
+            for (int64_t i = 0; i < in; i++)
+                s += x[i] * lc->w[o * in + i];
+            for (int64_t k = 0; k < r; k++)
+                s += 2.0 * u[k] * g->in[2][o * r + k];
+            y[row * out + o] = s;
+        }
+    }
+    free(u);
+}
+
+START_TEST(lora_backward_matches_finite_differences_through_the_dropout_mask)
+{
+    /* rows, in, out, r, dropout */
+    const int64_t shapes[][4] = {{5, 13, 7, 2}, {3, 4, 9, 4}, {1, 6, 6, 1}};
+    const double drop[] = {0.3, 0.0, 0.5};
+    for (int s = 0; s < 3; s++) {
+        int64_t rows = shapes[s][0], in = shapes[s][1], out = shapes[s][2], r = shapes[s][3];
+        gc_t g = {.rows = rows, .a = in, .b = out, .d = r, .forward = ref_lora, .nin = 3};
+        g.in[0] = random_values(g.n[0] = rows * in, -1, 1);
+        g.in[1] = random_values(g.n[1] = r * in, -0.5, 0.5);
+        g.in[2] = random_values(g.n[2] = out * r, -0.5, 0.5);
+        double *wv = random_values(out * in, -0.5, 0.5), *bv = random_values(out, -0.2, 0.2);
+        double *r_ = random_values(g.ny = rows * out, -1, 1);
+        g.r = r_;
+        float *x = to_f32(g.in[0], g.n[0]), *a = to_f32(g.in[1], g.n[1]);
+        float *b = to_f32(g.in[2], g.n[2]), *w = to_f32(wv, out * in), *bias = to_f32(bv, out);
+        float *mask = f32_array(rows * in), *dy = to_f32(r_, g.ny), *y = f32_array(g.ny);
+        float *dx = f32_array(g.n[0]), *da = f32_array(g.n[1]), *db = f32_array(g.n[2]);
+        for (int64_t i = 0; i < rows * in; i++)
+            mask[i] = 1.0f;
+        NN_OK(fsdp2_nn_dropout_forward(mask, mask, rows * in, drop[s], 77, 5));
+        lora_case_t lc = {w, bias, mask};
+        lora_now = &lc;
+        fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(bias, FSDP2_F32, 1, out, 0);
+        fsdp2_tensor_t *ta = wrap(a, FSDP2_F32, 2, r, in), *tbb = wrap(b, FSDP2_F32, 2, out, r);
+        fsdp2_tensor_t *tda = wrap(da, FSDP2_F32, 2, r, in), *tdb = wrap(db, FSDP2_F32, 2, out, r);
+        fsdp2_nn_lora_t lora = {.a = ta, .b = tbb, .scale = 2.0, .dropout = drop[s], .seed = 77,
+                                .offset = 5};
+        size_t bytes;
+        NN_OK(fsdp2_nn_lora_workspace_bytes(in, out, r, &bytes));
+        fsdp2_nn_workspace_t ws = workspace_new(bytes);
+        NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &lora, y, &ws));
+        check_forward(&g, y, "lora y");
+        NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lora, dy, dx, tda, tdb, &ws));
+        check_grad(&g, 0, dx, "lora dx");
+        check_grad(&g, 1, da, "lora dA");
+        check_grad(&g, 2, db, "lora dB");
+        workspace_free(&ws);
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tb), fsdp2_tensor_release(ta);
+        fsdp2_tensor_release(tbb), fsdp2_tensor_release(tda), fsdp2_tensor_release(tdb);
+        free(x), free(a), free(b), free(w), free(bias), free(mask), free(dy), free(y), free(dx);
+        free(da), free(db), free(wv), free(bv), free(r_);
+        for (int k = 0; k < 3; k++)
+            free(g.in[k]);
+    }
+}
+END_TEST
+
 static Suite *nn_gradcheck_suite(void)
 {
     Suite *s = suite_create("nn_gradcheck");
@@ -679,6 +761,7 @@ static Suite *nn_gradcheck_suite(void)
     tcase_add_test(tc, swiglu_backward_matches_finite_differences);
     tcase_add_test(tc, rope_backward_matches_finite_differences_also_in_place);
     tcase_add_test(tc, gqa_attention_backward_matches_finite_differences_for_groups_and_row_blocks);
+    tcase_add_test(tc, lora_backward_matches_finite_differences_through_the_dropout_mask);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 /* lib/nn against PyTorch: every layer's forward and backward on the inputs of
  * fixtures.txt, whose outputs and gradients PyTorch computed in float64 from the same
- * float32 inputs (make_fixtures.py; the Llama layers through transformers' modules). The layers compute in f32: agreement to 2e-6 of the
+ * float32 inputs (make_fixtures.py; the Llama layers through transformers' modules, LoRA through
+ * peft's). The layers compute in f32: agreement to 2e-6 of the
  * tensor's largest magnitude (1e-7, the fixtures' printing, where no arithmetic happens). Backward results land on buffers holding zeros (the
  * layers add). */
 #include "../core/check_main.h"
@@ -279,6 +280,30 @@ START_TEST(grouped_query_attention_matches_transformers_eager_attention)
 }
 END_TEST
 
+START_TEST(lora_linear_matches_peft_with_a_frozen_base)
+{
+    float *x = fixture_f32("lora.x", 35), *w = fixture_f32("lora.w", 42);
+    float *b = fixture_f32("lora.b", 6), *a = fixture_f32("lora.a", 21);
+    float *bb = fixture_f32("lora.bb", 18), *dy = fixture_f32("lora.dy", 30);
+    float *y = f32_array(30), *dx = f32_array(35), *da = f32_array(21), *db = f32_array(18);
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 6, 7), *tb = wrap(b, FSDP2_F32, 1, 6, 0);
+    fsdp2_tensor_t *ta = wrap(a, FSDP2_F32, 2, 3, 7), *tbb = wrap(bb, FSDP2_F32, 2, 6, 3);
+    fsdp2_tensor_t *tda = wrap(da, FSDP2_F32, 2, 3, 7), *tdb = wrap(db, FSDP2_F32, 2, 6, 3);
+    fsdp2_nn_lora_t lora = {.a = ta, .b = tbb, .scale = 6.0 / 3};
+    fsdp2_nn_workspace_t ws = workspace_new(WS_BYTES);
+    NN_OK(fsdp2_nn_lora_forward(x, 5, tw, tb, &lora, y, &ws));
+    assert_close("lora y", y, fixture("lora.y", 30), 30, TOL);
+    NN_OK(fsdp2_nn_lora_backward(x, 5, tw, &lora, dy, dx, tda, tdb, &ws));
+    assert_close("lora dx", dx, fixture("lora.dx", 35), 35, TOL);
+    assert_close("lora dA", da, fixture("lora.da", 21), 21, TOL);
+    assert_close("lora dB", db, fixture("lora.db", 18), 18, TOL);
+    workspace_free(&ws);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tb), fsdp2_tensor_release(ta);
+    fsdp2_tensor_release(tbb), fsdp2_tensor_release(tda), fsdp2_tensor_release(tdb);
+    free(x), free(w), free(b), free(a), free(bb), free(dy), free(y), free(dx), free(da), free(db);
+}
+END_TEST
+
 static Suite *nn_layers_suite(void)
 {
     Suite *s = suite_create("nn_layers");
@@ -294,6 +319,7 @@ static Suite *nn_layers_suite(void)
     tcase_add_test(tc, rmsnorm_and_swiglu_match_transformers);
     tcase_add_test(tc, rope_tables_and_rotations_match_transformers_with_llama3_scaling);
     tcase_add_test(tc, grouped_query_attention_matches_transformers_eager_attention);
+    tcase_add_test(tc, lora_linear_matches_peft_with_a_frozen_base);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -478,6 +478,128 @@ START_TEST(llama_layers_refuse_bad_input_naming_the_value_and_write_nothing)
 }
 END_TEST
 
+/* The LoRA layer against the layers it is made of (a linear, a dropout, two linears
+ * without bias), over blocks of rows: in = 8192 gives blocks of 32 rows, so 100 rows are
+ * four blocks, the last partial; the dropout's offsets must continue across them. */
+START_TEST(lora_equals_its_composition_across_row_blocks_and_in_bf16)
+{
+    const int64_t rows = 100, in = 8192, out = 5, r = 3;
+    const double p = 0.25, scale = 0.5;
+    float *x = random_f32(rows * in, -1, 1), *w = random_f32(out * in, -0.1f, 0.1f);
+    float *b = random_f32(out, -1, 1), *a = random_f32(r * in, -0.1f, 0.1f);
+    float *bb = random_f32(out * r, -1, 1), *dy = random_f32(rows * out, -1, 1);
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(b, FSDP2_F32, 1, out, 0);
+    fsdp2_tensor_t *ta = wrap(a, FSDP2_F32, 2, r, in), *tbb = wrap(bb, FSDP2_F32, 2, out, r);
+    size_t bytes;
+    NN_OK(fsdp2_nn_lora_workspace_bytes(in, out, r, &bytes));
+    fsdp2_nn_workspace_t ws = workspace_new(bytes);
+    /* the composition: y = lin(x) + scale lin_B(lin_A(drop(x))) */
+    float *t = f32_array(rows * in), *u = f32_array(rows * r), *v = f32_array(rows * out);
+    float *want = f32_array(rows * out), *got = f32_array(rows * out);
+    NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, want, &ws));
+    NN_OK(fsdp2_nn_dropout_forward(x, t, rows * in, p, 9, 11));
+    NN_OK(fsdp2_nn_linear_forward(t, rows, ta, NULL, u, &ws));
+    NN_OK(fsdp2_nn_linear_forward(u, rows, tbb, NULL, v, &ws));
+    for (int64_t i = 0; i < rows * out; i++)
+        want[i] += (float)scale * v[i];
+    fsdp2_nn_lora_t lora = {.a = ta, .b = tbb, .scale = scale, .dropout = p, .seed = 9,
+                            .offset = 11};
+    NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &lora, got, &ws));
+    assert_close_f32("lora y", got, want, rows * out, 1e-5);
+    /* backward of the composition: dv = scale dy; du = dv B; dA = du^T t; dB = dv^T u;
+     * dt = du A; dx = dy W + drop'(dt) */
+    float *dv = f32_array(rows * out), *du = f32_array(rows * r), *dt = f32_array(rows * in);
+    float *dx_want = f32_array(rows * in), *da_want = f32_array(r * in);
+    float *db_want = f32_array(out * r);
+    for (int64_t i = 0; i < rows * out; i++)
+        dv[i] = (float)scale * dy[i];
+    fsdp2_tensor_t *tdaw = wrap(da_want, FSDP2_F32, 2, r, in);
+    fsdp2_tensor_t *tdbw = wrap(db_want, FSDP2_F32, 2, out, r);
+    NN_OK(fsdp2_nn_linear_backward(u, rows, tbb, dv, du, tdbw, NULL, &ws));
+    NN_OK(fsdp2_nn_linear_backward(t, rows, ta, du, dt, tdaw, NULL, &ws));
+    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx_want, NULL, NULL, &ws));
+    NN_OK(fsdp2_nn_dropout_backward(dt, dx_want, rows * in, p, 9, 11));
+    float *dx = f32_array(rows * in), *da = f32_array(r * in), *db = f32_array(out * r);
+    fsdp2_tensor_t *tda = wrap(da, FSDP2_F32, 2, r, in), *tdb = wrap(db, FSDP2_F32, 2, out, r);
+    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lora, dy, dx, tda, tdb, &ws));
+    assert_close_f32("lora dx", dx, dx_want, rows * in, 1e-5);
+    assert_close_f32("lora dA", da, da_want, r * in, 1e-5);
+    assert_close_f32("lora dB", db, db_want, out * r, 1e-5);
+
+    /* bf16 adapters and gradients: the f32 results on the rounded values, one rounding */
+    uint16_t *a16 = to_bf16(a, r * in), *b16 = to_bf16(bb, out * r);
+    float *ar = from_bf16(a16, r * in), *br = from_bf16(b16, out * r);
+    fsdp2_tensor_t *ta16 = wrap(a16, FSDP2_BF16, 2, r, in), *tb16 = wrap(b16, FSDP2_BF16, 2, out, r);
+    fsdp2_tensor_t *tar = wrap(ar, FSDP2_F32, 2, r, in), *tbr = wrap(br, FSDP2_F32, 2, out, r);
+    fsdp2_nn_lora_t l16 = lora, lr = lora;
+    l16.a = ta16, l16.b = tb16, lr.a = tar, lr.b = tbr;
+    NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &l16, got, &ws));
+    NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &lr, want, &ws));
+    assert_close_f32("bf16 lora y", got, want, rows * out, 0);
+    uint16_t *gb16 = calloc((size_t)(out * r), 2);
+    float *gb32 = f32_array(out * r);
+    fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 2, out, r);
+    fsdp2_tensor_t *tgb32 = wrap(gb32, FSDP2_F32, 2, out, r);
+    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &l16, dy, NULL, NULL, tgb16, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lr, dy, NULL, NULL, tgb32, &ws));
+    for (int64_t i = 0; i < out * r; i++)
+        ck_assert_uint_eq(gb16[i], fsdp2_f32_to_bf16(gb32[i]));
+    workspace_free(&ws);
+    fsdp2_tensor_t *all[] = {tw, tb, ta, tbb, tdaw, tdbw, tda, tdb, ta16, tb16, tar, tbr, tgb16,
+                             tgb32};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        fsdp2_tensor_release(all[i]);
+    void *mem[] = {x, w, b, a, bb, dy, t, u, v, want, got, dv, du, dt, dx_want, da_want,
+                   db_want, dx, da, db, a16, b16, ar, br, gb16, gb32};
+    for (size_t i = 0; i < sizeof(mem) / sizeof(mem[0]); i++)
+        free(mem[i]);
+}
+END_TEST
+
+START_TEST(lora_refuses_a_bad_rank_shape_or_dropout_naming_them)
+{
+    float w[64] = {0}, x[16] = {0}, y[16], ab[64] = {0}, big[4096];
+    for (int i = 0; i < 16; i++)
+        y[i] = 5.0f;
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 4, 3); /* out 4, in 3 */
+    fsdp2_tensor_t *a0 = wrap(ab, FSDP2_F32, 2, 0, 3), *a4 = wrap(ab, FSDP2_F32, 2, 4, 3);
+    fsdp2_tensor_t *a2 = wrap(ab, FSDP2_F32, 2, 2, 3), *b2 = wrap(ab, FSDP2_F32, 2, 4, 2);
+    fsdp2_tensor_t *b3 = wrap(ab, FSDP2_F32, 2, 5, 2);
+    fsdp2_nn_workspace_t ws = {big, sizeof(big)};
+    fsdp2_nn_lora_t l = {.a = a0, .b = b2, .scale = 1};
+    ck_assert_int_eq(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &ws),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "lora r = 0"), "%s", fsdp2_last_error());
+    l.a = a4;
+    ck_assert_int_eq(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &ws),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "lora r = 4") && strstr(fsdp2_last_error(), "in = 3"),
+                  "%s", fsdp2_last_error());
+    l.a = a2, l.b = b3;
+    ck_assert_int_eq(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &ws), FSDP2_ERR_SHAPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "lora B has shape [5,2] where [4,2]"), "%s",
+                  fsdp2_last_error());
+    l.b = b2, l.dropout = 1.0;
+    ck_assert_int_eq(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &ws),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "dropout probability 1"), "%s", fsdp2_last_error());
+    l.dropout = 0;
+    fsdp2_nn_workspace_t small = {big, 64};
+    ck_assert_int_eq(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &small),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "given 64"), "%s", fsdp2_last_error());
+    for (int i = 0; i < 16; i++)
+        ck_assert(y[i] == 5.0f);
+    size_t bytes;
+    NN_OK(fsdp2_nn_lora_workspace_bytes(3, 4, 2, &bytes));
+    fsdp2_nn_workspace_t enough = workspace_new(bytes);
+    NN_OK(fsdp2_nn_lora_forward(x, 2, tw, NULL, &l, y, &enough));
+    workspace_free(&enough);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(a0), fsdp2_tensor_release(a4);
+    fsdp2_tensor_release(a2), fsdp2_tensor_release(b2), fsdp2_tensor_release(b3);
+}
+END_TEST
+
 START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
 {
     float w[12] = {0}, x[8] = {0}, y[8], big[64];
@@ -604,6 +726,8 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds);
     tcase_add_test(tc, gqa_attention_with_one_group_per_head_equals_the_fused_attention);
     tcase_add_test(tc, llama_layers_refuse_bad_input_naming_the_value_and_write_nothing);
+    tcase_add_test(tc, lora_equals_its_composition_across_row_blocks_and_in_bf16);
+    tcase_add_test(tc, lora_refuses_a_bad_rank_shape_or_dropout_naming_them);
     tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
     suite_add_tcase(s, tc);
     return s;
