@@ -68,7 +68,10 @@ typedef struct fsdp2_hf_config {
     char hidden_act[16];     /* gpt2 "gelu_new" (activation_function), llama "silu" */
 } fsdp2_hf_config_t;
 
-#define FSDP2_HF_CONFIG_INIT {sizeof(fsdp2_hf_config_t)}
+/* Zero sizes, rope_theta 10000, no rope scaling, untied, no bos/eos ids. */
+#define FSDP2_HF_CONFIG_INIT                                                                \
+    {sizeof(fsdp2_hf_config_t), (fsdp2_hf_arch_t)0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 10000.0,  \
+     FSDP2_HF_ROPE_NONE, 0.0, 0.0, 0.0, 0, 0, -1, -1, ""}
 
 /* Parses and validates dir/config.json into *cfg (cfg->size set by the caller).
  * Refused, naming the field and its value: a model_type other than gpt2 and llama; a

@@ -4,11 +4,13 @@
  * library's strict reader (safetensors.c), the index against the files, and every
  * stored tensor against the list the config implies. A read then only converts: each
  * tensor's place (file, entry) was found at open. */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -75,6 +77,14 @@ static fsdp2_status_t add_file(fsdp2_hf_model_t *m, const char *name)
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (path == NULL || copy == NULL) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s/%s", m->dir, name);
+        goto cleanup;
+    }
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) {
+        status = fsdp2_error(FSDP2_ERR_NOT_FOUND, "%s: no file '%s'%s", m->dir, name,
+                             strcmp(name, "model.safetensors") == 0
+                                 ? " (nor model.safetensors.index.json)"
+                                 : ", which model.safetensors.index.json names");
         goto cleanup;
     }
     FSDP2_CHECK_GOTO(st_open(path, &m->files[m->num_files]), status, cleanup);
