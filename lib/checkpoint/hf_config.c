@@ -544,6 +544,8 @@ fsdp2_status_t hf_config_to_json(const fsdp2_hf_config_t *c, fsdp2_dtype_t dtype
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings != 0);
     add_token(o, "bos_token_id", c->bos_token_id);
     add_token(o, "eos_token_id", c->eos_token_id);
+    /* "dtype" for transformers 5, "torch_dtype" for 4 */
+    cJSON_AddStringToObject(o, "dtype", dtype == FSDP2_BF16 ? "bfloat16" : "float32");
     cJSON_AddStringToObject(o, "torch_dtype", dtype == FSDP2_BF16 ? "bfloat16" : "float32");
     *text = cJSON_Print(o);
     cJSON_Delete(o);
