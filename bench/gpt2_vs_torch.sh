@@ -22,7 +22,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 common=(--preset "$preset" --log-every 1 --val-every 0)
-"$gpt2" "${common[@]}" --steps 0 --export init.safetensors > /dev/null
+"$gpt2" "${common[@]}" --steps 0 --export init > /dev/null
+mv init/model.safetensors init.safetensors
 "$gpt2" "${common[@]}" --steps "$steps" --json ws1.json --dump-batches batches > /dev/null
 for ws in 2 4; do
     "$run" --nproc-per-node $ws "$gpt2" "${common[@]}" --steps "$steps" --json ws$ws.json > /dev/null

@@ -34,7 +34,9 @@
 
 typedef struct args {
     const char *preset, *data, *json, *save, *resume, *export_path, *init_from, *param_dtype;
-    const char *dump_batches;
+    const char *dump_batches, *export_dtype;
+    fsdp2_hf_model_t *hf; /* --init-from, open from parse to setup */
+    int64_t bos, eos;     /* the token ids config.json gave (-1: none) */
     gpt2_config_t cfg;
     long steps, seed, val_every, val_batches, sample, log_every, save_every;
     int batch, grad_accum, threads, no_shard, hsdp, checkpointing, reshard_after_forward;
@@ -76,8 +78,8 @@ static void usage(const char *prog, const char *bad)
             "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard | --hsdp]\n"
             "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
             "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
-            "          [--save DIR [--save-every N]] [--resume DIR] [--export FILE.safetensors]\n"
-            "          [--init-from FILE.safetensors] [--dump-batches FILE]\n",
+            "          [--save DIR [--save-every N]] [--resume DIR] [--export DIR]\n"
+            "          [--export-dtype f32|bf16] [--init-from DIR] [--dump-batches FILE]\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -119,12 +121,54 @@ static int preset(const char *name, gpt2_config_t *c)
     return 0;
 }
 
+/* --init-from DIR: config.json gives the shape; every size the command line gives, by
+ * --preset or a flag, must agree (the vocabulary always comes from the directory). */
+static void shape_from_directory(args_t *a, int preset_given, const int flags[4])
+{
+    fsdp2_status_t s = fsdp2_hf_model_open(a->init_from, &a->hf);
+    if (s != FSDP2_SUCCESS) {
+        fprintf(stderr, "error: --init-from %s: %s\n", a->init_from, fsdp2_last_error());
+        exit(1);
+    }
+    gpt2_config_t dir;
+    char err[1200];
+    if (gpt2_hf_shape(a->hf, &dir, err, sizeof(err))) {
+        fprintf(stderr, "error: --init-from %s: %s\n", a->init_from, err);
+        exit(1);
+    }
+    fsdp2_hf_config_t c = FSDP2_HF_CONFIG_INIT;
+    CHECK(fsdp2_hf_model_config(a->hf, &c));
+    a->bos = c.bos_token_id;
+    a->eos = c.eos_token_id;
+    const char *names[4] = {"--layers", "--heads", "--dim", "--seq-len"};
+    const char *fields[4] = {"n_layer", "n_head", "n_embd", "n_positions"};
+    const int have[4] = {dir.layers, dir.heads, dir.dim, dir.seq};
+    const int preset_sizes[4] = {a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq};
+    for (int i = 0; i < 4; i++) {
+        if (flags[i] && flags[i] != have[i]) {
+            fprintf(stderr, "error: %s %d disagrees with %s %d in %s/config.json\n", names[i],
+                    flags[i], fields[i], have[i], a->init_from);
+            exit(2);
+        }
+        if (preset_given && !flags[i] && preset_sizes[i] != have[i]) {
+            fprintf(stderr, "error: --preset %s has %s %d; %s/config.json has %s %d (leave "
+                    "--preset out: the directory gives the shape)\n", a->preset, names[i] + 2,
+                    preset_sizes[i], a->init_from, fields[i], have[i]);
+            exit(2);
+        }
+    }
+    a->cfg = dir;
+    a->preset = a->init_from; /* what the logs and --json name */
+}
+
 static void parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof(*a));
     a->preset = "tiny";
     a->data = "/usr/share/games/fortunes";
     a->param_dtype = "f32";
+    a->export_dtype = "f32";
+    a->bos = a->eos = -1;
     a->steps = 200;
     a->seed = 1;
     a->val_every = 50;
@@ -138,7 +182,7 @@ static void parse(int argc, char **argv, args_t *a)
     a->warmup = 20;
     a->weight_decay = 0.1;
     a->clip = 1.0;
-    int layers = 0, heads = 0, dim = 0, seq = 0;
+    int layers = 0, heads = 0, dim = 0, seq = 0, preset_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -158,8 +202,10 @@ static void parse(int argc, char **argv, args_t *a)
         if (!v)
             usage(argv[0], f);
         i++;
-        if (!strcmp(f, "--preset"))
+        if (!strcmp(f, "--preset")) {
             a->preset = v;
+            preset_given = 1;
+        }
         else if (!strcmp(f, "--data"))
             a->data = v;
         else if (!strcmp(f, "--json"))
@@ -170,6 +216,8 @@ static void parse(int argc, char **argv, args_t *a)
             a->resume = v;
         else if (!strcmp(f, "--export"))
             a->export_path = v;
+        else if (!strcmp(f, "--export-dtype"))
+            a->export_dtype = v;
         else if (!strcmp(f, "--init-from"))
             a->init_from = v;
         else if (!strcmp(f, "--dump-batches"))
@@ -223,6 +271,8 @@ static void parse(int argc, char **argv, args_t *a)
         fprintf(stderr, "error: --preset %s is not tiny, small or gpt2-124m\n", a->preset);
         exit(2);
     }
+    if (a->init_from)
+        shape_from_directory(a, preset_given, (int[4]){layers, heads, dim, seq});
     a->cfg.layers = layers ? layers : a->cfg.layers;
     a->cfg.heads = heads ? heads : a->cfg.heads;
     a->cfg.dim = dim ? dim : a->cfg.dim;
@@ -230,6 +280,10 @@ static void parse(int argc, char **argv, args_t *a)
     if (a->cfg.dim % a->cfg.heads) {
         fprintf(stderr, "error: --dim %d is not divisible by --heads %d\n", a->cfg.dim,
                 a->cfg.heads);
+        exit(2);
+    }
+    if (strcmp(a->export_dtype, "f32") && strcmp(a->export_dtype, "bf16")) {
+        fprintf(stderr, "error: --export-dtype %s is not f32 or bf16\n", a->export_dtype);
         exit(2);
     }
     if (strcmp(a->param_dtype, "f32") && strcmp(a->param_dtype, "bf16")) {
@@ -345,8 +399,11 @@ static void setup(run_t *r)
         exit(1);
     }
     CHECK(gpt2_allocate(r->model, r->micro, a->checkpointing));
-    if (a->init_from)
-        CHECK(gpt2_hf_import(r->model, a->init_from));
+    if (a->hf) {
+        CHECK(gpt2_hf_import(r->model, a->hf));
+        CHECK(fsdp2_hf_model_close(a->hf));
+        a->hf = NULL;
+    }
     if (a->resume) {
         fsdp2_checkpoint_report_t rep = {.size = sizeof(rep)};
         CHECK(fsdp2_checkpoint_load(r->state, a->resume, NULL, &rep));
@@ -682,8 +739,11 @@ int main(int argc, char **argv)
     }
     if (r.dump)
         fclose(r.dump);
-    if (a->export_path)
-        CHECK(gpt2_hf_export(r.model, r.world, r.rank, a->export_path));
+    if (a->export_path &&
+        gpt2_hf_export(r.model, r.rank, a->export_path,
+                       strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
+                       a->eos) != FSDP2_SUCCESS)
+        exit(1);
     if (a->sample)
         sample(&r);
     CHECK(fsdp2_state_dict_destroy(r.state));

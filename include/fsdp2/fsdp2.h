@@ -25,6 +25,7 @@
 #include <fsdp2/optim.h>
 #include <fsdp2/plan.h>
 #include <fsdp2/checkpoint.h>
+#include <fsdp2/hf_model.h>
 #include <fsdp2/trace.h>
 
 #endif

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -812,6 +813,25 @@ START_TEST(truncated_files_and_bad_header_lengths_are_corrupt)
 }
 END_TEST
 
+/* A FIFO in a file's place is refused at once, not waited on (no writer ever opens it):
+ * the alarm turns a regression into a failure instead of a hang. */
+START_TEST(a_fifo_is_refused_within_a_second)
+{
+    const char *path = scratch_path("fifo.safetensors");
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    alarm(5);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st_file_t f;
+    ASSERT_REFUSED(st_open(path, &f), FSDP2_ERR_IO, "not a regular file");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    alarm(0);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    ck_assert_msg(s < 1.0, "st_open of a FIFO took %.3f s", s);
+    ck_assert_msg(strstr(fsdp2_last_error(), path) != NULL, "%s", fsdp2_last_error());
+}
+END_TEST
+
 START_TEST(malformed_json_and_entries_are_corrupt_naming_the_entry)
 {
     expect_json_corrupt("{" ENTRY("a", "F32", "[1]", 0, 4), 4, "not valid JSON");
@@ -851,6 +871,14 @@ START_TEST(malformed_json_and_entries_are_corrupt_naming_the_entry)
     expect_json_corrupt("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, -4]}}", 4,
                         "'a': data_offsets is not [begin, end]");
     expect_json_corrupt("{" ENTRY("a", "F32", "[2]", 0, 8) "}", 4, "'a': data_offsets [0, 8] are reversed or pass the end");
+    expect_json_corrupt("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}", 4,
+                        "'a': data_offsets is not [begin, end]");
+    expect_json_corrupt("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4.5]}}", 4,
+                        "'a': data_offsets is not [begin, end]");
+    expect_json_corrupt("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0.5, 4]}}", 4,
+                        "'a': data_offsets is not [begin, end]");
+    expect_json_corrupt("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [\"0\", 4]}}", 4,
+                        "'a': data_offsets is not [begin, end]");
     char long_entry[1024];
     char name[ST_NAME_MAX + 1];
     memset(name, 'n', ST_NAME_MAX);
@@ -1304,6 +1332,7 @@ static Suite *safetensors_suite(void)
 
     TCase *corrupt = tcase_new("corrupt", 1);
     tcase_add_test(corrupt, truncated_files_and_bad_header_lengths_are_corrupt);
+    tcase_add_test(corrupt, a_fifo_is_refused_within_a_second);
     tcase_add_test(corrupt, malformed_json_and_entries_are_corrupt_naming_the_entry);
     tcase_add_test(corrupt, offsets_that_overlap_leave_holes_or_leave_trailing_bytes_are_corrupt);
     tcase_add_test(corrupt, bad_metadata_and_bad_text_are_corrupt);

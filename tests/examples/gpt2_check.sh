@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # examples/gpt2 end to end on a small corpus of its own (gpt2_corpus.txt):
-#   - the Hugging Face export has GPT2LMHeadModel's names, shapes and layouts (a reader
-#     written from the safetensors spec), and --init-from / --export round-trip a file of
-#     patterned values byte for byte; a file with a wrong shape is refused, naming it;
+#   - the Hugging Face export (a model directory) has GPT2LMHeadModel's names, shapes and
+#     layouts (a reader written from the safetensors spec), and --init-from / --export
+#     round-trip a directory of patterned values byte for byte; a directory whose tensors
+#     disagree with its config.json is refused, naming the tensor, and flags that
+#     disagree with config.json are refused, naming both;
+#   - --init-from the hub-layout fixture (no prefix, BF16, three shards) trains a step;
 #   - 3 steps of tiny reach PyTorch's losses (gpt2_fixture.json) within 1e-5 relative at
 #     ws 1, at ws 1 with 2 accumulated micro-batches, at ws 2 and at ws 2 with activation
 #     checkpointing, and when 2 steps saved at ws 2 resume at ws 1 for the third (the
@@ -11,40 +14,61 @@
 #     needed and available, and ws 2 trains; a limit below the FSDP plan is refused by
 #     the library, naming the plan.
 # The fixture came from PyTorch, never run here:
-#   gpt2 --preset tiny --data gpt2_corpus.txt --steps 0 --export init.safetensors
+#   gpt2 --preset tiny --data gpt2_corpus.txt --steps 0 --export init
 #   gpt2 --preset tiny --data gpt2_corpus.txt --batch 4 --steps 3 --dump-batches b
-#   python3 bench/peer_gpt2.py --init init.safetensors --batches b.0 --batch 4 --steps 3
-# usage: gpt2_check.sh FSDP2RUN GPT2 SAFETENSORS_CHECKER
+#   python3 bench/peer_gpt2.py --init init/model.safetensors --batches b.0 --batch 4 --steps 3
+# usage: gpt2_check.sh FSDP2RUN GPT2 SAFETENSORS_CHECKER HF_FIXTURES_DIR
 set -euo pipefail
-run=$1 gpt2=$2 checker=$3
+run=$1 gpt2=$2 checker=$3 fixtures=$4
 here=$(cd "$(dirname "$0")" && pwd)
 corpus=$here/gpt2_corpus.txt
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--preset tiny --data "$corpus" --val-every 0 --log-every 1)
 
-"$gpt2" "${common[@]}" --steps 0 --export "$work/init.safetensors" > "$work/export.log"
-"$checker" check "$work/init.safetensors" 4 128 128 256
+"$gpt2" "${common[@]}" --steps 0 --export "$work/init" > "$work/export.log"
+"$checker" check "$work/init/model.safetensors" 4 128 128 256
 
-"$checker" pattern "$work/init.safetensors" "$work/pattern.safetensors"
-mkdir "$work/again"
-"$gpt2" "${common[@]}" --steps 0 --init-from "$work/pattern.safetensors" \
-    --export "$work/again/out.safetensors" > "$work/roundtrip.log"
-cmp "$work/pattern.safetensors" "$work/again/out.safetensors"
+mkdir "$work/pattern" "$work/again"
+"$checker" pattern "$work/init/model.safetensors" "$work/pattern/model.safetensors"
+cp "$work/init/config.json" "$work/pattern/"
+"$gpt2" "${common[@]}" --steps 0 --init-from "$work/pattern" \
+    --export "$work/again/out" > "$work/roundtrip.log"
+cmp "$work/pattern/model.safetensors" "$work/again/out/model.safetensors"
 # the same round trip with each rank reading only its rows
 "$run" --nproc-per-node 2 "$gpt2" "${common[@]}" --steps 0 \
-    --init-from "$work/pattern.safetensors" --export "$work/again/out2.safetensors" \
+    --init-from "$work/pattern" --export "$work/again/out2" \
     > "$work/roundtrip2.log" 2>&1
-cmp "$work/pattern.safetensors" "$work/again/out2.safetensors"
-
-# a wrong shape: refused with the tensor's name, exit status 1
-"$gpt2" --preset tiny --dim 64 --data "$corpus" --steps 0 --export "$work/again/d64.safetensors" \
-    > /dev/null
-if "$gpt2" "${common[@]}" --steps 0 --init-from "$work/again/d64.safetensors" \
-    > "$work/bad.log" 2>&1; then
-    echo "FAIL: a file of dim 64 was loaded into a model of dim 128"; exit 1
+cmp "$work/pattern/model.safetensors" "$work/again/out2/model.safetensors"
+# an export never overwrites: a second one into the same directory is refused
+if "$gpt2" "${common[@]}" --steps 0 --export "$work/again/out" > "$work/twice.log" 2>&1; then
+    echo "FAIL: an export overwrote $work/again/out"; exit 1
 fi
-grep -q "transformer.wte.weight" "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
+grep -q "not empty" "$work/twice.log" || { cat "$work/twice.log"; exit 1; }
+
+# tensors of dim 64 under a config.json of dim 128: refused with the tensor's name and
+# both shapes, exit status 1
+"$gpt2" --preset tiny --dim 64 --data "$corpus" --steps 0 --export "$work/again/d64" > /dev/null
+mkdir "$work/mixed"
+cp "$work/init/config.json" "$work/mixed/"
+cp "$work/again/d64/model.safetensors" "$work/mixed/"
+if "$gpt2" "${common[@]}" --steps 0 --init-from "$work/mixed" > "$work/bad.log" 2>&1; then
+    echo "FAIL: tensors of dim 64 were loaded into a model of dim 128"; exit 1
+fi
+grep -q "transformer.wte.weight' has shape \[256, 64\].*gives \[256, 128\]" "$work/bad.log" ||
+    { cat "$work/bad.log"; exit 1; }
+# the directory's shape against flags that disagree: refused naming both, exit status 2
+if "$gpt2" "${common[@]}" --steps 0 --init-from "$work/again/d64" > "$work/bad2.log" 2>&1; then
+    echo "FAIL: --preset tiny (dim 128) was accepted with a directory of dim 64"; exit 1
+fi
+grep -q "n_embd 64" "$work/bad2.log" || { cat "$work/bad2.log"; exit 1; }
+
+# the hub's layout: no prefix, BF16, three shards, 261 tokens; ws 2 reads rows of each
+"$run" --nproc-per-node 2 "$gpt2" --data "$corpus" --val-every 0 --log-every 1 --batch 4 \
+    --steps 1 --init-from "$fixtures/gpt2-hub-bf16-sharded" --export "$work/hub" \
+    > "$work/hub.log" 2>&1 || { cat "$work/hub.log"; exit 1; }
+grep -q "step     1 | loss" "$work/hub.log" || { cat "$work/hub.log"; exit 1; }
+"$checker" check "$work/hub/model.safetensors" 2 32 16 261
 
 if FSDP2_CPU_MEMORY_LIMIT=40M "$gpt2" "${common[@]}" --steps 1 > "$work/limit1.log" 2>&1; then
     echo "FAIL: ws 1 trained under a 40 MiB limit"; exit 1

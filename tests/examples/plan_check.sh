@@ -38,8 +38,9 @@ for n in 2 3 4; do
 done
 
 # A safetensors file: the exported model, then its header alone (the data cut off).
-"$gpt2" --preset tiny --steps 0 --data "$GPT2_CORPUS" --export "$tmp/tiny.safetensors" \
+"$gpt2" --preset tiny --steps 0 --data "$GPT2_CORPUS" --export "$tmp/tiny" \
     >"$tmp/export.log" 2>&1 || { cat "$tmp/export.log"; fail "export"; }
+mv "$tmp/tiny/model.safetensors" "$tmp/tiny.safetensors"
 whole=$("$plan" --safetensors "$tmp/tiny.safetensors" --ranks 2 --json-out | field "d['params']")
 header=$(python3 -c "import struct,sys; print(8 + struct.unpack('<Q', open(sys.argv[1], 'rb').read(8))[0])" "$tmp/tiny.safetensors")
 head -c "$header" "$tmp/tiny.safetensors" >"$tmp/header.safetensors"

@@ -1,0 +1,831 @@
+/* Hugging Face model directories (include/fsdp2/hf_model.h) against the fixtures of
+ * tests/checkpoint/hf/, written by transformers and safetensors (make_hf_fixtures.py),
+ * and each fixture's NAME.expected reference values computed there by PyTorch:
+ * configs, tensor lists and shapes, row reads in pieces into f32 and bf16, exports read
+ * back, and every refusal with its message. HF_FIXTURES_DIR names the fixtures. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fsdp2/dtype.h>
+#include <fsdp2/hf_model.h>
+#include <fsdp2/status.h>
+
+#include "checkpoint/safetensors.h"
+#include "core/fault.h"
+
+#include "../core/check_main.h"
+
+#define ASSERT_OK(call)                                                                      \
+    do {                                                                                     \
+        fsdp2_status_t assert_ok_s_ = (call);                                                \
+        ck_assert_msg(assert_ok_s_ == FSDP2_SUCCESS, "%s = %s (%s)", #call,                  \
+                      fsdp2_status_name(assert_ok_s_), fsdp2_last_error());                  \
+    } while (0)
+
+#define ASSERT_REFUSED(call, want, needle)                                                   \
+    do {                                                                                     \
+        fsdp2_status_t refused_s_ = (call);                                                  \
+        ck_assert_msg(refused_s_ == (want) && strstr(fsdp2_last_error(), (needle)) != NULL,  \
+                      "%s = %s (%s), want %s naming '%s'", #call, fsdp2_status_name(refused_s_), \
+                      fsdp2_last_error(), fsdp2_status_name(want), (needle));                \
+    } while (0)
+
+static const char *const FIXTURES[] = {"gpt2-f32", "gpt2-hub-bf16-sharded", "llama-f32",
+                                       "llama-bf16"};
+#define NUM_FIXTURES (sizeof(FIXTURES) / sizeof(FIXTURES[0]))
+
+/* ---------------------------------------------------------------------------------- */
+/* Paths and a scratch directory                                                       */
+
+static char scratch[256];
+
+static const char *fixture(const char *name)
+{
+    static char path[4][512];
+    static int turn;
+    const char *dir = getenv("HF_FIXTURES_DIR");
+    ck_assert_msg(dir != NULL, "HF_FIXTURES_DIR is not set");
+    char *p = path[turn++ % 4];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+static const char *in_scratch(const char *name)
+{
+    static char path[4][512];
+    static int turn;
+    char *p = path[turn++ % 4];
+    snprintf(p, 512, "%s/%s", scratch, name);
+    return p;
+}
+
+static void remove_tree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d == NULL) {
+        unlink(path);
+        return;
+    }
+    struct dirent *e;
+    char child[1024];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(child, sizeof(child), "%s/%s", path, e->d_name);
+        struct stat st;
+        if (lstat(child, &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree(child);
+        else
+            unlink(child);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static void scratch_setup(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(scratch, sizeof(scratch), "%s/hf_test_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    ck_assert_msg(mkdtemp(scratch) != NULL, "mkdtemp %s: %s", scratch, strerror(errno));
+}
+
+static void scratch_teardown(void)
+{
+    remove_tree(scratch);
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    ck_assert_msg(in != NULL && out != NULL, "copy %s -> %s: %s", from, to, strerror(errno));
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+        ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    ck_assert_int_eq(fclose(out), 0);
+}
+
+/* A copy of a fixture directory in the scratch directory; returns its path. */
+static const char *copy_fixture(const char *name, const char *as)
+{
+    const char *from = fixture(name);
+    static char to[512];
+    snprintf(to, sizeof(to), "%s/%s", scratch, as);
+    ck_assert_int_eq(mkdir(to, 0755), 0);
+    DIR *d = opendir(from);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    char a[1024], b[1024];
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(a, sizeof(a), "%s/%s", from, e->d_name);
+        snprintf(b, sizeof(b), "%s/%s", to, e->d_name);
+        copy_file(a, b);
+    }
+    closedir(d);
+    return to;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(text, 1, (size_t)n, f), (size_t)n);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Replaces the first `from` in a file by `to`. */
+static void edit_file(const char *path, const char *from, const char *to)
+{
+    char *text = slurp(path);
+    char *at = strstr(text, from);
+    ck_assert_msg(at != NULL, "%s has no '%s'", path, from);
+    size_t len = strlen(text) - strlen(from) + strlen(to) + 1;
+    char *out = malloc(len);
+    snprintf(out, len, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    write_text(path, out);
+    free(out);
+    free(text);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Rewriting a safetensors file, with one change                                       */
+
+typedef struct change {
+    const char *drop;    /* leave this tensor out */
+    const char *retype;  /* store this F32 tensor as I32 (same bytes) */
+    const char *poison;  /* set element poison_index of this F32 tensor to poison_value */
+    size_t poison_index;
+    float poison_value;
+    const char *extra;   /* add a [2] F32 tensor of this name */
+} change_t;
+
+static void rewrite(const char *path, const change_t *c)
+{
+    char from[600];
+    snprintf(from, sizeof(from), "%s.orig", path);
+    ck_assert_int_eq(rename(path, from), 0);
+    st_file_t f;
+    ASSERT_OK(st_open(from, &f));
+    st_writer_t *w;
+    ASSERT_OK(st_writer_create(path, &w));
+    for (size_t i = 0; i < f.num_entries; i++) {
+        const st_entry_t *e = &f.entries[i];
+        if (c->drop && strcmp(e->name, c->drop) == 0)
+            continue;
+        fsdp2_dtype_t dtype = c->retype && strcmp(e->name, c->retype) == 0 ? FSDP2_I32 : e->dtype;
+        ASSERT_OK(st_writer_add(w, e->name, dtype, e->ndim, e->shape));
+    }
+    int64_t two = 2;
+    if (c->extra)
+        ASSERT_OK(st_writer_add(w, c->extra, FSDP2_F32, 1, &two));
+    ASSERT_OK(st_writer_begin(w, NULL));
+    /* The writer takes the tensors in the order added: the entries' (offset) order. */
+    for (size_t i = 0; i < f.num_entries; i++) {
+        const st_entry_t *e = &f.entries[i];
+        if (c->drop && strcmp(e->name, c->drop) == 0)
+            continue;
+        size_t bytes = (size_t)(e->end - e->begin);
+        unsigned char *buf = malloc(bytes + 1);
+        ASSERT_OK(st_read(&f, e, 0, buf, bytes));
+        if (c->poison && strcmp(e->name, c->poison) == 0)
+            memcpy(buf + 4 * c->poison_index, &c->poison_value, 4);
+        ASSERT_OK(st_writer_write(w, buf, bytes));
+        free(buf);
+    }
+    float extra[2] = {1, 2};
+    if (c->extra)
+        ASSERT_OK(st_writer_write(w, extra, sizeof(extra)));
+    ASSERT_OK(st_writer_finish(w));
+    st_close(&f);
+    unlink(from);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Reference values                                                                    */
+
+typedef struct expected {
+    char name[128];
+    int64_t rows, cols;
+    double sum, wsum, first, last;
+} expected_t;
+
+static size_t load_expected(const char *name, expected_t *out, size_t cap)
+{
+    char path[600];
+    snprintf(path, sizeof(path), "%s.expected", fixture(name));
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    char line[512];
+    size_t n = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (line[0] == '#')
+            continue;
+        ck_assert_uint_lt(n, cap);
+        expected_t *e = &out[n++];
+        ck_assert_int_eq(sscanf(line, "%127s %" SCNd64 " %" SCNd64 " %lf %lf %lf %lf", e->name,
+                                &e->rows, &e->cols, &e->sum, &e->wsum, &e->first, &e->last),
+                         7);
+    }
+    fclose(f);
+    return n;
+}
+
+static const expected_t *find_expected(const expected_t *e, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(e[i].name, name) == 0)
+            return &e[i];
+    return NULL;
+}
+
+static void summarize(const float *v, size_t n, double *sum, double *wsum)
+{
+    *sum = 0;
+    *wsum = 0;
+    for (size_t k = 0; k < n; k++) {
+        *sum += v[k];
+        *wsum += (double)v[k] * (double)(k % 7 + 1);
+    }
+}
+
+static void expect_close(const char *what, const char *name, double got, double want)
+{
+    ck_assert_msg(fabs(got - want) <= 1e-9 * (1 + fabs(want)), "%s of %s: %.17g, reference %.17g",
+                  what, name, got, want);
+}
+
+/* Reads a whole tensor as f32 in pieces of `piece` rows. */
+static float *read_pieces(fsdp2_hf_model_t *m, const fsdp2_hf_tensor_info_t *t, int64_t piece)
+{
+    size_t cols = (size_t)t->shape[1];
+    float *v = malloc(sizeof(float) * (size_t)t->shape[0] * cols);
+    for (int64_t r = 0; r < t->shape[0]; r += piece) {
+        int64_t rows = t->shape[0] - r < piece ? t->shape[0] - r : piece;
+        ASSERT_OK(fsdp2_hf_model_read(m, t->name, r, rows, FSDP2_F32, v + (size_t)r * cols));
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Reading the fixtures                                                                */
+
+START_TEST(every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces)
+{
+    const char *name = FIXTURES[_i];
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(fixture(name), &m));
+    static expected_t want[256];
+    size_t num_want = load_expected(name, want, 256), count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    ck_assert_msg(count == num_want, "%s: %zu tensors, reference %zu", name, count, num_want);
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t;
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+        const expected_t *e = find_expected(want, num_want, t.name);
+        ck_assert_msg(e != NULL, "%s: tensor %s is not in the reference", name, t.name);
+        ck_assert_msg(t.shape[0] == e->rows && t.shape[1] == e->cols,
+                      "%s %s: [%" PRId64 ", %" PRId64 "], reference [%" PRId64 ", %" PRId64 "]",
+                      name, t.name, t.shape[0], t.shape[1], e->rows, e->cols);
+        ck_assert_int_eq(t.transposed, strstr(name, "gpt2") != NULL && t.ndim == 2 &&
+                                           strstr(t.name, "h.") == t.name);
+        size_t n = (size_t)(t.shape[0] * t.shape[1]);
+        /* Three ways to cut the rows: whole, 3 at a time, one by one. */
+        const int64_t pieces[] = {t.shape[0], 3, 1};
+        float *whole = NULL;
+        for (int p = 0; p < 3; p++) {
+            float *v = read_pieces(m, &t, pieces[p]);
+            double sum, wsum;
+            summarize(v, n, &sum, &wsum);
+            expect_close("sum", t.name, sum, e->sum);
+            expect_close("weighted sum", t.name, wsum, e->wsum);
+            ck_assert_msg(v[0] == e->first && v[n - 1] == e->last, "%s: first %g last %g, want %g %g",
+                          t.name, v[0], v[n - 1], e->first, e->last);
+            if (p == 0)
+                whole = v;
+            else
+                free(v);
+        }
+        /* bf16 destinations, at uneven row ranges: the f32 values rounded once. */
+        uint16_t *b = malloc(2 * n);
+        int64_t r0 = t.shape[0] / 3, r1 = t.shape[0] - r0;
+        size_t cols = (size_t)t.shape[1];
+        ASSERT_OK(fsdp2_hf_model_read(m, t.name, 0, r0, FSDP2_BF16, b));
+        ASSERT_OK(fsdp2_hf_model_read(m, t.name, r0, r1 - r0, FSDP2_BF16, b + (size_t)r0 * cols));
+        ASSERT_OK(fsdp2_hf_model_read(m, t.name, r1, t.shape[0] - r1, FSDP2_BF16,
+                                      b + (size_t)r1 * cols));
+        for (size_t k = 0; k < n; k++)
+            ck_assert_msg(b[k] == fsdp2_f32_to_bf16(whole[k]), "%s[%zu]: bf16 %04x, want %04x",
+                          t.name, k, b[k], fsdp2_f32_to_bf16(whole[k]));
+        free(b);
+        free(whole);
+    }
+    ASSERT_REFUSED(fsdp2_hf_model_read(m, "no.such.weight", 0, 1, FSDP2_F32, &(float){0}),
+                   FSDP2_ERR_NOT_FOUND, "'no.such.weight'");
+    fsdp2_hf_tensor_info_t t0;
+    ASSERT_OK(fsdp2_hf_model_tensor(m, 0, &t0));
+    ASSERT_REFUSED(fsdp2_hf_model_read(m, t0.name, t0.shape[0], 1, FSDP2_F32, &(float){0}),
+                   FSDP2_ERR_INVALID_ARGUMENT, t0.name);
+    ASSERT_OK(fsdp2_hf_model_close(m));
+}
+END_TEST
+
+START_TEST(the_configs_hold_the_fields_transformers_wrote)
+{
+    fsdp2_hf_config_t g = FSDP2_HF_CONFIG_INIT, h = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_config_read(fixture("gpt2-f32"), &g));
+    ASSERT_OK(fsdp2_hf_config_read(fixture("gpt2-hub-bf16-sharded"), &h));
+    ck_assert_int_eq(g.arch, FSDP2_HF_GPT2);
+    ck_assert_int_eq(g.vocab_size, 261);
+    ck_assert_int_eq(g.hidden_size, 32);
+    ck_assert_int_eq(g.num_layers, 2);
+    ck_assert_int_eq(g.num_heads, 4);
+    ck_assert_int_eq(g.num_kv_heads, 4);
+    ck_assert_int_eq(g.head_dim, 8);
+    ck_assert_int_eq(g.intermediate_size, 128); /* n_inner null: 4 n_embd */
+    ck_assert_int_eq(g.max_positions, 16);
+    ck_assert(g.norm_eps == 1e-5);
+    ck_assert_int_eq(g.tie_word_embeddings, 1);
+    ck_assert_int_eq(g.bos_token_id, 0);
+    ck_assert_int_eq(g.eos_token_id, 0);
+    ck_assert_str_eq(g.hidden_act, "gelu_new");
+    ck_assert_int_eq(memcmp(&g, &h, sizeof(g)), 0);
+
+    fsdp2_hf_config_t l = FSDP2_HF_CONFIG_INIT, b = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_config_read(fixture("llama-f32"), &l));
+    ASSERT_OK(fsdp2_hf_config_read(fixture("llama-bf16"), &b));
+    ck_assert_int_eq(l.arch, FSDP2_HF_LLAMA);
+    ck_assert_int_eq(l.vocab_size, 64);
+    ck_assert_int_eq(l.hidden_size, 32);
+    ck_assert_int_eq(l.num_layers, 2);
+    ck_assert_int_eq(l.num_heads, 4);
+    ck_assert_int_eq(l.num_kv_heads, 2);
+    ck_assert_int_eq(l.head_dim, 8);
+    ck_assert_int_eq(l.intermediate_size, 48);
+    ck_assert_int_eq(l.max_positions, 64);
+    ck_assert(l.norm_eps == 1e-6);
+    ck_assert(l.rope_theta == 10000.0);
+    ck_assert_int_eq(l.rope_scaling, FSDP2_HF_ROPE_LLAMA3);
+    ck_assert(l.rope_factor == 8.0 && l.rope_low_freq_factor == 1.0 &&
+              l.rope_high_freq_factor == 4.0);
+    ck_assert_int_eq(l.rope_original_max_positions, 32);
+    ck_assert_int_eq(l.tie_word_embeddings, 0);
+    ck_assert_int_eq(l.bos_token_id, 1);
+    ck_assert_int_eq(l.eos_token_id, 2); /* [2, 3]: the first */
+    ck_assert_str_eq(l.hidden_act, "silu");
+    ck_assert_int_eq(memcmp(&l, &b, sizeof(l)), 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* Export                                                                              */
+
+/* Writes the open model m to dir, tensor by tensor as a trainer would, from f32. */
+static void export_model(fsdp2_hf_model_t *m, const char *dir, fsdp2_dtype_t dtype,
+                         uint64_t max_shard_bytes)
+{
+    fsdp2_hf_config_t cfg = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_model_config(m, &cfg));
+    fsdp2_hf_export_options_t o = FSDP2_HF_EXPORT_OPTIONS_INIT;
+    o.dtype = dtype;
+    o.max_shard_bytes = max_shard_bytes;
+    fsdp2_hf_writer_t *w;
+    ASSERT_OK(fsdp2_hf_writer_create(dir, &cfg, &o, &w));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t, next;
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+        ASSERT_OK(fsdp2_hf_writer_next(w, &next));
+        ck_assert_str_eq(next.name, t.name);
+        float *v = read_pieces(m, &t, t.shape[0]);
+        ASSERT_OK(fsdp2_hf_writer_write(w, t.name, FSDP2_F32, v));
+        free(v);
+    }
+    fsdp2_hf_tensor_info_t done;
+    ASSERT_OK(fsdp2_hf_writer_next(w, &done));
+    ck_assert_ptr_null(done.name);
+    ASSERT_OK(fsdp2_hf_writer_finish(w));
+}
+
+START_TEST(an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded)
+{
+    const char *name = FIXTURES[_i];
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(fixture(name), &m));
+    const struct {
+        fsdp2_dtype_t dtype;
+        uint64_t shard;
+        const char *dir;
+    } ways[] = {{FSDP2_F32, 0, "out-f32"}, {FSDP2_BF16, 8192, "out-bf16-sharded"}};
+    for (int k = 0; k < 2; k++) {
+        const char *dir = in_scratch(ways[k].dir);
+        export_model(m, dir, ways[k].dtype, ways[k].shard);
+        char probe[600];
+        snprintf(probe, sizeof(probe), "%s/model.safetensors.index.json", dir);
+        ck_assert_int_eq(access(probe, F_OK) == 0, ways[k].shard > 0);
+        ck_assert_int_eq(count_entries(scratch), k + 1); /* no temporary left */
+        fsdp2_hf_model_t *back;
+        ASSERT_OK(fsdp2_hf_model_open(dir, &back));
+        fsdp2_hf_config_t a = FSDP2_HF_CONFIG_INIT, b = FSDP2_HF_CONFIG_INIT;
+        ASSERT_OK(fsdp2_hf_model_config(m, &a));
+        ASSERT_OK(fsdp2_hf_model_config(back, &b));
+        ck_assert_int_eq(memcmp(&a, &b, sizeof(a)), 0);
+        size_t count, count_back;
+        ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+        ASSERT_OK(fsdp2_hf_model_num_tensors(back, &count_back));
+        ck_assert_uint_eq(count, count_back);
+        for (size_t i = 0; i < count; i++) {
+            fsdp2_hf_tensor_info_t t, u;
+            ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+            ASSERT_OK(fsdp2_hf_model_tensor(back, i, &u));
+            ck_assert_str_eq(t.name, u.name);
+            ck_assert_int_eq(u.file_dtype, ways[k].dtype);
+            size_t n = (size_t)(t.shape[0] * t.shape[1]);
+            float *x = read_pieces(m, &t, t.shape[0]), *y = read_pieces(back, &u, 2);
+            for (size_t e = 0; e < n; e++) {
+                float want = ways[k].dtype == FSDP2_F32 ? x[e] : fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(x[e]));
+                ck_assert_msg(y[e] == want, "%s %s[%zu]: %g, wrote %g", ways[k].dir, t.name, e,
+                              y[e], want);
+            }
+            free(x);
+            free(y);
+        }
+        ASSERT_OK(fsdp2_hf_model_close(back));
+    }
+    /* GPT-2 as save_pretrained names it: prefixed, the tied head not stored. */
+    if (strstr(name, "gpt2") != NULL) {
+        st_file_t f;
+        char path[600];
+        snprintf(path, sizeof(path), "%s/model.safetensors", in_scratch("out-f32"));
+        ASSERT_OK(st_open(path, &f));
+        ck_assert_ptr_nonnull(st_find(&f, "transformer.wte.weight"));
+        ck_assert_ptr_nonnull(st_find(&f, "transformer.h.1.mlp.c_fc.weight"));
+        ck_assert_ptr_null(st_find(&f, "lm_head.weight"));
+        const st_entry_t *e = st_find(&f, "transformer.h.0.attn.c_attn.weight");
+        ck_assert(e->shape[0] == 32 && e->shape[1] == 96); /* Conv1D [in, out] */
+        st_close(&f);
+    }
+    ASSERT_OK(fsdp2_hf_model_close(m));
+}
+END_TEST
+
+START_TEST(an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused)
+{
+    fsdp2_hf_config_t cfg = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_config_read(fixture("llama-f32"), &cfg));
+    fsdp2_hf_writer_t *w = (fsdp2_hf_writer_t *)1;
+    ASSERT_REFUSED(fsdp2_hf_writer_create(in_scratch("no/such/dir"), &cfg, NULL, &w), FSDP2_ERR_IO,
+                   "parent directory");
+    ck_assert_ptr_null(w);
+    const char *full = in_scratch("full");
+    ck_assert_int_eq(mkdir(full, 0755), 0);
+    char keep[600];
+    snprintf(keep, sizeof(keep), "%s/keep.txt", full);
+    write_text(keep, "mine");
+    ASSERT_REFUSED(fsdp2_hf_writer_create(full, &cfg, NULL, &w), FSDP2_ERR_INVALID_ARGUMENT,
+                   "not empty");
+    ck_assert_int_eq(count_entries(scratch), 1);
+    ck_assert_int_eq(count_entries(full), 1);
+    /* An empty directory is replaced; the order of the tensors is enforced. */
+    const char *empty = in_scratch("empty");
+    ck_assert_int_eq(mkdir(empty, 0755), 0);
+    ASSERT_OK(fsdp2_hf_writer_create(empty, &cfg, NULL, &w));
+    float v[64] = {0};
+    ASSERT_REFUSED(fsdp2_hf_writer_write(w, "model.norm.weight", FSDP2_F32, v),
+                   FSDP2_ERR_INVALID_ARGUMENT, "'model.embed_tokens.weight' comes next");
+    ASSERT_REFUSED(fsdp2_hf_writer_finish(w), FSDP2_ERR_INVALID_STATE, "0 of");
+    ck_assert_int_eq(count_entries(scratch), 2);
+    ck_assert_int_eq(count_entries(empty), 0);
+    cfg.num_kv_heads = 3;
+    ASSERT_REFUSED(fsdp2_hf_writer_create(in_scratch("bad"), &cfg, NULL, &w), FSDP2_ERR_CORRUPT,
+                   "num_key_value_heads 3");
+}
+END_TEST
+
+/* Every I/O point of an export fails in turn: each failure leaves nothing behind. The
+ * tensors are read first, so that only the export's points are counted. */
+static fsdp2_status_t export_from_memory(const fsdp2_hf_config_t *cfg, float **data,
+                                         const fsdp2_hf_tensor_info_t *t, size_t count)
+{
+    fsdp2_hf_export_options_t o = FSDP2_HF_EXPORT_OPTIONS_INIT;
+    o.dtype = FSDP2_BF16;
+    o.max_shard_bytes = 16384;
+    fsdp2_hf_writer_t *w = NULL;
+    fsdp2_status_t s = fsdp2_hf_writer_create(in_scratch("out"), cfg, &o, &w);
+    for (size_t i = 0; s == FSDP2_SUCCESS && i < count; i++)
+        s = fsdp2_hf_writer_write(w, t[i].name, FSDP2_F32, data[i]);
+    if (s == FSDP2_SUCCESS)
+        return fsdp2_hf_writer_finish(w);
+    fsdp2_hf_writer_abort(w);
+    return s;
+}
+
+START_TEST(an_injected_failure_anywhere_in_an_export_leaves_nothing)
+{
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(fixture("gpt2-hub-bf16-sharded"), &m));
+    fsdp2_hf_config_t cfg = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_model_config(m, &cfg));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    static fsdp2_hf_tensor_info_t t[64];
+    static float *data[64];
+    ck_assert_uint_le(count, 64);
+    for (size_t i = 0; i < count; i++) {
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t[i]));
+        data[i] = read_pieces(m, &t[i], t[i].shape[0]);
+    }
+    fsdp2_fault_arm(FAULT_NONE, 0);
+    ASSERT_OK(export_from_memory(&cfg, data, t, count));
+    uint64_t points = fsdp2_fault_count(FAULT_IO);
+    fsdp2_fault_disarm();
+    remove_tree(in_scratch("out"));
+    ck_assert_uint_gt(points, 4);
+    for (uint64_t at = 1; at <= points; at++) {
+        fsdp2_fault_arm(FAULT_IO, at);
+        fsdp2_status_t s = export_from_memory(&cfg, data, t, count);
+        int fired = fsdp2_fault_fired();
+        fsdp2_fault_disarm();
+        ck_assert_msg(fired && s == FSDP2_ERR_IO, "point %" PRIu64 " of %" PRIu64 ": %s (%s)", at,
+                      points, fsdp2_status_name(s), fsdp2_last_error());
+        ck_assert_msg(strstr(fsdp2_last_error(), "injected") != NULL, "%s", fsdp2_last_error());
+        ck_assert_msg(count_entries(scratch) == 0, "point %" PRIu64 ": %d entries left", at,
+                      count_entries(scratch));
+    }
+    for (size_t i = 0; i < count; i++)
+        free(data[i]);
+    ASSERT_OK(fsdp2_hf_model_close(m));
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* What is refused                                                                     */
+
+static void expect_open_refused(const char *dir, fsdp2_status_t want, const char *needle)
+{
+    fsdp2_hf_model_t *m = (fsdp2_hf_model_t *)1;
+    ASSERT_REFUSED(fsdp2_hf_model_open(dir, &m), want, needle);
+    ck_assert_ptr_null(m);
+}
+
+START_TEST(configs_outside_what_is_supported_are_refused_naming_the_field)
+{
+    static const struct {
+        const char *fixture, *from, *to, *needle;
+        fsdp2_status_t want;
+    } cases[] = {
+        {"gpt2-f32", "\"model_type\": \"gpt2\"", "\"model_type\": \"mistral\"",
+         "model_type 'mistral' is not supported (gpt2, llama)", FSDP2_ERR_UNSUPPORTED},
+        {"gpt2-f32", "\"n_head\": 4", "\"n_head\": 5", "n_embd 32 is not divisible by n_head 5",
+         FSDP2_ERR_CORRUPT},
+        {"gpt2-f32", "\"n_layer\": 2", "\"n_layer\": 0", "n_layer 0 is not in 1 .. 2^31",
+         FSDP2_ERR_CORRUPT},
+        {"gpt2-f32", "\"gelu_new\"", "\"relu\"", "activation_function 'relu' is not supported",
+         FSDP2_ERR_UNSUPPORTED},
+        {"gpt2-f32", "\"vocab_size\": 261", "\"vocab_size\": 2.5",
+         "field 'vocab_size' is not an integer", FSDP2_ERR_CORRUPT},
+        {"llama-f32", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
+         "num_key_value_heads 3 does not divide num_attention_heads 4", FSDP2_ERR_CORRUPT},
+        {"llama-f32", "\"head_dim\": 8", "\"head_dim\": 16", "head_dim 16 is not hidden_size",
+         FSDP2_ERR_UNSUPPORTED},
+        {"llama-f32", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"",
+         "type 'yarn' is not supported", FSDP2_ERR_UNSUPPORTED},
+        {"llama-f32", "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias true is not supported",
+         FSDP2_ERR_UNSUPPORTED},
+        {"llama-f32", "\"hidden_size\": 32", "\"hidden_sizes\": 32", "field 'hidden_size' is missing",
+         FSDP2_ERR_CORRUPT},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char as[32];
+        snprintf(as, sizeof(as), "case%zu", i);
+        const char *dir = copy_fixture(cases[i].fixture, as);
+        char config[600];
+        snprintf(config, sizeof(config), "%s/config.json", dir);
+        edit_file(config, cases[i].from, cases[i].to);
+        expect_open_refused(dir, cases[i].want, cases[i].needle);
+        ck_assert_msg(strstr(fsdp2_last_error(), "config.json") != NULL, "%s", fsdp2_last_error());
+    }
+}
+END_TEST
+
+START_TEST(a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it)
+{
+    const char *dir = copy_fixture("gpt2-f32", "missing");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.drop = "transformer.h.1.mlp.c_fc.bias"});
+    expect_open_refused(dir, FSDP2_ERR_NOT_FOUND,
+                        "missing tensor 'transformer.h.1.mlp.c_fc.bias' ([128], from config.json's "
+                        "n_inner)");
+
+    dir = copy_fixture("llama-f32", "extra");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "model.layers.0.self_attn.q_proj.bias"});
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT,
+                        "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'");
+
+    dir = copy_fixture("gpt2-f32", "shape");
+    char config[600];
+    snprintf(config, sizeof(config), "%s/config.json", dir);
+    edit_file(config, "\"vocab_size\": 261", "\"vocab_size\": 262");
+    expect_open_refused(dir, FSDP2_ERR_SHAPE_MISMATCH,
+                        "tensor 'transformer.wte.weight' has shape [261, 32]");
+    ck_assert_msg(strstr(fsdp2_last_error(), "gives [262, 32] (vocab_size x n_embd)") != NULL, "%s",
+                  fsdp2_last_error());
+
+    dir = copy_fixture("llama-f32", "untied");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.drop = "lm_head.weight"});
+    expect_open_refused(dir, FSDP2_ERR_NOT_FOUND, "missing tensor 'lm_head.weight'");
+    snprintf(config, sizeof(config), "%s/config.json", dir);
+    edit_file(config, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": true");
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(dir, &m)); /* tied: no head of its own */
+    ASSERT_OK(fsdp2_hf_model_close(m));
+
+    dir = copy_fixture("gpt2-f32", "i32");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.retype = "transformer.h.0.attn.c_proj.weight"});
+    expect_open_refused(dir, FSDP2_ERR_DTYPE_MISMATCH,
+                        "tensor 'transformer.h.0.attn.c_proj.weight' has dtype I32 (F32, BF16 or "
+                        "F16 expected)");
+}
+END_TEST
+
+START_TEST(nan_and_inf_are_refused_naming_the_tensor_and_the_first_index)
+{
+    const float bad[2] = {NAN, INFINITY};
+    const char *needle[2] = {"NaN at flat index 37", "an infinity at flat index 37"};
+    for (int k = 0; k < 2; k++) {
+        const char *dir = copy_fixture("gpt2-f32", k ? "inf" : "nan");
+        char st[600];
+        snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+        rewrite(st, &(change_t){.poison = "transformer.h.0.mlp.c_fc.weight", .poison_index = 37,
+                                .poison_value = bad[k]});
+        fsdp2_hf_model_t *m;
+        ASSERT_OK(fsdp2_hf_model_open(dir, &m)); /* headers are fine */
+        static float v[128 * 32];
+        /* File [32, 128]: index 37 is file row 0, column 37: canonical row 37. */
+        ASSERT_OK(fsdp2_hf_model_read(m, "h.0.mlp.c_fc.weight", 0, 37, FSDP2_F32, v));
+        ASSERT_REFUSED(fsdp2_hf_model_read(m, "h.0.mlp.c_fc.weight", 0, 128, FSDP2_BF16, v),
+                       FSDP2_ERR_CORRUPT, needle[k]);
+        ck_assert_msg(strstr(fsdp2_last_error(), "'transformer.h.0.mlp.c_fc.weight'") != NULL,
+                      "%s", fsdp2_last_error());
+        ASSERT_OK(fsdp2_hf_model_close(m));
+    }
+}
+END_TEST
+
+START_TEST(a_fifo_a_directory_or_a_damaged_file_is_refused_at_once)
+{
+    /* The alarm turns a regression (a blocking open) into a failure, not a hang. */
+    alarm(10);
+    const char *names[] = {"model.safetensors", "config.json", "model.safetensors.index.json"};
+    for (int k = 0; k < 3; k++) {
+        char as[16];
+        snprintf(as, sizeof(as), "fifo%d", k);
+        const char *dir = copy_fixture("gpt2-f32", as);
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+        unlink(path);
+        ck_assert_int_eq(mkfifo(path, 0600), 0);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        expect_open_refused(dir, FSDP2_ERR_IO, "not a regular file");
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        ck_assert_msg(s < 1.0, "%s: refused after %.3f s", names[k], s);
+        ck_assert_msg(strstr(fsdp2_last_error(), names[k]) != NULL, "%s", fsdp2_last_error());
+    }
+    alarm(0);
+
+    const char *dir = copy_fixture("gpt2-f32", "directory");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    unlink(st);
+    ck_assert_int_eq(mkdir(st, 0755), 0);
+    expect_open_refused(dir, FSDP2_ERR_IO, "model.safetensors: not a regular file");
+
+    dir = copy_fixture("gpt2-f32", "truncated");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    struct stat sb;
+    ck_assert_int_eq(stat(st, &sb), 0);
+    ck_assert_int_eq(truncate(st, sb.st_size - 100), 0);
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "pass the end of the data");
+
+    dir = copy_fixture("gpt2-f32", "header");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    int fd = open(st, O_WRONLY);
+    unsigned char len[8] = {0};
+    uint64_t n = (uint64_t)sb.st_size; /* the file's size: past its end */
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)(n >> (8 * i));
+    ck_assert_int_eq(pwrite(fd, len, 8, 0), 8);
+    close(fd);
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "exceeds the rest of the file");
+
+    dir = copy_fixture("gpt2-f32", "empty");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    unlink(st);
+    expect_open_refused(dir, FSDP2_ERR_NOT_FOUND, "no file 'model.safetensors'");
+}
+END_TEST
+
+START_TEST(an_index_that_disagrees_with_its_files_is_refused)
+{
+    const char *dir = copy_fixture("gpt2-hub-bf16-sharded", "shard-missing");
+    char path[600];
+    snprintf(path, sizeof(path), "%s/model-00002-of-00003.safetensors", dir);
+    unlink(path);
+    expect_open_refused(dir, FSDP2_ERR_NOT_FOUND,
+                        "no file 'model-00002-of-00003.safetensors', which "
+                        "model.safetensors.index.json names");
+
+    dir = copy_fixture("gpt2-hub-bf16-sharded", "misplaced");
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    char *text = slurp(path);
+    /* Move one tensor's entry to another file: the map no longer says where it is. */
+    char *at = strstr(text, "\"wte.weight\": \"model-0000");
+    ck_assert_ptr_nonnull(at);
+    char *digit = at + strlen("\"wte.weight\": \"model-0000");
+    *digit = *digit == '1' ? '2' : '1';
+    write_text(path, text);
+    free(text);
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "'wte.weight'");
+
+    dir = copy_fixture("gpt2-hub-bf16-sharded", "escape");
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+    edit_file(path, "\"model-00001-of-00003.safetensors\"", "\"../model-00001-of-00003.safetensors\"");
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "is not a file in the directory");
+}
+END_TEST
+
+static Suite *hf_model_suite(void)
+{
+    Suite *s = suite_create("hf_model");
+    TCase *read = tcase_create("read");
+    tcase_add_loop_test(read, every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces,
+                        0, NUM_FIXTURES);
+    tcase_add_test(read, the_configs_hold_the_fields_transformers_wrote);
+    suite_add_tcase(s, read);
+    TCase *write = tcase_create("write");
+    tcase_add_checked_fixture(write, scratch_setup, scratch_teardown);
+    tcase_add_loop_test(write, an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded, 0,
+                        NUM_FIXTURES);
+    tcase_add_test(write, an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused);
+    tcase_add_test(write, an_injected_failure_anywhere_in_an_export_leaves_nothing);
+    tcase_set_timeout(write, 120);
+    suite_add_tcase(s, write);
+    TCase *bad = tcase_create("refused");
+    tcase_add_checked_fixture(bad, scratch_setup, scratch_teardown);
+    tcase_add_test(bad, configs_outside_what_is_supported_are_refused_naming_the_field);
+    tcase_add_test(bad, a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it);
+    tcase_add_test(bad, nan_and_inf_are_refused_naming_the_tensor_and_the_first_index);
+    tcase_add_test(bad, a_fifo_a_directory_or_a_damaged_file_is_refused_at_once);
+    tcase_add_test(bad, an_index_that_disagrees_with_its_files_is_refused);
+    suite_add_tcase(s, bad);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(hf_model_suite)
