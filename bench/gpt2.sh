@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPT-2 training speed: examples/gpt2 (FSDP and --no-shard) against PyTorch (plain at one
+# GPT-2 training speed: examples/lm (FSDP and --no-shard) against PyTorch (plain at one
 # rank, DDP over gloo at several: bench/peer_gpt2.py), alternating in one invocation, on
 # the same shapes and batches of the same size. Prints a table and writes JSON.
 #
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--presets LIST] [--ws LIST] [--steps N] [--batch B] [--json FILE]" >&2; exit 2 ;;
     esac
 done
-run=./build/tools/fsdp2run gpt2=./build/examples/gpt2
+run=./build/tools/fsdp2run gpt2=./build/examples/lm
 [ -x $gpt2 ] || { echo "build first: ninja -C build" >&2; exit 1; }
 cores=$(nproc)
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/gpt2 against PyTorch on the same initial weights and batches: the first
+# examples/lm against PyTorch on the same initial weights and batches: the first
 # --steps training losses at ws 1, 2 and 4 in f32 (and, with --bf16, ours with bf16
 # parameters against PyTorch's f32 and its own bf16 autocast), as the largest relative
 # difference per run. PyTorch: bench/peer_gpt2.py (Debian's python3-torch).
@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--preset NAME] [--steps N] [--bf16]" >&2; exit 2 ;;
     esac
 done
-gpt2=$PWD/build/examples/gpt2 run=$PWD/build/tools/fsdp2run peer=$PWD/bench/peer_gpt2.py
+gpt2=$PWD/build/examples/lm run=$PWD/build/tools/fsdp2run peer=$PWD/bench/peer_gpt2.py
 [ -x "$gpt2" ] || { echo "build first: ninja -C build" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -12,7 +12,7 @@
 #   epoch of 3072 images at a global batch of 64 (48 steps), then its test pass over 3072
 #   images (8 forwards of up to 100 images per rank, whose all-gathers also cross hosts
 #   under FSDP: the formula counts them, spread over the steps);
-# - gpt2: examples/gpt2 --preset small (6 blocks of 384, 10.8 M parameters), 6 steps of
+# - gpt2: examples/lm --preset small (6 blocks of 384, 10.8 M parameters), 6 steps of
 #   8 sequences per rank, no validation.
 # Across hosts, per rank and step, the direct (pairwise) algorithms send: FSDP over 4
 # ranks, 2 of them remote, half of each all-gather's and reduce-scatter's payload; HSDP,
@@ -44,7 +44,7 @@ for rate in $rates; do
     for model in $models; do
         case $model in
         mlp) cmd=("$build/examples/fashion_mnist" --model mlp --epochs 1 --limit 3072) ;;
-        gpt2) cmd=("$build/examples/gpt2" --preset small --steps 6 --batch 32 --val-every 0
+        gpt2) cmd=("$build/examples/lm" --preset small --steps 6 --batch 32 --val-every 0
                    --log-every 1) ;;
         *) echo "bench/hosts.sh: unknown model '$model' (mlp, gpt2)" >&2; exit 2 ;;
         esac
@@ -79,7 +79,7 @@ import json, subprocess, sys
 out, build, dest = sys.argv[1], sys.argv[2], sys.argv[3]
 
 def gpt2_small():
-    # examples/gpt2 --preset small: 6 blocks of 384, 256 positions, 256 byte tokens, the
+    # examples/lm --preset small: 6 blocks of 384, 256 positions, 256 byte tokens, the
     # last block kept whole; f32, AdamW
     params = [("wte.weight", [256, 384]), ("wpe.weight", [256, 384])]
     for l in range(6):
@@ -149,7 +149,7 @@ for r in rows:
     print("%-5s %-10s %-5s %12.1f %18.0f %18.0f %8.3f" % (r["model"], r["rate"], r["mode"],
           r["step_ms"], r["sent_per_rank_step"], r["predicted"], r["ratio"]))
 json.dump({"models": {"mlp": "examples/fashion_mnist --model mlp, 48 steps and a test pass",
-                      "gpt2": "examples/gpt2 --preset small, 6 steps"}, "rows": rows},
+                      "gpt2": "examples/lm --preset small, 6 steps"}, "rows": rows},
           open(dest, "w"), indent=1)
 print("wrote", dest)
 PY

@@ -1,4 +1,4 @@
-"""The peer of examples/gpt2: the same GPT-2 in PyTorch (Debian's python3-torch, CPU),
+"""The peer of examples/lm: the same GPT-2 in PyTorch (Debian's python3-torch, CPU),
 loading the example's initial weights from its Hugging Face export (read here with a
 reader written from the safetensors spec) and consuming the same token windows (the
 example's --dump-batches file), with the same AdamW (decay on the blocks' matrices),
@@ -7,8 +7,8 @@ cosine schedule and clipping.
 Check (one process): the training losses of the first steps, to compare with the
 example's --json log:
 
-    build/examples/gpt2 --preset tiny --steps 0 --export init.safetensors
-    build/examples/gpt2 --preset tiny --steps 20 --log-every 1 --json ours.json \
+    build/examples/lm --preset tiny --steps 0 --export init.safetensors
+    build/examples/lm --preset tiny --steps 20 --log-every 1 --json ours.json \
         --dump-batches batches
     /usr/bin/python3 bench/peer_gpt2.py --init init.safetensors --batches batches.0 \
         --steps 20 --json theirs.json

@@ -45,7 +45,7 @@ static const char USAGE[] =
     "  --reshard-after-forward N   1 (default), 0, or a divisor of the shard size\n"
     "  --unsharded-buffers N       the ring of unsharded buffers (default 2)\n"
     "  --keep-last          the last block keeps its parameters from forward to backward\n"
-    "                       (reshard_after_forward 0 for it, as examples/gpt2 and PyTorch's\n"
+    "                       (reshard_after_forward 0 for it, as examples/lm and PyTorch's\n"
     "                       recipes do)\n"
     "  --units blocks|every|PATTERN|min-params:N\n"
     "                       the fully_shard units besides the root: 'blocks' (default):\n"

@@ -66,7 +66,7 @@ static void p2(model_t *m, const char *fmt, int layer, int64_t d0, int64_t d1)
     add_param(m, name, d1 ? 2 : 1, shape, FSDP2_F32);
 }
 
-/* GPT-2 as examples/gpt2 builds it ([out, in] linears, the head tied to wte); sizes from
+/* GPT-2 as examples/lm builds it ([out, in] linears, the head tied to wte); sizes from
  * OpenAI's GPT-2 (Radford et al. 2019, table 2) and its config.json: vocabulary 50257,
  * 1024 positions. */
 static void preset_gpt2(model_t *m, int layers, int dim, int heads, int vocab, int positions)
@@ -121,7 +121,7 @@ static void preset_llama3(model_t *m, int layers, int dim, int ffn, int heads)
 }
 
 const preset_t PRESETS[] = {
-    {"gpt2-tiny", "examples/gpt2's tiny: 4 layers, 128 wide, 4 heads, 128 positions, 256 bytes"},
+    {"gpt2-tiny", "examples/lm's tiny: 4 layers, 128 wide, 4 heads, 128 positions, 256 bytes"},
     {"gpt2-124m", "GPT-2 small: 12 layers, 768 wide, 12 heads"},
     {"gpt2-355m", "GPT-2 medium: 24 layers, 1024 wide, 16 heads"},
     {"gpt2-774m", "GPT-2 large: 36 layers, 1280 wide, 20 heads"},

@@ -115,17 +115,18 @@ static fsdp2_status_t llama_block(lm_model_t *m, lm_block_t *b, uint64_t *s)
     int64_t C = m->cfg.dim, I = m->cfg.hidden, KV = kv_dim(&m->cfg);
     double std = 0.02;
     fsdp2_module_t *attn, *mlp;
-    TRY(norm(b->module, "input_layernorm", C, s, &b->norm1_w, NULL));
+    /* transformers' order (LlamaDecoderLayer's): the attention, the MLP, then the norms */
     TRY(child(b->module, "self_attn", &attn));
     TRY(linear(attn, "q_proj", C, C, std, s, &b->q_w, NULL));
     TRY(linear(attn, "k_proj", C, KV, std, s, &b->k_w, NULL));
     TRY(linear(attn, "v_proj", C, KV, std, s, &b->v_w, NULL));
     TRY(linear(attn, "o_proj", C, C, std, s, &b->o_w, NULL));
-    TRY(norm(b->module, "post_attention_layernorm", C, s, &b->norm2_w, NULL));
     TRY(child(b->module, "mlp", &mlp));
     TRY(linear(mlp, "gate_proj", C, I, std, s, &b->gate_w, NULL));
     TRY(linear(mlp, "up_proj", C, I, std, s, &b->up_w, NULL));
-    return linear(mlp, "down_proj", I, C, std, s, &b->down_w, NULL);
+    TRY(linear(mlp, "down_proj", I, C, std, s, &b->down_w, NULL));
+    TRY(norm(b->module, "input_layernorm", C, s, &b->norm1_w, NULL));
+    return norm(b->module, "post_attention_layernorm", C, s, &b->norm2_w, NULL);
 }
 
 static fsdp2_status_t check_config(const lm_config_t *c)
@@ -274,7 +275,7 @@ static int plan(const lm_config_t *c, int max_batch, int ckpt, uint64_t *bytes)
     bytes[n++] = sizeof(float) * (uint64_t)(rows * (5 * C + qkv_width(c) + fc_width(c) +
                                                     c->hidden));     /* gradients */
     bytes[n++] = workspace_bytes(c, rows);
-    bytes[n++] = llama(c) ? sizeof(float) * (uint64_t)(c->positions * head_dim) : 0; /* rope */
+    bytes[n++] = llama(c) ? sizeof(float) * (uint64_t)(c->seq * head_dim) : 0; /* rope */
     return n;
 }
 
@@ -348,7 +349,7 @@ fsdp2_status_t lm_allocate(lm_model_t *m, int max_batch, int checkpointing)
     m->ws.bytes = bytes[6];
     m->rope = m->allocations[7];
     if (llama(c))
-        TRY(fsdp2_nn_rope_table(&c->rope, C / c->heads, c->positions, m->rope));
+        TRY(fsdp2_nn_rope_table(&c->rope, C / c->heads, c->seq, m->rope));
     return FSDP2_SUCCESS;
 }
 
@@ -424,8 +425,8 @@ static fsdp2_status_t attention_in(lm_model_t *m, const lm_block_t *b, lm_acts_t
     TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->q_w), NULL, q, &m->ws));
     TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->k_w), NULL, k, &m->ws));
     TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->v_w), NULL, v, &m->ws));
-    TRY(fsdp2_nn_rope_forward(q, batch, seq, c->heads, hd, m->rope, c->positions, q));
-    return fsdp2_nn_rope_forward(k, batch, seq, c->kv_heads, hd, m->rope, c->positions, k);
+    TRY(fsdp2_nn_rope_forward(q, batch, seq, c->heads, hd, m->rope, c->seq, q));
+    return fsdp2_nn_rope_forward(k, batch, seq, c->kv_heads, hd, m->rope, c->seq, k);
 }
 
 static fsdp2_status_t attention(lm_model_t *m, lm_acts_t *a, int batch, int seq)
@@ -509,8 +510,8 @@ static fsdp2_status_t attention_backward(lm_model_t *m, const lm_block_t *b, con
     float *dq = m->d_qkv, *dk = dq + rows * c->dim, *dv = dk + kv;
     TRY(fsdp2_nn_gqa_attention_backward(q, k, v, a->probs, batch, seq, c->heads, c->kv_heads, hd,
                                         m->d_atty, dq, dk, dv, &m->ws));
-    TRY(fsdp2_nn_rope_backward(dq, batch, seq, c->heads, hd, m->rope, c->positions, dq));
-    TRY(fsdp2_nn_rope_backward(dk, batch, seq, c->kv_heads, hd, m->rope, c->positions, dk));
+    TRY(fsdp2_nn_rope_backward(dq, batch, seq, c->heads, hd, m->rope, c->seq, dq));
+    TRY(fsdp2_nn_rope_backward(dk, batch, seq, c->kv_heads, hd, m->rope, c->seq, dk));
     TRY(fsdp2_nn_linear_backward(a->norm1, rows, value(b->q_w), dq, m->d_norm, grad(b->q_w), NULL,
                                  &m->ws));
     TRY(fsdp2_nn_linear_backward(a->norm1, rows, value(b->k_w), dk, m->d_norm, grad(b->k_w), NULL,

@@ -30,8 +30,8 @@ typedef enum lm_arch { LM_GPT2, LM_LLAMA } lm_arch_t;
 typedef struct lm_config {
     lm_arch_t arch;
     int layers, heads, kv_heads, dim, hidden; /* hidden: the MLP's inner width */
-    int seq;                                  /* the context trained (<= positions) */
-    int positions;                            /* GPT-2's wpe rows; Llama's rope table */
+    int seq;       /* the context trained (<= positions); Llama's rope table has seq rows */
+    int positions; /* the model's: GPT-2's wpe rows, Llama's max_position_embeddings */
     int vocab;
     int tied;                                 /* the head is the token embedding */
     float norm_eps;
@@ -73,7 +73,7 @@ typedef struct lm_model {
     float *res;        /* [layers + 1][rows, dim]: each block's input, then the last output */
     lm_acts_t *acts;   /* layers sets, or one with checkpointing */
     float *proj, *normf, *meanf, *rstdf, *logits; /* logits [rows, vocab]; its gradient in place */
-    float *rope;       /* Llama's table [positions, head_dim] */
+    float *rope;       /* Llama's table [seq, head_dim] */
     float *d_res[2], *d_mid, *d_norm, *d_atty, *d_qkv, *d_fc, *d_act;
     fsdp2_nn_workspace_t ws;
     uint64_t activation_bytes; /* everything above, as allocated */

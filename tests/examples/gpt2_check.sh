@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples/gpt2 end to end on a small corpus of its own (gpt2_corpus.txt):
+# examples/lm end to end on a small corpus of its own (gpt2_corpus.txt):
 #   - the Hugging Face export (a model directory) has GPT2LMHeadModel's names, shapes and
 #     layouts (a reader written from the safetensors spec), and --init-from / --export
 #     round-trip a directory of patterned values byte for byte; a directory whose tensors

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fsdp2-plan: the presets have the published parameter counts; its plan of GPT-2 tiny is
-# what examples/gpt2 measures when it trains for real at 2, 3 and 4 ranks (parameters,
+# what examples/lm measures when it trains for real at 2, 3 and 4 ranks (parameters,
 # gradients and optimizer state plus FSDP's buffers, rank 0), to the byte; a safetensors
 # file is read from its header alone; the JSON model format; bad input is refused naming
 # it, with exit status 2.
@@ -30,7 +30,7 @@ LIST
 for n in 2 3 4; do
     "$fsdp2run" --nproc-per-node "$n" "$gpt2" --preset tiny --steps 1 --batch 12 \
         --data "$GPT2_CORPUS" --json "$tmp/run$n.json" >"$tmp/run$n.log" 2>&1 ||
-        { cat "$tmp/run$n.log"; fail "examples/gpt2 at $n ranks"; }
+        { cat "$tmp/run$n.log"; fail "examples/lm at $n ranks"; }
     real=$(field "d['records'][-1]['state_bytes'] + d['records'][-1]['fsdp_bytes']" <"$tmp/run$n.json")
     planned=$("$plan" --model gpt2-tiny --ranks "$n" --keep-last --json-out | field "d['memory']['total']")
     [ "$real" = "$planned" ] || fail "ws $n: planned $planned bytes, the run measured $real"

@@ -1,6 +1,9 @@
-/* GPT-2 trained with FSDP on a byte-level corpus (Debian's fortunes by default).
+/* A causal language model, GPT-2 or Llama, trained with FSDP: a preset of ours or a
+ * Hugging Face model directory (--model DIR), on a text corpus (Debian's fortunes by
+ * default) tokenized with the model's tokenizer.json, or as bytes.
  *
- *   fsdp2run --nproc-per-node 4 build/examples/gpt2 --preset tiny --steps 200
+ *   fsdp2run --nproc-per-node 4 build/examples/lm --preset tiny --steps 200
+ *   fsdp2run --nproc-per-node 2 build/examples/lm --model DIR --data FILE --export OUT
  *
  * Every step draws a global batch of --batch windows from (seed, step), whatever the
  * world size; rank r trains on its batch / ws of them, in --grad-accum micro-batches
@@ -37,7 +40,7 @@ typedef struct args {
     const char *dump_batches, *export_dtype;
     fsdp2_hf_model_t *hf; /* --init-from, open from parse to setup */
     int64_t bos, eos;     /* the token ids config.json gave (-1: none) */
-    gpt2_config_t cfg;
+    lm_config_t cfg;
     long steps, seed, val_every, val_batches, sample, log_every, save_every;
     int batch, grad_accum, threads, no_shard, hsdp, checkpointing, reshard_after_forward;
     double lr, min_lr, weight_decay, clip;
@@ -51,10 +54,10 @@ typedef struct run {
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
     fsdp2_mesh_t *mesh, *self_mesh;
-    gpt2_model_t *model;
+    lm_model_t *model;
     fsdp2_optimizer_t *opt;
     fsdp2_state_dict_t *state;
-    gpt2_text_t text;
+    lm_text_t text;
     int local_batch, micro;
     long first_step;
     FILE *json, *dump;
@@ -72,14 +75,16 @@ static void usage(const char *prog, const char *bad)
 {
     fprintf(stderr,
             "%s%s%s"
-            "usage: %s [--preset tiny|small|gpt2-124m] [--layers N --heads N --dim N --seq-len N]\n"
+            "usage: %s [--preset NAME | --model DIR] [--layers N --heads N --kv-heads N --dim N]\n"
+            "          [--seq-len N]\n"
             "          [--steps N] [--batch GLOBAL] [--grad-accum K] [--lr X] [--min-lr X]\n"
             "          [--warmup N] [--weight-decay X] [--clip X] [--seed N] [--data PATH]\n"
             "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard | --hsdp]\n"
             "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
             "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
             "          [--save DIR [--save-every N]] [--resume DIR] [--export DIR]\n"
-            "          [--export-dtype f32|bf16] [--init-from DIR] [--dump-batches FILE]\n",
+            "          [--export-dtype f32|bf16] [--dump-batches FILE]\n"
+            "presets: tiny, small, gpt2-124m (GPT-2); llama-tiny, llama-small (Llama-shaped)\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
 }
@@ -106,46 +111,60 @@ static double real(const char *flag, const char *text)
     return v;
 }
 
-/* The presets: layers, heads, dim, seq, vocab (byte-level: 256; gpt2-124m keeps GPT-2's
- * 50257 tokens padded to 50304, of which the bytes use the first 256). */
-static int preset(const char *name, gpt2_config_t *c)
+/* The presets. Byte-level ones have a vocabulary of 256; gpt2-124m has GPT-2's 50257
+ * tokens, of which bytes use the first 256. The Llama-shaped ones follow Llama 3's
+ * proportions: 2 key/value heads, an MLP of about 8/3 dim, rope_theta 500000, an untied
+ * head. */
+static int preset(const char *name, lm_config_t *c)
 {
     if (!strcmp(name, "tiny"))
-        *c = (gpt2_config_t){4, 4, 128, 128, 256};
+        *c = lm_gpt2_config(4, 4, 128, 128, 256);
     else if (!strcmp(name, "small"))
-        *c = (gpt2_config_t){6, 6, 384, 256, 256};
+        *c = lm_gpt2_config(6, 6, 384, 256, 256);
     else if (!strcmp(name, "gpt2-124m"))
-        *c = (gpt2_config_t){12, 12, 768, 1024, 50304};
-    else
+        *c = lm_gpt2_config(12, 12, 768, 1024, 50257);
+    else if (!strcmp(name, "llama-tiny") || !strcmp(name, "llama-small")) {
+        int small = !strcmp(name, "llama-small");
+        *c = (lm_config_t){.arch = LM_LLAMA, .layers = small ? 6 : 4, .heads = small ? 6 : 4,
+                           .kv_heads = 2, .dim = small ? 384 : 128, .hidden = small ? 1024 : 352,
+                           .seq = small ? 256 : 128, .positions = small ? 256 : 128,
+                           .vocab = 256, .tied = 0, .norm_eps = 1e-5f,
+                           .rope = FSDP2_NN_ROPE_CONFIG_INIT};
+        c->rope.theta = 500000.0;
+    } else
         return -1;
     return 0;
 }
 
-/* --init-from DIR: config.json gives the shape; every size the command line gives, by
- * --preset or a flag, must agree (the vocabulary always comes from the directory). */
-static void shape_from_directory(args_t *a, int preset_given, const int flags[4])
+/* --model DIR: config.json gives the shape; every size the command line gives, by
+ * --preset or a flag, must agree (--seq-len may train a shorter context than the
+ * model's positions). */
+static void shape_from_directory(args_t *a, int preset_given, const int flags[5])
 {
     fsdp2_status_t s = fsdp2_hf_model_open(a->init_from, &a->hf);
     if (s != FSDP2_SUCCESS) {
-        fprintf(stderr, "error: --init-from %s: %s\n", a->init_from, fsdp2_last_error());
+        fprintf(stderr, "error: --model %s: %s\n", a->init_from, fsdp2_last_error());
         exit(1);
     }
-    gpt2_config_t dir;
+    lm_config_t dir;
     char err[1200];
-    if (gpt2_hf_shape(a->hf, &dir, err, sizeof(err))) {
-        fprintf(stderr, "error: --init-from %s: %s\n", a->init_from, err);
+    if (lm_hf_shape(a->hf, &dir, &a->bos, &a->eos, err, sizeof(err))) {
+        fprintf(stderr, "error: --model %s: %s\n", a->init_from, err);
         exit(1);
     }
-    fsdp2_hf_config_t c = FSDP2_HF_CONFIG_INIT;
-    CHECK(fsdp2_hf_model_config(a->hf, &c));
-    a->bos = c.bos_token_id;
-    a->eos = c.eos_token_id;
-    const char *names[4] = {"--layers", "--heads", "--dim", "--seq-len"};
-    const char *fields[4] = {"n_layer", "n_head", "n_embd", "n_positions"};
-    const int have[4] = {dir.layers, dir.heads, dir.dim, dir.seq};
-    const int preset_sizes[4] = {a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq};
-    for (int i = 0; i < 4; i++) {
-        if (flags[i] && flags[i] != have[i]) {
+    int llama = dir.arch == LM_LLAMA;
+    const char *names[5] = {"--layers", "--heads", "--kv-heads", "--dim", "--seq-len"};
+    const char *fields[5] = {llama ? "num_hidden_layers" : "n_layer",
+                             llama ? "num_attention_heads" : "n_head",
+                             llama ? "num_key_value_heads" : "n_head",
+                             llama ? "hidden_size" : "n_embd",
+                             llama ? "max_position_embeddings" : "n_positions"};
+    const int have[5] = {dir.layers, dir.heads, dir.kv_heads, dir.dim, dir.positions};
+    const int preset_sizes[5] = {a->cfg.layers, a->cfg.heads, a->cfg.kv_heads, a->cfg.dim,
+                                 a->cfg.seq};
+    for (int i = 0; i < 5; i++) {
+        int fits = i == 4 ? flags[i] <= have[i] : flags[i] == have[i];
+        if (flags[i] && !fits) {
             fprintf(stderr, "error: %s %d disagrees with %s %d in %s/config.json\n", names[i],
                     flags[i], fields[i], have[i], a->init_from);
             exit(2);
@@ -157,8 +176,35 @@ static void shape_from_directory(args_t *a, int preset_given, const int flags[4]
             exit(2);
         }
     }
+    if (flags[4])
+        dir.seq = flags[4];
     a->cfg = dir;
     a->preset = a->init_from; /* what the logs and --json name */
+}
+
+/* Flags on top of a preset: GPT-2 keeps kv_heads = heads and an MLP of 4 dim; a Llama
+ * whose dim changes gets an MLP of 8/3 dim rounded up to a multiple of 32, as Llama's. */
+static void resize_preset(lm_config_t *c, int layers, int heads, int kv_heads, int dim, int seq)
+{
+    int llama = c->arch == LM_LLAMA;
+    c->layers = layers ? layers : c->layers;
+    c->heads = heads ? heads : c->heads;
+    c->dim = dim ? dim : c->dim;
+    c->seq = c->positions = seq ? seq : c->seq;
+    if (!llama && kv_heads && kv_heads != c->heads) {
+        fprintf(stderr, "error: --kv-heads %d: GPT-2 has as many key/value heads as heads (%d)\n",
+                kv_heads, c->heads);
+        exit(2);
+    }
+    c->kv_heads = llama ? (kv_heads ? kv_heads : c->kv_heads) : c->heads;
+    if (dim)
+        c->hidden = llama ? (8 * dim / 3 + 31) / 32 * 32 : 4 * dim;
+    if (c->dim % c->heads || c->heads % c->kv_heads || (llama && (c->dim / c->heads) % 2)) {
+        fprintf(stderr, "error: --dim %d, --heads %d, --kv-heads %d: heads must divide dim%s, "
+                        "and key/value heads divide heads\n", c->dim, c->heads, c->kv_heads,
+                llama ? " into an even head dim" : "");
+        exit(2);
+    }
 }
 
 static void parse(int argc, char **argv, args_t *a)
@@ -182,7 +228,7 @@ static void parse(int argc, char **argv, args_t *a)
     a->warmup = 20;
     a->weight_decay = 0.1;
     a->clip = 1.0;
-    int layers = 0, heads = 0, dim = 0, seq = 0, preset_given = 0;
+    int layers = 0, heads = 0, kv_heads = 0, dim = 0, seq = 0, preset_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -218,16 +264,18 @@ static void parse(int argc, char **argv, args_t *a)
             a->export_path = v;
         else if (!strcmp(f, "--export-dtype"))
             a->export_dtype = v;
-        else if (!strcmp(f, "--init-from"))
+        else if (!strcmp(f, "--model") || !strcmp(f, "--init-from"))
             a->init_from = v;
         else if (!strcmp(f, "--dump-batches"))
             a->dump_batches = v;
         else if (!strcmp(f, "--param-dtype"))
             a->param_dtype = v;
         else if (!strcmp(f, "--layers"))
-            layers = (int)number(f, v, 1, GPT2_MAX_LAYERS);
+            layers = (int)number(f, v, 1, LM_MAX_LAYERS);
         else if (!strcmp(f, "--heads"))
             heads = (int)number(f, v, 1, 1 << 10);
+        else if (!strcmp(f, "--kv-heads"))
+            kv_heads = (int)number(f, v, 1, 1 << 10);
         else if (!strcmp(f, "--dim"))
             dim = (int)number(f, v, 1, 1 << 16);
         else if (!strcmp(f, "--seq-len"))
@@ -268,20 +316,14 @@ static void parse(int argc, char **argv, args_t *a)
             usage(argv[0], f);
     }
     if (preset(a->preset, &a->cfg)) {
-        fprintf(stderr, "error: --preset %s is not tiny, small or gpt2-124m\n", a->preset);
+        fprintf(stderr, "error: --preset %s is not tiny, small, gpt2-124m, llama-tiny or "
+                        "llama-small\n", a->preset);
         exit(2);
     }
     if (a->init_from)
-        shape_from_directory(a, preset_given, (int[4]){layers, heads, dim, seq});
-    a->cfg.layers = layers ? layers : a->cfg.layers;
-    a->cfg.heads = heads ? heads : a->cfg.heads;
-    a->cfg.dim = dim ? dim : a->cfg.dim;
-    a->cfg.seq = seq ? seq : a->cfg.seq;
-    if (a->cfg.dim % a->cfg.heads) {
-        fprintf(stderr, "error: --dim %d is not divisible by --heads %d\n", a->cfg.dim,
-                a->cfg.heads);
-        exit(2);
-    }
+        shape_from_directory(a, preset_given, (int[5]){layers, heads, kv_heads, dim, seq});
+    else
+        resize_preset(&a->cfg, layers, heads, kv_heads, dim, seq);
     if (strcmp(a->export_dtype, "f32") && strcmp(a->export_dtype, "bf16")) {
         fprintf(stderr, "error: --export-dtype %s is not f32 or bf16\n", a->export_dtype);
         exit(2);
@@ -311,9 +353,10 @@ static fsdp2_lr_schedule_t schedule_of(const args_t *a)
 static int is_matrix(const fsdp2_param_info_t *info, void *user)
 {
     (void)user;
-    /* GPT-2 practice: decay the weights of the linear layers; not biases, norms or the
-     * embeddings (wte, wpe) */
-    return info->ndim == 2 && strncmp(info->fqn, "wte.", 4) && strncmp(info->fqn, "wpe.", 4);
+    /* GPT-2 and Llama practice: decay the weights of the linear layers (an untied head
+     * too); not biases, norms or the embeddings (wte, wpe, embed_tokens) */
+    return info->ndim == 2 && strncmp(info->fqn, "wte.", 4) && strncmp(info->fqn, "wpe.", 4) &&
+           !strstr(info->fqn, "embed_tokens.");
 }
 
 static void setup(run_t *r)
@@ -341,8 +384,13 @@ static void setup(run_t *r)
     r->local_batch = a->batch / r->ws;
     r->micro = r->local_batch / a->grad_accum;
     char err[1200];
-    if (gpt2_text_load(a->data, &r->text, err, sizeof(err))) {
+    if (lm_text_load(a->data, &r->text, err, sizeof(err))) {
         fprintf(stderr, "error: %s\n", err);
+        exit(1);
+    }
+    if (r->text.vocab > a->cfg.vocab) {
+        fprintf(stderr, "error: %s: the data's tokens need a vocabulary of %d; the model has %d\n",
+                a->data, r->text.vocab, a->cfg.vocab);
         exit(1);
     }
     if (r->text.n - r->text.train_n < (size_t)a->cfg.seq + 2) {
@@ -350,7 +398,7 @@ static void setup(run_t *r)
                 a->data, r->text.n - r->text.train_n, a->cfg.seq);
         exit(1);
     }
-    CHECK(gpt2_create(&a->cfg, (uint64_t)a->seed, &r->model));
+    CHECK(lm_create(&a->cfg, (uint64_t)a->seed, &r->model));
     fsdp2_mesh_t *mesh = r->mesh;
     if (a->hsdp && a->no_shard) {
         fprintf(stderr, "error: --hsdp and --no-shard exclude each other\n");
@@ -368,7 +416,7 @@ static void setup(run_t *r)
         CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
         mesh = r->self_mesh;
     }
-    CHECK(gpt2_shard(r->model, mesh, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
+    CHECK(lm_shard(r->model, mesh, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                      a->reshard_after_forward));
     fsdp2_optimizer_options_t oo = FSDP2_ADAMW_OPTIONS_INIT(a->lr);
     oo.beta2 = 0.95;
@@ -384,7 +432,7 @@ static void setup(run_t *r)
      * activations: both before step 1 */
     fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
     CHECK(fsdp2_memory_plan(r->model->root, &plan));
-    uint64_t limit = 0, acts = gpt2_activation_bytes(&a->cfg, r->micro, a->checkpointing);
+    uint64_t limit = 0, acts = lm_activation_bytes(&a->cfg, r->micro, a->checkpointing);
     fsdp2_memory_stats_t st;
     CHECK(fsdp2_memory_capacity((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &limit));
     CHECK(fsdp2_memory_stats_get((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &st));
@@ -398,9 +446,9 @@ static void setup(run_t *r)
                 acts / 1048576.0, limit / 1048576.0);
         exit(1);
     }
-    CHECK(gpt2_allocate(r->model, r->micro, a->checkpointing));
+    CHECK(lm_allocate(r->model, r->micro, a->checkpointing));
     if (a->hf) {
-        CHECK(gpt2_hf_import(r->model, a->hf));
+        CHECK(lm_hf_import(r->model, a->hf));
         CHECK(fsdp2_hf_model_close(a->hf));
         a->hf = NULL;
     }
@@ -468,13 +516,13 @@ static void world_sum(run_t *r, double *v, int n)
 static double train_step(run_t *r, long step, double *norm)
 {
     args_t *a = &r->a;
-    gpt2_model_t *m = r->model;
+    lm_model_t *m = r->model;
     int T = a->cfg.seq;
     double loss_sum = 0;
     for (int k = 0; k < a->grad_accum; k++) {
         for (int j = 0; j < r->micro; j++) {
             int index = r->rank * r->local_batch + k * r->micro + j;
-            gpt2_train_window(&r->text, (uint64_t)a->seed, step, index, T, m->tokens + j * T,
+            lm_train_window(&r->text, (uint64_t)a->seed, step, index, T, m->tokens + j * T,
                               m->targets + j * T);
         }
         if (r->dump) /* the batches, for the PyTorch peer: (step, window, tokens) */
@@ -487,7 +535,7 @@ static double train_step(run_t *r, long step, double *norm)
             }
         CHECK(fsdp2_set_requires_gradient_sync(m->root, k == a->grad_accum - 1));
         double loss;
-        CHECK(gpt2_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
+        CHECK(lm_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
         loss_sum += loss;
     }
     if (a->no_shard)
@@ -503,7 +551,7 @@ static double train_step(run_t *r, long step, double *norm)
 /* The mean loss over val_batches windows of the validation text, split over the ranks. */
 static double validate(run_t *r)
 {
-    gpt2_model_t *m = r->model;
+    lm_model_t *m = r->model;
     int T = r->a.cfg.seq, count = (int)r->a.val_batches * r->a.batch;
     double v[2] = {0, 0};
     for (int first = 0; first < count; first += r->ws * m->max_batch) {
@@ -514,10 +562,10 @@ static double validate(run_t *r)
                 index = count - 1; /* padding: computed so the collectives pair, not counted */
             else
                 n = j + 1;
-            gpt2_val_window(&r->text, index, count, T, m->tokens + j * T, m->targets + j * T);
+            lm_val_window(&r->text, index, count, T, m->tokens + j * T, m->targets + j * T);
         }
         double loss;
-        CHECK(gpt2_step(m, n ? n : 1, 0, 1.0, &loss));
+        CHECK(lm_step(m, n ? n : 1, 0, 1.0, &loss));
         if (n) {
             v[0] += loss;
             v[1] += (double)n * T;
@@ -563,37 +611,36 @@ static void print_memory(const run_t *r, const memory_t *m, const char *prefix)
 
 static void sample(run_t *r)
 {
-    gpt2_model_t *m = r->model;
-    int T = r->a.cfg.seq, len = 1;
-    m->tokens[0] = '\n';
+    lm_model_t *m = r->model;
+    int T = r->a.cfg.seq, len = 1, V = r->text.vocab;
+    m->tokens[0] = lm_text_start(&r->text);
     const uint32_t key[2] = {(uint32_t)r->a.seed, 0x73616d70u};
     if (!r->rank)
         printf("sample:\n");
     for (long i = 0; i < r->a.sample; i++) {
         const float *z;
-        CHECK(gpt2_next_logits(m, len, &z));
-        /* softmax over the byte tokens, then a draw from Philox (the same on every rank) */
+        CHECK(lm_forward_logits(m, len, &z));
+        z += (int64_t)(len - 1) * r->a.cfg.vocab;
+        /* softmax over the data's tokens, then a draw from Philox (the same on every rank) */
         double max = z[0], sum = 0, u;
-        for (int v = 1; v < 256; v++)
+        for (int v = 1; v < V; v++)
             max = z[v] > max ? z[v] : max;
-        for (int v = 0; v < 256; v++)
+        for (int v = 0; v < V; v++)
             sum += exp(z[v] - max);
         const uint32_t counter[4] = {(uint32_t)i, 0, 0, 0};
         uint32_t rnd[4];
         fsdp2_philox4x32(counter, key, rnd);
         u = rnd[0] * 0x1.0p-32 * sum;
-        int next = 255;
-        for (int v = 0; v < 256; v++) {
+        int next = V - 1;
+        for (int v = 0; v < V; v++) {
             u -= exp(z[v] - max);
             if (u < 0) {
                 next = v;
                 break;
             }
         }
-        if (!r->rank) {
-            putchar(next);
-            fflush(stdout);
-        }
+        if (!r->rank)
+            lm_text_print(&r->text, next, stdout);
         if (len == T) { /* the window slides */
             memmove(m->tokens, m->tokens + 1, sizeof(int32_t) * (size_t)(T - 1));
             len--;
@@ -657,11 +704,15 @@ int main(int argc, char **argv)
     args_t *a = &r.a;
     setup(&r);
     if (!r.rank) {
-        printf("gpt2: %s (%d layers, %d heads, dim %d, seq %d, vocab %d: %lld parameters), %s "
+        char kv[32] = "";
+        if (a->cfg.kv_heads != a->cfg.heads)
+            snprintf(kv, sizeof(kv), " (%d key/value)", a->cfg.kv_heads);
+        printf("%s: %s (%d layers, %d heads%s, dim %d, seq %d, vocab %d: %lld parameters), %s "
                "over %d rank%s, global batch %d (%d per rank in %d micro-batch%s), %s "
                "parameters%s, %d GEMM thread%s per rank\n",
-               a->preset, a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab,
-               (long long)gpt2_numel(&a->cfg),
+               a->cfg.arch == LM_LLAMA ? "llama" : "gpt2", a->preset, a->cfg.layers,
+               a->cfg.heads, kv, a->cfg.dim, a->cfg.seq, a->cfg.vocab,
+               (long long)lm_numel(&a->cfg),
                a->no_shard ? "replicated (--no-shard)" : a->hsdp ? "HSDP (--hsdp)" : "FSDP",
                r.ws, r.ws > 1 ? "s" : "", a->batch, r.local_batch, a->grad_accum,
                a->grad_accum > 1 ? "es" : "", a->param_dtype,
@@ -683,7 +734,7 @@ int main(int argc, char **argv)
     memory_t mem = memory(&r);
     print_memory(&r, &mem, "");
     if (a->checkpointing && !r.rank) {
-        uint64_t full = gpt2_activation_bytes(&a->cfg, r.micro, 0);
+        uint64_t full = lm_activation_bytes(&a->cfg, r.micro, 0);
         printf("activation checkpointing: %.2f MiB of activations instead of %.2f (%.2f MiB "
                "saved per rank)\n",
                mem.activations / 1048576.0, full / 1048576.0,
@@ -740,7 +791,7 @@ int main(int argc, char **argv)
     if (r.dump)
         fclose(r.dump);
     if (a->export_path &&
-        gpt2_hf_export(r.model, r.rank, a->export_path,
+        lm_hf_export(r.model, r.rank, a->export_path,
                        strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
                        a->eos) != FSDP2_SUCCESS)
         exit(1);
@@ -748,9 +799,9 @@ int main(int argc, char **argv)
         sample(&r);
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
-    gpt2_destroy(r.model);
+    lm_destroy(r.model);
     fsdp2_mesh_destroy(r.self_mesh);
-    gpt2_text_free(&r.text);
+    lm_text_free(&r.text);
     CHECK(fsdp2_finalize(r.ctx));
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Loading the text and cutting windows from it. */
+/* Loading the text, and cutting windows from its tokens. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +49,7 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
+int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
 {
     memset(text, 0, sizeof(*text));
     struct stat st;
@@ -58,10 +58,13 @@ int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
                            "package: apt-get install fortunes)", path, strerror(errno));
         return -1;
     }
-    size_t cap = 0;
+    size_t cap = 0, n = 0;
+    uint8_t *bytes = NULL;
     if (!S_ISDIR(st.st_mode)) {
-        if (append_file(path, &text->bytes, &text->n, &cap, err, len))
+        if (append_file(path, &bytes, &n, &cap, err, len)) {
+            free(bytes);
             return -1;
+        }
     } else {
         DIR *d = opendir(path);
         if (!d) {
@@ -97,29 +100,55 @@ int gpt2_text_load(const char *path, gpt2_text_t *text, char *err, size_t len)
         }
         for (size_t i = 0; i < count; i++) {
             if (!rc)
-                rc = append_file(names[i], &text->bytes, &text->n, &cap, err, len);
+                rc = append_file(names[i], &bytes, &n, &cap, err, len);
             free(names[i]);
         }
         free(names);
-        if (rc)
+        if (rc) {
+            free(bytes);
             return -1;
+        }
     }
+    text->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
+    if (!text->tokens) {
+        free(bytes);
+        snprintf(err, len, "out of memory holding the %zu bytes of %s as tokens", n, path);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        text->tokens[i] = bytes[i];
+    free(bytes);
+    text->n = n;
+    text->vocab = 256;
     text->train_n = text->n / 10 * 9;
     if (text->train_n < 2 || text->n - text->train_n < 2) {
-        snprintf(err, len, "%s holds %zu bytes: too little text", path, text->n);
-        gpt2_text_free(text);
+        snprintf(err, len, "%s holds %zu tokens: too little text", path, text->n);
+        lm_text_free(text);
         return -1;
     }
     return 0;
 }
 
-void gpt2_text_free(gpt2_text_t *text)
+void lm_text_free(lm_text_t *text)
 {
-    free(text->bytes);
+    free(text->tokens);
     memset(text, 0, sizeof(*text));
 }
 
-static void cut(const uint8_t *from, int seq, int32_t *tokens, int32_t *targets)
+int32_t lm_text_start(const lm_text_t *text)
+{
+    (void)text;
+    return '\n';
+}
+
+void lm_text_print(const lm_text_t *text, int32_t id, FILE *out)
+{
+    (void)text;
+    fputc(id, out);
+    fflush(out);
+}
+
+static void cut(const int32_t *from, int seq, int32_t *tokens, int32_t *targets)
 {
     for (int t = 0; t < seq; t++) {
         tokens[t] = from[t];
@@ -127,7 +156,7 @@ static void cut(const uint8_t *from, int seq, int32_t *tokens, int32_t *targets)
     }
 }
 
-void gpt2_train_window(const gpt2_text_t *text, uint64_t seed, int64_t step, int index, int seq,
+void lm_train_window(const lm_text_t *text, uint64_t seed, int64_t step, int index, int seq,
                        int32_t *tokens, int32_t *targets)
 {
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
@@ -137,13 +166,13 @@ void gpt2_train_window(const gpt2_text_t *text, uint64_t seed, int64_t step, int
     fsdp2_philox4x32(counter, key, r);
     uint64_t span = text->train_n - (size_t)seq - 1; /* windows start in [0, span] */
     uint64_t at = (((uint64_t)r[0] << 32) | r[1]) % (span + 1);
-    cut(text->bytes + at, seq, tokens, targets);
+    cut(text->tokens + at, seq, tokens, targets);
 }
 
-void gpt2_val_window(const gpt2_text_t *text, int index, int count, int seq, int32_t *tokens,
+void lm_val_window(const lm_text_t *text, int index, int count, int seq, int32_t *tokens,
                      int32_t *targets)
 {
     size_t span = text->n - text->train_n - (size_t)seq - 1;
     size_t at = text->train_n + (count > 1 ? span * (size_t)index / (size_t)(count - 1) : 0);
-    cut(text->bytes + at, seq, tokens, targets);
+    cut(text->tokens + at, seq, tokens, targets);
 }

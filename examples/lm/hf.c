@@ -1,0 +1,177 @@
+/* The model's parameters by their Hugging Face names (hf.h). */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hf.h"
+
+/* The model's parameters in its order, which is the library's canonical one. */
+static fsdp2_status_t params_of(const lm_model_t *m, fsdp2_param_t ***out, size_t *count)
+{
+    fsdp2_status_t s = fsdp2_module_params(m->root, NULL, 0, count);
+    if (s != FSDP2_SUCCESS)
+        return s;
+    *out = calloc(*count ? *count : 1, sizeof(**out));
+    if (!*out)
+        return FSDP2_ERR_OUT_OF_MEMORY;
+    return fsdp2_module_params(m->root, *out, *count, count);
+}
+
+int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *eos, char *err,
+                size_t size)
+{
+    fsdp2_hf_config_t c = FSDP2_HF_CONFIG_INIT;
+    if (fsdp2_hf_model_config(hf, &c) != FSDP2_SUCCESS) {
+        snprintf(err, size, "%s", fsdp2_last_error());
+        return -1;
+    }
+    int llama = c.arch == FSDP2_HF_LLAMA;
+    const int64_t sizes[] = {c.vocab_size, c.hidden_size, c.intermediate_size, c.max_positions};
+    const char *why = c.num_layers > LM_MAX_LAYERS        ? "more layers than LM_MAX_LAYERS"
+                      : llama && c.head_dim % 2           ? "an odd head_dim (rotary embeddings)"
+                      : !(c.norm_eps >= 0 && c.norm_eps < 1) ? "a norm epsilon outside [0, 1)"
+                                                             : NULL;
+    for (int i = 0; i < 4 && !why; i++)
+        if (sizes[i] > INT_MAX / 4)
+            why = "a size past the example's int sizes";
+    if (why) {
+        snprintf(err, size, "this example cannot build the model: %s", why);
+        return -1;
+    }
+    *cfg = (lm_config_t){.arch = llama ? LM_LLAMA : LM_GPT2, .layers = (int)c.num_layers,
+                         .heads = (int)c.num_heads, .kv_heads = (int)c.num_kv_heads,
+                         .dim = (int)c.hidden_size, .hidden = (int)c.intermediate_size,
+                         .seq = (int)(c.max_positions < LM_DEFAULT_SEQ ? c.max_positions
+                                                                        : LM_DEFAULT_SEQ),
+                         .positions = (int)c.max_positions,
+                         .vocab = (int)c.vocab_size, .tied = c.tie_word_embeddings != 0,
+                         .norm_eps = (float)c.norm_eps, .rope = FSDP2_NN_ROPE_CONFIG_INIT};
+    cfg->rope.theta = c.rope_theta;
+    if (c.rope_scaling == FSDP2_HF_ROPE_LLAMA3) {
+        cfg->rope.scaling = FSDP2_NN_ROPE_LLAMA3;
+        cfg->rope.factor = c.rope_factor;
+        cfg->rope.low_freq_factor = c.rope_low_freq_factor;
+        cfg->rope.high_freq_factor = c.rope_high_freq_factor;
+        cfg->rope.original_max_positions = c.rope_original_max_positions;
+    }
+    *bos = c.bos_token_id;
+    *eos = c.eos_token_id;
+    return 0;
+}
+
+fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf)
+{
+    fsdp2_param_t **p;
+    size_t n;
+    fsdp2_status_t s = params_of(m, &p, &n);
+    for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
+        /* this rank's rows [offset, offset + local rows) */
+        fsdp2_param_info_t pi;
+        fsdp2_dtensor_t *dt;
+        fsdp2_dtensor_info_t info;
+        fsdp2_tensor_t *local;
+        s = fsdp2_param_info(p[i], &pi);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_param_sharded(p[i], &dt);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_dtensor_info(dt, &info);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_dtensor_to_local(dt, &local);
+        if (s != FSDP2_SUCCESS)
+            break;
+        s = fsdp2_hf_model_read(hf, pi.fqn, info.offset[0], info.local_shape[0], local->dtype,
+                                local->data);
+        fsdp2_tensor_release(local);
+    }
+    free(p);
+    return s;
+}
+
+/* config.json's fields for the model. */
+static fsdp2_hf_config_t config_of(const lm_config_t *m, int64_t bos, int64_t eos)
+{
+    fsdp2_hf_config_t c = FSDP2_HF_CONFIG_INIT;
+    int llama = m->arch == LM_LLAMA;
+    c.arch = llama ? FSDP2_HF_LLAMA : FSDP2_HF_GPT2;
+    c.vocab_size = m->vocab;
+    c.hidden_size = m->dim;
+    c.num_layers = m->layers;
+    c.num_heads = m->heads;
+    c.num_kv_heads = m->kv_heads;
+    c.head_dim = m->dim / m->heads;
+    c.intermediate_size = m->hidden;
+    c.max_positions = m->positions;
+    c.norm_eps = m->norm_eps;
+    c.tie_word_embeddings = m->tied;
+    c.bos_token_id = bos;
+    c.eos_token_id = eos;
+    snprintf(c.hidden_act, sizeof(c.hidden_act), "%s", llama ? "silu" : "gelu_new");
+    if (llama) {
+        c.rope_theta = m->rope.theta;
+        if (m->rope.scaling == FSDP2_NN_ROPE_LLAMA3) {
+            c.rope_scaling = FSDP2_HF_ROPE_LLAMA3;
+            c.rope_factor = m->rope.factor;
+            c.rope_low_freq_factor = m->rope.low_freq_factor;
+            c.rope_high_freq_factor = m->rope.high_freq_factor;
+            c.rope_original_max_positions = m->rope.original_max_positions;
+        }
+    }
+    return c;
+}
+
+fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, fsdp2_dtype_t dtype,
+                            int64_t bos, int64_t eos)
+{
+    fsdp2_param_t **p;
+    size_t n;
+    fsdp2_status_t status = params_of(m, &p, &n);
+    if (status != FSDP2_SUCCESS)
+        return status;
+    fsdp2_hf_writer_t *w = NULL;
+    char why[1024] = ""; /* rank 0's first error: the gathers after it set messages of their own */
+    if (rank == 0) {
+        fsdp2_hf_config_t c = config_of(&m->cfg, bos, eos);
+        fsdp2_hf_export_options_t o = FSDP2_HF_EXPORT_OPTIONS_INIT;
+        o.dtype = dtype;
+        status = fsdp2_hf_writer_create(dir, &c, &o, &w);
+        if (status != FSDP2_SUCCESS)
+            snprintf(why, sizeof(why), "%s", fsdp2_last_error());
+    }
+    /* every rank takes part in each gather, whatever rank 0's writer did */
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_param_info_t pi;
+        fsdp2_dtensor_t *dt;
+        fsdp2_tensor_t *full = NULL;
+        fsdp2_status_t s = fsdp2_param_info(p[i], &pi);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_param_sharded(p[i], &dt);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_dtensor_full_tensor(dt, NULL, &full);
+        if (s != FSDP2_SUCCESS) {
+            fsdp2_hf_writer_abort(w);
+            free(p);
+            return s;
+        }
+        if (w != NULL && status == FSDP2_SUCCESS) {
+            status = fsdp2_hf_writer_write(w, pi.fqn, full->dtype, full->data);
+            if (status != FSDP2_SUCCESS)
+                snprintf(why, sizeof(why), "%s", fsdp2_last_error());
+        }
+        fsdp2_tensor_release(full);
+    }
+    free(p);
+    if (status == FSDP2_SUCCESS && w != NULL) {
+        status = fsdp2_hf_writer_finish(w);
+        if (status != FSDP2_SUCCESS)
+            snprintf(why, sizeof(why), "%s", fsdp2_last_error());
+        else
+            printf("exported %s (%zu tensors, config.json)\n", dir, n);
+    } else {
+        fsdp2_hf_writer_abort(w);
+    }
+    if (status != FSDP2_SUCCESS)
+        fprintf(stderr, "error: --export %s: %s: %s\n", dir, fsdp2_strerror(status), why);
+    return status;
+}

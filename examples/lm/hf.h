@@ -1,0 +1,32 @@
+/* The model's parameters to and from Hugging Face model directories, through the
+ * library's fsdp2/hf_model.h: config.json of GPT2LMHeadModel or LlamaForCausalLM, and its
+ * tensors in one file or sharded, F32, BF16 or F16. The model's parameter names and
+ * [out, in] layout are the library's canonical ones, in its order. */
+#ifndef LM_HF_H
+#define LM_HF_H
+
+#include <fsdp2/fsdp2.h>
+#include <fsdp2/hf_model.h>
+
+#include "model.h"
+
+/* The context trained by default: the model's positions up to this many (--seq-len
+ * chooses another up to the positions). */
+#define LM_DEFAULT_SEQ 1024
+
+/* The shape an open directory gives the model, and the bos/eos ids of its config.json
+ * (-1: none), or -1 with a message in err: a model the example cannot build (more than
+ * LM_MAX_LAYERS layers, a size past an int, an odd Llama head dim). */
+int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *eos, char *err,
+                size_t size);
+
+/* Not collective: each rank reads its rows of every parameter. */
+fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf);
+
+/* Collective: every parameter gathered whole in turn; rank 0 writes the directory dir
+ * (which must not exist, or be empty) in dtype (f32 or bf16), appearing whole or not at
+ * all. bos/eos: the token ids for config.json (-1: none). */
+fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, fsdp2_dtype_t dtype,
+                            int64_t bos, int64_t eos);
+
+#endif
