@@ -47,7 +47,7 @@ int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *e
                                                                         : LM_DEFAULT_SEQ),
                          .positions = (int)c.max_positions,
                          .vocab = (int)c.vocab_size, .tied = c.tie_word_embeddings != 0,
-                         .norm_eps = (float)c.norm_eps, .rope = FSDP2_NN_ROPE_CONFIG_INIT};
+                         .norm_eps = c.norm_eps, .rope = FSDP2_NN_ROPE_CONFIG_INIT};
     cfg->rope.theta = c.rope_theta;
     if (c.rope_scaling == FSDP2_HF_ROPE_LLAMA3) {
         cfg->rope.scaling = FSDP2_NN_ROPE_LLAMA3;

@@ -128,7 +128,7 @@ static int preset(const char *name, lm_config_t *c)
         *c = (lm_config_t){.arch = LM_LLAMA, .layers = small ? 6 : 4, .heads = small ? 6 : 4,
                            .kv_heads = 2, .dim = small ? 384 : 128, .hidden = small ? 1024 : 352,
                            .seq = small ? 256 : 128, .positions = small ? 256 : 128,
-                           .vocab = 256, .tied = 0, .norm_eps = 1e-5f,
+                           .vocab = 256, .tied = 0, .norm_eps = 1e-5,
                            .rope = FSDP2_NN_ROPE_CONFIG_INIT};
         c->rope.theta = 500000.0;
     } else

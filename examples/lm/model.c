@@ -23,7 +23,7 @@ lm_config_t lm_gpt2_config(int layers, int heads, int dim, int seq, int vocab)
 {
     lm_config_t c = {.arch = LM_GPT2, .layers = layers, .heads = heads, .kv_heads = heads,
                      .dim = dim, .hidden = 4 * dim, .seq = seq, .positions = seq,
-                     .vocab = vocab, .tied = 1, .norm_eps = 1e-5f,
+                     .vocab = vocab, .tied = 1, .norm_eps = 1e-5,
                      .rope = FSDP2_NN_ROPE_CONFIG_INIT};
     return c;
 }
@@ -395,9 +395,10 @@ static fsdp2_status_t norm_forward(lm_model_t *m, const float *x, int64_t rows,
                                    float *mean, float *rstd)
 {
     if (llama(&m->cfg))
-        return fsdp2_nn_rmsnorm_forward(x, rows, value(w), m->cfg.norm_eps, y, rstd, &m->ws);
-    return fsdp2_nn_layernorm_forward(x, rows, value(w), value(b), m->cfg.norm_eps, y, mean, rstd,
-                                      &m->ws);
+        return fsdp2_nn_rmsnorm_forward(x, rows, value(w), (float)m->cfg.norm_eps, y, rstd,
+                                        &m->ws);
+    return fsdp2_nn_layernorm_forward(x, rows, value(w), value(b), (float)m->cfg.norm_eps, y, mean,
+                                      rstd, &m->ws);
 }
 
 static fsdp2_status_t norm_backward(lm_model_t *m, const float *x, int64_t rows,

@@ -34,7 +34,7 @@ typedef struct lm_config {
     int positions; /* the model's: GPT-2's wpe rows, Llama's max_position_embeddings */
     int vocab;
     int tied;                                 /* the head is the token embedding */
-    float norm_eps;
+    double norm_eps;
     fsdp2_nn_rope_config_t rope; /* Llama only */
 } lm_config_t;
 

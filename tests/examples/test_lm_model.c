@@ -183,7 +183,7 @@ START_TEST(llama_with_grouped_heads_and_llama3_rope_matches_transformers)
 {
     lm_config_t cfg = {.arch = LM_LLAMA, .layers = 2, .heads = 4, .kv_heads = 2, .dim = 32,
                        .hidden = 48, .seq = SEQ, .positions = 16, .vocab = 64, .tied = 0,
-                       .norm_eps = 1e-6f, .rope = FSDP2_NN_ROPE_CONFIG_INIT};
+                       .norm_eps = 1e-6, .rope = FSDP2_NN_ROPE_CONFIG_INIT};
     cfg.rope.scaling = FSDP2_NN_ROPE_LLAMA3;
     cfg.rope.factor = 8, cfg.rope.low_freq_factor = 1, cfg.rope.high_freq_factor = 4;
     cfg.rope.original_max_positions = 4;
