@@ -8,10 +8,28 @@
  * spaces costs what its length says, not its square. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/error.h"
 #include "core/fault.h"
 #include "text/text_internal.h"
+
+cache_slot_t *bpe_cache_create(void)
+{
+    if (fsdp2_fault_hit(FAULT_ALLOC))
+        return NULL;
+    /* Its look-ups land anywhere in 4 MiB: on 2 MiB pages they miss the TLB far less
+     * (a fifth of the encode time on 4 KiB pages). */
+    size_t bytes = CACHE_SLOTS * sizeof(cache_slot_t), align = (size_t)2 << 20;
+    void *p = NULL;
+    if (posix_memalign(&p, align, bytes) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    memset(p, 0, bytes);
+    return p;
+}
 
 static int merge_less(const bpe_merge_t *a, const bpe_merge_t *b)
 {

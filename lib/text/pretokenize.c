@@ -17,7 +17,7 @@ const char text_gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 fsdp2_status_t pre_compile(const char *pattern, size_t len, int literal, const char *what,
-                           pcre2_code **code)
+                           pcre2_code **code, int *jit)
 {
     int err;
     PCRE2_SIZE at;
@@ -31,6 +31,8 @@ fsdp2_status_t pre_compile(const char *pattern, size_t len, int literal, const c
     }
     /* Without a JIT (an architecture PCRE2 has none for) the interpreter runs it. */
     (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);
+    size_t jit_size = 0;
+    *jit = pcre2_pattern_info(c, PCRE2_INFO_JITSIZE, &jit_size) == 0 && jit_size > 0;
     *code = c;
     return FSDP2_SUCCESS;
 }
@@ -99,10 +101,13 @@ static fsdp2_status_t split_step(fsdp2_tokenizer_t *tok, const char *s, size_t l
                                  id_sink_t *out)
 {
     pcre2_code *code = tok->steps[step].code;
+    int jit = tok->steps[step].jit;
     size_t piece_start = 0, search = 0;
     while (search <= len) {
-        int rc = pcre2_match(code, (PCRE2_SPTR)s, len, search, PCRE2_NO_UTF_CHECK, tok->match,
-                             tok->match_ctx);
+        /* the text is valid UTF-8 (encode repaired it): the JIT's entry skips the checks */
+        int rc = jit ? pcre2_jit_match(code, (PCRE2_SPTR)s, len, search, 0, tok->match, tok->match_ctx)
+                     : pcre2_match(code, (PCRE2_SPTR)s, len, search, PCRE2_NO_UTF_CHECK,
+                                   tok->match, tok->match_ctx);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0) {

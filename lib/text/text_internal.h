@@ -58,6 +58,7 @@ typedef enum pre_step_kind { STEP_SPLIT, STEP_PREFIX_SPACE } pre_step_kind_t;
 typedef struct pre_step {
     pre_step_kind_t kind;
     pcre2_code *code;
+    int jit; /* compiled by PCRE2's JIT: matched through pcre2_jit_match */
 } pre_step_t;
 
 #define PRE_STEPS_MAX 8
@@ -182,13 +183,15 @@ int byte_level_byte(uint32_t cp);
 size_t utf8_next(const unsigned char *s, size_t len, uint32_t *cp);
 
 /* bpe.c */
+/* The word cache, zeroed, on huge pages where the system gives them; freed with free(). */
+cache_slot_t *bpe_cache_create(void);
 fsdp2_status_t bpe_encode_piece(fsdp2_tokenizer_t *tok, const char *piece, size_t len,
                                 id_sink_t *out);
 
 /* pretokenize.c */
 /* Compiles pattern (literal: a {"String": ...} pattern) for a split step. */
 fsdp2_status_t pre_compile(const char *pattern, size_t len, int literal, const char *what,
-                           pcre2_code **code);
+                           pcre2_code **code, int *jit);
 fsdp2_status_t pre_setup_matching(fsdp2_tokenizer_t *tok);
 fsdp2_status_t pre_encode_text(fsdp2_tokenizer_t *tok, const char *text, size_t len,
                                unsigned flags, id_sink_t *out);

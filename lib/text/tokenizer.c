@@ -55,7 +55,7 @@ fsdp2_status_t fsdp2_tokenizer_load_buffer(const char *json, size_t len, const c
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "tokenizer: %zu bytes", sizeof *tok);
     fsdp2_status_t status = FSDP2_SUCCESS;
     tok->name = strdup(name ? name : "tokenizer.json");
-    tok->cache = fsdp2_calloc(CACHE_SLOTS, sizeof *tok->cache);
+    tok->cache = bpe_cache_create();
     if (tok->name == NULL || tok->cache == NULL) {
         status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "tokenizer: a word cache of %zu bytes",
                              CACHE_SLOTS * sizeof *tok->cache);

@@ -395,14 +395,15 @@ static fsdp2_status_t parse_model(fsdp2_tokenizer_t *tok, const cJSON *model, co
 
 /* ---- pre-tokenizer ---- */
 
-static fsdp2_status_t add_step(fsdp2_tokenizer_t *tok, pre_step_kind_t kind, pcre2_code *code)
+static fsdp2_status_t add_step(fsdp2_tokenizer_t *tok, pre_step_kind_t kind, pcre2_code *code,
+                               int jit)
 {
     if (tok->n_steps == PRE_STEPS_MAX) {
         pcre2_code_free(code);
         return fsdp2_error(FSDP2_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizer steps", tok->name,
                            PRE_STEPS_MAX);
     }
-    tok->steps[tok->n_steps++] = (pre_step_t){.kind = kind, .code = code};
+    tok->steps[tok->n_steps++] = (pre_step_t){.kind = kind, .code = code, .jit = jit};
     return FSDP2_SUCCESS;
 }
 
@@ -423,8 +424,10 @@ static fsdp2_status_t parse_split(fsdp2_tokenizer_t *tok, const cJSON *p)
     if (!cJSON_IsString(s))
         return bad(tok, "Split pattern is neither {\"Regex\": ...} nor {\"String\": ...}%s%s", "", "");
     pcre2_code *code;
-    FSDP2_CHECK(pre_compile(s->valuestring, strlen(s->valuestring), s == literal, tok->name, &code));
-    return add_step(tok, STEP_SPLIT, code);
+    int jit;
+    FSDP2_CHECK(pre_compile(s->valuestring, strlen(s->valuestring), s == literal, tok->name, &code,
+                            &jit));
+    return add_step(tok, STEP_SPLIT, code, jit);
 }
 
 static fsdp2_status_t parse_pre(fsdp2_tokenizer_t *tok, const cJSON *p, int *byte_level)
@@ -449,11 +452,13 @@ static fsdp2_status_t parse_pre(fsdp2_tokenizer_t *tok, const cJSON *p, int *byt
     FSDP2_CHECK(get_bool(tok, p, "add_prefix_space", 1, "ByteLevel", &prefix));
     FSDP2_CHECK(get_bool(tok, p, "use_regex", 1, "ByteLevel", &use_regex));
     if (prefix)
-        FSDP2_CHECK(add_step(tok, STEP_PREFIX_SPACE, NULL));
+        FSDP2_CHECK(add_step(tok, STEP_PREFIX_SPACE, NULL, 0));
     if (use_regex) {
         pcre2_code *code;
-        FSDP2_CHECK(pre_compile(text_gpt2_pattern, strlen(text_gpt2_pattern), 0, tok->name, &code));
-        FSDP2_CHECK(add_step(tok, STEP_SPLIT, code));
+        int jit;
+        FSDP2_CHECK(pre_compile(text_gpt2_pattern, strlen(text_gpt2_pattern), 0, tok->name, &code,
+                                &jit));
+        FSDP2_CHECK(add_step(tok, STEP_SPLIT, code, jit));
     }
     *byte_level = 1;
     return FSDP2_SUCCESS;
