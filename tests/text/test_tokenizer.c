@@ -41,6 +41,33 @@ static fsdp2_tokenizer_t *load(const char *name)
     return tok;
 }
 
+static char *read_all(const char *path, size_t *len);
+
+/* gpt2 with its ByteLevel pre-tokenizer's add_prefix_space set, as make_fixtures.py
+ * makes "gpt2_prefix" */
+static fsdp2_tokenizer_t *load_prefixed(void)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gpt2/tokenizer.json", TEXT_FIXTURES);
+    size_t len;
+    char *json = read_all(path, &len);
+    cJSON *root = cJSON_Parse(json);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(root, "pre_tokenizer"), "add_prefix_space",
+                              cJSON_CreateTrue());
+    char *text = cJSON_PrintUnformatted(root);
+    fsdp2_tokenizer_t *tok = NULL;
+    OK(fsdp2_tokenizer_load_buffer(text, strlen(text), "gpt2_prefix", &tok));
+    cJSON_free(text);
+    cJSON_Delete(root);
+    free(json);
+    return tok;
+}
+
+static int tokenizer_index(const char *name)
+{
+    return strcmp(name, "gpt2") == 0 ? 0 : strcmp(name, "llama3") == 0 ? 1 : 2;
+}
+
 static char *read_all(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -208,12 +235,12 @@ START_TEST(hostile_texts_give_the_ids_of_tokenizers)
 {
     size_t n_cases;
     fixture_case_t *cases = read_cases(&n_cases);
-    ck_assert_uint_gt(n_cases, 100);
-    fsdp2_tokenizer_t *toks[2] = {load(names[0]), load(names[1])};
+    ck_assert_uint_gt(n_cases, 500);
+    fsdp2_tokenizer_t *toks[3] = {load(names[0]), load(names[1]), load_prefixed()};
     size_t failures = 0;
     for (size_t k = 0; k < n_cases; k++) {
         fixture_case_t *c = &cases[k];
-        fsdp2_tokenizer_t *tok = toks[strcmp(c->tokenizer, "gpt2") == 0 ? 0 : 1];
+        fsdp2_tokenizer_t *tok = toks[tokenizer_index(c->tokenizer)];
         size_t n;
         uint32_t *ids = encode(tok, (const char *)c->input, c->len, mode_flags(c->mode), &n);
         size_t i = 0;
@@ -232,6 +259,7 @@ START_TEST(hostile_texts_give_the_ids_of_tokenizers)
                   n_cases);
     fsdp2_tokenizer_destroy(toks[0]);
     fsdp2_tokenizer_destroy(toks[1]);
+    fsdp2_tokenizer_destroy(toks[2]);
     free_cases(cases, n_cases);
 }
 END_TEST
@@ -292,9 +320,9 @@ START_TEST(decode_inverts_encode_and_repairs_invalid_utf8_as_python)
     fsdp2_tokenizer_t *toks[2] = {load(names[0]), load(names[1])};
     for (size_t k = 0; k < n_cases; k++) {
         fixture_case_t *c = &cases[k];
-        if (strcmp(c->mode, "special") == 0)
-            continue; /* the template's token is added, not read */
-        fsdp2_tokenizer_t *tok = toks[strcmp(c->tokenizer, "gpt2") == 0 ? 0 : 1];
+        if (strcmp(c->mode, "special") == 0 || tokenizer_index(c->tokenizer) == 2)
+            continue; /* the template's token, the prefix space: added, not read */
+        fsdp2_tokenizer_t *tok = toks[tokenizer_index(c->tokenizer)];
         unsigned char *want = malloc(3 * c->len + 1);
         size_t want_len = repair_reference(c->input, c->len, want);
         size_t n, got_len;
