@@ -13,7 +13,8 @@
     XX(COLL, "coll")         \
     XX(FSDP, "fsdp")         \
     XX(CKPT, "ckpt")         \
-    XX(OPTIM, "optim")
+    XX(OPTIM, "optim")       \
+    XX(TEXT, "text")
 
 typedef enum fsdp2_subsys {
 #define FSDP2_SUBSYS_ENUM_(name, str) FSDP2_SUBSYS_##name,

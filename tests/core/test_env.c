@@ -66,8 +66,8 @@ START_TEST(defaults_when_nothing_is_set_match_the_documented_values)
     ck_assert_int_eq(fsdp2_env_int(FSDP2_ENV_TIMEOUT), 300000);
     ck_assert_int_eq(fsdp2_env_int(FSDP2_ENV_CPU_STREAM_DEPTH), 1024);
     int64_t subsys = fsdp2_env_int(FSDP2_ENV_LOG_SUBSYS);
-    /* "all": the eight documented subsystems init..optim are bits 0..7. */
-    ck_assert_msg((subsys & 0xff) == 0xff, "LOG_SUBSYS default = %#llx, expected bits 0..7 set",
+    /* "all": the nine documented subsystems init..text are bits 0..8. */
+    ck_assert_msg((subsys & 0x1ff) == 0x1ff, "LOG_SUBSYS default = %#llx, expected bits 0..8 set",
                   (long long)subsys);
 }
 END_TEST
@@ -134,9 +134,9 @@ static const struct bad_value bad_values[] = {
     {"FSDP2_CPU_STREAM_DEPTH", "99999999999999999999", "4..1048576",
      FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
     {"FSDP2_CPU_STREAM_DEPTH", "64.5", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
-    {"FSDP2_LOG_SUBSYS", "stream,bogus", "init|core|stream|mesh|coll|fsdp|ckpt|optim",
+    {"FSDP2_LOG_SUBSYS", "stream,bogus", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
      FSDP2_ENV_LOG_SUBSYS, -1},
-    {"FSDP2_LOG_SUBSYS", "stream,,coll", "init|core|stream|mesh|coll|fsdp|ckpt|optim",
+    {"FSDP2_LOG_SUBSYS", "stream,,coll", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
      FSDP2_ENV_LOG_SUBSYS, -1},
     {"FSDP2_CPU_MEMORY_LIMIT", "-1", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
     {"FSDP2_CPU_MEMORY_LIMIT", "3X", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
@@ -253,7 +253,7 @@ static const struct good_value good_values[] = {
     {"FSDP2_LOG_LEVEL", "info", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_INFO},
     {"FSDP2_LOG_LEVEL", "debug", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_DEBUG},
     {"FSDP2_LOG_LEVEL", "trace", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_TRACE},
-    /* Bit i is the i-th name of log.h's list init,core,stream,mesh,coll,fsdp,ckpt,optim. */
+    /* Bit i is the i-th name of log.h's list init,core,stream,mesh,coll,fsdp,ckpt,optim,text. */
     {"FSDP2_LOG_SUBSYS", "stream,coll", FSDP2_ENV_LOG_SUBSYS, (1 << 2) | (1 << 4)},
     {"FSDP2_LOG_SUBSYS", "init", FSDP2_ENV_LOG_SUBSYS, 1 << 0},
     {"FSDP2_LOG_SUBSYS", "optim,init", FSDP2_ENV_LOG_SUBSYS, (1 << 7) | (1 << 0)},
@@ -291,7 +291,7 @@ START_TEST(log_subsys_all_sets_every_documented_subsystem_bit)
     env_set("FSDP2_LOG_SUBSYS", "all");
     ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     int64_t got = fsdp2_env_int(FSDP2_ENV_LOG_SUBSYS);
-    ck_assert_msg((got & 0xff) == 0xff, "LOG_SUBSYS=all gives %#llx, expected bits 0..7 set",
+    ck_assert_msg((got & 0x1ff) == 0x1ff, "LOG_SUBSYS=all gives %#llx, expected bits 0..8 set",
                   (long long)got);
 }
 END_TEST
