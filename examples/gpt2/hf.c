@@ -51,13 +51,19 @@ int gpt2_hf_shape(fsdp2_hf_model_t *hf, gpt2_config_t *cfg, char *err, size_t si
         snprintf(err, size, "%s", fsdp2_last_error());
         return -1;
     }
-    const char *why = c.arch != FSDP2_HF_GPT2                ? "model_type is not gpt2"
-                      : !c.tie_word_embeddings               ? "the head is not tied (tie_word_embeddings)"
-                      : c.intermediate_size != 4 * c.hidden_size ? "n_inner is not 4 n_embd"
-                      : fabs(c.norm_eps - 1e-5) > 1e-12      ? "layer_norm_epsilon is not 1e-5"
-                      : c.num_layers > GPT2_MAX_LAYERS       ? "n_layer is above GPT2_MAX_LAYERS"
-                      : c.vocab_size < 256                   ? "vocab_size is below the 256 bytes of the data"
-                      : NULL;
+    const char *why = NULL;
+    if (c.arch != FSDP2_HF_GPT2)
+        why = "model_type is not gpt2";
+    else if (!c.tie_word_embeddings)
+        why = "the head is not tied (tie_word_embeddings)";
+    else if (c.intermediate_size != 4 * c.hidden_size)
+        why = "n_inner is not 4 n_embd";
+    else if (fabs(c.norm_eps - 1e-5) > 1e-12)
+        why = "layer_norm_epsilon is not 1e-5";
+    else if (c.num_layers > GPT2_MAX_LAYERS)
+        why = "n_layer is above GPT2_MAX_LAYERS";
+    else if (c.vocab_size < 256)
+        why = "vocab_size is below the 256 bytes of the data";
     if (why != NULL) {
         snprintf(err, size, "this example trains GPT-2 as it builds it: %s", why);
         return -1;

@@ -89,8 +89,9 @@ START_TEST(every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces
             summarize(v, n, &sum, &wsum);
             expect_close("sum", t.name, sum, e->sum);
             expect_close("weighted sum", t.name, wsum, e->wsum);
-            ck_assert_msg(v[0] == e->first && v[n - 1] == e->last, "%s: first %g last %g, want %g %g",
-                          t.name, v[0], v[n - 1], e->first, e->last);
+            ck_assert_msg(v[0] == e->first && v[n - 1] == e->last,
+                          "%s: first %g last %g, want %g %g", t.name, v[0], v[n - 1], e->first,
+                          e->last);
             if (p == 0)
                 whole = v;
             else
@@ -234,7 +235,8 @@ START_TEST(an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded)
             size_t n = (size_t)(t.shape[0] * t.shape[1]);
             float *x = read_pieces(m, &t, t.shape[0]), *y = read_pieces(back, &u, 2);
             for (size_t e = 0; e < n; e++) {
-                float want = ways[k].dtype == FSDP2_F32 ? x[e] : fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(x[e]));
+                float want =
+                    ways[k].dtype == FSDP2_F32 ? x[e] : fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(x[e]));
                 ck_assert_msg(y[e] == want, "%s %s[%zu]: %g, wrote %g", ways[k].dir, t.name, e,
                               y[e], want);
             }
@@ -383,8 +385,8 @@ START_TEST(configs_outside_what_is_supported_are_refused_naming_the_field)
          "type 'yarn' is not supported", FSDP2_ERR_UNSUPPORTED},
         {"llama-f32", "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias true is not supported",
          FSDP2_ERR_UNSUPPORTED},
-        {"llama-f32", "\"hidden_size\": 32", "\"hidden_sizes\": 32", "field 'hidden_size' is missing",
-         FSDP2_ERR_CORRUPT},
+        {"llama-f32", "\"hidden_size\": 32", "\"hidden_sizes\": 32",
+         "field 'hidden_size' is missing", FSDP2_ERR_CORRUPT},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char as[32];
@@ -546,7 +548,8 @@ START_TEST(an_index_that_disagrees_with_its_files_is_refused)
 
     dir = copy_fixture("gpt2-hub-bf16-sharded", "escape");
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-    edit_file(path, "\"model-00001-of-00003.safetensors\"", "\"../model-00001-of-00003.safetensors\"");
+    edit_file(path, "\"model-00001-of-00003.safetensors\"",
+              "\"../model-00001-of-00003.safetensors\"");
     expect_open_refused(dir, FSDP2_ERR_CORRUPT, "is not a file in the directory");
 }
 END_TEST
