@@ -130,7 +130,8 @@ typedef struct fsdp2_hf_export_options {
 
 typedef struct fsdp2_hf_writer fsdp2_hf_writer_t;
 
-/* Starts writing cfg's model (validated as fsdp2_hf_config_read does; bos/eos ids as
+/* Starts writing cfg's model (validated as fsdp2_hf_config_read does; num_kv_heads,
+ * head_dim and hidden_act may be left 0 or empty for their defaults; bos/eos ids as
  * given, -1 for none) to dir. dir must not exist or be an empty directory, and its parent
  * must exist; everything goes into a temporary directory beside it that
  * fsdp2_hf_writer_finish renames to dir, so a failure never leaves a partial dir. */

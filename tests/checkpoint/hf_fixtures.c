@@ -176,6 +176,8 @@ void rewrite(const char *path, const change_t *c)
         if (c->drop && strcmp(e->name, c->drop) == 0)
             continue;
         fsdp2_dtype_t dtype = c->retype && strcmp(e->name, c->retype) == 0 ? FSDP2_I32 : e->dtype;
+        if (c->to_f16 && e->dtype == FSDP2_F32)
+            dtype = FSDP2_F16;
         ASSERT_OK(st_writer_add(w, e->name, dtype, e->ndim, e->shape));
     }
     int64_t two = 2;
@@ -192,6 +194,13 @@ void rewrite(const char *path, const change_t *c)
         ASSERT_OK(st_read(&f, e, 0, buf, bytes));
         if (c->poison && strcmp(e->name, c->poison) == 0)
             memcpy(buf + 4 * c->poison_index, &c->poison_value, 4);
+        if (c->to_f16 && e->dtype == FSDP2_F32) {
+            unsigned char *half = malloc(bytes / 2 + 1);
+            ASSERT_OK(fsdp2_convert(half, FSDP2_F16, buf, FSDP2_F32, bytes / 4));
+            free(buf);
+            buf = half;
+            bytes /= 2;
+        }
         ASSERT_OK(st_writer_write(w, buf, bytes));
         free(buf);
     }

@@ -52,6 +52,7 @@ typedef struct change {
     size_t poison_index;
     float poison_value;
     const char *extra;   /* add a [2] F32 tensor of this name */
+    int to_f16;          /* store every F32 tensor as F16 (rounded once) */
 } change_t;
 void rewrite(const char *path, const change_t *c);
 

@@ -121,6 +121,37 @@ START_TEST(every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces
 }
 END_TEST
 
+/* F16 files (no fixture has them: transformers writes F32 and BF16 alike): llama-f32
+ * with every tensor rounded to F16 reads back as the F16 rounding of the original. */
+START_TEST(f16_files_read_as_their_values)
+{
+    const char *dir = copy_fixture("llama-f32", "f16");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.to_f16 = 1});
+    fsdp2_hf_model_t *m, *f32;
+    ASSERT_OK(fsdp2_hf_model_open(dir, &m));
+    ASSERT_OK(fsdp2_hf_model_open(fixture("llama-f32"), &f32));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t;
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+        ck_assert_int_eq(t.file_dtype, FSDP2_F16);
+        size_t n = (size_t)(t.shape[0] * t.shape[1]);
+        float *got = read_pieces(m, &t, 5), *orig = read_pieces(f32, &t, t.shape[0]);
+        for (size_t k = 0; k < n; k++) {
+            float want = fsdp2_f16_to_f32(fsdp2_f32_to_f16(orig[k]));
+            ck_assert_msg(got[k] == want, "%s[%zu]: %g, want %g", t.name, k, got[k], want);
+        }
+        free(got);
+        free(orig);
+    }
+    ASSERT_OK(fsdp2_hf_model_close(m));
+    ASSERT_OK(fsdp2_hf_model_close(f32));
+}
+END_TEST
+
 START_TEST(the_configs_hold_the_fields_transformers_wrote)
 {
     fsdp2_hf_config_t g = FSDP2_HF_CONFIG_INIT, h = FSDP2_HF_CONFIG_INIT;
@@ -292,6 +323,13 @@ START_TEST(an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused)
     cfg.num_kv_heads = 3;
     ASSERT_REFUSED(fsdp2_hf_writer_create(in_scratch("bad"), &cfg, NULL, &w), FSDP2_ERR_CORRUPT,
                    "num_key_value_heads 3");
+    /* What config.json may leave out, a caller may leave zero. */
+    fsdp2_hf_config_t lean = cfg;
+    lean.num_kv_heads = lean.head_dim = 0;
+    lean.hidden_act[0] = '\0';
+    ASSERT_OK(fsdp2_hf_writer_create(in_scratch("lean"), &lean, NULL, &w));
+    fsdp2_hf_writer_abort(w);
+    ck_assert_int_eq(count_entries(scratch), 2);
 }
 END_TEST
 
@@ -572,6 +610,7 @@ static Suite *hf_model_suite(void)
     suite_add_tcase(s, write);
     TCase *bad = tcase_create("refused");
     tcase_add_checked_fixture(bad, scratch_setup, scratch_teardown);
+    tcase_add_test(bad, f16_files_read_as_their_values);
     tcase_add_test(bad, configs_outside_what_is_supported_are_refused_naming_the_field);
     tcase_add_test(bad, a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it);
     tcase_add_test(bad, nan_and_inf_are_refused_naming_the_tensor_and_the_first_index);
