@@ -151,7 +151,7 @@ FSDP2_API fsdp2_status_t fsdp2_hf_writer_write(fsdp2_hf_writer_t *writer, const 
  * Frees the writer whatever the result; on failure nothing is left behind. */
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_finish(fsdp2_hf_writer_t *writer);
 /* Removes everything written and frees the writer. NULL ignored. */
-FSDP2_API void fsdp2_hf_writer_abort(fsdp2_hf_writer_t *writer);
+FSDP2_API fsdp2_status_t fsdp2_hf_writer_abort(fsdp2_hf_writer_t *writer);
 
 FSDP2_EXTERN_C_END
 

@@ -440,8 +440,9 @@ cleanup:
     return status;
 }
 
-void fsdp2_hf_writer_abort(fsdp2_hf_writer_t *w)
+fsdp2_status_t fsdp2_hf_writer_abort(fsdp2_hf_writer_t *w)
 {
     if (w != NULL)
         writer_free(w);
+    return FSDP2_SUCCESS;
 }
