@@ -20,7 +20,9 @@
  * often have one) has its shape checked and is otherwise ignored, as transformers ties
  * it to the embedding when it loads.
  *
- * None of these functions is collective; all block on file I/O on the calling thread. */
+ * None of these functions is collective; all block on file I/O on the calling thread.
+ * fsdp2_hf_model_read may run on several threads at once (reads share no state); a
+ * writer is driven by one thread. */
 #ifndef FSDP2_HF_MODEL_H
 #define FSDP2_HF_MODEL_H
 
