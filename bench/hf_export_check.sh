@@ -21,7 +21,9 @@ for f in gpt2-f32 gpt2-hub-bf16-sharded llama-f32 llama-bf16; do
     pairs+=("$src" "$work/$f-f32" "$src" "$work/$f-bf16")
 done
 # the GPT-2 example's own import and export (--steps 0: the weights unchanged), at ws 2
-gpt2=$PWD/build/examples/gpt2
+# the example's binary: build/examples/lm (the causal-LM trainer) or build/examples/gpt2
+gpt2=$PWD/build/examples/lm
+[ -x "$gpt2" ] || gpt2=$PWD/build/examples/gpt2
 if [ -x "$gpt2" ]; then
     for f in gpt2-f32 gpt2-hub-bf16-sharded; do
         "$PWD/build/tools/fsdp2run" --nproc-per-node 2 "$gpt2" --steps 0 --val-every 0 \
