@@ -181,8 +181,11 @@ void rewrite(const char *path, const change_t *c)
         ASSERT_OK(st_writer_add(w, e->name, dtype, e->ndim, e->shape));
     }
     int64_t two = 2;
+    int64_t shape[2] = {c->extra_shape[0] ? c->extra_shape[0] : two, c->extra_shape[1]};
+    int extra_ndim = shape[1] > 0 ? 2 : 1;
+    size_t extra_n = (size_t)shape[0] * (size_t)(shape[1] > 0 ? shape[1] : 1);
     if (c->extra)
-        ASSERT_OK(st_writer_add(w, c->extra, FSDP2_F32, 1, &two));
+        ASSERT_OK(st_writer_add(w, c->extra, FSDP2_F32, extra_ndim, shape));
     ASSERT_OK(st_writer_begin(w, NULL));
     /* The writer takes the tensors in the order added: the entries' (offset) order. */
     for (size_t i = 0; i < f.num_entries; i++) {
@@ -204,9 +207,13 @@ void rewrite(const char *path, const change_t *c)
         ASSERT_OK(st_writer_write(w, buf, bytes));
         free(buf);
     }
-    float extra[2] = {1, 2};
-    if (c->extra)
-        ASSERT_OK(st_writer_write(w, extra, sizeof(extra)));
+    if (c->extra) {
+        float *ones = malloc(sizeof(float) * extra_n);
+        for (size_t k = 0; k < extra_n; k++)
+            ones[k] = 1.0f;
+        ASSERT_OK(st_writer_write(w, ones, sizeof(float) * extra_n));
+        free(ones);
+    }
     ASSERT_OK(st_writer_finish(w));
     st_close(&f);
     unlink(from);

@@ -51,7 +51,8 @@ typedef struct change {
     const char *poison;  /* set element poison_index of this F32 tensor to poison_value */
     size_t poison_index;
     float poison_value;
-    const char *extra;   /* add a [2] F32 tensor of this name */
+    const char *extra;   /* add an F32 tensor of this name, of ones: */
+    int64_t extra_shape[2]; /* [rows, cols] ({0, 0}: [2]; cols 0: a vector) */
     int to_f16;          /* store every F32 tensor as F16 (rounded once) */
 } change_t;
 void rewrite(const char *path, const change_t *c);

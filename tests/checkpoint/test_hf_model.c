@@ -483,6 +483,69 @@ START_TEST(a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it)
 }
 END_TEST
 
+/* A tied head stored anyway is checked for shape and ignored; a tensor stored under
+ * both GPT-2 spellings is refused; overlapping, negative, non-integer and out-of-range
+ * data_offsets are refused by the safetensors reader, naming the file. */
+START_TEST(a_stored_tied_head_is_ignored_and_duplicates_and_bad_offsets_are_refused)
+{
+    const char *dir = copy_fixture("gpt2-f32", "head");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "lm_head.weight", .extra_shape = {261, 32}});
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(dir, &m));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    ck_assert_uint_eq(count, 2 + 12 * 2 + 2); /* no head of its own */
+    ASSERT_OK(fsdp2_hf_model_close(m));
+
+    dir = copy_fixture("gpt2-f32", "bad-head");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "lm_head.weight", .extra_shape = {260, 32}});
+    expect_open_refused(dir, FSDP2_ERR_SHAPE_MISMATCH,
+                        "'lm_head.weight' has shape [260, 32]");
+    ck_assert_msg(strstr(fsdp2_last_error(), "tied") != NULL, "%s", fsdp2_last_error());
+
+    dir = copy_fixture("gpt2-f32", "twice");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "ln_f.bias", .extra_shape = {32, 0}});
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "stored twice");
+
+    /* Headers the safetensors reader refuses, in a model directory. */
+    static const struct {
+        const char *json, *needle;
+    } headers[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         "'b': data_offsets [4, 12] overlap tensor 'a'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[-4,8]}}",
+         "'a': data_offsets is not [begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12.5]}}",
+         "'a': data_offsets is not [begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+         "'a': data_offsets [0, 16] are reversed or pass the end"},
+    };
+    for (size_t k = 0; k < sizeof(headers) / sizeof(headers[0]); k++) {
+        char as[16];
+        snprintf(as, sizeof(as), "header%zu", k);
+        dir = copy_fixture("llama-bf16", as);
+        snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+        size_t len = strlen(headers[k].json);
+        unsigned char prefix[8];
+        for (int b = 0; b < 8; b++)
+            prefix[b] = (unsigned char)((uint64_t)len >> (8 * b));
+        FILE *f = fopen(st, "wb");
+        ck_assert_ptr_nonnull(f);
+        fwrite(prefix, 1, 8, f);
+        fputs(headers[k].json, f);
+        fwrite("\0\0\0\0\0\0\0\0\0\0\0\0", 1, 12, f); /* 12 bytes of data */
+        ck_assert_int_eq(fclose(f), 0);
+        expect_open_refused(dir, FSDP2_ERR_CORRUPT, headers[k].needle);
+        ck_assert_msg(strstr(fsdp2_last_error(), st) != NULL, "%s", fsdp2_last_error());
+    }
+}
+END_TEST
+
 START_TEST(nan_and_inf_are_refused_naming_the_tensor_and_the_first_index)
 {
     const float bad[2] = {NAN, INFINITY};
@@ -613,6 +676,7 @@ static Suite *hf_model_suite(void)
     tcase_add_test(bad, f16_files_read_as_their_values);
     tcase_add_test(bad, configs_outside_what_is_supported_are_refused_naming_the_field);
     tcase_add_test(bad, a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it);
+    tcase_add_test(bad, a_stored_tied_head_is_ignored_and_duplicates_and_bad_offsets_are_refused);
     tcase_add_test(bad, nan_and_inf_are_refused_naming_the_tensor_and_the_first_index);
     tcase_add_test(bad, a_fifo_a_directory_or_a_damaged_file_is_refused_at_once);
     tcase_add_test(bad, an_index_that_disagrees_with_its_files_is_refused);
