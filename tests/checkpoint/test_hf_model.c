@@ -625,6 +625,36 @@ START_TEST(a_fifo_a_directory_or_a_damaged_file_is_refused_at_once)
 }
 END_TEST
 
+/* config.json and the index cut at every byte: refused (never a crash, never a model
+ * from half a file), except where the cut leaves the JSON whole. */
+START_TEST(config_and_index_cut_at_every_byte_are_refused)
+{
+    const char *names[2] = {"config.json", "model.safetensors.index.json"};
+    for (int k = 0; k < 2; k++) {
+        const char *dir = copy_fixture("gpt2-hub-bf16-sharded", k ? "cut-index" : "cut-config");
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+        char *whole = slurp(path);
+        size_t len = strlen(whole);
+        while (len > 0 && (whole[len - 1] == '\n' || whole[len - 1] == ' '))
+            len--; /* cuts in the trailing whitespace leave the JSON whole */
+        for (size_t cut = 0; cut < len; cut++) {
+            FILE *f = fopen(path, "wb");
+            fwrite(whole, 1, cut, f);
+            fclose(f);
+            fsdp2_hf_model_t *m = NULL;
+            fsdp2_status_t s = fsdp2_hf_model_open(dir, &m);
+            ck_assert_msg(s != FSDP2_SUCCESS && m == NULL, "%s cut at %zu of %zu opened", names[k],
+                          cut, len);
+            ck_assert_msg(strstr(fsdp2_last_error(), names[k]) != NULL, "cut at %zu: %s", cut,
+                          fsdp2_last_error());
+        }
+        write_text(path, whole);
+        free(whole);
+    }
+}
+END_TEST
+
 START_TEST(an_index_that_disagrees_with_its_files_is_refused)
 {
     const char *dir = copy_fixture("gpt2-hub-bf16-sharded", "shard-missing");
@@ -680,6 +710,8 @@ static Suite *hf_model_suite(void)
     tcase_add_test(bad, nan_and_inf_are_refused_naming_the_tensor_and_the_first_index);
     tcase_add_test(bad, a_fifo_a_directory_or_a_damaged_file_is_refused_at_once);
     tcase_add_test(bad, an_index_that_disagrees_with_its_files_is_refused);
+    tcase_add_test(bad, config_and_index_cut_at_every_byte_are_refused);
+    tcase_set_timeout(bad, 120);
     suite_add_tcase(s, bad);
     return s;
 }
