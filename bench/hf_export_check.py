@@ -4,7 +4,10 @@ checks them against the directories they came from: no missing or unexpected key
 parameter equal (f32 exports) or the source rounded to bf16 (bf16 exports), the same
 logits on a few tokens.
 
-    hf_export_check.py SOURCE EXPORT [SOURCE EXPORT ...]
+    hf_export_check.py SOURCE EXPORT [SOURCE EXPORT ...] [--loss DIR BATCHES JSON]
+
+--loss: the GPT-2 example's first training loss from DIR (--init-from, --dump-batches
+BATCHES, --json JSON) against transformers' loss of DIR's model on the same batch.
 """
 import json
 import os
@@ -48,7 +51,30 @@ def check(source, export):
     return not bad
 
 
+def check_loss(source, batches, record):
+    model, _ = load(source)
+    rows = sorted((int(v[1]), [int(x) for x in v[2:]])
+                  for v in (line.split() for line in open(batches)) if int(v[0]) == 0)
+    w = torch.tensor([r for _, r in rows])
+    with torch.no_grad():
+        logits = model(w[:, :-1]).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             w[:, 1:].reshape(-1)).item()
+    got = json.load(open(record))["records"][0]["train_loss"]
+    rel = abs(got - want) / abs(want)
+    print(f"{source}: the example's step-1 loss {got:.7f}, transformers {want:.7f} "
+          f"(relative {rel:.1e}): {'ok' if rel < 1e-5 else 'FAIL'}")
+    return rel < 1e-5
+
+
 if __name__ == "__main__":
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
-    pairs = list(zip(sys.argv[1::2], sys.argv[2::2]))
-    sys.exit(0 if all([check(s, e) for s, e in pairs]) else 1)
+    args, loss = sys.argv[1:], None
+    if "--loss" in args:
+        at = args.index("--loss")
+        loss, args = args[at + 1:at + 4], args[:at]
+    pairs = list(zip(args[0::2], args[1::2]))
+    ok = all([check(s, e) for s, e in pairs])
+    if loss:
+        ok = check_loss(*loss) and ok
+    sys.exit(0 if ok else 1)

@@ -20,7 +20,9 @@
  * often have one) has its shape checked and is otherwise ignored, as transformers ties
  * it to the embedding when it loads.
  *
- * None of these functions is collective; all block on file I/O on the calling thread. */
+ * None of these functions is collective; all block on file I/O on the calling thread.
+ * fsdp2_hf_model_read may run on several threads at once (reads share no state); a
+ * writer is driven by one thread. */
 #ifndef FSDP2_HF_MODEL_H
 #define FSDP2_HF_MODEL_H
 
@@ -130,7 +132,8 @@ typedef struct fsdp2_hf_export_options {
 
 typedef struct fsdp2_hf_writer fsdp2_hf_writer_t;
 
-/* Starts writing cfg's model (validated as fsdp2_hf_config_read does; bos/eos ids as
+/* Starts writing cfg's model (validated as fsdp2_hf_config_read does; num_kv_heads,
+ * head_dim and hidden_act may be left 0 or empty for their defaults; bos/eos ids as
  * given, -1 for none) to dir. dir must not exist or be an empty directory, and its parent
  * must exist; everything goes into a temporary directory beside it that
  * fsdp2_hf_writer_finish renames to dir, so a failure never leaves a partial dir. */
@@ -150,7 +153,7 @@ FSDP2_API fsdp2_status_t fsdp2_hf_writer_write(fsdp2_hf_writer_t *writer, const 
  * Frees the writer whatever the result; on failure nothing is left behind. */
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_finish(fsdp2_hf_writer_t *writer);
 /* Removes everything written and frees the writer. NULL ignored. */
-FSDP2_API void fsdp2_hf_writer_abort(fsdp2_hf_writer_t *writer);
+FSDP2_API fsdp2_status_t fsdp2_hf_writer_abort(fsdp2_hf_writer_t *writer);
 
 FSDP2_EXTERN_C_END
 

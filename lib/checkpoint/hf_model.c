@@ -193,7 +193,8 @@ static fsdp2_status_t check_shape(const fsdp2_hf_model_t *m, const st_file_t *f,
 {
     int64_t want[2] = {t->transposed ? t->shape[1] : t->shape[0],
                        t->transposed ? t->shape[0] : t->shape[1]};
-    int same = e->ndim == t->ndim && e->shape[0] == want[0] && (t->ndim == 1 || e->shape[1] == want[1]);
+    int same =
+        e->ndim == t->ndim && e->shape[0] == want[0] && (t->ndim == 1 || e->shape[1] == want[1]);
     if (!same) {
         char have_text[64], want_text[64];
         shape_text(e->ndim, e->shape, have_text, sizeof(have_text));
@@ -230,10 +231,9 @@ static fsdp2_status_t match_entry(fsdp2_hf_model_t *m, const cJSON *map, size_t 
     }
     size_t i = find_tensor(m, canonical);
     if (i == SIZE_MAX)
-        return fsdp2_error(FSDP2_ERR_CORRUPT,
-                           "%s: unexpected tensor '%s': %s (%s) has no such tensor", f->path,
-                           e->name, m->cfg.arch == FSDP2_HF_GPT2 ? "GPT2LMHeadModel" : "LlamaForCausalLM",
-                           m->dir);
+        return fsdp2_error(
+            FSDP2_ERR_CORRUPT, "%s: unexpected tensor '%s': %s (%s) has no such tensor", f->path,
+            e->name, m->cfg.arch == FSDP2_HF_GPT2 ? "GPT2LMHeadModel" : "LlamaForCausalLM", m->dir);
     if (m->places[i].entry != NULL)
         return fsdp2_error(FSDP2_ERR_CORRUPT, "%s: tensor '%s' is stored twice (as '%s' in %s too)",
                            f->path, m->tensors[i].name, m->places[i].entry->name,
@@ -378,7 +378,8 @@ static fsdp2_status_t read_f32(const hf_place_t *p, uint64_t at, size_t n, void 
 {
     const st_entry_t *e = p->entry;
     size_t elem = e->dtype == FSDP2_F32 ? 4 : 2;
-    FSDP2_CHECK(st_read(p->file, e, at * elem, e->dtype == FSDP2_F32 ? (void *)out : raw, n * elem));
+    FSDP2_CHECK(
+        st_read(p->file, e, at * elem, e->dtype == FSDP2_F32 ? (void *)out : raw, n * elem));
     if (e->dtype != FSDP2_F32)
         FSDP2_CHECK(fsdp2_convert(out, FSDP2_F32, raw, e->dtype, n));
     for (size_t k = 0; k < n; k++)
@@ -437,15 +438,16 @@ fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *m, const char *name, int64_
             if (dst_dtype == FSDP2_F32)
                 memcpy((float *)dst + done, f32, n * sizeof(float));
             else
-                FSDP2_CHECK_GOTO(fsdp2_convert((uint16_t *)dst + done, FSDP2_BF16, f32, FSDP2_F32, n),
-                                 status, cleanup);
+                FSDP2_CHECK_GOTO(
+                    fsdp2_convert((uint16_t *)dst + done, FSDP2_BF16, f32, FSDP2_F32, n), status,
+                    cleanup);
             done += n;
         }
     } else {
         uint64_t out = (uint64_t)t->shape[0];
         for (int64_t c = 0; c < cols; c++) {
-            FSDP2_CHECK_GOTO(read_f32(p, (uint64_t)c * out + (uint64_t)row0, chunk, raw, f32), status,
-                             cleanup);
+            FSDP2_CHECK_GOTO(read_f32(p, (uint64_t)c * out + (uint64_t)row0, chunk, raw, f32),
+                             status, cleanup);
             for (size_t r = 0; r < chunk; r++)
                 store(dst, dst_dtype, r * (size_t)cols + (size_t)c, f32[r]);
         }

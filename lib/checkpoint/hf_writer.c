@@ -273,6 +273,16 @@ fsdp2_status_t fsdp2_hf_writer_create(const char *dir, const fsdp2_hf_config_t *
                     (const void *)dir, (void *)writer);
     *writer = NULL;
     FSDP2_CHECK(hf_config_check_size(cfg, "fsdp2_hf_writer_create"));
+    /* What a config.json may leave out, the caller may leave zero. */
+    fsdp2_hf_config_t full = *cfg;
+    if (full.num_kv_heads == 0)
+        full.num_kv_heads = full.num_heads;
+    if (full.head_dim == 0 && full.num_heads > 0)
+        full.head_dim = full.hidden_size / full.num_heads;
+    if (full.hidden_act[0] == '\0')
+        snprintf(full.hidden_act, sizeof(full.hidden_act), "%s",
+                 full.arch == FSDP2_HF_GPT2 ? "gelu_new" : "silu");
+    cfg = &full;
     FSDP2_CHECK(hf_config_validate(cfg, dir));
     fsdp2_hf_export_options_t o = FSDP2_HF_EXPORT_OPTIONS_INIT;
     if (opts != NULL)
@@ -430,8 +440,9 @@ cleanup:
     return status;
 }
 
-void fsdp2_hf_writer_abort(fsdp2_hf_writer_t *w)
+fsdp2_status_t fsdp2_hf_writer_abort(fsdp2_hf_writer_t *w)
 {
     if (w != NULL)
         writer_free(w);
+    return FSDP2_SUCCESS;
 }

@@ -4,12 +4,10 @@
  * configs, tensor lists and shapes, row reads in pieces into f32 and bf16, exports read
  * back, and every refusal with its message. HF_FIXTURES_DIR names the fixtures. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,259 +23,11 @@
 #include "core/fault.h"
 
 #include "../core/check_main.h"
-
-#define ASSERT_OK(call)                                                                      \
-    do {                                                                                     \
-        fsdp2_status_t assert_ok_s_ = (call);                                                \
-        ck_assert_msg(assert_ok_s_ == FSDP2_SUCCESS, "%s = %s (%s)", #call,                  \
-                      fsdp2_status_name(assert_ok_s_), fsdp2_last_error());                  \
-    } while (0)
-
-#define ASSERT_REFUSED(call, want, needle)                                                   \
-    do {                                                                                     \
-        fsdp2_status_t refused_s_ = (call);                                                  \
-        ck_assert_msg(refused_s_ == (want) && strstr(fsdp2_last_error(), (needle)) != NULL,  \
-                      "%s = %s (%s), want %s naming '%s'", #call, fsdp2_status_name(refused_s_), \
-                      fsdp2_last_error(), fsdp2_status_name(want), (needle));                \
-    } while (0)
+#include "hf_fixtures.h"
 
 static const char *const FIXTURES[] = {"gpt2-f32", "gpt2-hub-bf16-sharded", "llama-f32",
                                        "llama-bf16"};
 #define NUM_FIXTURES (sizeof(FIXTURES) / sizeof(FIXTURES[0]))
-
-/* ---------------------------------------------------------------------------------- */
-/* Paths and a scratch directory                                                       */
-
-static char scratch[256];
-
-static const char *fixture(const char *name)
-{
-    static char path[4][512];
-    static int turn;
-    const char *dir = getenv("HF_FIXTURES_DIR");
-    ck_assert_msg(dir != NULL, "HF_FIXTURES_DIR is not set");
-    char *p = path[turn++ % 4];
-    snprintf(p, 512, "%s/%s", dir, name);
-    return p;
-}
-
-static const char *in_scratch(const char *name)
-{
-    static char path[4][512];
-    static int turn;
-    char *p = path[turn++ % 4];
-    snprintf(p, 512, "%s/%s", scratch, name);
-    return p;
-}
-
-static void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d == NULL) {
-        unlink(path);
-        return;
-    }
-    struct dirent *e;
-    char child[1024];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(child, sizeof(child), "%s/%s", path, e->d_name);
-        struct stat st;
-        if (lstat(child, &st) == 0 && S_ISDIR(st.st_mode))
-            remove_tree(child);
-        else
-            unlink(child);
-    }
-    closedir(d);
-    rmdir(path);
-}
-
-static void scratch_setup(void)
-{
-    const char *tmp = getenv("TMPDIR");
-    snprintf(scratch, sizeof(scratch), "%s/hf_test_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    ck_assert_msg(mkdtemp(scratch) != NULL, "mkdtemp %s: %s", scratch, strerror(errno));
-}
-
-static void scratch_teardown(void)
-{
-    remove_tree(scratch);
-}
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
-}
-
-static void copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    ck_assert_msg(in != NULL && out != NULL, "copy %s -> %s: %s", from, to, strerror(errno));
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
-        ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
-    fclose(in);
-    ck_assert_int_eq(fclose(out), 0);
-}
-
-/* A copy of a fixture directory in the scratch directory; returns its path. */
-static const char *copy_fixture(const char *name, const char *as)
-{
-    const char *from = fixture(name);
-    static char to[512];
-    snprintf(to, sizeof(to), "%s/%s", scratch, as);
-    ck_assert_int_eq(mkdir(to, 0755), 0);
-    DIR *d = opendir(from);
-    ck_assert_ptr_nonnull(d);
-    struct dirent *e;
-    char a[1024], b[1024];
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(a, sizeof(a), "%s/%s", from, e->d_name);
-        snprintf(b, sizeof(b), "%s/%s", to, e->d_name);
-        copy_file(a, b);
-    }
-    closedir(d);
-    return to;
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(text, 1, (size_t)n, f), (size_t)n);
-    text[n] = '\0';
-    fclose(f);
-    return text;
-}
-
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
-/* Replaces the first `from` in a file by `to`. */
-static void edit_file(const char *path, const char *from, const char *to)
-{
-    char *text = slurp(path);
-    char *at = strstr(text, from);
-    ck_assert_msg(at != NULL, "%s has no '%s'", path, from);
-    size_t len = strlen(text) - strlen(from) + strlen(to) + 1;
-    char *out = malloc(len);
-    snprintf(out, len, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
-    write_text(path, out);
-    free(out);
-    free(text);
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Rewriting a safetensors file, with one change                                       */
-
-typedef struct change {
-    const char *drop;    /* leave this tensor out */
-    const char *retype;  /* store this F32 tensor as I32 (same bytes) */
-    const char *poison;  /* set element poison_index of this F32 tensor to poison_value */
-    size_t poison_index;
-    float poison_value;
-    const char *extra;   /* add a [2] F32 tensor of this name */
-} change_t;
-
-static void rewrite(const char *path, const change_t *c)
-{
-    char from[600];
-    snprintf(from, sizeof(from), "%s.orig", path);
-    ck_assert_int_eq(rename(path, from), 0);
-    st_file_t f;
-    ASSERT_OK(st_open(from, &f));
-    st_writer_t *w;
-    ASSERT_OK(st_writer_create(path, &w));
-    for (size_t i = 0; i < f.num_entries; i++) {
-        const st_entry_t *e = &f.entries[i];
-        if (c->drop && strcmp(e->name, c->drop) == 0)
-            continue;
-        fsdp2_dtype_t dtype = c->retype && strcmp(e->name, c->retype) == 0 ? FSDP2_I32 : e->dtype;
-        ASSERT_OK(st_writer_add(w, e->name, dtype, e->ndim, e->shape));
-    }
-    int64_t two = 2;
-    if (c->extra)
-        ASSERT_OK(st_writer_add(w, c->extra, FSDP2_F32, 1, &two));
-    ASSERT_OK(st_writer_begin(w, NULL));
-    /* The writer takes the tensors in the order added: the entries' (offset) order. */
-    for (size_t i = 0; i < f.num_entries; i++) {
-        const st_entry_t *e = &f.entries[i];
-        if (c->drop && strcmp(e->name, c->drop) == 0)
-            continue;
-        size_t bytes = (size_t)(e->end - e->begin);
-        unsigned char *buf = malloc(bytes + 1);
-        ASSERT_OK(st_read(&f, e, 0, buf, bytes));
-        if (c->poison && strcmp(e->name, c->poison) == 0)
-            memcpy(buf + 4 * c->poison_index, &c->poison_value, 4);
-        ASSERT_OK(st_writer_write(w, buf, bytes));
-        free(buf);
-    }
-    float extra[2] = {1, 2};
-    if (c->extra)
-        ASSERT_OK(st_writer_write(w, extra, sizeof(extra)));
-    ASSERT_OK(st_writer_finish(w));
-    st_close(&f);
-    unlink(from);
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* Reference values                                                                    */
-
-typedef struct expected {
-    char name[128];
-    int64_t rows, cols;
-    double sum, wsum, first, last;
-} expected_t;
-
-static size_t load_expected(const char *name, expected_t *out, size_t cap)
-{
-    char path[600];
-    snprintf(path, sizeof(path), "%s.expected", fixture(name));
-    FILE *f = fopen(path, "r");
-    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-    char line[512];
-    size_t n = 0;
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (line[0] == '#')
-            continue;
-        ck_assert_uint_lt(n, cap);
-        expected_t *e = &out[n++];
-        ck_assert_int_eq(sscanf(line, "%127s %" SCNd64 " %" SCNd64 " %lf %lf %lf %lf", e->name,
-                                &e->rows, &e->cols, &e->sum, &e->wsum, &e->first, &e->last),
-                         7);
-    }
-    fclose(f);
-    return n;
-}
-
-static const expected_t *find_expected(const expected_t *e, size_t n, const char *name)
-{
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(e[i].name, name) == 0)
-            return &e[i];
-    return NULL;
-}
 
 static void summarize(const float *v, size_t n, double *sum, double *wsum)
 {
@@ -339,8 +89,9 @@ START_TEST(every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces
             summarize(v, n, &sum, &wsum);
             expect_close("sum", t.name, sum, e->sum);
             expect_close("weighted sum", t.name, wsum, e->wsum);
-            ck_assert_msg(v[0] == e->first && v[n - 1] == e->last, "%s: first %g last %g, want %g %g",
-                          t.name, v[0], v[n - 1], e->first, e->last);
+            ck_assert_msg(v[0] == e->first && v[n - 1] == e->last,
+                          "%s: first %g last %g, want %g %g", t.name, v[0], v[n - 1], e->first,
+                          e->last);
             if (p == 0)
                 whole = v;
             else
@@ -367,6 +118,37 @@ START_TEST(every_fixture_has_its_tensors_and_the_reference_values_read_in_pieces
     ASSERT_REFUSED(fsdp2_hf_model_read(m, t0.name, t0.shape[0], 1, FSDP2_F32, &(float){0}),
                    FSDP2_ERR_INVALID_ARGUMENT, t0.name);
     ASSERT_OK(fsdp2_hf_model_close(m));
+}
+END_TEST
+
+/* F16 files (no fixture has them: transformers writes F32 and BF16 alike): llama-f32
+ * with every tensor rounded to F16 reads back as the F16 rounding of the original. */
+START_TEST(f16_files_read_as_their_values)
+{
+    const char *dir = copy_fixture("llama-f32", "f16");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.to_f16 = 1});
+    fsdp2_hf_model_t *m, *f32;
+    ASSERT_OK(fsdp2_hf_model_open(dir, &m));
+    ASSERT_OK(fsdp2_hf_model_open(fixture("llama-f32"), &f32));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t;
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+        ck_assert_int_eq(t.file_dtype, FSDP2_F16);
+        size_t n = (size_t)(t.shape[0] * t.shape[1]);
+        float *got = read_pieces(m, &t, 5), *orig = read_pieces(f32, &t, t.shape[0]);
+        for (size_t k = 0; k < n; k++) {
+            float want = fsdp2_f16_to_f32(fsdp2_f32_to_f16(orig[k]));
+            ck_assert_msg(got[k] == want, "%s[%zu]: %g, want %g", t.name, k, got[k], want);
+        }
+        free(got);
+        free(orig);
+    }
+    ASSERT_OK(fsdp2_hf_model_close(m));
+    ASSERT_OK(fsdp2_hf_model_close(f32));
 }
 END_TEST
 
@@ -484,7 +266,8 @@ START_TEST(an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded)
             size_t n = (size_t)(t.shape[0] * t.shape[1]);
             float *x = read_pieces(m, &t, t.shape[0]), *y = read_pieces(back, &u, 2);
             for (size_t e = 0; e < n; e++) {
-                float want = ways[k].dtype == FSDP2_F32 ? x[e] : fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(x[e]));
+                float want =
+                    ways[k].dtype == FSDP2_F32 ? x[e] : fsdp2_bf16_to_f32(fsdp2_f32_to_bf16(x[e]));
                 ck_assert_msg(y[e] == want, "%s %s[%zu]: %g, wrote %g", ways[k].dir, t.name, e,
                               y[e], want);
             }
@@ -540,6 +323,13 @@ START_TEST(an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused)
     cfg.num_kv_heads = 3;
     ASSERT_REFUSED(fsdp2_hf_writer_create(in_scratch("bad"), &cfg, NULL, &w), FSDP2_ERR_CORRUPT,
                    "num_key_value_heads 3");
+    /* What config.json may leave out, a caller may leave zero. */
+    fsdp2_hf_config_t lean = cfg;
+    lean.num_kv_heads = lean.head_dim = 0;
+    lean.hidden_act[0] = '\0';
+    ASSERT_OK(fsdp2_hf_writer_create(in_scratch("lean"), &lean, NULL, &w));
+    fsdp2_hf_writer_abort(w);
+    ck_assert_int_eq(count_entries(scratch), 2);
 }
 END_TEST
 
@@ -633,8 +423,8 @@ START_TEST(configs_outside_what_is_supported_are_refused_naming_the_field)
          "type 'yarn' is not supported", FSDP2_ERR_UNSUPPORTED},
         {"llama-f32", "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias true is not supported",
          FSDP2_ERR_UNSUPPORTED},
-        {"llama-f32", "\"hidden_size\": 32", "\"hidden_sizes\": 32", "field 'hidden_size' is missing",
-         FSDP2_ERR_CORRUPT},
+        {"llama-f32", "\"hidden_size\": 32", "\"hidden_sizes\": 32",
+         "field 'hidden_size' is missing", FSDP2_ERR_CORRUPT},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char as[32];
@@ -690,6 +480,69 @@ START_TEST(a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it)
     expect_open_refused(dir, FSDP2_ERR_DTYPE_MISMATCH,
                         "tensor 'transformer.h.0.attn.c_proj.weight' has dtype I32 (F32, BF16 or "
                         "F16 expected)");
+}
+END_TEST
+
+/* A tied head stored anyway is checked for shape and ignored; a tensor stored under
+ * both GPT-2 spellings is refused; overlapping, negative, non-integer and out-of-range
+ * data_offsets are refused by the safetensors reader, naming the file. */
+START_TEST(a_stored_tied_head_is_ignored_and_duplicates_and_bad_offsets_are_refused)
+{
+    const char *dir = copy_fixture("gpt2-f32", "head");
+    char st[600];
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "lm_head.weight", .extra_shape = {261, 32}});
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(dir, &m));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    ck_assert_uint_eq(count, 2 + 12 * 2 + 2); /* no head of its own */
+    ASSERT_OK(fsdp2_hf_model_close(m));
+
+    dir = copy_fixture("gpt2-f32", "bad-head");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "lm_head.weight", .extra_shape = {260, 32}});
+    expect_open_refused(dir, FSDP2_ERR_SHAPE_MISMATCH,
+                        "'lm_head.weight' has shape [260, 32]");
+    ck_assert_msg(strstr(fsdp2_last_error(), "tied") != NULL, "%s", fsdp2_last_error());
+
+    dir = copy_fixture("gpt2-f32", "twice");
+    snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+    rewrite(st, &(change_t){.extra = "ln_f.bias", .extra_shape = {32, 0}});
+    expect_open_refused(dir, FSDP2_ERR_CORRUPT, "stored twice");
+
+    /* Headers the safetensors reader refuses, in a model directory. */
+    static const struct {
+        const char *json, *needle;
+    } headers[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         "'b': data_offsets [4, 12] overlap tensor 'a'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[-4,8]}}",
+         "'a': data_offsets is not [begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12.5]}}",
+         "'a': data_offsets is not [begin, end]"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+         "'a': data_offsets [0, 16] are reversed or pass the end"},
+    };
+    for (size_t k = 0; k < sizeof(headers) / sizeof(headers[0]); k++) {
+        char as[16];
+        snprintf(as, sizeof(as), "header%zu", k);
+        dir = copy_fixture("llama-bf16", as);
+        snprintf(st, sizeof(st), "%s/model.safetensors", dir);
+        size_t len = strlen(headers[k].json);
+        unsigned char prefix[8];
+        for (int b = 0; b < 8; b++)
+            prefix[b] = (unsigned char)((uint64_t)len >> (8 * b));
+        FILE *f = fopen(st, "wb");
+        ck_assert_ptr_nonnull(f);
+        fwrite(prefix, 1, 8, f);
+        fputs(headers[k].json, f);
+        fwrite("\0\0\0\0\0\0\0\0\0\0\0\0", 1, 12, f); /* 12 bytes of data */
+        ck_assert_int_eq(fclose(f), 0);
+        expect_open_refused(dir, FSDP2_ERR_CORRUPT, headers[k].needle);
+        ck_assert_msg(strstr(fsdp2_last_error(), st) != NULL, "%s", fsdp2_last_error());
+    }
 }
 END_TEST
 
@@ -772,6 +625,36 @@ START_TEST(a_fifo_a_directory_or_a_damaged_file_is_refused_at_once)
 }
 END_TEST
 
+/* config.json and the index cut at every byte: refused (never a crash, never a model
+ * from half a file), except where the cut leaves the JSON whole. */
+START_TEST(config_and_index_cut_at_every_byte_are_refused)
+{
+    const char *names[2] = {"config.json", "model.safetensors.index.json"};
+    for (int k = 0; k < 2; k++) {
+        const char *dir = copy_fixture("gpt2-hub-bf16-sharded", k ? "cut-index" : "cut-config");
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+        char *whole = slurp(path);
+        size_t len = strlen(whole);
+        while (len > 0 && (whole[len - 1] == '\n' || whole[len - 1] == ' '))
+            len--; /* cuts in the trailing whitespace leave the JSON whole */
+        for (size_t cut = 0; cut < len; cut++) {
+            FILE *f = fopen(path, "wb");
+            fwrite(whole, 1, cut, f);
+            fclose(f);
+            fsdp2_hf_model_t *m = NULL;
+            fsdp2_status_t s = fsdp2_hf_model_open(dir, &m);
+            ck_assert_msg(s != FSDP2_SUCCESS && m == NULL, "%s cut at %zu of %zu opened", names[k],
+                          cut, len);
+            ck_assert_msg(strstr(fsdp2_last_error(), names[k]) != NULL, "cut at %zu: %s", cut,
+                          fsdp2_last_error());
+        }
+        write_text(path, whole);
+        free(whole);
+    }
+}
+END_TEST
+
 START_TEST(an_index_that_disagrees_with_its_files_is_refused)
 {
     const char *dir = copy_fixture("gpt2-hub-bf16-sharded", "shard-missing");
@@ -796,7 +679,8 @@ START_TEST(an_index_that_disagrees_with_its_files_is_refused)
 
     dir = copy_fixture("gpt2-hub-bf16-sharded", "escape");
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-    edit_file(path, "\"model-00001-of-00003.safetensors\"", "\"../model-00001-of-00003.safetensors\"");
+    edit_file(path, "\"model-00001-of-00003.safetensors\"",
+              "\"../model-00001-of-00003.safetensors\"");
     expect_open_refused(dir, FSDP2_ERR_CORRUPT, "is not a file in the directory");
 }
 END_TEST
@@ -819,11 +703,15 @@ static Suite *hf_model_suite(void)
     suite_add_tcase(s, write);
     TCase *bad = tcase_create("refused");
     tcase_add_checked_fixture(bad, scratch_setup, scratch_teardown);
+    tcase_add_test(bad, f16_files_read_as_their_values);
     tcase_add_test(bad, configs_outside_what_is_supported_are_refused_naming_the_field);
     tcase_add_test(bad, a_missing_an_unexpected_or_a_misshapen_tensor_is_refused_naming_it);
+    tcase_add_test(bad, a_stored_tied_head_is_ignored_and_duplicates_and_bad_offsets_are_refused);
     tcase_add_test(bad, nan_and_inf_are_refused_naming_the_tensor_and_the_first_index);
     tcase_add_test(bad, a_fifo_a_directory_or_a_damaged_file_is_refused_at_once);
     tcase_add_test(bad, an_index_that_disagrees_with_its_files_is_refused);
+    tcase_add_test(bad, config_and_index_cut_at_every_byte_are_refused);
+    tcase_set_timeout(bad, 120);
     suite_add_tcase(s, bad);
     return s;
 }
