@@ -149,6 +149,11 @@ FSDP2_API fsdp2_status_t fsdp2_hf_writer_next(const fsdp2_hf_writer_t *writer,
  * (converted, transposed) before the call returns. */
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_write(fsdp2_hf_writer_t *writer, const char *name,
                                                fsdp2_dtype_t src_dtype, const void *data);
+/* Adds a file beside the weights (tokenizer.json, generation_config.json): len bytes of
+ * data, copied before the call returns. name is a plain file name other than the
+ * config's and the weights'; an existing one is refused. */
+FSDP2_API fsdp2_status_t fsdp2_hf_writer_add_file(fsdp2_hf_writer_t *writer, const char *name,
+                                                  const void *data, size_t len);
 /* Once every tensor is written: syncs the files and renames the directory into place.
  * Frees the writer whatever the result; on failure nothing is left behind. */
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_finish(fsdp2_hf_writer_t *writer);

@@ -86,7 +86,7 @@ static void remove_tmp(fsdp2_hf_writer_t *w)
     w->tmp = NULL;
 }
 
-static fsdp2_status_t write_small_file(const char *dir, const char *name, const char *text)
+static fsdp2_status_t write_file(const char *dir, const char *name, const char *text, size_t len)
 {
     char *path = join(dir, name);
     if (path == NULL)
@@ -97,7 +97,7 @@ static fsdp2_status_t write_small_file(const char *dir, const char *name, const 
         status = fsdp2_error(FSDP2_ERR_IO, "%s: create: %s", path, strerror(errno));
         goto cleanup;
     }
-    size_t len = strlen(text), done = 0;
+    size_t done = 0;
     while (done < len) {
         if (fsdp2_fault_hit(FAULT_IO)) {
             status = fsdp2_fault_error(FAULT_IO, "write");
@@ -118,6 +118,11 @@ static fsdp2_status_t write_small_file(const char *dir, const char *name, const 
 cleanup:
     free(path);
     return status;
+}
+
+static fsdp2_status_t write_small_file(const char *dir, const char *name, const char *text)
+{
+    return write_file(dir, name, text, strlen(text));
 }
 
 /* The target must not exist, or be an empty directory; its parent must be a directory. */
@@ -402,6 +407,26 @@ fsdp2_status_t fsdp2_hf_writer_write(fsdp2_hf_writer_t *w, const char *name,
         w->file = NULL;
         remove_tmp(w);
     }
+    return status;
+}
+
+fsdp2_status_t fsdp2_hf_writer_add_file(fsdp2_hf_writer_t *w, const char *name, const void *data,
+                                        size_t len)
+{
+    FSDP2_ARG_CHECK(w != NULL && name != NULL && (data != NULL || len == 0),
+                    "fsdp2_hf_writer_add_file: writer, name or data is NULL");
+    static const char *const own[] = {"config.json", "model.safetensors",
+                                      "model.safetensors.index.json"};
+    int taken = strncmp(name, "model-", 6) == 0;
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
+        taken |= strcmp(name, own[i]) == 0;
+    FSDP2_ARG_CHECK(!taken && name[0] != '\0' && name[0] != '.' && strchr(name, '/') == NULL,
+                    "%s: '%s' is not a file name the writer leaves free (no path, not the "
+                    "config or the weights)", w->dir, name);
+    FSDP2_ARG_CHECK(!w->failed, "%s: an earlier write failed", w->dir);
+    fsdp2_status_t status = write_file(w->tmp, name, data, len);
+    if (status != FSDP2_SUCCESS)
+        w->failed = 1;
     return status;
 }
 

@@ -293,6 +293,42 @@ START_TEST(an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded)
 }
 END_TEST
 
+START_TEST(a_file_added_beside_the_weights_lands_with_them_and_reserved_names_are_refused)
+{
+    fsdp2_hf_model_t *m;
+    ASSERT_OK(fsdp2_hf_model_open(fixture("llama-f32"), &m));
+    fsdp2_hf_config_t cfg = FSDP2_HF_CONFIG_INIT;
+    ASSERT_OK(fsdp2_hf_model_config(m, &cfg));
+    const char *dir = in_scratch("with-tokenizer"), text[] = "{\"model\": {\"type\": \"BPE\"}}";
+    fsdp2_hf_writer_t *w;
+    ASSERT_OK(fsdp2_hf_writer_create(dir, &cfg, NULL, &w));
+    const char *reserved[] = {"config.json", "model.safetensors", "model-00001-of-00002.safetensors",
+                              "model.safetensors.index.json", "../escape", "a/b", ".hidden", ""};
+    for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+        ASSERT_REFUSED(fsdp2_hf_writer_add_file(w, reserved[i], text, 3),
+                       FSDP2_ERR_INVALID_ARGUMENT, "not a file name the writer leaves free");
+    ASSERT_OK(fsdp2_hf_writer_add_file(w, "tokenizer.json", text, sizeof(text) - 1));
+    size_t count;
+    ASSERT_OK(fsdp2_hf_model_num_tensors(m, &count));
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t;
+        ASSERT_OK(fsdp2_hf_model_tensor(m, i, &t));
+        float *v = read_pieces(m, &t, t.shape[0]);
+        ASSERT_OK(fsdp2_hf_writer_write(w, t.name, FSDP2_F32, v));
+        free(v);
+    }
+    ASSERT_OK(fsdp2_hf_writer_finish(w));
+    char path[600], back[64] = {0};
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(back, 1, sizeof(back) - 1, f), sizeof(text) - 1);
+    fclose(f);
+    ck_assert_str_eq(back, text);
+    ASSERT_OK(fsdp2_hf_model_close(m));
+}
+END_TEST
+
 START_TEST(an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused)
 {
     fsdp2_hf_config_t cfg = FSDP2_HF_CONFIG_INIT;
@@ -698,6 +734,8 @@ static Suite *hf_model_suite(void)
     tcase_add_loop_test(write, an_export_reads_back_equal_in_f32_and_bf16_one_file_and_sharded, 0,
                         NUM_FIXTURES);
     tcase_add_test(write, an_export_into_a_missing_parent_or_a_non_empty_directory_is_refused);
+    tcase_add_test(write,
+                   a_file_added_beside_the_weights_lands_with_them_and_reserved_names_are_refused);
     tcase_add_test(write, an_injected_failure_anywhere_in_an_export_leaves_nothing);
     tcase_set_timeout(write, 120);
     suite_add_tcase(s, write);
