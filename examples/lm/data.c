@@ -10,9 +10,9 @@
 
 #include "data.h"
 
-/* Appends file path to *buf, dropping "%" lines. */
-static int append_file(const char *path, uint8_t **buf, size_t *n, size_t *cap, char *err,
-                       size_t len)
+/* Appends file path to *buf, dropping "%" lines when fortunes (a directory's files). */
+static int append_file(const char *path, int fortunes, uint8_t **buf, size_t *n, size_t *cap,
+                       char *err, size_t len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -22,7 +22,7 @@ static int append_file(const char *path, uint8_t **buf, size_t *n, size_t *cap, 
     char line[4096];
     while (fgets(line, sizeof(line), f)) {
         size_t k = strlen(line);
-        if (!strcmp(line, "%\n") || !strcmp(line, "%"))
+        if (fortunes && (!strcmp(line, "%\n") || !strcmp(line, "%")))
             continue;
         if (*n + k > *cap) {
             size_t want = *cap ? *cap * 2 : 1 << 20;
@@ -49,9 +49,9 @@ static int by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
+/* The corpus's bytes, as described in data.h. */
+static int load_bytes(const char *path, uint8_t **out, size_t *count, char *err, size_t len)
 {
-    memset(text, 0, sizeof(*text));
     struct stat st;
     if (stat(path, &st)) {
         snprintf(err, len, "cannot read %s: %s (the default corpus is Debian's fortunes "
@@ -60,8 +60,13 @@ int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
     }
     size_t cap = 0, n = 0;
     uint8_t *bytes = NULL;
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        snprintf(err, len, "%s is neither a regular file nor a directory (a FIFO, a device?)",
+                 path);
+        return -1;
+    }
     if (!S_ISDIR(st.st_mode)) {
-        if (append_file(path, &bytes, &n, &cap, err, len)) {
+        if (append_file(path, 0, &bytes, &n, &cap, err, len)) {
             free(bytes);
             return -1;
         }
@@ -100,7 +105,7 @@ int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
         }
         for (size_t i = 0; i < count; i++) {
             if (!rc)
-                rc = append_file(names[i], &bytes, &n, &cap, err, len);
+                rc = append_file(names[i], 1, &bytes, &n, &cap, err, len);
             free(names[i]);
         }
         free(names);
@@ -109,17 +114,99 @@ int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
             return -1;
         }
     }
-    text->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
-    if (!text->tokens) {
+    *out = bytes;
+    *count = n;
+    return 0;
+}
+
+/* The tokenizer's ids of the corpus: a file through the library's token cache, a
+ * directory's concatenation in memory. */
+static int encode(lm_text_t *text, const char *path, const char *cache, char *err, size_t len)
+{
+    struct stat st;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    fsdp2_status_t s;
+    int file = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    if (file) {
+        s = fsdp2_tokenizer_encode_file(text->tok, path, cache, 0, &ids, &n, NULL);
+    } else {
+        uint8_t *bytes;
+        size_t count;
+        if (load_bytes(path, &bytes, &count, err, len))
+            return -1;
+        s = fsdp2_tokenizer_encode(text->tok, (const char *)bytes, count, 0, NULL, 0, &n);
+        ids = s == FSDP2_SUCCESS ? malloc(sizeof(*ids) * (n ? n : 1)) : NULL;
+        if (s == FSDP2_SUCCESS && !ids)
+            s = FSDP2_ERR_OUT_OF_MEMORY;
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_tokenizer_encode(text->tok, (const char *)bytes, count, 0, ids, n, &n);
         free(bytes);
-        snprintf(err, len, "out of memory holding the %zu bytes of %s as tokens", n, path);
+    }
+    if (s != FSDP2_SUCCESS) {
+        snprintf(err, len, "tokenizing %s: %s", path, fsdp2_last_error());
+        if (file)
+            fsdp2_tokenizer_ids_free(ids);
+        else
+            free(ids);
         return -1;
     }
-    for (size_t i = 0; i < n; i++)
-        text->tokens[i] = bytes[i];
-    free(bytes);
+    text->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
+    if (text->tokens)
+        for (size_t i = 0; i < n; i++)
+            text->tokens[i] = (int32_t)ids[i];
+    if (file)
+        fsdp2_tokenizer_ids_free(ids);
+    else
+        free(ids);
+    if (!text->tokens) {
+        snprintf(err, len, "out of memory holding the %zu tokens of %s", n, path);
+        return -1;
+    }
     text->n = n;
-    text->vocab = 256;
+    return 0;
+}
+
+int lm_text_load(const char *path, const char *tokenizer, const char *cache, lm_text_t *text,
+                 char *err, size_t len)
+{
+    memset(text, 0, sizeof(*text));
+    text->bos = text->eos = -1;
+    if (tokenizer) {
+        size_t vocab;
+        uint32_t id;
+        if (fsdp2_tokenizer_load(tokenizer, &text->tok) != FSDP2_SUCCESS ||
+            fsdp2_tokenizer_vocab_size(text->tok, &vocab) != FSDP2_SUCCESS) {
+            snprintf(err, len, "--tokenizer %s: %s", tokenizer, fsdp2_last_error());
+            lm_text_free(text);
+            return -1;
+        }
+        text->vocab = (int)vocab;
+        if (fsdp2_tokenizer_bos_id(text->tok, &id) == FSDP2_SUCCESS)
+            text->bos = id;
+        if (fsdp2_tokenizer_eos_id(text->tok, &id) == FSDP2_SUCCESS)
+            text->eos = id;
+        if (encode(text, path, cache, err, len)) {
+            lm_text_free(text);
+            return -1;
+        }
+    } else {
+        uint8_t *bytes;
+        size_t n;
+        if (load_bytes(path, &bytes, &n, err, len))
+            return -1;
+        text->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
+        if (!text->tokens) {
+            free(bytes);
+            snprintf(err, len, "out of memory holding the %zu bytes of %s as tokens", n, path);
+            return -1;
+        }
+        for (size_t i = 0; i < n; i++)
+            text->tokens[i] = bytes[i];
+        free(bytes);
+        text->n = n;
+        text->vocab = 256;
+    }
     text->train_n = text->n / 10 * 9;
     if (text->train_n < 2 || text->n - text->train_n < 2) {
         snprintf(err, len, "%s holds %zu tokens: too little text", path, text->n);
@@ -132,19 +219,32 @@ int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len)
 void lm_text_free(lm_text_t *text)
 {
     free(text->tokens);
+    fsdp2_tokenizer_destroy(text->tok);
     memset(text, 0, sizeof(*text));
 }
 
 int32_t lm_text_start(const lm_text_t *text)
 {
-    (void)text;
-    return '\n';
+    if (!text->tok)
+        return '\n';
+    if (text->bos >= 0)
+        return (int32_t)text->bos;
+    uint32_t id = 0;
+    size_t n;
+    if (fsdp2_tokenizer_encode(text->tok, "\n", 1, 0, &id, 1, &n) != FSDP2_SUCCESS || n != 1)
+        id = 0; /* "\n" is one byte-level token in every vocabulary of 256 bytes and more */
+    return (int32_t)id;
 }
 
 void lm_text_print(const lm_text_t *text, int32_t id, FILE *out)
 {
-    (void)text;
-    fputc(id, out);
+    char buf[256];
+    size_t n = 0;
+    uint32_t u = (uint32_t)id;
+    if (!text->tok)
+        fputc(id, out);
+    else if (fsdp2_tokenizer_decode(text->tok, &u, 1, 0, buf, sizeof(buf), &n) == FSDP2_SUCCESS)
+        fwrite(buf, 1, n, out);
     fflush(out);
 }
 

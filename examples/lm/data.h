@@ -9,16 +9,23 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <fsdp2/tokenizer.h>
+
 typedef struct lm_text {
     int32_t *tokens;
-    size_t n, train_n; /* [0, train_n) trains, [train_n, n) validates */
-    int vocab;         /* ids lie in [0, vocab) */
+    size_t n, train_n;      /* [0, train_n) trains, [train_n, n) validates */
+    int vocab;              /* ids lie in [0, vocab) */
+    fsdp2_tokenizer_t *tok; /* NULL: the tokens are bytes */
+    int64_t bos, eos;       /* the tokenizer's (-1: none) */
 } lm_text_t;
 
-/* path: a file, or a directory whose regular files (sorted by name) are concatenated;
- * lines that are exactly "%" (fortune's separators) are dropped. The text's bytes become
- * the tokens. Returns 0, or -1 with a message in err. */
-int lm_text_load(const char *path, lm_text_t *text, char *err, size_t len);
+/* path: a file, or a directory whose regular files (sorted by name) are concatenated
+ * with the lines that are exactly "%" (fortune's separators) dropped. tokenizer: a
+ * tokenizer.json whose ids the text becomes, or NULL for its bytes. cache: with a
+ * tokenizer and a file, a directory (or file) for the token cache, or NULL for none.
+ * Returns 0, or -1 with a message in err. */
+int lm_text_load(const char *path, const char *tokenizer, const char *cache, lm_text_t *text,
+                 char *err, size_t len);
 void lm_text_free(lm_text_t *text);
 
 /* The token a sample starts from, and a token printed as the text it stands for. */

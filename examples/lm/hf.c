@@ -121,8 +121,43 @@ static fsdp2_hf_config_t config_of(const lm_config_t *m, int64_t bos, int64_t eo
     return c;
 }
 
-fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, fsdp2_dtype_t dtype,
-                            int64_t bos, int64_t eos)
+/* tokenizer's bytes beside the weights; why gets the reason of a failure. */
+static fsdp2_status_t add_tokenizer(fsdp2_hf_writer_t *w, const char *tokenizer, char *why,
+                                    size_t size)
+{
+    FILE *f = fopen(tokenizer, "rb");
+    if (!f) {
+        snprintf(why, size, "cannot read %s", tokenizer);
+        return FSDP2_ERR_IO;
+    }
+    size_t cap = 1 << 16, n = 0, k;
+    char *buf = malloc(cap);
+    while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += k;
+        if (n == cap) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger)
+                free(buf);
+            buf = bigger;
+        }
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf || failed) {
+        fsdp2_status_t s = buf ? FSDP2_ERR_IO : FSDP2_ERR_OUT_OF_MEMORY;
+        snprintf(why, size, "%s reading %s", buf ? "an I/O error" : "out of memory", tokenizer);
+        free(buf);
+        return s;
+    }
+    fsdp2_status_t s = fsdp2_hf_writer_add_file(w, "tokenizer.json", buf, n);
+    if (s != FSDP2_SUCCESS)
+        snprintf(why, size, "%s", fsdp2_last_error());
+    free(buf);
+    return s;
+}
+
+fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, const char *tokenizer,
+                            fsdp2_dtype_t dtype, int64_t bos, int64_t eos)
 {
     fsdp2_param_t **p;
     size_t n;
@@ -138,6 +173,8 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, fsdp2_dtyp
         status = fsdp2_hf_writer_create(dir, &c, &o, &w);
         if (status != FSDP2_SUCCESS)
             snprintf(why, sizeof(why), "%s", fsdp2_last_error());
+        else if (tokenizer)
+            status = add_tokenizer(w, tokenizer, why, sizeof(why));
     }
     /* every rank takes part in each gather, whatever rank 0's writer did */
     for (size_t i = 0; i < n; i++) {

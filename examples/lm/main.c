@@ -37,7 +37,8 @@
 
 typedef struct args {
     const char *preset, *data, *json, *save, *resume, *export_path, *init_from, *param_dtype;
-    const char *dump_batches, *export_dtype;
+    const char *dump_batches, *export_dtype, *tokenizer, *token_cache;
+    char dir_tokenizer[4096]; /* --model DIR's tokenizer.json, when it has one */
     fsdp2_hf_model_t *hf; /* --init-from, open from parse to setup */
     int64_t bos, eos;     /* the token ids config.json gave (-1: none) */
     lm_config_t cfg;
@@ -83,7 +84,8 @@ static void usage(const char *prog, const char *bad)
             "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
             "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
             "          [--save DIR [--save-every N]] [--resume DIR] [--export DIR]\n"
-            "          [--export-dtype f32|bf16] [--dump-batches FILE]\n"
+            "          [--export-dtype f32|bf16] [--tokenizer tokenizer.json]\n"
+            "          [--token-cache DIR] [--dump-batches FILE]\n"
             "presets: tiny, small, gpt2-124m (GPT-2); llama-tiny, llama-small (Llama-shaped)\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
@@ -179,6 +181,9 @@ static void shape_from_directory(args_t *a, int preset_given, const int flags[5]
     if (flags[4])
         dir.seq = flags[4];
     a->cfg = dir;
+    snprintf(a->dir_tokenizer, sizeof(a->dir_tokenizer), "%s/tokenizer.json", a->init_from);
+    if (!a->tokenizer && access(a->dir_tokenizer, F_OK) == 0)
+        a->tokenizer = a->dir_tokenizer;
     a->preset = a->init_from; /* what the logs and --json name */
 }
 
@@ -264,6 +269,10 @@ static void parse(int argc, char **argv, args_t *a)
             a->export_path = v;
         else if (!strcmp(f, "--export-dtype"))
             a->export_dtype = v;
+        else if (!strcmp(f, "--tokenizer"))
+            a->tokenizer = v;
+        else if (!strcmp(f, "--token-cache"))
+            a->token_cache = v;
         else if (!strcmp(f, "--model") || !strcmp(f, "--init-from"))
             a->init_from = v;
         else if (!strcmp(f, "--dump-batches"))
@@ -384,10 +393,16 @@ static void setup(run_t *r)
     r->local_batch = a->batch / r->ws;
     r->micro = r->local_batch / a->grad_accum;
     char err[1200];
-    if (lm_text_load(a->data, &r->text, err, sizeof(err))) {
+    if (lm_text_load(a->data, a->tokenizer, a->token_cache, &r->text, err, sizeof(err))) {
         fprintf(stderr, "error: %s\n", err);
         exit(1);
     }
+    if (a->tokenizer && !a->init_from) /* a preset takes the tokenizer's vocabulary */
+        a->cfg.vocab = r->text.vocab;
+    if (r->text.bos >= 0 && a->bos < 0)
+        a->bos = r->text.bos;
+    if (r->text.eos >= 0 && a->eos < 0)
+        a->eos = r->text.eos;
     if (r->text.vocab > a->cfg.vocab) {
         fprintf(stderr, "error: %s: the data's tokens need a vocabulary of %d; the model has %d\n",
                 a->data, r->text.vocab, a->cfg.vocab);
@@ -791,7 +806,7 @@ int main(int argc, char **argv)
     if (r.dump)
         fclose(r.dump);
     if (a->export_path &&
-        lm_hf_export(r.model, r.rank, a->export_path,
+        lm_hf_export(r.model, r.rank, a->export_path, a->tokenizer,
                        strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
                        a->eos) != FSDP2_SUCCESS)
         exit(1);
