@@ -113,7 +113,8 @@ FSDP2_API fsdp2_status_t fsdp2_hf_model_tensor(const fsdp2_hf_model_t *model, si
 /* Reads rows [row0, row0 + rows) of a tensor's canonical layout (a vector's elements)
  * into dst, rows x shape[1] elements of dst_dtype (FSDP2_F32 or FSDP2_BF16), converting
  * from the file's dtype (each rank reads only its rows). A NaN or an infinity is refused,
- * naming the tensor and the first such element's flat index in the file's layout. */
+ * naming the tensor and the first such element's flat index in the file's layout; after
+ * an error dst holds an unspecified part of the rows. */
 FSDP2_API fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *model, const char *name,
                                              int64_t row0, int64_t rows,
                                              fsdp2_dtype_t dst_dtype, void *dst);

@@ -434,10 +434,10 @@ fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *m, const char *name, int64_
         uint64_t first = (uint64_t)row0 * (uint64_t)cols, total = (uint64_t)rows * (uint64_t)cols;
         for (uint64_t done = 0; done < total;) {
             size_t n = total - done < chunk ? (size_t)(total - done) : chunk;
-            FSDP2_CHECK_GOTO(read_f32(p, first + done, n, raw, f32), status, cleanup);
-            if (dst_dtype == FSDP2_F32)
-                memcpy((float *)dst + done, f32, n * sizeof(float));
-            else
+            /* An f32 destination is converted into in place: no staging copy. */
+            float *out = dst_dtype == FSDP2_F32 ? (float *)dst + done : f32;
+            FSDP2_CHECK_GOTO(read_f32(p, first + done, n, raw, out), status, cleanup);
+            if (dst_dtype == FSDP2_BF16)
                 FSDP2_CHECK_GOTO(
                     fsdp2_convert((uint16_t *)dst + done, FSDP2_BF16, f32, FSDP2_F32, n), status,
                     cleanup);
