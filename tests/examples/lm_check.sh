@@ -10,10 +10,14 @@
 #   - the Llama trained at ws 2 exports a directory that loads again (ws 1) and exports
 #     the same bytes; exported untrained from 2 ranks (each reading only its rows) and
 #     from 1, the bytes are the same;
-#   - a model_type the library does not build is refused, naming it.
-# usage: lm_check.sh FSDP2RUN LM
+#   - a model_type the library does not build is refused, naming it;
+#   - llama-tiny with the Llama-3-style tokenizer of tests/text trains on its ids at ws 2,
+#     exports the tokenizer and its bos/eos ids with the weights, and a directory holding
+#     a tokenizer.json trains on it without --tokenizer; --token-cache writes a cache the
+#     next run reads, to the same losses; a FIFO as --data is refused at once.
+# usage: lm_check.sh FSDP2RUN LM TOKENIZER_JSON
 set -euo pipefail
-run=$1 lm=$2
+run=$1 lm=$2 tokenizer=$3
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -81,5 +85,35 @@ if "$lm" --model "$work/mistral" "${common[@]}" --steps 1 > "$work/mistral.log" 
     echo "FAIL: a mistral directory was trained"; exit 1
 fi
 grep -q "mistral" "$work/mistral.log" || { cat "$work/mistral.log"; exit 1; }
+# a tokenizer: the preset takes its vocabulary, the export carries it and its bos/eos
+tok=(--preset llama-tiny --data "$here/gpt2_corpus.txt" --seq-len 32 --batch 4 --val-every 0
+     --log-every 1)
+"$run" --nproc-per-node 2 "$lm" "${tok[@]}" --steps 2 --tokenizer "$tokenizer" \
+    --token-cache "$work" --json "$work/tok1.json" --export "$work/tokexp" \
+    > "$work/tok1.log" 2>&1 || { cat "$work/tok1.log"; exit 1; }
+grep -q "vocab 4007" "$work/tok1.log" || { cat "$work/tok1.log"; exit 1; }
+cmp "$tokenizer" "$work/tokexp/tokenizer.json"
+grep -q '"bos_token_id":[[:space:]]*4000' "$work/tokexp/config.json" &&
+    grep -q '"eos_token_id":[[:space:]]*4001' "$work/tokexp/config.json" ||
+    { cat "$work/tokexp/config.json"; exit 1; }
+ls "$work"/gpt2_corpus.txt.*.tokens > /dev/null
+# the cache is read the second time, and the directory's tokenizer.json is found alone
+"$lm" --model "$work/tokexp" --data "$here/gpt2_corpus.txt" --seq-len 32 --batch 4 \
+    --val-every 0 --log-every 1 --steps 2 --token-cache "$work" --json "$work/tok2.json" \
+    > "$work/tok2.log" 2>&1 || { cat "$work/tok2.log"; exit 1; }
+grep -q "vocab 4007" "$work/tok2.log" || { cat "$work/tok2.log"; exit 1; }
+python3 - "$work/tok1.json" <<'PY'
+import json, sys
+losses = [r["train_loss"] for r in json.load(open(sys.argv[1]))["records"]]
+# ids of a 4007-token vocabulary: the first loss is near log(4007) = 8.30
+assert len(losses) == 2 and abs(losses[0] - 8.30) < 0.1, losses
+PY
+# a FIFO as --data: refused at once, not read forever
+mkfifo "$work/fifo"
+if timeout 10 "$lm" "${tok[@]}" --steps 1 --data "$work/fifo" > "$work/fifo.log" 2>&1; then
+    echo "FAIL: a FIFO was read as the corpus"; exit 1
+fi
+grep -q "neither a regular file nor a directory" "$work/fifo.log" || { cat "$work/fifo.log"; exit 1; }
+
 echo "lm: Llama and GPT-2 directories reach PyTorch's losses at ws 1, 2 and 4, bf16 within" \
-     "PyTorch's spread, exports round-trip"
+     "PyTorch's spread, exports round-trip, tokenizers train and travel with the export"
