@@ -30,6 +30,9 @@ static const char USAGE[] =
     "                       [{\"name\": \"lm_head.weight\", \"target\": \"wte.weight\"}]}\n"
     "  --safetensors FILE   a safetensors file's header (names, dtypes, shapes; the tensor\n"
     "                       data is never read); repeat it for a checkpoint in several files\n"
+    "  --model-dir DIR      a Hugging Face model directory (GPT-2, Llama): config.json and\n"
+    "                       the safetensors headers, checked as examples/lm loads them, in\n"
+    "                       the names and layout the library trains them in\n"
     "\n"
     "Mesh and rank:\n"
     "  --ranks N            FSDP over N ranks (default 8)\n"
@@ -224,6 +227,9 @@ int main(int argc, char **argv)
             have_model = 1;
         } else if (TAKE("--safetensors")) {
             load_safetensors(&model, v);
+            have_model = 1;
+        } else if (TAKE("--model-dir")) {
+            load_model_dir(&model, v);
             have_model = 1;
         } else if (TAKE("--ranks")) {
             replicas = 1;

@@ -315,6 +315,35 @@ void load_safetensors(model_t *m, const char *path)
     snprintf(m->source + used, sizeof(m->source) - used, "%s%s", used ? " + " : "", path);
 }
 
+/* A Hugging Face model directory through the library's reader: config.json and the
+ * safetensors headers (or the index and its shards' headers), never the tensor data; the
+ * parameters in the library's canonical names, order and [out, in] layout, the tied head
+ * as a tie, each in the file's dtype. */
+void load_model_dir(model_t *m, const char *dir)
+{
+    fsdp2_hf_model_t *hf;
+    fsdp2_hf_config_t c = FSDP2_HF_CONFIG_INIT;
+    size_t count;
+    if (fsdp2_hf_model_open(dir, &hf) != FSDP2_SUCCESS)
+        DIE("--model-dir %s: %s", dir, fsdp2_last_error());
+    CHECK(fsdp2_hf_model_config(hf, &c));
+    CHECK(fsdp2_hf_model_num_tensors(hf, &count));
+    for (size_t i = 0; i < count; i++) {
+        fsdp2_hf_tensor_info_t t;
+        CHECK(fsdp2_hf_model_tensor(hf, i, &t));
+        add_param(m, t.name, t.ndim, t.shape, t.file_dtype);
+    }
+    if (c.tie_word_embeddings)
+        add_tie(m, "lm_head.weight",
+                c.arch == FSDP2_HF_LLAMA ? "model.embed_tokens.weight" : "wte.weight");
+    m->layers = (int)c.num_layers;
+    m->hidden = (int)c.hidden_size;
+    m->heads = (int)c.num_heads;
+    CHECK(fsdp2_hf_model_close(hf));
+    size_t used = strlen(m->source);
+    snprintf(m->source + used, sizeof(m->source) - used, "%s%s", used ? " + " : "", dir);
+}
+
 /* ---- the module tree ---- */
 
 /* The module at dotted `path` (created with its parents on demand). */

@@ -56,6 +56,7 @@ extern const size_t PRESET_COUNT;
 void load_preset(model_t *m, const char *name);
 void load_json(model_t *m, const char *path);
 void load_safetensors(model_t *m, const char *path);
+void load_model_dir(model_t *m, const char *dir);
 
 typedef struct tree {
     fsdp2_module_t *root;

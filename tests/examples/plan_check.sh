@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fsdp2-plan: the presets have the published parameter counts; its plan of GPT-2 tiny is
 # what examples/lm measures when it trains for real at 2, 3 and 4 ranks (parameters,
-# gradients and optimizer state plus FSDP's buffers, rank 0), to the byte; a safetensors
+# gradients and optimizer state plus FSDP's buffers, rank 0), to the byte, and so is its
+# plan of a Hugging Face Llama directory (--model-dir); a safetensors
 # file is read from its header alone; the JSON model format; bad input is refused naming
 # it, with exit status 2.
 set -euo pipefail
@@ -35,6 +36,20 @@ for n in 2 3 4; do
     planned=$("$plan" --model gpt2-tiny --ranks "$n" --keep-last --json-out | field "d['memory']['total']")
     [ "$real" = "$planned" ] || fail "ws $n: planned $planned bytes, the run measured $real"
     echo "gpt2-tiny at $n ranks: planned = measured = $real bytes"
+done
+
+# A Hugging Face model directory (transformers' own tiny Llama: GQA, an untied head): the
+# plan from config.json and the headers equals examples/lm's measured run on it.
+llama_dir=$(dirname "$GPT2_CORPUS")/lm-init/llama
+for n in 2 3; do
+    "$fsdp2run" --nproc-per-node "$n" "$gpt2" --model "$llama_dir" --steps 1 --batch 6 \
+        --seq-len 32 --data "$GPT2_CORPUS" --json "$tmp/llama$n.json" >"$tmp/llama$n.log" 2>&1 ||
+        { cat "$tmp/llama$n.log"; fail "examples/lm --model at $n ranks"; }
+    real=$(field "d['records'][-1]['state_bytes'] + d['records'][-1]['fsdp_bytes']" <"$tmp/llama$n.json")
+    planned=$("$plan" --model-dir "$llama_dir" --ranks "$n" --keep-last --json-out |
+              field "d['memory']['total']")
+    [ "$real" = "$planned" ] || fail "llama dir at ws $n: planned $planned bytes, the run measured $real"
+    echo "llama directory at $n ranks: planned = measured = $real bytes"
 done
 
 # A safetensors file: the exported model, then its header alone (the data cut off).
