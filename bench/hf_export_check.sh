@@ -27,12 +27,12 @@ gpt2=$PWD/build/examples/lm
 if [ -x "$gpt2" ]; then
     for f in gpt2-f32 gpt2-hub-bf16-sharded; do
         "$PWD/build/tools/fsdp2run" --nproc-per-node 2 "$gpt2" --steps 0 --val-every 0 \
-            --data tests/examples/lm_corpus.txt --init-from "tests/checkpoint/hf/$f" \
+            --data tests/examples/gpt2_corpus.txt --init-from "tests/checkpoint/hf/$f" \
             --export "$work/example-$f" > /dev/null
         pairs+=("tests/checkpoint/hf/$f" "$work/example-$f")
     done
     # and its forward: the first loss from the hub-layout fixture against transformers'
-    "$gpt2" --steps 1 --batch 4 --val-every 0 --data tests/examples/lm_corpus.txt \
+    "$gpt2" --steps 1 --batch 4 --val-every 0 --data tests/examples/gpt2_corpus.txt \
         --init-from tests/checkpoint/hf/gpt2-hub-bf16-sharded --dump-batches "$work/batches" \
         --json "$work/loss.json" > /dev/null
     pairs+=(--loss tests/checkpoint/hf/gpt2-hub-bf16-sharded "$work/batches.0" "$work/loss.json")
