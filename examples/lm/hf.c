@@ -121,13 +121,13 @@ static fsdp2_hf_config_t config_of(const lm_config_t *m, int64_t bos, int64_t eo
     return c;
 }
 
-/* tokenizer's bytes beside the weights; why gets the reason of a failure. */
-static fsdp2_status_t add_tokenizer(fsdp2_hf_writer_t *w, const char *tokenizer, char *why,
-                                    size_t size)
+/* The file at path beside the weights, as name; why gets the reason of a failure. */
+static fsdp2_status_t add_file(fsdp2_hf_writer_t *w, const char *name, const char *path,
+                               char *why, size_t size)
 {
-    FILE *f = fopen(tokenizer, "rb");
+    FILE *f = fopen(path, "rb");
     if (!f) {
-        snprintf(why, size, "cannot read %s", tokenizer);
+        snprintf(why, size, "cannot read %s", path);
         return FSDP2_ERR_IO;
     }
     size_t cap = 1 << 16, n = 0, k;
@@ -145,19 +145,20 @@ static fsdp2_status_t add_tokenizer(fsdp2_hf_writer_t *w, const char *tokenizer,
     fclose(f);
     if (!buf || failed) {
         fsdp2_status_t s = buf ? FSDP2_ERR_IO : FSDP2_ERR_OUT_OF_MEMORY;
-        snprintf(why, size, "%s reading %s", buf ? "an I/O error" : "out of memory", tokenizer);
+        snprintf(why, size, "%s reading %s", buf ? "an I/O error" : "out of memory", path);
         free(buf);
         return s;
     }
-    fsdp2_status_t s = fsdp2_hf_writer_add_file(w, "tokenizer.json", buf, n);
+    fsdp2_status_t s = fsdp2_hf_writer_add_file(w, name, buf, n);
     if (s != FSDP2_SUCCESS)
         snprintf(why, size, "%s", fsdp2_last_error());
     free(buf);
     return s;
 }
 
-fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, const char *tokenizer,
-                            fsdp2_dtype_t dtype, int64_t bos, int64_t eos)
+fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
+                            const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
+                            int64_t bos, int64_t eos)
 {
     fsdp2_param_t **p;
     size_t n;
@@ -173,8 +174,8 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, const char
         status = fsdp2_hf_writer_create(dir, &c, &o, &w);
         if (status != FSDP2_SUCCESS)
             snprintf(why, sizeof(why), "%s", fsdp2_last_error());
-        else if (tokenizer)
-            status = add_tokenizer(w, tokenizer, why, sizeof(why));
+        for (int i = 0; i < num_files && status == FSDP2_SUCCESS; i++)
+            status = add_file(w, files[i].name, files[i].path, why, sizeof(why));
     }
     /* every rank takes part in each gather, whatever rank 0's writer did */
     for (size_t i = 0; i < n; i++) {

@@ -23,11 +23,17 @@ int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *e
 /* Not collective: each rank reads its rows of every parameter. */
 fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf);
 
+/* A file copied into an export: its name there and where it is read from. */
+typedef struct lm_hf_file {
+    const char *name, *path;
+} lm_hf_file_t;
+
 /* Collective: every parameter gathered whole in turn; rank 0 writes the directory dir
- * (which must not exist, or be empty) in dtype (f32 or bf16), with a copy of tokenizer
- * (a tokenizer.json, or NULL), appearing whole or not at all. bos/eos: the token ids for
- * config.json (-1: none). */
-fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir, const char *tokenizer,
-                            fsdp2_dtype_t dtype, int64_t bos, int64_t eos);
+ * (which must not exist, or be empty) in dtype (f32 or bf16), with copies of files (the
+ * tokenizer's, generation_config.json), appearing whole or not at all. bos/eos: the
+ * token ids for config.json (-1: none). */
+fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
+                            const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
+                            int64_t bos, int64_t eos);
 
 #endif

@@ -805,11 +805,21 @@ int main(int argc, char **argv)
     }
     if (r.dump)
         fclose(r.dump);
-    if (a->export_path &&
-        lm_hf_export(r.model, r.rank, a->export_path, a->tokenizer,
-                       strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
-                       a->eos) != FSDP2_SUCCESS)
-        exit(1);
+    if (a->export_path) {
+        lm_hf_file_t files[2];
+        int n = 0;
+        char generation[4200];
+        if (a->tokenizer)
+            files[n++] = (lm_hf_file_t){"tokenizer.json", a->tokenizer};
+        snprintf(generation, sizeof(generation), "%s/generation_config.json",
+                 a->init_from ? a->init_from : "");
+        if (a->init_from && access(generation, F_OK) == 0)
+            files[n++] = (lm_hf_file_t){"generation_config.json", generation};
+        if (lm_hf_export(r.model, r.rank, a->export_path, files, n,
+                         strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
+                         a->eos) != FSDP2_SUCCESS)
+            exit(1);
+    }
     if (a->sample)
         sample(&r);
     CHECK(fsdp2_state_dict_destroy(r.state));

@@ -4,12 +4,14 @@
 #   - a tiny LlamaForCausalLM (4 query heads over 2 key/value heads, an untied head, Llama
 #     3's rope scaling) and a tiny GPT2LMHeadModel, both as transformers saved them
 #     (lm-init/), train 20 AdamW steps on gpt2_corpus.txt at ws 1, 2 and 4 and reach
-#     PyTorch's float64 losses within 1e-4 relative;
+#     PyTorch's float64 losses within 1e-4 relative, and so does the Llama with activation
+#     checkpointing and gradient accumulation; saved at ws 2 and resumed at ws 1, it
+#     reaches the losses of a run without the break;
 #   - with --param-dtype bf16 (ws 2) the losses stay within twice the spread PyTorch's own
 #     bf16 recipes (autocast, and FSDP2's param_dtype bf16) show against float64;
 #   - the Llama trained at ws 2 exports a directory that loads again (ws 1) and exports
-#     the same bytes; exported untrained from 2 ranks (each reading only its rows) and
-#     from 1, the bytes are the same;
+#     the same bytes, with generation_config.json carried along; exported untrained from 2
+#     ranks (each reading only its rows) and from 1, the bytes are the same;
 #   - a model_type the library does not build is refused, naming it;
 #   - llama-tiny with the Llama-3-style tokenizer of tests/text trains on its ids at ws 2,
 #     exports the tokenizer and its bos/eos ids with the weights, and a directory holding
@@ -37,6 +39,14 @@ for arch in llama gpt2; do
     done
     train "$arch" 2 "$work/$arch-bf16.json" --param-dtype bf16
 done
+# Llama with activation checkpointing and 2 accumulated micro-batches (ws 2): the same
+# losses. Saved after 12 steps at ws 2 and resumed at ws 1: the losses of a run without
+# the break (a warmup of 20 steps makes the 12-step run's schedule the 20-step one's)
+train llama 2 "$work/llama-ckpt.json" --activation-checkpointing --grad-accum 2
+train llama 1 "$work/llama-whole.json" --warmup 20
+"$run" --nproc-per-node 2 "$lm" --model "$here/lm-init/llama" "${common[@]}" --steps 12 \
+    --warmup 20 --save "$work/saved" > "$work/save.log" 2>&1 || { cat "$work/save.log"; exit 1; }
+train llama 1 "$work/llama-resumed.json" --warmup 20 --resume "$work/saved"
 python3 - "$here/lm_train_fixture.json" "$work" <<'PY'
 import json, sys
 fixture, work = json.load(open(sys.argv[1]))["models"], sys.argv[2]
@@ -46,13 +56,22 @@ def losses(path):
     return [r["train_loss"] for r in records]
 for arch, ref in fixture.items():
     want = ref["f64"]
-    for ws in (1, 2, 4):
-        got = losses(f"{work}/{arch}-{ws}.json")
-        if len(got) != len(want):
-            print(f"FAIL {arch} ws {ws}: {len(got)} steps, not {len(want)}"); bad += 1
-        for step, (g, w) in enumerate(zip(got, want), 1):
+    for run in [str(ws) for ws in (1, 2, 4)] + (["ckpt"] if arch == "llama" else []):
+        records = json.load(open(f"{work}/{arch}-{run}.json"))["records"]
+        if [r["step"] for r in records] != list(range(1, len(want) + 1)):
+            print(f"FAIL {arch} {run}: steps {[r['step'] for r in records]}"); bad += 1
+        for r in records:
+            g, w = r["train_loss"], want[r["step"] - 1]
             if abs(g - w) > 1e-4 * abs(w):
-                print(f"FAIL {arch} ws {ws} step {step}: loss {g!r}, PyTorch {w!r}"); bad += 1
+                print(f"FAIL {arch} {run} step {r['step']}: loss {g!r}, PyTorch {w!r}"); bad += 1
+whole = losses(f"{work}/llama-whole.json")
+resumed = json.load(open(f"{work}/llama-resumed.json"))["records"]
+if [r["step"] for r in resumed] != list(range(13, 21)):
+    print(f"FAIL resumed: steps {[r['step'] for r in resumed]}"); bad += 1
+for r in resumed:
+    if abs(r["train_loss"] - whole[r["step"] - 1]) > 1e-5 * whole[r["step"] - 1]:
+        print(f"FAIL resumed step {r['step']}: {r['train_loss']}, unbroken {whole[r['step'] - 1]}")
+        bad += 1
     spread = max(max(abs(a - b) for a, b in zip(ref[k], want))
                  for k in ("bf16_autocast", "bf16_params"))
     got = losses(f"{work}/{arch}-bf16.json")
@@ -75,6 +94,7 @@ cmp "$work/init1/model.safetensors" "$work/init2/model.safetensors"
 "$lm" --model "$work/trained2" "${common[@]}" --steps 0 --export "$work/again" \
     > "$work/again.log" 2>&1 || { cat "$work/again.log"; exit 1; }
 cmp "$work/trained2/model.safetensors" "$work/again/model.safetensors"
+cmp "$here/lm-init/llama/generation_config.json" "$work/again/generation_config.json"
 grep -q '"model_type":[[:space:]]*"llama"' "$work/again/config.json" || { cat "$work/again/config.json"; exit 1; }
 
 # a model_type the library does not build: refused naming it, exit status 1
