@@ -188,6 +188,14 @@ static fsdp2_status_t make_tmp(fsdp2_hf_writer_t *w)
         free(tmp);
         goto cleanup;
     }
+    /* mkdtemp makes it 0700; a model directory is readable as any other (the files in it
+     * are created 0644) */
+    if (chmod(tmp, 0755) != 0) {
+        status = fsdp2_error(FSDP2_ERR_IO, "%s: chmod: %s", tmp, strerror(errno));
+        rmdir(tmp);
+        free(tmp);
+        goto cleanup;
+    }
     w->tmp = tmp;
 cleanup:
     free(copy);

@@ -10,6 +10,9 @@ here, independently of the C reader. Run once, commit the outputs; no test runs 
   gpt2-f32               GPT2LMHeadModel.save_pretrained as is: "transformer." names, F32
   gpt2-hub-bf16-sharded  the hub's layout: no prefix, BF16, h.{i}.attn.bias buffers kept,
                          three files with model.safetensors.index.json
+  gpt2-hub-50257         the same layout with GPT-2's own vocabulary of 50257 tokens (one
+                         layer, 16 wide, to stay small); no .expected: examples/lm trains
+                         and exports it (tests/examples/gpt2_check.sh)
   llama-f32, llama-bf16  LlamaForCausalLM (GQA 4/2 heads, untied head, llama3 rope
                          scaling), save_pretrained in F32 and in BF16
 
@@ -104,13 +107,29 @@ def gpt2():
     model.save_pretrained(fresh("gpt2-f32"))
     write_expected("gpt2-f32", "gpt2")
 
-    # The hub's layout: unprefixed names, BF16, the causal-mask buffers, three shards.
-    path = fresh("gpt2-hub-bf16-sharded")
+    hub_layout("gpt2-f32", "gpt2-hub-bf16-sharded", cfg.n_layer, cfg.n_positions)
+    write_expected("gpt2-hub-bf16-sharded", "gpt2")
+
+    # GPT-2's own vocabulary, through a full-size f32 directory removed afterwards
+    torch.manual_seed(0)
+    big = GPT2Config(vocab_size=50257, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=50256, eos_token_id=50256)
+    model = GPT2LMHeadModel(big)
+    randomize(model, 3)
+    model.save_pretrained(fresh("gpt2-50257-f32"))
+    hub_layout("gpt2-50257-f32", "gpt2-hub-50257", big.n_layer, big.n_positions)
+    shutil.rmtree(os.path.join(OUT, "gpt2-50257-f32"))
+
+
+def hub_layout(source, name, n_layer, n_positions):
+    """source's tensors in the hub's layout: unprefixed names, BF16, the causal-mask
+    buffers, three shards with an index."""
+    path = fresh(name)
     os.makedirs(path)
-    src = stored_tensors(os.path.join(OUT, "gpt2-f32"))
+    src = stored_tensors(os.path.join(OUT, source))
     tensors = {canonical(k): v.to(torch.bfloat16).contiguous() for k, v in src.items()}
-    mask = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
-    for i in range(cfg.n_layer):
+    mask = torch.tril(torch.ones(n_positions, n_positions)).view(1, 1, n_positions, n_positions)
+    for i in range(n_layer):
         tensors[f"h.{i}.attn.bias"] = mask.clone()
     names = sorted(tensors)
     groups = [names[0::3], names[1::3], names[2::3]]
@@ -125,11 +144,10 @@ def gpt2():
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total, "generator": meta["generator"]},
                    "weight_map": weight_map}, f, indent=2)
-    config = json.load(open(os.path.join(OUT, "gpt2-f32", "config.json")))
+    config = json.load(open(os.path.join(OUT, source, "config.json")))
     config["dtype"] = "bfloat16"
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    write_expected("gpt2-hub-bf16-sharded", "gpt2")
 
 
 def llama():

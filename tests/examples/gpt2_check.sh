@@ -5,7 +5,8 @@
 #     round-trip a directory of patterned values byte for byte; a directory whose tensors
 #     disagree with its config.json is refused, naming the tensor, and flags that
 #     disagree with config.json are refused, naming both;
-#   - --init-from the hub-layout fixture (no prefix, BF16, three shards) trains a step;
+#   - --init-from the hub-layout fixture (no prefix, BF16, three shards) trains a step, and
+#     so does one with GPT-2's vocabulary of 50257 rows, exported whole;
 #   - 3 steps of tiny reach PyTorch's losses (gpt2_fixture.json) within 1e-5 relative at
 #     ws 1, at ws 1 with 2 accumulated micro-batches, at ws 2 and at ws 2 with activation
 #     checkpointing, and when 2 steps saved at ws 2 resume at ws 1 for the third (the
@@ -69,6 +70,14 @@ grep -q "n_embd 64" "$work/bad2.log" || { cat "$work/bad2.log"; exit 1; }
     > "$work/hub.log" 2>&1 || { cat "$work/hub.log"; exit 1; }
 grep -q "step     1 | loss" "$work/hub.log" || { cat "$work/hub.log"; exit 1; }
 "$checker" check "$work/hub/model.safetensors" 2 32 16 261
+
+# the hub's layout with GPT-2's own 50257-token vocabulary, nothing padded: trains a step
+# at ws 2 and exports all 50257 rows
+"$run" --nproc-per-node 2 "$gpt2" --data "$corpus" --val-every 0 --log-every 1 --batch 4 \
+    --steps 1 --model "$fixtures/gpt2-hub-50257" --export "$work/hub50257" \
+    > "$work/hub50257.log" 2>&1 || { cat "$work/hub50257.log"; exit 1; }
+grep -q "vocab 50257" "$work/hub50257.log" || { cat "$work/hub50257.log"; exit 1; }
+"$checker" check "$work/hub50257/model.safetensors" 1 16 32 50257
 
 if FSDP2_CPU_MEMORY_LIMIT=40M "$gpt2" "${common[@]}" --steps 1 > "$work/limit1.log" 2>&1; then
     echo "FAIL: ws 1 trained under a 40 MiB limit"; exit 1
