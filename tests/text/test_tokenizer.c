@@ -799,6 +799,20 @@ START_TEST(token_cache_is_reused_and_rebuilt_when_stale_or_corrupt)
     OK(fsdp2_tokenizer_encode_file(tok, text_path, NULL, 0, &ids, &n, &hit));
     ck_assert_int_eq(hit, 0);
     fsdp2_tokenizer_ids_free(ids);
+    /* a text of more ids than bytes / 2 (each invalid byte is a U+FFFD): encoded again at
+     * its count */
+    char *invalid = malloc(4096);
+    memset(invalid, 0xFF, 4096);
+    write_all(text_path, invalid, 4096);
+    OK(fsdp2_tokenizer_encode_file(tok, text_path, NULL, 0, &ids, &n, &hit));
+    size_t in;
+    uint32_t *iids = encode(tok, invalid, 4096, 0, &in);
+    ck_assert_uint_gt(in, 4096 / 2 + 64);
+    ck_assert_uint_eq(n, in);
+    ck_assert_int_eq(memcmp(ids, iids, n * sizeof *ids), 0);
+    fsdp2_tokenizer_ids_free(ids);
+    free(iids);
+    free(invalid);
     /* a missing text */
     snprintf(named, sizeof named, "%s/none.txt", tmp_dir);
     ck_assert_int_eq(fsdp2_tokenizer_encode_file(tok, named, cache_path, 0, &ids, &n, &hit),
