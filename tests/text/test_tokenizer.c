@@ -358,6 +358,97 @@ START_TEST(decode_inverts_encode_and_repairs_invalid_utf8_as_python)
 }
 END_TEST
 
+static char *fixture_json(const char *name, size_t *len);
+
+static uint64_t next_random(uint64_t *x)
+{
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    return *x;
+}
+
+/* Random texts built from the pieces that stress each stage: special tokens and their
+ * fragments, contractions, CRLF and other whitespace, digits, multi-byte characters and
+ * parts of them. Every one must encode, and decode to itself repaired. */
+START_TEST(random_texts_round_trip)
+{
+    static const char *const pieces[] = {
+        "<|endoftext|>", "<|begin_of_text|>", "<|end", "of", "text|>", "<|", "|>", "'s", "'LL",
+        "'", " ", "  ", "\t", "\r\n", "\n", "\r", "\xc2\x85", "\xe3\x80\x80", "a", "Z", "the",
+        " the", "123", "4567", "\xe6\x95\xb0", "\xd8\xb9", "\xf0\x9f\x98\x80", "\xcc\x81", "\xe2\x80",
+        "\x80", "\xff", "\xc3", "!", "...", "\x00", "\xef\xbb\xbf"};
+    size_t n_pieces = sizeof pieces / sizeof pieces[0];
+    fsdp2_tokenizer_t *toks[3] = {load(names[0]), load(names[1]), load_prefixed()};
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    char text[2048];
+    unsigned char want[3 * sizeof text];
+    for (int round = 0; round < 3000; round++) {
+        size_t len = 0, parts = next_random(&x) % 40;
+        for (size_t p = 0; p < parts; p++) {
+            const char *piece = pieces[next_random(&x) % n_pieces];
+            size_t pl = strlen(piece);
+            if (strcmp(piece, "\x00") == 0)
+                pl = 1;
+            memcpy(text + len, piece, pl);
+            len += pl;
+        }
+        size_t want_len = repair_reference((const unsigned char *)text, len, want);
+        for (int t = 0; t < 3; t++) {
+            for (unsigned flags = 0; flags < 2; flags++) {
+                size_t n, got_len;
+                uint32_t *ids = encode(toks[t], text, len, flags ? FSDP2_TOKENIZER_SPECIAL_AS_TEXT : 0, &n);
+                char *got = decode(toks[t], ids, n, 0, &got_len);
+                /* add_prefix_space adds a space to each piece between added tokens */
+                if (t < 2)
+                    ck_assert_msg(got_len == want_len && memcmp(got, want, want_len) == 0,
+                                  "%s, round %d: decode(encode(x)) differs from x", names[t], round);
+                free(got);
+                free(ids);
+            }
+        }
+    }
+    for (int t = 0; t < 3; t++)
+        fsdp2_tokenizer_destroy(toks[t]);
+}
+END_TEST
+
+/* Byte flips and cuts of a valid file: each load either succeeds or fails with a status
+ * and a message; nothing crashes, leaks or hangs. */
+START_TEST(damaged_files_fail_cleanly)
+{
+    size_t len;
+    char *json = fixture_json("llama3", &len);
+    char *copy = malloc(len);
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    int refused = 0;
+    for (int round = 0; round < 300; round++) {
+        memcpy(copy, json, len);
+        size_t use = len;
+        int flips = 1 + (int)(next_random(&x) % 4);
+        for (int f = 0; f < flips; f++)
+            copy[next_random(&x) % len] = (char)next_random(&x);
+        if (round % 5 == 0)
+            use = next_random(&x) % len;
+        fsdp2_tokenizer_t *tok = NULL;
+        fsdp2_status_t s = fsdp2_tokenizer_load_buffer(copy, use, "damaged", &tok);
+        if (s != FSDP2_SUCCESS) {
+            refused++;
+            ck_assert_ptr_null(tok);
+            ck_assert_msg(strstr(fsdp2_last_error(), "damaged") != NULL, "message: %s",
+                          fsdp2_last_error());
+            continue;
+        }
+        size_t n;
+        static const char sample[] = "It's 12345 o'clock\r\n<|eot_id|> \xe6\x95\xb0";
+        uint32_t *ids = encode(tok, sample, sizeof sample - 1, 0, &n);
+        free(ids);
+        fsdp2_tokenizer_destroy(tok);
+    }
+    ck_assert_int_gt(refused, 60);
+    free(copy);
+    free(json);
+}
+END_TEST
+
 START_TEST(word_cache_evictions_do_not_change_ids)
 {
     /* 200k distinct short words overflow the 64k-slot cache many times over */
@@ -891,6 +982,8 @@ static Suite *tokenizer_suite(void)
     tcase_add_test(tc, hostile_texts_give_the_ids_of_tokenizers);
     tcase_add_test(tc, whole_corpus_gives_the_ids_of_tokenizers);
     tcase_add_test(tc, decode_inverts_encode_and_repairs_invalid_utf8_as_python);
+    tcase_add_test(tc, random_texts_round_trip);
+    tcase_add_test(tc, damaged_files_fail_cleanly);
     tcase_add_test(tc, word_cache_evictions_do_not_change_ids);
     tcase_add_test(tc, small_buffers_are_refused_with_the_size_needed);
     tcase_add_test(tc, lookups_and_special_ids_follow_the_file);
