@@ -171,10 +171,10 @@ fsdp2_status_t bpe_encode_piece(fsdp2_tokenizer_t *tok, const char *piece, size_
         uint32_t id = text_table_find(&tok->by_raw, piece, len);
         if (id != TEXT_NO_ID) {
             sink_put(out, id);
-            if (slot != NULL)
+            if (slot != NULL) {
                 *slot = (cache_slot_t){.hash = h, .key_len = (uint8_t)len, .n_ids = 1, .ids = {id}};
-            if (slot != NULL)
                 memcpy(slot->key, piece, len);
+            }
             return FSDP2_SUCCESS;
         }
     }
@@ -185,7 +185,8 @@ fsdp2_status_t bpe_encode_piece(fsdp2_tokenizer_t *tok, const char *piece, size_
         sink_put(out, tok->symbols[i].id);
         count++;
     }
-    if (slot != NULL && count <= CACHE_IDS_MAX && out->n <= out->cap) {
+    /* cached only from where the ids were written: a measuring call writes none */
+    if (slot != NULL && count <= CACHE_IDS_MAX && out->ids != NULL && out->n <= out->cap) {
         slot->hash = h;
         slot->key_len = (uint8_t)len;
         slot->n_ids = (uint8_t)count;

@@ -131,8 +131,6 @@ struct fsdp2_tokenizer {
     size_t scratch_cap;       /* symbols: scratch_cap; heap: 3 * scratch_cap */
     char *repair;             /* the text with invalid UTF-8 replaced */
     size_t repair_cap;
-    char *prefixed;           /* a piece with the prefix space */
-    size_t prefixed_cap;
 };
 
 /* Where encode writes: ids up to cap, counting past it. */

@@ -197,21 +197,28 @@ static fsdp2_status_t cache_file(const char *cache_path, const char *text_path, 
                 : fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "token cache path for %s", cache_path);
 }
 
+/* One pass in the common case: a buffer of one id per 2 bytes (English text averages
+ * about 3 bytes per id here); a text that needs more is encoded again at its count. */
 static fsdp2_status_t encode_all(fsdp2_tokenizer_t *tok, const char *text, size_t len,
                                  unsigned flags, uint32_t **ids, size_t *count)
 {
-    size_t n;
-    FSDP2_CHECK(fsdp2_tokenizer_encode(tok, text, len, flags, NULL, 0, &n));
-    uint32_t *out = fsdp2_malloc(n ? n * sizeof *out : sizeof *out);
-    if (out == NULL)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "tokenizer: %zu ids", n);
-    fsdp2_status_t status = fsdp2_tokenizer_encode(tok, text, len, flags, out, n, count);
-    if (status != FSDP2_SUCCESS) {
+    size_t cap = len / 2 + 64, n = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint32_t *out = fsdp2_malloc(cap * sizeof *out);
+        if (out == NULL)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "tokenizer: %zu ids", cap);
+        fsdp2_status_t status = fsdp2_tokenizer_encode(tok, text, len, flags, out, cap, &n);
+        if (status == FSDP2_SUCCESS) {
+            *ids = out;
+            *count = n;
+            return FSDP2_SUCCESS;
+        }
         free(out);
-        return status;
+        if (status != FSDP2_ERR_OVERFLOW)
+            return status;
+        cap = n;
     }
-    *ids = out;
-    return FSDP2_SUCCESS;
+    return fsdp2_error(FSDP2_ERR_INTERNAL, "tokenizer: %zu ids, then more", n);
 }
 
 fsdp2_status_t fsdp2_tokenizer_encode_file(fsdp2_tokenizer_t *tok, const char *text_path,

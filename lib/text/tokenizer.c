@@ -122,11 +122,18 @@ fsdp2_status_t fsdp2_tokenizer_encode(fsdp2_tokenizer_t *tok, const char *text, 
     FSDP2_CHECK(valid_text(tok, text ? text : "", len, &s, &n));
     id_sink_t sink = {.ids = ids, .cap = capacity, .n = 0};
     fsdp2_status_t status = pre_encode_text(tok, s, n, flags, &sink);
-    /* a repair buffer sized for one huge text is not kept */
+    /* buffers sized for one huge text or piece (a megabyte of one letter) are not kept */
     if (tok->repair_cap > ((size_t)1 << 24)) {
         free(tok->repair);
         tok->repair = NULL;
         tok->repair_cap = 0;
+    }
+    if (tok->scratch_cap > ((size_t)1 << 16)) {
+        free(tok->symbols);
+        free(tok->heap);
+        tok->symbols = NULL;
+        tok->heap = NULL;
+        tok->scratch_cap = 0;
     }
     FSDP2_CHECK(status);
     *count = sink.n;

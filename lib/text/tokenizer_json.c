@@ -183,7 +183,7 @@ static fsdp2_status_t parse_added(fsdp2_tokenizer_t *tok, const cJSON *added)
     cJSON_ArrayForEach(a, added) {
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
         if (!cJSON_IsString(content))
-            return bad(tok, "added_tokens[%s]%s has no string content", "", "");
+            return bad(tok, "an added token has no string content%s%s", "", "");
         const char *c = content->valuestring;
         uint32_t id;
         FSDP2_CHECK(get_id(tok, cJSON_GetObjectItemCaseSensitive(a, "id"), "added token", c, &id));
@@ -589,6 +589,10 @@ fsdp2_status_t tokenizer_parse(fsdp2_tokenizer_t *tok, const char *json, size_t 
     int byte_level = 0;
     FSDP2_CHECK_GOTO(parse_pre(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
                                &byte_level), status, cleanup);
+    if (!byte_level) {
+        status = refuse(tok, "pre_tokenizer", "without ByteLevel", "byte-level BPE needs it last");
+        goto cleanup;
+    }
     FSDP2_CHECK_GOTO(parse_post(tok, cJSON_GetObjectItemCaseSensitive(root, "post_processor")),
                      status, cleanup);
     const cJSON *decoder = cJSON_GetObjectItemCaseSensitive(root, "decoder");

@@ -1,401 +1,10 @@
-/* lib/text against Hugging Face `tokenizers`: the ids of two tokenizers (GPT-2's and
- * Llama 3's layouts, trained by make_fixtures.py) equal those `tokenizers` gave on the
- * whole fortunes corpus and on hostile texts; decode inverts encode; the token cache is
- * reused, rebuilt when stale or corrupt and never left partial; bad input is refused
- * with the offending value named. */
+/* lib/text's API beyond the ids: look-ups and special ids, buffer sizes, the token cache
+ * (reused, rebuilt when stale or corrupt, never left partial when a write or an
+ * allocation fails), and bad input refused with the offending value named. */
 #include "../core/check_main.h"
-
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cjson/cJSON.h>
-#include <fsdp2/tokenizer.h>
+#include "text_test_util.h"
 
 #include "core/fault.h"
-
-#define CORPUS_DIR "/usr/share/games/fortunes"
-
-#define OK(call)                                                                          \
-    do {                                                                                  \
-        fsdp2_status_t ok_s_ = (call);                                                    \
-        ck_assert_msg(ok_s_ == FSDP2_SUCCESS, "%s: %s: %s", #call, fsdp2_status_name(ok_s_), \
-                      fsdp2_last_error());                                                \
-    } while (0)
-
-static const char *const names[] = {"gpt2", "llama3"};
-
-static fsdp2_tokenizer_t *load(const char *name)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s/tokenizer.json", TEXT_FIXTURES, name);
-    fsdp2_tokenizer_t *tok = NULL;
-    OK(fsdp2_tokenizer_load(path, &tok));
-    return tok;
-}
-
-static char *read_all(const char *path, size_t *len);
-
-/* gpt2 with its ByteLevel pre-tokenizer's add_prefix_space set, as make_fixtures.py
- * makes "gpt2_prefix" */
-static fsdp2_tokenizer_t *load_prefixed(void)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/gpt2/tokenizer.json", TEXT_FIXTURES);
-    size_t len;
-    char *json = read_all(path, &len);
-    cJSON *root = cJSON_Parse(json);
-    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(root, "pre_tokenizer"), "add_prefix_space",
-                              cJSON_CreateTrue());
-    char *text = cJSON_PrintUnformatted(root);
-    fsdp2_tokenizer_t *tok = NULL;
-    OK(fsdp2_tokenizer_load_buffer(text, strlen(text), "gpt2_prefix", &tok));
-    cJSON_free(text);
-    cJSON_Delete(root);
-    free(json);
-    return tok;
-}
-
-static int tokenizer_index(const char *name)
-{
-    return strcmp(name, "gpt2") == 0 ? 0 : strcmp(name, "llama3") == 0 ? 1 : 2;
-}
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    buf[n] = '\0';
-    *len = (size_t)n;
-    return buf;
-}
-
-static void write_all(const char *path, const void *data, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
-    fclose(f);
-}
-
-static uint64_t fnv64(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static uint64_t ids_fnv(const uint32_t *ids, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char le[4] = {(unsigned char)ids[i], (unsigned char)(ids[i] >> 8),
-                               (unsigned char)(ids[i] >> 16), (unsigned char)(ids[i] >> 24)};
-        h = fnv64(h, le, 4);
-    }
-    return h;
-}
-
-static uint32_t *encode(fsdp2_tokenizer_t *tok, const char *text, size_t len, unsigned flags,
-                        size_t *count)
-{
-    size_t n = 0;
-    OK(fsdp2_tokenizer_encode(tok, text, len, flags, NULL, 0, &n));
-    uint32_t *ids = malloc((n + 1) * sizeof *ids);
-    OK(fsdp2_tokenizer_encode(tok, text, len, flags, ids, n, count));
-    ck_assert_uint_eq(*count, n);
-    return ids;
-}
-
-static char *decode(const fsdp2_tokenizer_t *tok, const uint32_t *ids, size_t n, unsigned flags,
-                    size_t *len)
-{
-    OK(fsdp2_tokenizer_decode(tok, ids, n, flags, NULL, 0, len));
-    char *buf = malloc(*len + 1);
-    OK(fsdp2_tokenizer_decode(tok, ids, n, flags, buf, *len, len));
-    return buf;
-}
-
-/* Python's bytes.decode("utf-8", errors="replace").encode() for what the fixtures hold:
- * the library's own repair is what is under test, so this one is written independently,
- * by code point ranges. */
-static size_t repair_reference(const unsigned char *s, size_t len, unsigned char *out)
-{
-    size_t i = 0, o = 0;
-    while (i < len) {
-        unsigned b = s[i];
-        size_t need = b < 0x80 ? 0 : b < 0xC2 ? 99 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : b < 0xF5 ? 3 : 99;
-        size_t k = 0;
-        if (need != 99) {
-            while (k < need && i + 1 + k < len) {
-                unsigned c = s[i + 1 + k];
-                unsigned lo = 0x80, hi = 0xBF;
-                if (k == 0 && b == 0xE0) lo = 0xA0;
-                if (k == 0 && b == 0xED) hi = 0x9F;
-                if (k == 0 && b == 0xF0) lo = 0x90;
-                if (k == 0 && b == 0xF4) hi = 0x8F;
-                if (c < lo || c > hi)
-                    break;
-                k++;
-            }
-        }
-        if (need != 99 && k == need) {
-            memcpy(out + o, s + i, need + 1);
-            o += need + 1;
-            i += need + 1;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i += need == 99 ? 1 : 1 + k;
-        }
-    }
-    return o;
-}
-
-static int hex_value(char c)
-{
-    return c <= '9' ? c - '0' : c - 'a' + 10;
-}
-
-/* ---- the fixtures ---- */
-
-typedef struct fixture_case {
-    char tokenizer[16], mode[16];
-    unsigned char *input;
-    size_t len;
-    uint32_t *ids;
-    size_t n;
-} fixture_case_t;
-
-static fixture_case_t *read_cases(size_t *n_cases)
-{
-    size_t len;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/fixtures.txt", TEXT_FIXTURES);
-    char *text = read_all(path, &len);
-    fixture_case_t *cases = calloc(1024, sizeof *cases);
-    size_t n = 0;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        if (strncmp(line, "case ", 5) != 0)
-            continue;
-        ck_assert_uint_lt(n, 1024);
-        fixture_case_t *c = &cases[n++];
-        char hex[65536];
-        int used = 0;
-        ck_assert_int_eq(sscanf(line, "case %15s %15s %65535s %zu%n", c->tokenizer, c->mode, hex,
-                                &c->n, &used), 4);
-        size_t hlen = strcmp(hex, "-") == 0 ? 0 : strlen(hex);
-        c->len = hlen / 2;
-        c->input = malloc(c->len + 1);
-        for (size_t i = 0; i < c->len; i++)
-            c->input[i] = (unsigned char)(hex_value(hex[2 * i]) << 4 | hex_value(hex[2 * i + 1]));
-        c->ids = malloc((c->n + 1) * sizeof *c->ids);
-        char *p = line + used;
-        for (size_t i = 0; i < c->n; i++)
-            c->ids[i] = (uint32_t)strtoul(p, &p, 10);
-    }
-    free(text);
-    *n_cases = n;
-    return cases;
-}
-
-static void free_cases(fixture_case_t *cases, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(cases[i].input);
-        free(cases[i].ids);
-    }
-    free(cases);
-}
-
-static unsigned mode_flags(const char *mode)
-{
-    if (strcmp(mode, "special") == 0)
-        return FSDP2_TOKENIZER_ADD_SPECIAL;
-    if (strcmp(mode, "text") == 0)
-        return FSDP2_TOKENIZER_SPECIAL_AS_TEXT;
-    return 0;
-}
-
-START_TEST(hostile_texts_give_the_ids_of_tokenizers)
-{
-    size_t n_cases;
-    fixture_case_t *cases = read_cases(&n_cases);
-    ck_assert_uint_gt(n_cases, 500);
-    fsdp2_tokenizer_t *toks[3] = {load(names[0]), load(names[1]), load_prefixed()};
-    size_t failures = 0;
-    for (size_t k = 0; k < n_cases; k++) {
-        fixture_case_t *c = &cases[k];
-        fsdp2_tokenizer_t *tok = toks[tokenizer_index(c->tokenizer)];
-        size_t n;
-        uint32_t *ids = encode(tok, (const char *)c->input, c->len, mode_flags(c->mode), &n);
-        size_t i = 0;
-        while (i < n && i < c->n && ids[i] == c->ids[i])
-            i++;
-        if (n != c->n || i < n) {
-            failures++;
-            fprintf(stderr, "%s %s case %zu (%zu bytes '%.40s'): %zu ids, tokenizers %zu; first "
-                    "difference at %zu: %" PRIu32 " vs %" PRIu32 "\n", c->tokenizer, c->mode, k,
-                    c->len, (const char *)c->input, n, c->n, i, i < n ? ids[i] : 0,
-                    i < c->n ? c->ids[i] : 0);
-        }
-        free(ids);
-    }
-    ck_assert_msg(failures == 0, "%zu of %zu cases differ from tokenizers (listed above)", failures,
-                  n_cases);
-    fsdp2_tokenizer_destroy(toks[0]);
-    fsdp2_tokenizer_destroy(toks[1]);
-    fsdp2_tokenizer_destroy(toks[2]);
-    free_cases(cases, n_cases);
-}
-END_TEST
-
-/* The whole corpus (or, under a sanitizer, each file's first 64 KiB of lines, which the
- * fixture cannot check by hash: there only decode(encode(x)) is checked). */
-START_TEST(whole_corpus_gives_the_ids_of_tokenizers)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/fixtures.txt", TEXT_FIXTURES);
-    size_t len;
-    char *text = read_all(path, &len);
-    fsdp2_tokenizer_t *toks[2] = {load(names[0]), load(names[1])};
-    size_t files = 0, failures = 0;
-    struct stat st;
-    if (stat(CORPUS_DIR, &st) != 0) {
-        fprintf(stderr, "SKIP: %s is missing (Debian's fortunes package)\n", CORPUS_DIR);
-        goto done;
-    }
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        char tname[16], file[256];
-        uint64_t bytes, text_fnv, count, fnv;
-        if (sscanf(line, "corpus %15s %255s %" SCNu64 " %" SCNx64 " %" SCNu64 " %" SCNx64, tname,
-                   file, &bytes, &text_fnv, &count, &fnv) != 6)
-            continue;
-        char fpath[4096];
-        snprintf(fpath, sizeof fpath, "%s/%s", CORPUS_DIR, file);
-        size_t flen;
-        char *data = read_all(fpath, &flen);
-        ck_assert_msg(flen == bytes && fnv64(0xcbf29ce484222325ull, data, flen) == text_fnv,
-                      "%s differs from the file the fixtures were made from (%zu bytes, fixture "
-                      "%" PRIu64 "): make the fixtures again", fpath, flen, bytes);
-        fsdp2_tokenizer_t *tok = toks[strcmp(tname, "gpt2") == 0 ? 0 : 1];
-        size_t n;
-        uint32_t *ids = encode(tok, data, flen, 0, &n);
-        if (n != count || ids_fnv(ids, n) != fnv) {
-            failures++;
-            fprintf(stderr, "%s on %s: %zu ids (hash %016" PRIx64 "), tokenizers %" PRIu64
-                    " (%016" PRIx64 ")\n", tname, file, n, ids_fnv(ids, n), count, fnv);
-        }
-        files++;
-        free(ids);
-        free(data);
-    }
-    ck_assert_uint_gt(files, 20);
-    ck_assert_msg(failures == 0, "%zu of %zu corpus files differ from tokenizers", failures, files);
-done:
-    fsdp2_tokenizer_destroy(toks[0]);
-    fsdp2_tokenizer_destroy(toks[1]);
-    free(text);
-}
-END_TEST
-
-START_TEST(decode_inverts_encode_and_repairs_invalid_utf8_as_python)
-{
-    size_t n_cases;
-    fixture_case_t *cases = read_cases(&n_cases);
-    fsdp2_tokenizer_t *toks[2] = {load(names[0]), load(names[1])};
-    for (size_t k = 0; k < n_cases; k++) {
-        fixture_case_t *c = &cases[k];
-        if (strcmp(c->mode, "special") == 0 || tokenizer_index(c->tokenizer) == 2)
-            continue; /* the template's token, the prefix space: added, not read */
-        fsdp2_tokenizer_t *tok = toks[tokenizer_index(c->tokenizer)];
-        unsigned char *want = malloc(3 * c->len + 1);
-        size_t want_len = repair_reference(c->input, c->len, want);
-        size_t n, got_len;
-        uint32_t *ids = encode(tok, (const char *)c->input, c->len, mode_flags(c->mode), &n);
-        char *got = decode(tok, ids, n, 0, &got_len);
-        ck_assert_msg(got_len == want_len && memcmp(got, want, want_len) == 0,
-                      "%s %s case %zu: decode(encode(x)) has %zu bytes, x (repaired) %zu",
-                      c->tokenizer, c->mode, k, got_len, want_len);
-        free(got);
-        free(ids);
-        free(want);
-    }
-    /* long runs: linear time, and still inverted */
-    static const char fills[] = {'a', ' ', '\n', '9', '!'};
-    size_t big = 1 << 20;
-    char *text = malloc(big);
-    for (size_t f = 0; f < sizeof fills; f++) {
-        memset(text, fills[f], big);
-        for (int t = 0; t < 2; t++) {
-            size_t n, got_len;
-            uint32_t *ids = encode(toks[t], text, big, 0, &n);
-            char *got = decode(toks[t], ids, n, 0, &got_len);
-            ck_assert_msg(got_len == big && memcmp(got, text, big) == 0,
-                          "%s: a run of 1 MiB of '%c' does not come back", names[t], fills[f]);
-            free(got);
-            free(ids);
-        }
-    }
-    free(text);
-    fsdp2_tokenizer_destroy(toks[0]);
-    fsdp2_tokenizer_destroy(toks[1]);
-    free_cases(cases, n_cases);
-}
-END_TEST
-
-START_TEST(word_cache_evictions_do_not_change_ids)
-{
-    /* 200k distinct short words overflow the 64k-slot cache many times over */
-    size_t cap = 200000 * 8, len = 0;
-    char *text = malloc(cap);
-    uint64_t x = 88172645463325252ull;
-    for (int w = 0; w < 200000; w++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        int wl = 1 + (int)(x % 6);
-        text[len++] = ' ';
-        for (int i = 0; i < wl; i++)
-            text[len++] = (char)('a' + (x >> (8 + 5 * i)) % 26);
-    }
-    for (int t = 0; t < 2; t++) {
-        fsdp2_tokenizer_t *warm = load(names[t]);
-        size_t n1, n2, n3;
-        uint32_t *a = encode(warm, text, len, 0, &n1);
-        uint32_t *b = encode(warm, text, len, 0, &n2);
-        fsdp2_tokenizer_t *fresh = load(names[t]);
-        uint32_t *c = encode(fresh, text + len / 2, len - len / 2, 0, &n3);
-        ck_assert_uint_eq(n1, n2);
-        ck_assert_msg(memcmp(a, b, n1 * sizeof *a) == 0, "%s: a second pass differs", names[t]);
-        size_t m, tail_n;
-        uint32_t *tail = encode(warm, text + len / 2, len - len / 2, 0, &tail_n);
-        (void)m;
-        ck_assert_uint_eq(tail_n, n3);
-        ck_assert_msg(memcmp(tail, c, n3 * sizeof *c) == 0, "%s: a warm cache differs from a cold one",
-                      names[t]);
-        free(a);
-        free(b);
-        free(c);
-        free(tail);
-        fsdp2_tokenizer_destroy(warm);
-        fsdp2_tokenizer_destroy(fresh);
-    }
-    free(text);
-}
-END_TEST
 
 START_TEST(small_buffers_are_refused_with_the_size_needed)
 {
@@ -499,14 +108,7 @@ END_TEST
 
 /* ---- refused input ---- */
 
-static char *fixture_json(const char *name, size_t *len)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s/tokenizer.json", TEXT_FIXTURES, name);
-    return read_all(path, len);
-}
-
-/* The gpt2 fixture with edit applied, loaded from memory: the status and a part of the
+/* The named fixture with edit applied, loaded from memory: the status and a part of the
  * message are checked. */
 static void expect_refused(const char *name, void (*edit)(cJSON *), fsdp2_status_t want,
                            const char *message)
@@ -598,6 +200,11 @@ static void set_negative_id(cJSON *r)
 {
     cJSON_ReplaceItemInObject(cJSON_GetObjectItem(model_of(r), "vocab"), "the", cJSON_CreateNumber(-4));
 }
+static void set_no_byte_level(cJSON *r)
+{
+    cJSON *seq = cJSON_GetObjectItem(cJSON_GetObjectItem(r, "pre_tokenizer"), "pretokenizers");
+    cJSON_DeleteItemFromArray(seq, 1);
+}
 static void set_truncation(cJSON *r)
 {
     cJSON *n = cJSON_CreateObject();
@@ -626,7 +233,47 @@ START_TEST(unsupported_or_broken_tokenizers_are_refused_by_name)
     expect_refused("gpt2", set_decoder_wordpiece, FSDP2_ERR_UNSUPPORTED,
                    "decoder WordPiece is not supported");
     expect_refused("gpt2", set_negative_id, FSDP2_ERR_CORRUPT, "'the' has an id that is not");
+    expect_refused("llama3", set_no_byte_level, FSDP2_ERR_UNSUPPORTED,
+                   "pre_tokenizer without ByteLevel is not supported");
     expect_refused("gpt2", set_truncation, FSDP2_ERR_UNSUPPORTED, "truncation (set) is not supported");
+}
+END_TEST
+
+/* Byte flips and cuts of a valid file: each load either succeeds or fails with a status
+ * and a message; nothing crashes, leaks or hangs. */
+START_TEST(damaged_files_fail_cleanly)
+{
+    size_t len;
+    char *json = fixture_json("llama3", &len);
+    char *copy = malloc(len);
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    int refused = 0;
+    for (int round = 0; round < 300; round++) {
+        memcpy(copy, json, len);
+        size_t use = len;
+        int flips = 1 + (int)(next_random(&x) % 4);
+        for (int f = 0; f < flips; f++)
+            copy[next_random(&x) % len] = (char)next_random(&x);
+        if (round % 5 == 0)
+            use = next_random(&x) % len;
+        fsdp2_tokenizer_t *tok = NULL;
+        fsdp2_status_t s = fsdp2_tokenizer_load_buffer(copy, use, "damaged", &tok);
+        if (s != FSDP2_SUCCESS) {
+            refused++;
+            ck_assert_ptr_null(tok);
+            ck_assert_msg(strstr(fsdp2_last_error(), "damaged") != NULL, "message: %s",
+                          fsdp2_last_error());
+            continue;
+        }
+        size_t n;
+        static const char sample[] = "It's 12345 o'clock\r\n<|eot_id|> \xe6\x95\xb0";
+        uint32_t *ids = encode(tok, sample, sizeof sample - 1, 0, &n);
+        free(ids);
+        fsdp2_tokenizer_destroy(tok);
+    }
+    ck_assert_int_gt(refused, 60);
+    free(copy);
+    free(json);
 }
 END_TEST
 
@@ -799,6 +446,20 @@ START_TEST(token_cache_is_reused_and_rebuilt_when_stale_or_corrupt)
     OK(fsdp2_tokenizer_encode_file(tok, text_path, NULL, 0, &ids, &n, &hit));
     ck_assert_int_eq(hit, 0);
     fsdp2_tokenizer_ids_free(ids);
+    /* a text of more ids than bytes / 2 (each invalid byte is a U+FFFD): encoded again at
+     * its count */
+    char *invalid = malloc(4096);
+    memset(invalid, 0xFF, 4096);
+    write_all(text_path, invalid, 4096);
+    OK(fsdp2_tokenizer_encode_file(tok, text_path, NULL, 0, &ids, &n, &hit));
+    size_t in;
+    uint32_t *iids = encode(tok, invalid, 4096, 0, &in);
+    ck_assert_uint_gt(in, 4096 / 2 + 64);
+    ck_assert_uint_eq(n, in);
+    ck_assert_int_eq(memcmp(ids, iids, n * sizeof *ids), 0);
+    fsdp2_tokenizer_ids_free(ids);
+    free(iids);
+    free(invalid);
     /* a missing text */
     snprintf(named, sizeof named, "%s/none.txt", tmp_dir);
     ck_assert_int_eq(fsdp2_tokenizer_encode_file(tok, named, cache_path, 0, &ids, &n, &hit),
@@ -869,18 +530,15 @@ START_TEST(a_failed_cache_write_leaves_no_file)
 }
 END_TEST
 
-static Suite *tokenizer_suite(void)
+static Suite *tokenizer_api_suite(void)
 {
-    Suite *s = suite_create("tokenizer");
-    TCase *tc = tcase_create("tokenizer");
+    Suite *s = suite_create("tokenizer_api");
+    TCase *tc = tcase_create("api");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, hostile_texts_give_the_ids_of_tokenizers);
-    tcase_add_test(tc, whole_corpus_gives_the_ids_of_tokenizers);
-    tcase_add_test(tc, decode_inverts_encode_and_repairs_invalid_utf8_as_python);
-    tcase_add_test(tc, word_cache_evictions_do_not_change_ids);
     tcase_add_test(tc, small_buffers_are_refused_with_the_size_needed);
     tcase_add_test(tc, lookups_and_special_ids_follow_the_file);
     tcase_add_test(tc, unsupported_or_broken_tokenizers_are_refused_by_name);
+    tcase_add_test(tc, damaged_files_fail_cleanly);
     tcase_add_test(tc, bad_files_are_refused_without_blocking);
     tcase_add_test(tc, token_cache_is_reused_and_rebuilt_when_stale_or_corrupt);
     tcase_add_test(tc, a_failed_cache_write_leaves_no_file);
@@ -888,4 +546,4 @@ static Suite *tokenizer_suite(void)
     return s;
 }
 
-FSDP2_CHECK_MAIN(tokenizer_suite)
+FSDP2_CHECK_MAIN(tokenizer_api_suite)
