@@ -7,16 +7,33 @@
 
 #include "hf.h"
 
-/* The model's parameters in its order, which is the library's canonical one. */
-static fsdp2_status_t params_of(const lm_model_t *m, fsdp2_param_t ***out, size_t *count)
+/* Whether a parameter is a LoRA adapter's (lora_A, lora_B) rather than the base's. */
+int lm_is_adapter(const char *fqn)
 {
-    fsdp2_status_t s = fsdp2_module_params(m->root, NULL, 0, count);
+    return strstr(fqn, ".lora_A.") != NULL || strstr(fqn, ".lora_B.") != NULL;
+}
+
+/* The model's parameters in its order, which is the library's canonical one: the base's
+ * (adapters == 0) or the adapters' (adapters == 1). */
+static fsdp2_status_t params_of(const lm_model_t *m, int adapters, fsdp2_param_t ***out,
+                                size_t *count)
+{
+    size_t all;
+    fsdp2_status_t s = fsdp2_module_params(m->root, NULL, 0, &all);
     if (s != FSDP2_SUCCESS)
         return s;
-    *out = calloc(*count ? *count : 1, sizeof(**out));
+    *out = calloc(all ? all : 1, sizeof(**out));
     if (!*out)
         return FSDP2_ERR_OUT_OF_MEMORY;
-    return fsdp2_module_params(m->root, *out, *count, count);
+    s = fsdp2_module_params(m->root, *out, all, &all);
+    *count = 0;
+    for (size_t i = 0; i < all && s == FSDP2_SUCCESS; i++) {
+        fsdp2_param_info_t info;
+        s = fsdp2_param_info((*out)[i], &info);
+        if (s == FSDP2_SUCCESS && lm_is_adapter(info.fqn) == adapters)
+            (*out)[(*count)++] = (*out)[i];
+    }
+    return s;
 }
 
 int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *eos, char *err,
@@ -65,7 +82,7 @@ fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf)
 {
     fsdp2_param_t **p;
     size_t n;
-    fsdp2_status_t s = params_of(m, &p, &n);
+    fsdp2_status_t s = params_of(m, 0, &p, &n);
     for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
         /* this rank's rows [offset, offset + local rows) */
         fsdp2_param_info_t pi;
@@ -162,7 +179,7 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
 {
     fsdp2_param_t **p;
     size_t n;
-    fsdp2_status_t status = params_of(m, &p, &n);
+    fsdp2_status_t status = params_of(m, 0, &p, &n);
     if (status != FSDP2_SUCCESS)
         return status;
     fsdp2_hf_writer_t *w = NULL;

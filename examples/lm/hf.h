@@ -20,7 +20,11 @@
 int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *eos, char *err,
                 size_t size);
 
-/* Not collective: each rank reads its rows of every parameter. */
+/* Whether a parameter name is a LoRA adapter's (lora_A, lora_B) rather than the base's. */
+int lm_is_adapter(const char *fqn);
+
+/* Not collective: each rank reads its rows of every parameter of the base (not the
+ * adapters). */
 fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf);
 
 /* A file copied into an export: its name there and where it is read from. */
@@ -28,7 +32,8 @@ typedef struct lm_hf_file {
     const char *name, *path;
 } lm_hf_file_t;
 
-/* Collective: every parameter gathered whole in turn; rank 0 writes the directory dir
+/* Collective: every parameter of the base gathered whole in turn; rank 0 writes the
+ * directory dir
  * (which must not exist, or be empty) in dtype (f32 or bf16), with copies of files (the
  * tokenizer's, generation_config.json), appearing whole or not at all. bos/eos: the
  * token ids for config.json (-1: none). */

@@ -60,73 +60,121 @@ static fsdp2_status_t child(fsdp2_module_t *parent, const char *name, fsdp2_modu
     return fsdp2_module_add_child(parent, *out);
 }
 
-/* A parameter on meta with a normal(mean, std) initialisation of its own seed. */
-static fsdp2_status_t param(fsdp2_module_t *m, const char *name, int ndim, int64_t d0, int64_t d1,
-                            uint64_t seed, double mean, double std, fsdp2_param_t **out)
+/* Whether the model trains the base's parameters: not under LoRA adapters. */
+static int base_trains(const lm_model_t *m)
+{
+    return m->cfg.lora.r == 0;
+}
+
+/* A parameter on meta with an initialisation of its own seed. */
+static fsdp2_status_t param_init(fsdp2_module_t *m, const char *name, int ndim, int64_t d0,
+                                 int64_t d1, int trains, const fsdp2_random_init_t *init,
+                                 fsdp2_param_t **out)
 {
     fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
     int64_t shape[2] = {d0, d1};
     fsdp2_tensor_t *t;
     TRY(fsdp2_tensor_empty(meta, FSDP2_F32, ndim, shape, &t));
-    fsdp2_status_t s = fsdp2_module_add_param(m, name, t, 1, out);
+    fsdp2_status_t s = fsdp2_module_add_param(m, name, t, trains, out);
     fsdp2_tensor_release(t);
     TRY(s);
-    fsdp2_random_init_t init = FSDP2_RANDOM_NORMAL_INIT(seed, mean, std);
-    return fsdp2_param_set_random_init(*out, &init);
+    return fsdp2_param_set_random_init(*out, init);
 }
 
-/* A linear layer [out, in]; with b, a zero bias. */
-static fsdp2_status_t linear(fsdp2_module_t *parent, const char *name, int64_t in, int64_t out,
-                             double std, uint64_t *seed, fsdp2_param_t **w, fsdp2_param_t **b)
+/* A base parameter (frozen under LoRA) drawn from normal(mean, std). */
+static fsdp2_status_t param(lm_model_t *model, fsdp2_module_t *m, const char *name, int ndim,
+                            int64_t d0, int64_t d1, uint64_t seed, double mean, double std,
+                            fsdp2_param_t **out)
 {
-    fsdp2_module_t *m;
+    fsdp2_random_init_t init = FSDP2_RANDOM_NORMAL_INIT(seed, mean, std);
+    return param_init(m, name, ndim, d0, d1, base_trains(model), &init, out);
+}
+
+/* Whether the module at path is one of the LoRA targets (path equal to a target, or
+ * ending in '.' and the target, as PEFT matches a list of names); marks the target hit. */
+static int targeted(const lm_lora_t *lora, const char *path, int *hits)
+{
+    size_t len = strlen(path);
+    for (int i = 0; i < lora->num_targets; i++) {
+        size_t t = strlen(lora->targets[i]);
+        if (!strcmp(path, lora->targets[i]) ||
+            (len > t && path[len - t - 1] == '.' && !strcmp(path + len - t, lora->targets[i]))) {
+            hits[i]++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A linear layer [out, in], with a zero bias when bias; a LoRA adapter when its path is
+ * a target (lora_A Kaiming-uniform with a = sqrt(5), as PEFT: U(-1/sqrt(in), 1/sqrt(in));
+ * lora_B zero). */
+static fsdp2_status_t linear(lm_model_t *model, fsdp2_module_t *parent, const char *name,
+                             int64_t in, int64_t out, double std, int bias, uint64_t *seed,
+                             int *hits, lm_linear_t *l)
+{
+    fsdp2_module_t *m, *a, *b;
+    *l = (lm_linear_t){.id = model->num_linears++};
     TRY(child(parent, name, &m));
-    TRY(param(m, "weight", 2, out, in, (*seed)++, 0.0, std, w));
-    return b ? param(m, "bias", 1, out, 0, (*seed)++, 0.0, 0.0, b) : FSDP2_SUCCESS;
+    TRY(param(model, m, "weight", 2, out, in, (*seed)++, 0.0, std, &l->w));
+    if (bias)
+        TRY(param(model, m, "bias", 1, out, 0, (*seed)++, 0.0, 0.0, &l->b));
+    char path[FSDP2_FQN_MAX];
+    TRY(fsdp2_module_fqn(m, path, sizeof(path)));
+    const lm_lora_t *lora = &model->cfg.lora;
+    if (lora->r == 0 || !targeted(lora, path, hits))
+        return FSDP2_SUCCESS;
+    double bound = 1.0 / sqrt((double)in);
+    fsdp2_random_init_t uniform = FSDP2_RANDOM_UNIFORM_INIT((*seed)++, -bound, bound);
+    fsdp2_random_init_t zero = FSDP2_RANDOM_NORMAL_INIT((*seed)++, 0.0, 0.0);
+    TRY(child(m, "lora_A", &a));
+    TRY(param_init(a, "weight", 2, lora->r, in, 1, &uniform, &l->lora_a));
+    TRY(child(m, "lora_B", &b));
+    return param_init(b, "weight", 2, out, lora->r, 1, &zero, &l->lora_b);
 }
 
 /* A norm's unit weight; with b, a zero bias. */
-static fsdp2_status_t norm(fsdp2_module_t *parent, const char *name, int64_t dim, uint64_t *seed,
-                           fsdp2_param_t **w, fsdp2_param_t **b)
+static fsdp2_status_t norm(lm_model_t *model, fsdp2_module_t *parent, const char *name,
+                           int64_t dim, uint64_t *seed, fsdp2_param_t **w, fsdp2_param_t **b)
 {
     fsdp2_module_t *m;
     TRY(child(parent, name, &m));
-    TRY(param(m, "weight", 1, dim, 0, (*seed)++, 1.0, 0.0, w));
-    return b ? param(m, "bias", 1, dim, 0, (*seed)++, 0.0, 0.0, b) : FSDP2_SUCCESS;
+    TRY(param(model, m, "weight", 1, dim, 0, (*seed)++, 1.0, 0.0, w));
+    return b ? param(model, m, "bias", 1, dim, 0, (*seed)++, 0.0, 0.0, b) : FSDP2_SUCCESS;
 }
 
-static fsdp2_status_t gpt2_block(lm_model_t *m, lm_block_t *b, uint64_t *s)
+static fsdp2_status_t gpt2_block(lm_model_t *m, lm_block_t *b, uint64_t *s, int *hits)
 {
     int64_t C = m->cfg.dim, I = m->cfg.hidden;
     double std = 0.02, proj_std = 0.02 / sqrt(2.0 * m->cfg.layers);
     fsdp2_module_t *attn, *mlp;
-    TRY(norm(b->module, "ln_1", C, s, &b->norm1_w, &b->norm1_b));
+    TRY(norm(m, b->module, "ln_1", C, s, &b->norm1_w, &b->norm1_b));
     TRY(child(b->module, "attn", &attn));
-    TRY(linear(attn, "c_attn", C, 3 * C, std, s, &b->qkv_w, &b->qkv_b));
-    TRY(linear(attn, "c_proj", C, C, proj_std, s, &b->o_w, &b->o_b));
-    TRY(norm(b->module, "ln_2", C, s, &b->norm2_w, &b->norm2_b));
+    TRY(linear(m, attn, "c_attn", C, 3 * C, std, 1, s, hits, &b->qkv));
+    TRY(linear(m, attn, "c_proj", C, C, proj_std, 1, s, hits, &b->o));
+    TRY(norm(m, b->module, "ln_2", C, s, &b->norm2_w, &b->norm2_b));
     TRY(child(b->module, "mlp", &mlp));
-    TRY(linear(mlp, "c_fc", C, I, std, s, &b->up_w, &b->up_b));
-    return linear(mlp, "c_proj", I, C, proj_std, s, &b->down_w, &b->down_b);
+    TRY(linear(m, mlp, "c_fc", C, I, std, 1, s, hits, &b->up));
+    return linear(m, mlp, "c_proj", I, C, proj_std, 1, s, hits, &b->down);
 }
 
-static fsdp2_status_t llama_block(lm_model_t *m, lm_block_t *b, uint64_t *s)
+static fsdp2_status_t llama_block(lm_model_t *m, lm_block_t *b, uint64_t *s, int *hits)
 {
     int64_t C = m->cfg.dim, I = m->cfg.hidden, KV = kv_dim(&m->cfg);
     double std = 0.02;
     fsdp2_module_t *attn, *mlp;
     /* transformers' order (LlamaDecoderLayer's): the attention, the MLP, then the norms */
     TRY(child(b->module, "self_attn", &attn));
-    TRY(linear(attn, "q_proj", C, C, std, s, &b->q_w, NULL));
-    TRY(linear(attn, "k_proj", C, KV, std, s, &b->k_w, NULL));
-    TRY(linear(attn, "v_proj", C, KV, std, s, &b->v_w, NULL));
-    TRY(linear(attn, "o_proj", C, C, std, s, &b->o_w, NULL));
+    TRY(linear(m, attn, "q_proj", C, C, std, 0, s, hits, &b->q));
+    TRY(linear(m, attn, "k_proj", C, KV, std, 0, s, hits, &b->k));
+    TRY(linear(m, attn, "v_proj", C, KV, std, 0, s, hits, &b->v));
+    TRY(linear(m, attn, "o_proj", C, C, std, 0, s, hits, &b->o));
     TRY(child(b->module, "mlp", &mlp));
-    TRY(linear(mlp, "gate_proj", C, I, std, s, &b->gate_w, NULL));
-    TRY(linear(mlp, "up_proj", C, I, std, s, &b->up_w, NULL));
-    TRY(linear(mlp, "down_proj", I, C, std, s, &b->down_w, NULL));
-    TRY(norm(b->module, "input_layernorm", C, s, &b->norm1_w, NULL));
-    return norm(b->module, "post_attention_layernorm", C, s, &b->norm2_w, NULL);
+    TRY(linear(m, mlp, "gate_proj", C, I, std, 0, s, hits, &b->gate));
+    TRY(linear(m, mlp, "up_proj", C, I, std, 0, s, hits, &b->up));
+    TRY(linear(m, mlp, "down_proj", I, C, std, 0, s, hits, &b->down));
+    TRY(norm(m, b->module, "input_layernorm", C, s, &b->norm1_w, NULL));
+    return norm(m, b->module, "post_attention_layernorm", C, s, &b->norm2_w, NULL);
 }
 
 static fsdp2_status_t check_config(const lm_config_t *c)
@@ -150,6 +198,11 @@ static fsdp2_status_t check_config(const lm_config_t *c)
         bad = "vocab";
     else if (!(c->norm_eps >= 0 && isfinite(c->norm_eps)))
         bad = "norm_eps";
+    else if (c->lora.r < 0 || c->lora.r > c->dim || (c->lora.r > 0 && !c->lora.num_targets))
+        bad = "lora r (1 up to dim, with targets)";
+    else if (c->lora.r > 0 && !(isfinite(c->lora.alpha) && c->lora.dropout >= 0 &&
+                                c->lora.dropout < 1))
+        bad = "lora alpha or dropout";
     if (!bad)
         return FSDP2_SUCCESS;
     fprintf(stderr,
@@ -159,6 +212,27 @@ static fsdp2_status_t check_config(const lm_config_t *c)
             bad, c->layers, c->heads, c->kv_heads, c->dim, c->hidden, c->seq, c->positions,
             c->vocab, (double)c->norm_eps, LM_MAX_LAYERS);
     return FSDP2_ERR_INVALID_ARGUMENT;
+}
+
+/* Every LoRA target must name a linear layer the model has. */
+static fsdp2_status_t check_targets(const lm_config_t *c, const int *hits)
+{
+    static const char *const gpt2_names = "c_attn, c_proj, c_fc";
+    static const char *const llama_names = "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                           "down_proj";
+    for (int i = 0; i < c->lora.num_targets && c->lora.r > 0; i++) {
+        if (hits[i])
+            continue;
+        int head = !strcmp(c->lora.targets[i], "lm_head");
+        fprintf(stderr, "error: --lora target '%s' %s; the model's linear layers: %s%s\n",
+                c->lora.targets[i],
+                head && c->tied ? "is the head tied to the token embedding, which an adapter "
+                                  "cannot have"
+                                : "matches no linear layer",
+                llama(c) ? llama_names : gpt2_names, c->tied ? "" : ", lm_head");
+        return FSDP2_ERR_INVALID_ARGUMENT;
+    }
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out)
@@ -171,16 +245,18 @@ fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out
     m->cfg = *cfg;
     int64_t C = cfg->dim, V = cfg->vocab;
     uint64_t s = seed * 100000;
+    int hits[LM_LORA_MAX_TARGETS] = {0};
+    m->seed = seed;
     fsdp2_module_t *top, *sub, *layers, *head;
     TRY(fsdp2_module_create("", &m->root));
     top = m->root;
     if (llama(cfg)) /* model.embed_tokens, model.layers, model.norm; lm_head at the root */
         TRY(child(m->root, "model", &top));
     TRY(child(top, llama(cfg) ? "embed_tokens" : "wte", &sub));
-    TRY(param(sub, "weight", 2, V, C, s++, 0.0, 0.02, &m->embed));
+    TRY(param(m, sub, "weight", 2, V, C, s++, 0.0, 0.02, &m->embed));
     if (!llama(cfg)) {
         TRY(child(top, "wpe", &sub));
-        TRY(param(sub, "weight", 2, cfg->positions, C, s++, 0.0, 0.02, &m->pos_embed));
+        TRY(param(m, sub, "weight", 2, cfg->positions, C, s++, 0.0, 0.02, &m->pos_embed));
     }
     TRY(child(top, llama(cfg) ? "layers" : "h", &layers));
     for (int l = 0; l < cfg->layers; l++) {
@@ -188,15 +264,18 @@ fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out
         char name[16];
         snprintf(name, sizeof(name), "%d", l);
         TRY(child(layers, name, &b->module));
-        TRY(llama(cfg) ? llama_block(m, b, &s) : gpt2_block(m, b, &s));
+        TRY(llama(cfg) ? llama_block(m, b, &s, hits) : gpt2_block(m, b, &s, hits));
     }
-    TRY(norm(top, llama(cfg) ? "norm" : "ln_f", C, &s, &m->normf_w,
+    TRY(norm(m, top, llama(cfg) ? "norm" : "ln_f", C, &s, &m->normf_w,
              llama(cfg) ? NULL : &m->normf_b));
-    m->head = m->embed;
-    if (!cfg->tied)
-        return linear(m->root, "lm_head", C, V, 0.02, &s, &m->head, NULL);
-    TRY(child(m->root, "lm_head", &head));
-    return fsdp2_module_tie_param(head, "weight", m->embed);
+    if (!cfg->tied) {
+        TRY(linear(m, m->root, "lm_head", C, V, 0.02, 0, &s, hits, &m->head));
+    } else {
+        m->head = (lm_linear_t){.w = m->embed, .id = m->num_linears++};
+        TRY(child(m->root, "lm_head", &head));
+        TRY(fsdp2_module_tie_param(head, "weight", m->embed));
+    }
+    return check_targets(cfg, hits);
 }
 
 fsdp2_status_t lm_shard(lm_model_t *m, fsdp2_mesh_t *mesh, fsdp2_dtype_t param_dtype,
@@ -248,6 +327,9 @@ static size_t workspace_bytes(const lm_config_t *c, int64_t rows)
     size_t most = 0, b = 0;
     for (int i = 0; i < 6; i++) {
         fsdp2_nn_linear_workspace_bytes(lin[i][0], lin[i][1], &b);
+        most = b > most ? b : most;
+        if (c->lora.r > 0) /* any linear may carry an adapter */
+            fsdp2_nn_lora_workspace_bytes(lin[i][0], lin[i][1], c->lora.r, &b);
         most = b > most ? b : most;
     }
     fsdp2_nn_layernorm_workspace_bytes(C, &b);
@@ -379,7 +461,8 @@ static fsdp2_tensor_t *value(const fsdp2_param_t *p)
 static fsdp2_tensor_t *grad(const fsdp2_param_t *p)
 {
     fsdp2_tensor_t *t = NULL;
-    if (p)
+    fsdp2_param_info_t info;
+    if (p && fsdp2_param_info(p, &info) == FSDP2_SUCCESS && info.requires_grad)
         fsdp2_param_grad(p, &t);
     return t;
 }
@@ -387,6 +470,42 @@ static fsdp2_tensor_t *grad(const fsdp2_param_t *p)
 static void zero(float *p, int64_t n)
 {
     memset(p, 0, sizeof(float) * (size_t)n);
+}
+
+/* The adapter of l as the layers take it: dropout only while training, its mask from
+ * (the model's seed and l) at an offset of the micro-batch, the same in the backward and
+ * in a checkpointed block's second forward. */
+static fsdp2_nn_lora_t adapter(const lm_model_t *m, const lm_linear_t *l)
+{
+    fsdp2_nn_lora_t a = {.a = value(l->lora_a), .b = value(l->lora_b),
+                         .scale = m->cfg.lora.alpha / m->cfg.lora.r,
+                         .dropout = m->training ? m->cfg.lora.dropout : 0.0,
+                         .seed = m->seed * 1000003u + (uint64_t)l->id,
+                         .offset = m->train_steps << 40};
+    return a;
+}
+
+/* y = x W^T + b, through the adapter when l has one. */
+static fsdp2_status_t linear_forward(lm_model_t *m, const lm_linear_t *l, const float *x,
+                                     int64_t rows, float *y)
+{
+    if (!l->lora_a)
+        return fsdp2_nn_linear_forward(x, rows, value(l->w), value(l->b), y, &m->ws);
+    fsdp2_nn_lora_t a = adapter(m, l);
+    return fsdp2_nn_lora_forward(x, rows, value(l->w), value(l->b), &a, y, &m->ws);
+}
+
+/* dx += dy W (and the adapter's part); the gradients of what trains: with an adapter, its
+ * A and B only; a frozen weight or bias has no gradient buffer, so none is computed. */
+static fsdp2_status_t linear_backward(lm_model_t *m, const lm_linear_t *l, const float *x,
+                                      int64_t rows, const float *dy, float *dx)
+{
+    if (!l->lora_a)
+        return fsdp2_nn_linear_backward(x, rows, value(l->w), dy, dx, grad(l->w), grad(l->b),
+                                        &m->ws);
+    fsdp2_nn_lora_t a = adapter(m, l);
+    return fsdp2_nn_lora_backward(x, rows, value(l->w), &a, dy, dx, grad(l->lora_a),
+                                  grad(l->lora_b), &m->ws);
 }
 
 /* The norm of the architecture: layer norm (mean and rstd saved) or RMSNorm (rstd). */
@@ -420,12 +539,11 @@ static fsdp2_status_t attention_in(lm_model_t *m, const lm_block_t *b, lm_acts_t
     const lm_config_t *c = &m->cfg;
     int64_t rows = (int64_t)batch * seq, hd = c->dim / c->heads;
     if (!llama(c))
-        return fsdp2_nn_linear_forward(a->norm1, rows, value(b->qkv_w), value(b->qkv_b), a->qkv,
-                                       &m->ws);
+        return linear_forward(m, &b->qkv, a->norm1, rows, a->qkv);
     float *q = a->qkv, *k = q + rows * c->dim, *v = k + rows * kv_dim(c);
-    TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->q_w), NULL, q, &m->ws));
-    TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->k_w), NULL, k, &m->ws));
-    TRY(fsdp2_nn_linear_forward(a->norm1, rows, value(b->v_w), NULL, v, &m->ws));
+    TRY(linear_forward(m, &b->q, a->norm1, rows, q));
+    TRY(linear_forward(m, &b->k, a->norm1, rows, k));
+    TRY(linear_forward(m, &b->v, a->norm1, rows, v));
     TRY(fsdp2_nn_rope_forward(q, batch, seq, c->heads, hd, m->rope, c->seq, q));
     return fsdp2_nn_rope_forward(k, batch, seq, c->kv_heads, hd, m->rope, c->seq, k);
 }
@@ -447,12 +565,11 @@ static fsdp2_status_t mlp_in(lm_model_t *m, const lm_block_t *b, lm_acts_t *a, i
 {
     int64_t n = rows * m->cfg.hidden;
     if (!llama(&m->cfg)) {
-        TRY(fsdp2_nn_linear_forward(a->norm2, rows, value(b->up_w), value(b->up_b), a->fc,
-                                    &m->ws));
+        TRY(linear_forward(m, &b->up, a->norm2, rows, a->fc));
         return fsdp2_nn_gelu_forward(a->fc, a->act, n);
     }
-    TRY(fsdp2_nn_linear_forward(a->norm2, rows, value(b->gate_w), NULL, a->fc, &m->ws));
-    TRY(fsdp2_nn_linear_forward(a->norm2, rows, value(b->up_w), NULL, a->fc + n, &m->ws));
+    TRY(linear_forward(m, &b->gate, a->norm2, rows, a->fc));
+    TRY(linear_forward(m, &b->up, a->norm2, rows, a->fc + n));
     return fsdp2_nn_swiglu_forward(a->fc, a->fc + n, a->act, n);
 }
 
@@ -465,12 +582,11 @@ static fsdp2_status_t block_forward(lm_model_t *m, int l, lm_acts_t *a, int batc
     TRY(norm_forward(m, x, rows, b->norm1_w, b->norm1_b, a->norm1, a->mean1, a->rstd1));
     TRY(attention_in(m, b, a, batch, seq));
     TRY(attention(m, a, batch, seq));
-    TRY(fsdp2_nn_linear_forward(a->atty, rows, value(b->o_w), value(b->o_b), m->proj, &m->ws));
+    TRY(linear_forward(m, &b->o, a->atty, rows, m->proj));
     TRY(fsdp2_nn_residual_forward(x, m->proj, a->res_mid, n));
     TRY(norm_forward(m, a->res_mid, rows, b->norm2_w, b->norm2_b, a->norm2, a->mean2, a->rstd2));
     TRY(mlp_in(m, b, a, rows));
-    TRY(fsdp2_nn_linear_forward(a->act, rows, value(b->down_w), value(b->down_b), m->proj,
-                                &m->ws));
+    TRY(linear_forward(m, &b->down, a->act, rows, m->proj));
     return fsdp2_nn_residual_forward(a->res_mid, m->proj, y, n);
 }
 
@@ -483,14 +599,11 @@ static fsdp2_status_t mlp_in_backward(lm_model_t *m, const lm_block_t *b, const 
     zero(m->d_norm, rows * m->cfg.dim);
     if (!llama(&m->cfg)) {
         TRY(fsdp2_nn_gelu_backward(a->fc, m->d_act, m->d_fc, n));
-        return fsdp2_nn_linear_backward(a->norm2, rows, value(b->up_w), m->d_fc, m->d_norm,
-                                        grad(b->up_w), grad(b->up_b), &m->ws);
+        return linear_backward(m, &b->up, a->norm2, rows, m->d_fc, m->d_norm);
     }
     TRY(fsdp2_nn_swiglu_backward(a->fc, a->fc + n, m->d_act, m->d_fc, m->d_fc + n, n));
-    TRY(fsdp2_nn_linear_backward(a->norm2, rows, value(b->gate_w), m->d_fc, m->d_norm,
-                                 grad(b->gate_w), NULL, &m->ws));
-    return fsdp2_nn_linear_backward(a->norm2, rows, value(b->up_w), m->d_fc + n, m->d_norm,
-                                    grad(b->up_w), NULL, &m->ws);
+    TRY(linear_backward(m, &b->gate, a->norm2, rows, m->d_fc, m->d_norm));
+    return linear_backward(m, &b->up, a->norm2, rows, m->d_fc + n, m->d_norm);
 }
 
 /* d_atty -> d_norm (zeroed here): through the attention and its input projections. */
@@ -504,8 +617,7 @@ static fsdp2_status_t attention_backward(lm_model_t *m, const lm_block_t *b, con
     if (!llama(c)) {
         TRY(fsdp2_nn_attention_backward(a->qkv, a->probs, batch, seq, c->dim, c->heads, m->d_atty,
                                         m->d_qkv, &m->ws));
-        return fsdp2_nn_linear_backward(a->norm1, rows, value(b->qkv_w), m->d_qkv, m->d_norm,
-                                        grad(b->qkv_w), grad(b->qkv_b), &m->ws);
+        return linear_backward(m, &b->qkv, a->norm1, rows, m->d_qkv, m->d_norm);
     }
     const float *q = a->qkv, *k = q + rows * c->dim, *v = k + kv;
     float *dq = m->d_qkv, *dk = dq + rows * c->dim, *dv = dk + kv;
@@ -513,12 +625,9 @@ static fsdp2_status_t attention_backward(lm_model_t *m, const lm_block_t *b, con
                                         m->d_atty, dq, dk, dv, &m->ws));
     TRY(fsdp2_nn_rope_backward(dq, batch, seq, c->heads, hd, m->rope, c->seq, dq));
     TRY(fsdp2_nn_rope_backward(dk, batch, seq, c->kv_heads, hd, m->rope, c->seq, dk));
-    TRY(fsdp2_nn_linear_backward(a->norm1, rows, value(b->q_w), dq, m->d_norm, grad(b->q_w), NULL,
-                                 &m->ws));
-    TRY(fsdp2_nn_linear_backward(a->norm1, rows, value(b->k_w), dk, m->d_norm, grad(b->k_w), NULL,
-                                 &m->ws));
-    return fsdp2_nn_linear_backward(a->norm1, rows, value(b->v_w), dv, m->d_norm, grad(b->v_w),
-                                    NULL, &m->ws);
+    TRY(linear_backward(m, &b->q, a->norm1, rows, dq, m->d_norm));
+    TRY(linear_backward(m, &b->k, a->norm1, rows, dk, m->d_norm));
+    return linear_backward(m, &b->v, a->norm1, rows, dv, m->d_norm);
 }
 
 /* dy: the gradient of the block's output; dx (zeroed here) gets its input's. */
@@ -532,15 +641,13 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     zero(m->d_mid, n);
     TRY(fsdp2_nn_residual_backward(dy, m->d_mid, NULL, n));
     zero(m->d_act, rows * m->cfg.hidden);
-    TRY(fsdp2_nn_linear_backward(a->act, rows, value(b->down_w), dy, m->d_act, grad(b->down_w),
-                                 grad(b->down_b), &m->ws));
+    TRY(linear_backward(m, &b->down, a->act, rows, dy, m->d_act));
     TRY(mlp_in_backward(m, b, a, rows));
     TRY(norm_backward(m, a->res_mid, rows, b->norm2_w, b->norm2_b, a->mean2, a->rstd2, m->d_norm,
                       m->d_mid));
     /* res_mid = x + o(attention(norm1(x))) */
     zero(m->d_atty, n);
-    TRY(fsdp2_nn_linear_backward(a->atty, rows, value(b->o_w), m->d_mid, m->d_atty, grad(b->o_w),
-                                 grad(b->o_b), &m->ws));
+    TRY(linear_backward(m, &b->o, a->atty, rows, m->d_mid, m->d_atty));
     TRY(attention_backward(m, b, a, batch, seq));
     zero(dx, n);
     TRY(fsdp2_nn_residual_backward(m->d_mid, dx, NULL, n));
@@ -570,7 +677,7 @@ static fsdp2_status_t forward(lm_model_t *m, int batch, int seq)
     }
     const float *last = m->res + (int64_t)m->cfg.layers * rows * C;
     TRY(norm_forward(m, last, rows, m->normf_w, m->normf_b, m->normf, m->meanf, m->rstdf));
-    TRY(fsdp2_nn_linear_forward(m->normf, rows, value(m->head), NULL, m->logits, &m->ws));
+    TRY(linear_forward(m, &m->head, m->normf, rows, m->logits));
     return fsdp2_post_forward(m->root);
 }
 
@@ -580,8 +687,7 @@ static fsdp2_status_t backward(lm_model_t *m, int batch, int seq)
     TRY(fsdp2_pre_backward(m->root));
     /* the head, then the final norm */
     zero(m->d_norm, n);
-    TRY(fsdp2_nn_linear_backward(m->normf, rows, value(m->head), m->logits, m->d_norm,
-                                 grad(m->head), NULL, &m->ws));
+    TRY(linear_backward(m, &m->head, m->normf, rows, m->logits, m->d_norm));
     float *d = m->d_res[0], *other = m->d_res[1];
     zero(d, n);
     const float *last = m->res + (int64_t)m->cfg.layers * n;
@@ -597,9 +703,11 @@ static fsdp2_status_t backward(lm_model_t *m, int batch, int seq)
         d = other;
         other = t;
     }
-    TRY(fsdp2_nn_embedding_backward(m->tokens, rows, d, grad(m->embed), &m->ws));
-    if (m->pos_embed)
-        TRY(fsdp2_nn_embedding_backward(m->positions, rows, d, grad(m->pos_embed), &m->ws));
+    fsdp2_tensor_t *g = grad(m->embed); /* none when frozen */
+    if (g)
+        TRY(fsdp2_nn_embedding_backward(m->tokens, rows, d, g, &m->ws));
+    if (m->pos_embed && (g = grad(m->pos_embed)))
+        TRY(fsdp2_nn_embedding_backward(m->positions, rows, d, g, &m->ws));
     TRY(fsdp2_post_backward(m->root));
     return fsdp2_backward_finish(m->root);
 }
@@ -608,6 +716,8 @@ fsdp2_status_t lm_step(lm_model_t *m, int batch, int do_backward, double divisor
 {
     int seq = m->cfg.seq;
     int64_t rows = (int64_t)batch * seq;
+    m->training = do_backward;
+    m->train_steps += do_backward != 0; /* each micro-batch its own dropout masks */
     TRY(forward(m, batch, seq));
     TRY(fsdp2_nn_cross_entropy(m->logits, m->targets, rows, m->cfg.vocab, -1, divisor, loss,
                                do_backward ? m->logits : NULL, NULL, NULL));
@@ -616,6 +726,7 @@ fsdp2_status_t lm_step(lm_model_t *m, int batch, int do_backward, double divisor
 
 fsdp2_status_t lm_forward_logits(lm_model_t *m, int len, const float **logits)
 {
+    m->training = 0;
     TRY(forward(m, 1, len));
     *logits = m->logits;
     return FSDP2_SUCCESS;

@@ -27,6 +27,19 @@
 
 typedef enum lm_arch { LM_GPT2, LM_LLAMA } lm_arch_t;
 
+#define LM_LORA_MAX_TARGETS 16
+
+/* LoRA adapters as PEFT's LoraConfig: rank r (0: none), lora_alpha, lora_dropout, and
+ * target_modules: a linear layer is adapted when its module path equals a target or ends
+ * in "." and the target (q_proj, v_proj; GPT-2's c_attn, c_proj, c_fc). With adapters,
+ * every other parameter is frozen, as get_peft_model does. */
+typedef struct lm_lora {
+    int r;
+    double alpha, dropout;
+    int num_targets;
+    char targets[LM_LORA_MAX_TARGETS][48];
+} lm_lora_t;
+
 typedef struct lm_config {
     lm_arch_t arch;
     int layers, heads, kv_heads, dim, hidden; /* hidden: the MLP's inner width */
@@ -36,21 +49,29 @@ typedef struct lm_config {
     int tied;                                 /* the head is the token embedding */
     double norm_eps;
     fsdp2_nn_rope_config_t rope; /* Llama only */
+    lm_lora_t lora;
 } lm_config_t;
 
 /* GPT-2's shape for the given sizes: kv_heads = heads, hidden = 4 dim, positions = seq,
  * eps 1e-5, tied head. */
 lm_config_t lm_gpt2_config(int layers, int heads, int dim, int seq, int vocab);
 
+/* A linear layer: weight [out, in], bias (or NULL), and its LoRA adapter (lora_A [r, in],
+ * lora_B [out, r], or NULL). id numbers it in the model (the adapter's dropout stream). */
+typedef struct lm_linear {
+    fsdp2_param_t *w, *b, *lora_a, *lora_b;
+    int id;
+} lm_linear_t;
+
 typedef struct lm_block {
     fsdp2_module_t *module;
     fsdp2_param_t *norm1_w, *norm1_b, *norm2_w, *norm2_b; /* biases: GPT-2 only */
-    fsdp2_param_t *qkv_w, *qkv_b;                         /* GPT-2's fused c_attn */
-    fsdp2_param_t *q_w, *k_w, *v_w;                       /* Llama */
-    fsdp2_param_t *o_w, *o_b;                             /* c_proj / o_proj */
-    fsdp2_param_t *up_w, *up_b;                           /* c_fc / up_proj */
-    fsdp2_param_t *gate_w;                                /* Llama */
-    fsdp2_param_t *down_w, *down_b;                       /* mlp.c_proj / down_proj */
+    lm_linear_t qkv;                                      /* GPT-2's fused c_attn */
+    lm_linear_t q, k, v;                                  /* Llama */
+    lm_linear_t o;                                        /* c_proj / o_proj */
+    lm_linear_t up;                                       /* c_fc / up_proj */
+    lm_linear_t gate;                                     /* Llama */
+    lm_linear_t down;                                     /* mlp.c_proj / down_proj */
 } lm_block_t;
 
 /* One block's saved activations (its input is res[l]). qkv holds q, k, v one after the
@@ -66,7 +87,11 @@ typedef struct lm_model {
     int max_batch;     /* sequences per micro-batch */
     int checkpointing; /* blocks keep only their input; backward recomputes */
     fsdp2_module_t *root;
-    fsdp2_param_t *embed, *pos_embed, *normf_w, *normf_b, *head; /* head = embed when tied */
+    fsdp2_param_t *embed, *pos_embed, *normf_w, *normf_b;
+    lm_linear_t head; /* head.w = embed when tied */
+    int num_linears;
+    uint64_t seed, train_steps; /* the adapters' dropout masks: per linear and micro-batch */
+    int training;               /* dropout on */
     lm_block_t blocks[LM_MAX_LAYERS];
     /* activations */
     int32_t *tokens, *targets, *positions;
@@ -82,8 +107,10 @@ typedef struct lm_model {
 } lm_model_t;
 
 /* The tree on meta with the architecture's initialisation from seed (normal 0.02; GPT-2's
- * residual projections 0.02 / sqrt(2 layers); zero biases, unit norms): the same values at
- * every world size. Not sharded yet. A bad config is refused naming the field. */
+ * residual projections 0.02 / sqrt(2 layers); zero biases, unit norms; LoRA's A
+ * Kaiming-uniform as PEFT's, B zero): the same values at every world size. Not sharded
+ * yet. A bad config is refused naming the field; LoRA targets that match no linear layer
+ * are refused naming them and the candidates, and so is an adapter on a tied head. */
 fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out);
 
 /* fully_shard each block, then the root, over mesh; then materialises the parameters. */
@@ -107,6 +134,7 @@ fsdp2_status_t lm_step(lm_model_t *m, int batch, int backward, double divisor, d
  * for sampling (the last row) and for checks against a reference. */
 fsdp2_status_t lm_forward_logits(lm_model_t *m, int len, const float **logits);
 
+/* The base model's parameters (without adapters). */
 int64_t lm_numel(const lm_config_t *cfg);
 
 #endif

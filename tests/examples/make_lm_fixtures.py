@@ -19,6 +19,7 @@ config."""
 import json
 import os
 
+import peft
 import safetensors.torch
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,13 @@ import transformers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH, SEQ = 2, 8
+
+
+def our_name(name):
+    """peft's and transformers' names as examples/lm's: no "base_model.model.", no
+    GPT-2 "transformer.", no adapter name, no "base_layer." of an adapted linear."""
+    name = name.removeprefix("base_model.model.").removeprefix("transformer.")
+    return name.replace(".default.", ".").replace(".base_layer.", ".")
 
 
 def write(name, model, vocab, conv1d=()):
@@ -39,15 +47,16 @@ def write(name, model, vocab, conv1d=()):
     out = {"ids": ids.int(), "targets": targets.int(), "logits": logits.detach(),
            "loss": loss.detach().reshape(1)}
     for pname, p in model.named_parameters():
-        key = pname.removeprefix("transformer.")
+        key = our_name(pname)
         w, g = p.detach(), p.grad
         if key.endswith(".weight") and key.rsplit(".", 2)[-2] in conv1d:
-            w, g = w.t(), g.t()
+            w, g = w.t(), (g.t() if g is not None else None)
         out["param:" + key] = w.float().contiguous()  # f32 values: the model's own
-        out["grad:" + key] = g.contiguous()
+        if g is not None:  # frozen under LoRA: no gradient
+            out["grad:" + key] = g.contiguous()
     meta = {"generator": "tests/examples/make_lm_fixtures.py",
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "config": json.dumps(model.config.to_diff_dict())}
+            "peft": peft.__version__, "config": json.dumps(model.config.to_diff_dict())}
     safetensors.torch.save_file(out, os.path.join(HERE, name), metadata=meta)
 
 
@@ -75,3 +84,26 @@ llama = transformers.LlamaConfig(
     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 4})
 write("lm_llama.safetensors", round_to_f32(transformers.LlamaForCausalLM(llama)), 64)
+
+
+def with_lora(model, targets, seed):
+    """peft's LoRA (r 4, alpha 8, no dropout) on targets, lora_B drawn at random (peft
+    starts it at zero, which would hide the adapter's forward)."""
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                      target_modules=list(targets)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in lora.named_parameters():
+            if "lora_B" in pname:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return lora
+
+
+torch.manual_seed(1)
+write("lm_gpt2_lora.safetensors",
+      with_lora(round_to_f32(transformers.GPT2LMHeadModel(gpt2)), ["c_attn", "c_proj"], 5), 61,
+      conv1d=("c_attn", "c_proj", "c_fc"))
+torch.manual_seed(2)
+write("lm_llama_lora.safetensors",
+      with_lora(round_to_f32(transformers.LlamaForCausalLM(llama)), ["q_proj", "v_proj",
+                                                                      "down_proj"], 6), 64)

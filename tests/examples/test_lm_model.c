@@ -121,7 +121,8 @@ static lm_model_t *model_from(const st_file_t *f, const lm_config_t *cfg, fsdp2_
 }
 
 /* The forward's logits (step without backward), the loss and every gradient. */
-static void check_against_transformers(const char *path, const lm_config_t *cfg)
+static void check_against_transformers(const char *path, const lm_config_t *cfg,
+                                       int lora_layers)
 {
     st_file_t f;
     OK(st_open(path, &f));
@@ -140,24 +141,38 @@ static void check_against_transformers(const char *path, const lm_config_t *cfg)
     OK(fsdp2_module_params(m->root, NULL, 0, &count));
     fsdp2_param_t **params = calloc(count, sizeof(*params));
     OK(fsdp2_module_params(m->root, params, count, &count));
-    ck_assert_int_eq((int64_t)count, cfg->arch == LM_LLAMA ? 3 + 9 * cfg->layers
-                                                             : 4 + 12 * cfg->layers);
-    int64_t numel = 0;
+    int64_t numel = 0, adapters = 0;
     for (size_t i = 0; i < count; i++) {
         fsdp2_param_info_t info;
         fsdp2_dtensor_t *dt;
         fsdp2_tensor_t *g;
         char key[FSDP2_FQN_MAX + 8];
         OK(fsdp2_param_info(params[i], &info));
+        snprintf(key, sizeof(key), "grad:%s", info.fqn);
+        int adapter = strstr(info.fqn, ".lora_") != NULL;
+        adapters += adapter;
+        /* under LoRA the base is frozen: no gradient here, none in peft's */
+        ck_assert_msg(info.requires_grad == (cfg->lora.r == 0 || adapter), "%s requires_grad %d",
+                      info.fqn, info.requires_grad);
+        if (!info.requires_grad) {
+            ck_assert_msg(st_find(&f, key) == NULL, "peft trains %s", info.fqn);
+            int64_t n = 1;
+            for (int d = 0; d < info.ndim; d++)
+                n *= info.shape[d];
+            numel += n;
+            continue;
+        }
         OK(fsdp2_param_sharded_grad(params[i], &dt));
         OK(fsdp2_dtensor_to_local(dt, &g));
-        snprintf(key, sizeof(key), "grad:%s", info.fqn);
         double *wg = read_f64(&f, key, g->numel);
         assert_close(info.fqn, g->data, wg, g->numel, 1e-4);
-        numel += g->numel;
+        numel += adapter ? 0 : g->numel;
         free(wg);
         fsdp2_tensor_release(g);
     }
+    ck_assert_int_eq((int64_t)count - adapters, cfg->arch == LM_LLAMA ? 3 + 9 * cfg->layers
+                                                                        : 4 + 12 * cfg->layers);
+    ck_assert_int_eq(adapters, 2 * lora_layers);
     ck_assert_int_eq(numel, lm_numel(cfg));
     free(params), free(want), free(want_loss);
     lm_destroy(m);
@@ -172,14 +187,7 @@ static void check_against_transformers(const char *path, const lm_config_t *cfg)
     st_close(&f);
 }
 
-START_TEST(gpt2_logits_loss_and_gradients_match_transformers)
-{
-    lm_config_t cfg = lm_gpt2_config(2, 4, 32, SEQ, 61);
-    check_against_transformers(FIXTURE("lm_gpt2.safetensors"), &cfg);
-}
-END_TEST
-
-START_TEST(llama_with_grouped_heads_and_llama3_rope_matches_transformers)
+static lm_config_t tiny_llama(void)
 {
     lm_config_t cfg = {.arch = LM_LLAMA, .layers = 2, .heads = 4, .kv_heads = 2, .dim = 32,
                        .hidden = 48, .seq = SEQ, .positions = 16, .vocab = 64, .tied = 0,
@@ -187,7 +195,59 @@ START_TEST(llama_with_grouped_heads_and_llama3_rope_matches_transformers)
     cfg.rope.scaling = FSDP2_NN_ROPE_LLAMA3;
     cfg.rope.factor = 8, cfg.rope.low_freq_factor = 1, cfg.rope.high_freq_factor = 4;
     cfg.rope.original_max_positions = 4;
-    check_against_transformers(FIXTURE("lm_llama.safetensors"), &cfg);
+    return cfg;
+}
+
+START_TEST(gpt2_logits_loss_and_gradients_match_transformers)
+{
+    lm_config_t cfg = lm_gpt2_config(2, 4, 32, SEQ, 61);
+    check_against_transformers(FIXTURE("lm_gpt2.safetensors"), &cfg, 0);
+}
+END_TEST
+
+/* peft's LoRA (r 4, alpha 8) on c_attn and c_proj (both the attention's and the MLP's, as
+ * peft matches names): the frozen base gets no gradient, the adapters peft's */
+START_TEST(gpt2_with_lora_adapters_matches_peft)
+{
+    lm_config_t cfg = lm_gpt2_config(2, 4, 32, SEQ, 61);
+    cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 2,
+                           .targets = {"c_attn", "c_proj"}};
+    check_against_transformers(FIXTURE("lm_gpt2_lora.safetensors"), &cfg, 3 * 2);
+}
+END_TEST
+
+START_TEST(llama_with_grouped_heads_and_llama3_rope_matches_transformers)
+{
+    lm_config_t cfg = tiny_llama();
+    check_against_transformers(FIXTURE("lm_llama.safetensors"), &cfg, 0);
+}
+END_TEST
+
+START_TEST(llama_with_lora_adapters_matches_peft)
+{
+    lm_config_t cfg = tiny_llama();
+    cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 3,
+                           .targets = {"q_proj", "v_proj", "down_proj"}};
+    check_against_transformers(FIXTURE("lm_llama_lora.safetensors"), &cfg, 3 * 2);
+}
+END_TEST
+
+START_TEST(lora_targets_that_match_nothing_or_a_tied_head_are_refused)
+{
+    lm_model_t *m = NULL;
+    lm_config_t cfg = tiny_llama();
+    cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 2, .targets = {"q_proj", "qproj"}};
+    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_ARGUMENT);
+    lm_destroy(m);
+    m = NULL;
+    cfg = lm_gpt2_config(2, 4, 32, SEQ, 61);
+    cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 1, .targets = {"lm_head"}};
+    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_ARGUMENT);
+    lm_destroy(m);
+    m = NULL;
+    cfg.lora.r = 0; /* no adapters: the targets are not looked at */
+    OK(lm_create(&cfg, 1, &m));
+    lm_destroy(m);
 }
 END_TEST
 
@@ -199,6 +259,9 @@ static Suite *lm_model_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, gpt2_logits_loss_and_gradients_match_transformers);
     tcase_add_test(tc, llama_with_grouped_heads_and_llama3_rope_matches_transformers);
+    tcase_add_test(tc, gpt2_with_lora_adapters_matches_peft);
+    tcase_add_test(tc, llama_with_lora_adapters_matches_peft);
+    tcase_add_test(tc, lora_targets_that_match_nothing_or_a_tied_head_are_refused);
     suite_add_tcase(s, tc);
     return s;
 }
