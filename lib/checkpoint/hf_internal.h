@@ -8,6 +8,8 @@
 
 #include <fsdp2/hf_model.h>
 
+#include "safetensors.h"
+
 #define HF_NAME_MAX 96
 /* config.json and the index: far above any published one, and bounded before a read. */
 #define HF_MAX_JSON_BYTES ((size_t)64 << 20)
@@ -37,6 +39,21 @@ void hf_stored_name(fsdp2_hf_arch_t arch, const char *canonical, char *out, size
  * refused unless regular; NUL-terminated, caller frees. *missing (may be NULL) is set,
  * with no error recorded, when the file does not exist. */
 fsdp2_status_t hf_read_text(const char *path, char **text, int *missing);
+/* A directory written whole or not at all: hf_tmp_create checks dir (absent or empty, its
+ * parent a directory) and makes a temporary directory beside it (*tmp, caller's);
+ * hf_tmp_file writes a file into it (fsynced); hf_tmp_commit renames it to dir;
+ * hf_tmp_remove deletes it with its files and frees tmp (NULL ignored). */
+fsdp2_status_t hf_tmp_create(const char *dir, char **tmp);
+fsdp2_status_t hf_tmp_file(const char *tmp, const char *name, const void *data, size_t len);
+fsdp2_status_t hf_tmp_commit(const char *tmp, const char *dir);
+void hf_tmp_remove(char *tmp);
+
+/* Reads rows [row0, row0 + rows) of tensor t (canonical layout; transposed when the file
+ * holds [in, out]) from entry of file into dst as f32 or bf16, converting from F32, BF16
+ * or F16 and refusing a NaN or an infinity by its flat index in the file. */
+fsdp2_status_t hf_read_rows(const st_file_t *file, const st_entry_t *entry, const hf_tensor_t *t,
+                            int64_t row0, int64_t rows, fsdp2_dtype_t dst_dtype, void *dst);
+
 /* Refuses a config struct of a size this library does not know (there is one version). */
 fsdp2_status_t hf_config_check_size(const fsdp2_hf_config_t *cfg, const char *what);
 

@@ -374,18 +374,18 @@ fsdp2_status_t fsdp2_hf_model_tensor(const fsdp2_hf_model_t *m, size_t i,
 
 /* Reads n elements at element offset at of the entry, as f32 into out, refusing a NaN or
  * an infinity by its flat index in the file's layout. raw holds n elements of any dtype. */
-static fsdp2_status_t read_f32(const hf_place_t *p, uint64_t at, size_t n, void *raw, float *out)
+static fsdp2_status_t read_f32(const st_file_t *file, const st_entry_t *e, uint64_t at, size_t n,
+                               void *raw, float *out)
 {
-    const st_entry_t *e = p->entry;
     size_t elem = e->dtype == FSDP2_F32 ? 4 : 2;
     FSDP2_CHECK(
-        st_read(p->file, e, at * elem, e->dtype == FSDP2_F32 ? (void *)out : raw, n * elem));
+        st_read(file, e, at * elem, e->dtype == FSDP2_F32 ? (void *)out : raw, n * elem));
     if (e->dtype != FSDP2_F32)
         FSDP2_CHECK(fsdp2_convert(out, FSDP2_F32, raw, e->dtype, n));
     for (size_t k = 0; k < n; k++)
         if (!isfinite(out[k]))
             return fsdp2_error(FSDP2_ERR_CORRUPT, "%s: tensor '%s' holds %s at flat index %" PRIu64,
-                               p->file->path, e->name, isnan(out[k]) ? "NaN" : "an infinity",
+                               file->path, e->name, isnan(out[k]) ? "NaN" : "an infinity",
                                at + k);
     return FSDP2_SUCCESS;
 }
@@ -411,8 +411,14 @@ fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *m, const char *name, int64_
     if (i == SIZE_MAX)
         return fsdp2_error(FSDP2_ERR_NOT_FOUND, "%s: no tensor '%s' (canonical names: "
                            "fsdp2_hf_model_tensor)", m->dir, name);
-    const hf_tensor_t *t = &m->tensors[i];
-    const hf_place_t *p = &m->places[i];
+    return hf_read_rows(m->places[i].file, m->places[i].entry, &m->tensors[i], row0, rows,
+                        dst_dtype, dst);
+}
+
+fsdp2_status_t hf_read_rows(const st_file_t *file, const st_entry_t *entry, const hf_tensor_t *t,
+                            int64_t row0, int64_t rows, fsdp2_dtype_t dst_dtype, void *dst)
+{
+    const char *name = t->name;
     int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
     FSDP2_ARG_CHECK(row0 >= 0 && rows >= 0 && row0 <= t->shape[0] && rows <= t->shape[0] - row0,
                     "fsdp2_hf_model_read %s: rows [%" PRId64 ", %" PRId64 " + %" PRId64
@@ -436,7 +442,7 @@ fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *m, const char *name, int64_
             size_t n = total - done < chunk ? (size_t)(total - done) : chunk;
             /* An f32 destination is converted into in place: no staging copy. */
             float *out = dst_dtype == FSDP2_F32 ? (float *)dst + done : f32;
-            FSDP2_CHECK_GOTO(read_f32(p, first + done, n, raw, out), status, cleanup);
+            FSDP2_CHECK_GOTO(read_f32(file, entry, first + done, n, raw, out), status, cleanup);
             if (dst_dtype == FSDP2_BF16)
                 FSDP2_CHECK_GOTO(
                     fsdp2_convert((uint16_t *)dst + done, FSDP2_BF16, f32, FSDP2_F32, n), status,
@@ -446,8 +452,9 @@ fsdp2_status_t fsdp2_hf_model_read(fsdp2_hf_model_t *m, const char *name, int64_
     } else {
         uint64_t out = (uint64_t)t->shape[0];
         for (int64_t c = 0; c < cols; c++) {
-            FSDP2_CHECK_GOTO(read_f32(p, (uint64_t)c * out + (uint64_t)row0, chunk, raw, f32),
-                             status, cleanup);
+            FSDP2_CHECK_GOTO(
+                read_f32(file, entry, (uint64_t)c * out + (uint64_t)row0, chunk, raw, f32),
+                status, cleanup);
             for (size_t r = 0; r < chunk; r++)
                 store(dst, dst_dtype, r * (size_t)cols + (size_t)c, f32[r]);
         }

@@ -64,30 +64,36 @@ static char *join(const char *dir, const char *name)
 }
 
 /* Removes the temporary directory and what is in it (only files: we make no others). */
-static void remove_tmp(fsdp2_hf_writer_t *w)
+void hf_tmp_remove(char *tmp)
 {
-    if (w->tmp == NULL)
+    if (tmp == NULL)
         return;
-    DIR *d = opendir(w->tmp);
+    DIR *d = opendir(tmp);
     if (d != NULL) {
         struct dirent *e;
         while ((e = readdir(d)) != NULL) {
             if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
-            char *path = join(w->tmp, e->d_name);
+            char *path = join(tmp, e->d_name);
             if (path != NULL)
                 unlink(path);
             free(path);
         }
         closedir(d);
     }
-    rmdir(w->tmp);
-    free(w->tmp);
+    rmdir(tmp);
+    free(tmp);
+}
+
+static void remove_tmp(fsdp2_hf_writer_t *w)
+{
+    hf_tmp_remove(w->tmp);
     w->tmp = NULL;
 }
 
-static fsdp2_status_t write_file(const char *dir, const char *name, const char *text, size_t len)
+fsdp2_status_t hf_tmp_file(const char *dir, const char *name, const void *data, size_t len)
 {
+    const char *text = data;
     char *path = join(dir, name);
     if (path == NULL)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s/%s", dir, name);
@@ -122,7 +128,7 @@ cleanup:
 
 static fsdp2_status_t write_small_file(const char *dir, const char *name, const char *text)
 {
-    return write_file(dir, name, text, strlen(text));
+    return hf_tmp_file(dir, name, text, strlen(text));
 }
 
 /* The target must not exist, or be an empty directory; its parent must be a directory. */
@@ -165,21 +171,34 @@ static fsdp2_status_t check_target(const char *dir, char **parent_out)
     return FSDP2_SUCCESS;
 }
 
-static fsdp2_status_t make_tmp(fsdp2_hf_writer_t *w)
+fsdp2_status_t hf_tmp_commit(const char *tmp, const char *dir)
+{
+    int fd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    /* An empty directory in dir's place is replaced; anything else there now fails. */
+    if (rename(tmp, dir) != 0)
+        return fsdp2_error(FSDP2_ERR_IO, "%s: rename from %s: %s", dir, tmp, strerror(errno));
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t hf_tmp_create(const char *dir, char **tmp_out)
 {
     char *parent = NULL;
-    FSDP2_CHECK(check_target(w->dir, &parent));
-    char *copy = strdup(w->dir);
+    FSDP2_CHECK(check_target(dir, &parent));
+    char *copy = strdup(dir);
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (copy == NULL) {
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s", w->dir);
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s", dir);
         goto cleanup;
     }
     const char *base = basename(copy);
     size_t len = strlen(parent) + strlen(base) + 32;
     char *tmp = fsdp2_malloc(len);
     if (tmp == NULL) {
-        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s", w->dir);
+        status = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "%s", dir);
         goto cleanup;
     }
     snprintf(tmp, len, "%s/.%s.partial-XXXXXX", parent, base);
@@ -196,7 +215,7 @@ static fsdp2_status_t make_tmp(fsdp2_hf_writer_t *w)
         free(tmp);
         goto cleanup;
     }
-    w->tmp = tmp;
+    *tmp_out = tmp;
 cleanup:
     free(copy);
     free(parent);
@@ -322,7 +341,7 @@ fsdp2_status_t fsdp2_hf_writer_create(const char *dir, const fsdp2_hf_config_t *
         goto cleanup;
     }
     plan_shards(w);
-    FSDP2_CHECK_GOTO(make_tmp(w), status, cleanup);
+    FSDP2_CHECK_GOTO(hf_tmp_create(w->dir, &w->tmp), status, cleanup);
     FSDP2_CHECK_GOTO(hf_config_to_json(cfg, o.dtype, &config), status, cleanup);
     FSDP2_CHECK_GOTO(write_small_file(w->tmp, "config.json", config), status, cleanup);
     FSDP2_CHECK_GOTO(open_shard(w, 0), status, cleanup);
@@ -432,7 +451,7 @@ fsdp2_status_t fsdp2_hf_writer_add_file(fsdp2_hf_writer_t *w, const char *name, 
                     "%s: '%s' is not a file name the writer leaves free (no path, not the "
                     "config or the weights)", w->dir, name);
     FSDP2_ARG_CHECK(!w->failed, "%s: an earlier write failed", w->dir);
-    fsdp2_status_t status = write_file(w->tmp, name, data, len);
+    fsdp2_status_t status = hf_tmp_file(w->tmp, name, data, len);
     if (status != FSDP2_SUCCESS)
         w->failed = 1;
     return status;
@@ -455,17 +474,7 @@ fsdp2_status_t fsdp2_hf_writer_finish(fsdp2_hf_writer_t *w)
     }
     if (w->num_shards > 1)
         FSDP2_CHECK_GOTO(write_index(w), status, cleanup);
-    int fd = open(w->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    /* An empty directory in dir's place is replaced; anything else there now fails. */
-    if (rename(w->tmp, w->dir) != 0) {
-        status = fsdp2_error(FSDP2_ERR_IO, "%s: rename from %s: %s", w->dir, w->tmp,
-                             strerror(errno));
-        goto cleanup;
-    }
+    FSDP2_CHECK_GOTO(hf_tmp_commit(w->tmp, w->dir), status, cleanup);
     free(w->tmp);
     w->tmp = NULL;
 cleanup:
