@@ -18,7 +18,9 @@ int lm_is_adapter(const char *fqn)
 static fsdp2_status_t params_of(const lm_model_t *m, int adapters, fsdp2_param_t ***out,
                                 size_t *count)
 {
-    size_t all;
+    size_t all = 0;
+    *out = NULL;
+    *count = 0;
     fsdp2_status_t s = fsdp2_module_params(m->root, NULL, 0, &all);
     if (s != FSDP2_SUCCESS)
         return s;
@@ -173,7 +175,22 @@ static fsdp2_status_t add_file(fsdp2_hf_writer_t *w, const char *name, const cha
     return s;
 }
 
-fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
+/* Every rank learns whether rank 0's writing failed, so that all go on or stop alike. */
+static fsdp2_status_t agree(fsdp2_group_t *world, fsdp2_status_t mine)
+{
+    double failed = mine != FSDP2_SUCCESS;
+    fsdp2_stream_t *current;
+    fsdp2_status_t s = fsdp2_stream_current((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &current);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_all_reduce_async(world, &failed, 1, FSDP2_F64, NULL, current);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_stream_synchronize(current);
+    if (s != FSDP2_SUCCESS)
+        return s;
+    return mine != FSDP2_SUCCESS ? mine : failed > 0 ? FSDP2_ERR_PEER_FAILED : FSDP2_SUCCESS;
+}
+
+fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const char *dir,
                             const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
                             int64_t bos, int64_t eos)
 {
@@ -205,6 +222,8 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
         if (s == FSDP2_SUCCESS)
             s = fsdp2_dtensor_full_tensor(dt, NULL, &full);
         if (s != FSDP2_SUCCESS) {
+            fprintf(stderr, "error: --export %s: gathering %s: %s\n", dir, pi.fqn,
+                    fsdp2_last_error());
             fsdp2_hf_writer_abort(w);
             free(p);
             return s;
@@ -228,5 +247,9 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
     }
     if (status != FSDP2_SUCCESS)
         fprintf(stderr, "error: --export %s: %s: %s\n", dir, fsdp2_strerror(status), why);
-    return status;
+    fsdp2_status_t all = agree(world, status);
+    if (all != FSDP2_SUCCESS && status == FSDP2_SUCCESS)
+        fprintf(stderr, "error: --export %s: rank 0 could not write it (its error above)\n",
+                dir);
+    return all;
 }

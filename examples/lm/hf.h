@@ -35,9 +35,10 @@ typedef struct lm_hf_file {
 /* Collective: every parameter of the base gathered whole in turn; rank 0 writes the
  * directory dir
  * (which must not exist, or be empty) in dtype (f32 or bf16), with copies of files (the
- * tokenizer's, generation_config.json), appearing whole or not at all. bos/eos: the
- * token ids for config.json (-1: none). */
-fsdp2_status_t lm_hf_export(lm_model_t *m, int rank, const char *dir,
+ * tokenizer's, generation_config.json), appearing whole or not at all. Every rank of world
+ * returns the same status (rank 0's failure too). bos/eos: the token ids for config.json
+ * (-1: none). */
+fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const char *dir,
                             const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
                             int64_t bos, int64_t eos);
 

@@ -549,6 +549,8 @@ static double train_step(run_t *r, long step, double *norm)
                 fprintf(r->dump, " %d\n", m->targets[j * T + T - 1]);
             }
         CHECK(fsdp2_set_requires_gradient_sync(m->root, k == a->grad_accum - 1));
+        m->dropout_row = ((uint64_t)step * (uint64_t)a->batch +
+                          (uint64_t)(r->rank * r->local_batch + k * r->micro)) * (uint64_t)T;
         double loss;
         CHECK(lm_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
         loss_sum += loss;
@@ -815,7 +817,7 @@ int main(int argc, char **argv)
                  a->init_from ? a->init_from : "");
         if (a->init_from && access(generation, F_OK) == 0)
             files[n++] = (lm_hf_file_t){"generation_config.json", generation};
-        if (lm_hf_export(r.model, r.rank, a->export_path, files, n,
+        if (lm_hf_export(r.model, r.world, r.rank, a->export_path, files, n,
                          strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
                          a->eos) != FSDP2_SUCCESS)
             exit(1);

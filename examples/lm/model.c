@@ -47,7 +47,7 @@ int64_t lm_numel(const lm_config_t *c)
         top = V * C + C + (c->tied ? 0 : V * C);
     } else {
         block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (I * C + I) + (I * C + C);
-        top = V * C + (int64_t)c->positions * C + 2 * C;
+        top = V * C + (int64_t)c->positions * C + 2 * C + (c->tied ? 0 : V * C);
     }
     return top + c->layers * block;
 }
@@ -198,8 +198,10 @@ static fsdp2_status_t check_config(const lm_config_t *c)
         bad = "vocab";
     else if (!(c->norm_eps >= 0 && isfinite(c->norm_eps)))
         bad = "norm_eps";
-    else if (c->lora.r < 0 || c->lora.r > c->dim || (c->lora.r > 0 && !c->lora.num_targets))
-        bad = "lora r (1 up to dim, with targets)";
+    else if (c->seq > 46340)
+        bad = "seq (attention's seq x seq scores must fit a BLAS int: at most 46340)";
+    else if (c->lora.r < 0 || (c->lora.r > 0 && !c->lora.num_targets))
+        bad = "lora r (positive, with targets)";
     else if (c->lora.r > 0 && !(isfinite(c->lora.alpha) && c->lora.dropout >= 0 &&
                                 c->lora.dropout < 1))
         bad = "lora alpha or dropout";
@@ -472,16 +474,19 @@ static void zero(float *p, int64_t n)
     memset(p, 0, sizeof(float) * (size_t)n);
 }
 
-/* The adapter of l as the layers take it: dropout only while training, its mask from
- * (the model's seed and l) at an offset of the micro-batch, the same in the backward and
- * in a checkpointed block's second forward. */
+/* The adapter of l as the layers take it: dropout only while training, its mask keyed by
+ * (the model's seed, l) and placed at the micro-batch's first token in the run's data
+ * (m->dropout_row), so that a token's mask is the same at any world size, with any
+ * accumulation and after a resume, in the backward and in a checkpointed block's second
+ * forward. */
 static fsdp2_nn_lora_t adapter(const lm_model_t *m, const lm_linear_t *l)
 {
+    int64_t in = value(l->lora_a)->shape[1];
     fsdp2_nn_lora_t a = {.a = value(l->lora_a), .b = value(l->lora_b),
                          .scale = m->cfg.lora.alpha / m->cfg.lora.r,
                          .dropout = m->training ? m->cfg.lora.dropout : 0.0,
                          .seed = m->seed * 1000003u + (uint64_t)l->id,
-                         .offset = m->train_steps << 40};
+                         .offset = m->dropout_row * (uint64_t)in};
     return a;
 }
 
@@ -717,7 +722,6 @@ fsdp2_status_t lm_step(lm_model_t *m, int batch, int do_backward, double divisor
     int seq = m->cfg.seq;
     int64_t rows = (int64_t)batch * seq;
     m->training = do_backward;
-    m->train_steps += do_backward != 0; /* each micro-batch its own dropout masks */
     TRY(forward(m, batch, seq));
     TRY(fsdp2_nn_cross_entropy(m->logits, m->targets, rows, m->cfg.vocab, -1, divisor, loss,
                                do_backward ? m->logits : NULL, NULL, NULL));

@@ -90,8 +90,11 @@ typedef struct lm_model {
     fsdp2_param_t *embed, *pos_embed, *normf_w, *normf_b;
     lm_linear_t head; /* head.w = embed when tied */
     int num_linears;
-    uint64_t seed, train_steps; /* the adapters' dropout masks: per linear and micro-batch */
-    int training;               /* dropout on */
+    uint64_t seed;         /* the adapters' dropout masks: one stream per linear layer */
+    uint64_t dropout_row;  /* set by the caller before lm_step: the micro-batch's first
+                            * token counted in the run's data (step x global batch + window)
+                            * x seq, where the masks' streams are read */
+    int training;          /* dropout on */
     lm_block_t blocks[LM_MAX_LAYERS];
     /* activations */
     int32_t *tokens, *targets, *positions;

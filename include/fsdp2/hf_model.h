@@ -32,6 +32,7 @@
 #include <fsdp2/dtype.h>
 #include <fsdp2/export.h>
 #include <fsdp2/status.h>
+#include <fsdp2/tensor.h>
 
 FSDP2_EXTERN_C_BEGIN
 
@@ -160,6 +161,67 @@ FSDP2_API fsdp2_status_t fsdp2_hf_writer_add_file(fsdp2_hf_writer_t *writer, con
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_finish(fsdp2_hf_writer_t *writer);
 /* Removes everything written and frees the writer. NULL ignored. */
 FSDP2_API fsdp2_status_t fsdp2_hf_writer_abort(fsdp2_hf_writer_t *writer);
+
+/* ---- PEFT LoRA adapter directories ----
+ * adapter_config.json (peft_type "LORA") and adapter_model.safetensors, as peft's
+ * save_pretrained writes them. Tensor names there are
+ * "base_model.model.<module path>.lora_A.weight" ([r, in]) and ".lora_B.weight"
+ * ([out, r]); canonical names here drop "base_model.model." and GPT-2's "transformer."
+ * ("h.0.attn.c_attn.lora_A.weight", "model.layers.0.self_attn.q_proj.lora_B.weight"), as
+ * for model directories. GPT-2's Conv1D layers get adapters of the same shapes (peft's
+ * fan_in_fan_out only transposes the base weight). */
+
+#define FSDP2_HF_LORA_MAX_TARGETS 16
+
+/* adapter_config.json's fields. `size` as in fsdp2_hf_config_t. */
+typedef struct fsdp2_hf_lora_config {
+    unsigned size;
+    int64_t r;           /* r */
+    double alpha;        /* lora_alpha: the adapter's output is scaled by alpha / r */
+    double dropout;      /* lora_dropout */
+    int num_targets;     /* target_modules (a list of names) */
+    char targets[FSDP2_HF_LORA_MAX_TARGETS][48];
+    int fan_in_fan_out;  /* GPT-2's Conv1D: true */
+    char base_model[256]; /* base_model_name_or_path ("" for none) */
+} fsdp2_hf_lora_config_t;
+
+#define FSDP2_HF_LORA_CONFIG_INIT {sizeof(fsdp2_hf_lora_config_t), 0, 0.0, 0.0, 0, {""}, 0, ""}
+
+typedef struct fsdp2_hf_adapter fsdp2_hf_adapter_t;
+
+/* Opens dir: adapter_config.json and adapter_model.safetensors (files refused at once
+ * unless regular). Refused, naming the field or tensor: a peft_type other than LORA; r
+ * not a positive integer; a lora_alpha that is not a finite number; lora_dropout outside
+ * [0, 1); target_modules that is not a list of up to 16 names; bias other than "none";
+ * use_dora, use_rslora, modules_to_save, layers_to_transform, rank_pattern or
+ * alpha_pattern set (not supported); a tensor that is not a lora_A or lora_B weight, of
+ * a dtype other than F32, BF16 or F16, or whose shape does not carry r; an A without its B
+ * or a B without its A. */
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_open(const char *dir, fsdp2_hf_adapter_t **adapter);
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_close(fsdp2_hf_adapter_t *adapter);
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_config(const fsdp2_hf_adapter_t *adapter,
+                                                 fsdp2_hf_lora_config_t *cfg);
+/* The adapter's tensors (canonical names owned by the adapter, file order). */
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_num_tensors(const fsdp2_hf_adapter_t *adapter,
+                                                      size_t *count);
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_tensor(const fsdp2_hf_adapter_t *adapter, size_t i,
+                                                 fsdp2_hf_tensor_info_t *info);
+/* Rows [row0, row0 + rows) of a tensor by canonical name, as fsdp2_hf_model_read. */
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_read(fsdp2_hf_adapter_t *adapter, const char *name,
+                                               int64_t row0, int64_t rows,
+                                               fsdp2_dtype_t dst_dtype, void *dst);
+
+/* Writes an adapter directory dir (absent or empty; its parent must exist) for a model
+ * of arch: adapter_config.json from cfg (peft_type LORA, task_type CAUSAL_LM, bias none,
+ * fan_in_fan_out as cfg says) and adapter_model.safetensors of the n tensors (canonical
+ * names, whole, f32 or bf16 cpu tensors, written in their dtype), named as peft names
+ * them. Not collective: the caller gathers the adapters first (they are small). The
+ * directory appears whole or not at all. */
+FSDP2_API fsdp2_status_t fsdp2_hf_adapter_write(const char *dir,
+                                                const fsdp2_hf_lora_config_t *cfg,
+                                                fsdp2_hf_arch_t arch, size_t n,
+                                                const char *const *names,
+                                                const fsdp2_tensor_t *const *tensors);
 
 FSDP2_EXTERN_C_END
 

@@ -85,7 +85,7 @@ typedef struct fsdp2_nn_lora {
 FSDP2_API fsdp2_status_t fsdp2_nn_lora_workspace_bytes(int64_t in, int64_t out, int64_t r,
                                                        size_t *bytes);
 
-/* y is written. */
+/* y is written; it may not alias x. r may be any size (as peft's). */
 FSDP2_API fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows,
                                                const fsdp2_tensor_t *weight,
                                                const fsdp2_tensor_t *bias,
@@ -289,7 +289,7 @@ FSDP2_API fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, in
                                                const float *table, int64_t positions,
                                                float *y);
 /* dx += the rotation back of dy. dx may be dy itself: then dy is rotated back in place
- * (written, not added), which suits a forward done in place. */
+ * (written, not added), which suits a forward done in place. dx is required. */
 FSDP2_API fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, int64_t batch, int64_t seq,
                                                 int64_t heads, int64_t head_dim,
                                                 const float *table, int64_t positions,
@@ -307,7 +307,7 @@ FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const fl
                                                         int64_t kv_heads, int64_t head_dim,
                                                         float *y, float *probs);
 /* dq, dk, dv += the gradients (a key/value head sums the gradients of its group's query
- * heads). */
+ * heads). All three are required (none may be NULL or alias dy). */
 FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_backward(
     const float *q, const float *k, const float *v, const float *probs, int64_t batch,
     int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const float *dy, float *dq,

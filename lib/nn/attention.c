@@ -229,8 +229,12 @@ fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, c
     att_layout_t l;
     FSDP2_CHECK(attention_layout(batch, seq, heads, kv_heads, head_dim, 0, &l));
     int64_t n = batch * seq;
-    FSDP2_ARG_CHECK((q && k && v && probs && dy && dq && dk && dv) || n == 0,
-                    "q, k, v, probs, dy, dq, dk or dv is NULL");
+    const void *in[] = {q, k, v, probs, dy, dq, dk, dv};
+    static const char *const names[] = {"q", "k", "v", "probs", "dy", "dq", "dk", "dv"};
+    for (int i = 0; i < 8 && n > 0; i++)
+        FSDP2_ARG_CHECK(in[i], "%s is NULL (grouped-query attention backward)", names[i]);
+    FSDP2_ARG_CHECK(n == 0 || (dq != dy && dk != dy && dv != dy),
+                    "dq, dk or dv aliases dy: the backward adds into them");
     size_t need;
     FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &need));
     nn_carve_t c;

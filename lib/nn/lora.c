@@ -46,9 +46,8 @@ static fsdp2_status_t check_lora(const fsdp2_tensor_t *weight, const fsdp2_nn_lo
     FSDP2_ARG_CHECK(weight && weight->ndim == 2, "linear weight must be a 2-D tensor [out, in]");
     FSDP2_ARG_CHECK(lora->a && lora->a->ndim == 2, "lora A must be a 2-D tensor [r, in]");
     *r = lora->a->shape[0];
-    FSDP2_ARG_CHECK(*r > 0 && *r <= weight->shape[0] && *r <= weight->shape[1],
-                    "lora r = %lld: must be in [1, min(out = %lld, in = %lld)]", (long long)*r,
-                    (long long)weight->shape[0], (long long)weight->shape[1]);
+    FSDP2_ARG_CHECK(*r > 0 && *r <= INT_MAX, "lora r = %lld is outside [1, %d]", (long long)*r,
+                    INT_MAX);
     int64_t a_shape[2] = {*r, weight->shape[1]}, b_shape[2] = {weight->shape[0], *r};
     FSDP2_CHECK(nn_check_param(lora->a, "lora A", 2, a_shape));
     FSDP2_CHECK(nn_check_param(lora->b, "lora B", 2, b_shape));
@@ -105,11 +104,12 @@ fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows, const fsdp2_t
 {
     int64_t r;
     FSDP2_CHECK(check_lora(weight, lora, &r));
+    FSDP2_ARG_CHECK(y != x || rows == 0, "y aliases x: the adapter reads x after the base "
+                                         "writes y");
     size_t need;
+    nn_carve_t c;
     FSDP2_CHECK(fsdp2_nn_lora_workspace_bytes(weight->shape[1], weight->shape[0], r, &need));
-    FSDP2_ARG_CHECK(ws && ws->data && ws->bytes >= need,
-                    "LoRA forward needs a workspace of %zu bytes; it was given %zu", need,
-                    ws && ws->data ? ws->bytes : (size_t)0);
+    FSDP2_CHECK(nn_carve_begin(ws, need, "LoRA forward", &c));
     FSDP2_CHECK(fsdp2_nn_linear_forward(x, rows, weight, bias, y, ws));
     int64_t out = weight->shape[0], in = weight->shape[1];
     if (rows == 0 || out == 0 || in == 0)
@@ -149,10 +149,9 @@ fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows, const fsdp2_
     if (db)
         FSDP2_CHECK(nn_check_param(db, "lora B gradient", 2, lora->b->shape));
     size_t need;
+    nn_carve_t c;
     FSDP2_CHECK(fsdp2_nn_lora_workspace_bytes(weight->shape[1], weight->shape[0], r, &need));
-    FSDP2_ARG_CHECK(ws && ws->data && ws->bytes >= need,
-                    "LoRA backward needs a workspace of %zu bytes; it was given %zu", need,
-                    ws && ws->data ? ws->bytes : (size_t)0);
+    FSDP2_CHECK(nn_carve_begin(ws, need, "LoRA backward", &c));
     FSDP2_ARG_CHECK(!dx || (dx != dy && dx != x), "dx aliases x or dy: the backward adds into dx");
     /* the frozen base: dx += dy W, no gradient of W or b */
     FSDP2_CHECK(fsdp2_nn_linear_backward(x, rows, weight, dy, dx, NULL, NULL, ws));
