@@ -193,8 +193,9 @@ typedef struct fsdp2_hf_adapter fsdp2_hf_adapter_t;
  * unless regular). Refused, naming the field or tensor: a peft_type other than LORA; r
  * not a positive integer; a lora_alpha that is not a finite number; lora_dropout outside
  * [0, 1); target_modules that is not a list of up to 16 names; bias other than "none";
- * use_dora, use_rslora, modules_to_save, layers_to_transform, rank_pattern or
- * alpha_pattern set (not supported); a tensor that is not a lora_A or lora_B weight, of
+ * use_dora, use_rslora, lora_bias, modules_to_save, layers_to_transform, rank_pattern,
+ * alpha_pattern, exclude_modules, layer_replication or target_parameters set (not
+ * supported); a tensor that is not a lora_A or lora_B weight, of
  * a dtype other than F32, BF16 or F16, or whose shape does not carry r; an A without its B
  * or a B without its A. */
 FSDP2_API fsdp2_status_t fsdp2_hf_adapter_open(const char *dir, fsdp2_hf_adapter_t **adapter);

@@ -93,9 +93,10 @@ static fsdp2_status_t parse_config(const char *text, const char *path, fsdp2_hf_
                              path, cJSON_IsString(bias) ? bias->valuestring : "(not a string)");
         goto cleanup;
     }
-    static const char *const unsupported[] = {"use_dora", "use_rslora", "modules_to_save",
-                                              "layers_to_transform", "rank_pattern",
-                                              "alpha_pattern"};
+    static const char *const unsupported[] = {
+        "use_dora",      "use_rslora",        "modules_to_save", "layers_to_transform",
+        "rank_pattern",  "alpha_pattern",     "lora_bias",       "exclude_modules",
+        "layer_replication", "target_parameters"};
     for (size_t i = 0; i < sizeof(unsupported) / sizeof(unsupported[0]); i++)
         FSDP2_CHECK_GOTO(refuse_set(root, unsupported[i], path), status, cleanup);
     int n = cJSON_GetArraySize(targets);

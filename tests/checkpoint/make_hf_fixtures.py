@@ -15,6 +15,9 @@ here, independently of the C reader. Run once, commit the outputs; no test runs 
                          and exports it (tests/examples/gpt2_check.sh)
   llama-f32, llama-bf16  LlamaForCausalLM (GQA 4/2 heads, untied head, llama3 rope
                          scaling), save_pretrained in F32 and in BF16
+  llama-lora, gpt2-lora  peft's LoRA adapters (r 4, alpha 8, dropout 0.05; q_proj and
+                         v_proj, and c_attn and c_proj) on llama-f32 and gpt2-f32, as
+                         PeftModel.save_pretrained writes them, random B
 
 GPT-2 has vocab 261 (odd, as GPT-2's 50257 is, and above 256 so the byte-level example
 trains on it). Every parameter is random (biases and norms too), so a value read from the
@@ -35,6 +38,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
+import peft
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,10 +170,44 @@ def llama():
     write_expected("llama-bf16", "llama")
 
 
+def adapter(base, name, targets, seed):
+    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(OUT, base))
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05,
+                                                      target_modules=targets))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in lora.named_parameters():
+            if "lora_" in pname:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    path = fresh(name)
+    lora.save_pretrained(path)
+    config_path = os.path.join(path, "adapter_config.json")
+    config = json.load(open(config_path))  # the base as a path in the repository
+    config["base_model_name_or_path"] = "tests/checkpoint/hf/" + base
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with safe_open(os.path.join(path, "adapter_model.safetensors"), "pt") as st:
+        tensors = {k: st.get_tensor(k) for k in st.keys()}
+    lines = [f"# {name}: reference values by {COMMAND}", f"# ({VERSIONS}, peft {peft.__version__})",
+             "# name rows cols sum wsum first last (canonical names, f64)"]
+    for k in sorted(tensors):
+        c = canonical(k.removeprefix("base_model.model."))
+        flat = tensors[k].to(torch.float64).reshape(-1)
+        weights = (torch.arange(flat.numel(), dtype=torch.float64) % 7) + 1
+        lines.append(f"{c} {tensors[k].shape[0]} {tensors[k].shape[1]} {flat.sum().item():.17g} "
+                     f"{(flat * weights).sum().item():.17g} {flat[0].item():.17g} "
+                     f"{flat[-1].item():.17g}")
+    with open(os.path.join(OUT, name + ".expected"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     gpt2()
     llama()
+    adapter("llama-f32", "llama-lora", ["q_proj", "v_proj"], 7)
+    adapter("gpt2-f32", "gpt2-lora", ["c_attn", "c_proj"], 8)
     for name in sorted(os.listdir(OUT)):
         p = os.path.join(OUT, name)
         size = sum(os.path.getsize(os.path.join(p, f)) for f in os.listdir(p)) \
