@@ -1,0 +1,285 @@
+/* examples/lm's command line: the flags, the presets, and the shape a model directory
+ * gives (args.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "hf.h"
+
+static void usage(const char *prog, const char *bad)
+{
+    fprintf(stderr,
+            "%s%s%s"
+            "usage: %s [--preset NAME | --model DIR] [--layers N --heads N --kv-heads N --dim N]\n"
+            "          [--seq-len N]\n"
+            "          [--steps N] [--batch GLOBAL] [--grad-accum K] [--lr X] [--min-lr X]\n"
+            "          [--warmup N] [--weight-decay X] [--clip X] [--seed N] [--data PATH]\n"
+            "          [--param-dtype f32|bf16] [--activation-checkpointing] [--no-shard | --hsdp]\n"
+            "          [--reshard-after-forward N] [--threads N] [--log-every N]\n"
+            "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
+            "          [--save DIR [--save-every N]] [--resume DIR] [--export DIR]\n"
+            "          [--export-dtype f32|bf16] [--tokenizer tokenizer.json]\n"
+            "          [--token-cache DIR] [--dump-batches FILE]\n"
+            "presets: tiny, small, gpt2-124m (GPT-2); llama-tiny, llama-small (Llama-shaped)\n",
+            bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
+    exit(2);
+}
+
+static long number(const char *flag, const char *text, long lo, long hi)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
+        exit(2);
+    }
+    return v;
+}
+
+static double real(const char *flag, const char *text)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (!*text || *end || !(v >= 0) || !isfinite(v)) {
+        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
+        exit(2);
+    }
+    return v;
+}
+
+/* The presets. Byte-level ones have a vocabulary of 256; gpt2-124m has GPT-2's 50257
+ * tokens, of which bytes use the first 256. The Llama-shaped ones follow Llama 3's
+ * proportions: 2 key/value heads, an MLP of about 8/3 dim, rope_theta 500000, an untied
+ * head. */
+static int preset(const char *name, lm_config_t *c)
+{
+    if (!strcmp(name, "tiny"))
+        *c = lm_gpt2_config(4, 4, 128, 128, 256);
+    else if (!strcmp(name, "small"))
+        *c = lm_gpt2_config(6, 6, 384, 256, 256);
+    else if (!strcmp(name, "gpt2-124m"))
+        *c = lm_gpt2_config(12, 12, 768, 1024, 50257);
+    else if (!strcmp(name, "llama-tiny") || !strcmp(name, "llama-small")) {
+        int small = !strcmp(name, "llama-small");
+        *c = (lm_config_t){.arch = LM_LLAMA, .layers = small ? 6 : 4, .heads = small ? 6 : 4,
+                           .kv_heads = 2, .dim = small ? 384 : 128, .hidden = small ? 1024 : 352,
+                           .seq = small ? 256 : 128, .positions = small ? 256 : 128,
+                           .vocab = 256, .tied = 0, .norm_eps = 1e-5,
+                           .rope = FSDP2_NN_ROPE_CONFIG_INIT};
+        c->rope.theta = 500000.0;
+    } else
+        return -1;
+    return 0;
+}
+
+/* --model DIR: config.json gives the shape; every size the command line gives, by
+ * --preset or a flag, must agree (--seq-len may train a shorter context than the
+ * model's positions). */
+static void shape_from_directory(args_t *a, int preset_given, const int flags[5])
+{
+    fsdp2_status_t s = fsdp2_hf_model_open(a->init_from, &a->hf);
+    if (s != FSDP2_SUCCESS) {
+        fprintf(stderr, "error: --model %s: %s\n", a->init_from, fsdp2_last_error());
+        exit(1);
+    }
+    lm_config_t dir;
+    char err[1200];
+    if (lm_hf_shape(a->hf, &dir, &a->bos, &a->eos, err, sizeof(err))) {
+        fprintf(stderr, "error: --model %s: %s\n", a->init_from, err);
+        exit(1);
+    }
+    int llama = dir.arch == LM_LLAMA;
+    const char *names[5] = {"--layers", "--heads", "--kv-heads", "--dim", "--seq-len"};
+    const char *fields[5] = {llama ? "num_hidden_layers" : "n_layer",
+                             llama ? "num_attention_heads" : "n_head",
+                             llama ? "num_key_value_heads" : "n_head",
+                             llama ? "hidden_size" : "n_embd",
+                             llama ? "max_position_embeddings" : "n_positions"};
+    const int have[5] = {dir.layers, dir.heads, dir.kv_heads, dir.dim, dir.positions};
+    const int preset_sizes[5] = {a->cfg.layers, a->cfg.heads, a->cfg.kv_heads, a->cfg.dim,
+                                 a->cfg.seq};
+    for (int i = 0; i < 5; i++) {
+        int fits = i == 4 ? flags[i] <= have[i] : flags[i] == have[i];
+        if (flags[i] && !fits) {
+            fprintf(stderr, "error: %s %d disagrees with %s %d in %s/config.json\n", names[i],
+                    flags[i], fields[i], have[i], a->init_from);
+            exit(2);
+        }
+        if (preset_given && !flags[i] && preset_sizes[i] != have[i]) {
+            fprintf(stderr, "error: --preset %s has %s %d; %s/config.json has %s %d (leave "
+                    "--preset out: the directory gives the shape)\n", a->preset, names[i] + 2,
+                    preset_sizes[i], a->init_from, fields[i], have[i]);
+            exit(2);
+        }
+    }
+    if (flags[4])
+        dir.seq = flags[4];
+    a->cfg = dir;
+    snprintf(a->dir_tokenizer, sizeof(a->dir_tokenizer), "%s/tokenizer.json", a->init_from);
+    if (!a->tokenizer && access(a->dir_tokenizer, F_OK) == 0)
+        a->tokenizer = a->dir_tokenizer;
+    a->preset = a->init_from; /* what the logs and --json name */
+}
+
+/* Flags on top of a preset: GPT-2 keeps kv_heads = heads and an MLP of 4 dim; a Llama
+ * whose dim changes gets an MLP of 8/3 dim rounded up to a multiple of 32, as Llama's. */
+static void resize_preset(lm_config_t *c, int layers, int heads, int kv_heads, int dim, int seq)
+{
+    int llama = c->arch == LM_LLAMA;
+    c->layers = layers ? layers : c->layers;
+    c->heads = heads ? heads : c->heads;
+    c->dim = dim ? dim : c->dim;
+    c->seq = c->positions = seq ? seq : c->seq;
+    if (!llama && kv_heads && kv_heads != c->heads) {
+        fprintf(stderr, "error: --kv-heads %d: GPT-2 has as many key/value heads as heads (%d)\n",
+                kv_heads, c->heads);
+        exit(2);
+    }
+    c->kv_heads = llama ? (kv_heads ? kv_heads : c->kv_heads) : c->heads;
+    if (dim)
+        c->hidden = llama ? (8 * dim / 3 + 31) / 32 * 32 : 4 * dim;
+    if (c->dim % c->heads || c->heads % c->kv_heads || (llama && (c->dim / c->heads) % 2)) {
+        fprintf(stderr, "error: --dim %d, --heads %d, --kv-heads %d: heads must divide dim%s, "
+                        "and key/value heads divide heads\n", c->dim, c->heads, c->kv_heads,
+                llama ? " into an even head dim" : "");
+        exit(2);
+    }
+}
+
+void lm_args_parse(int argc, char **argv, args_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->preset = "tiny";
+    a->data = "/usr/share/games/fortunes";
+    a->param_dtype = "f32";
+    a->export_dtype = "f32";
+    a->bos = a->eos = -1;
+    a->steps = 200;
+    a->seed = 1;
+    a->val_every = 50;
+    a->val_batches = 8;
+    a->log_every = 10;
+    a->batch = 8;
+    a->grad_accum = 1;
+    a->reshard_after_forward = 1;
+    a->lr = 1e-3;
+    a->min_lr = 1e-4;
+    a->warmup = 20;
+    a->weight_decay = 0.1;
+    a->clip = 1.0;
+    int layers = 0, heads = 0, kv_heads = 0, dim = 0, seq = 0, preset_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--no-shard")) {
+            a->no_shard = 1;
+            continue;
+        }
+        if (!strcmp(f, "--hsdp")) {
+            a->hsdp = 1;
+            continue;
+        }
+        if (!strcmp(f, "--activation-checkpointing")) {
+            a->checkpointing = 1;
+            continue;
+        }
+        if (!strcmp(f, "--help") || !strcmp(f, "-h"))
+            usage(argv[0], NULL);
+        if (!v)
+            usage(argv[0], f);
+        i++;
+        if (!strcmp(f, "--preset")) {
+            a->preset = v;
+            preset_given = 1;
+        }
+        else if (!strcmp(f, "--data"))
+            a->data = v;
+        else if (!strcmp(f, "--json"))
+            a->json = v;
+        else if (!strcmp(f, "--save"))
+            a->save = v;
+        else if (!strcmp(f, "--resume"))
+            a->resume = v;
+        else if (!strcmp(f, "--export"))
+            a->export_path = v;
+        else if (!strcmp(f, "--export-dtype"))
+            a->export_dtype = v;
+        else if (!strcmp(f, "--tokenizer"))
+            a->tokenizer = v;
+        else if (!strcmp(f, "--token-cache"))
+            a->token_cache = v;
+        else if (!strcmp(f, "--model") || !strcmp(f, "--init-from"))
+            a->init_from = v;
+        else if (!strcmp(f, "--dump-batches"))
+            a->dump_batches = v;
+        else if (!strcmp(f, "--param-dtype"))
+            a->param_dtype = v;
+        else if (!strcmp(f, "--layers"))
+            layers = (int)number(f, v, 1, LM_MAX_LAYERS);
+        else if (!strcmp(f, "--heads"))
+            heads = (int)number(f, v, 1, 1 << 10);
+        else if (!strcmp(f, "--kv-heads"))
+            kv_heads = (int)number(f, v, 1, 1 << 10);
+        else if (!strcmp(f, "--dim"))
+            dim = (int)number(f, v, 1, 1 << 16);
+        else if (!strcmp(f, "--seq-len"))
+            seq = (int)number(f, v, 1, 1 << 15);
+        else if (!strcmp(f, "--steps") || !strcmp(f, "--max-steps"))
+            a->steps = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--batch"))
+            a->batch = (int)number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--grad-accum"))
+            a->grad_accum = (int)number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--threads"))
+            a->threads = (int)number(f, v, 1, 1024);
+        else if (!strcmp(f, "--seed"))
+            a->seed = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--val-every"))
+            a->val_every = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--val-batches"))
+            a->val_batches = number(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--sample"))
+            a->sample = number(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--log-every"))
+            a->log_every = number(f, v, 1, 1L << 40);
+        else if (!strcmp(f, "--save-every"))
+            a->save_every = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--warmup"))
+            a->warmup = number(f, v, 0, 1L << 40);
+        else if (!strcmp(f, "--reshard-after-forward"))
+            a->reshard_after_forward = (int)number(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--lr"))
+            a->lr = real(f, v);
+        else if (!strcmp(f, "--min-lr"))
+            a->min_lr = real(f, v);
+        else if (!strcmp(f, "--weight-decay"))
+            a->weight_decay = real(f, v);
+        else if (!strcmp(f, "--clip"))
+            a->clip = real(f, v);
+        else
+            usage(argv[0], f);
+    }
+    if (preset(a->preset, &a->cfg)) {
+        fprintf(stderr, "error: --preset %s is not tiny, small, gpt2-124m, llama-tiny or "
+                        "llama-small\n", a->preset);
+        exit(2);
+    }
+    if (a->init_from)
+        shape_from_directory(a, preset_given, (int[5]){layers, heads, kv_heads, dim, seq});
+    else
+        resize_preset(&a->cfg, layers, heads, kv_heads, dim, seq);
+    if (strcmp(a->export_dtype, "f32") && strcmp(a->export_dtype, "bf16")) {
+        fprintf(stderr, "error: --export-dtype %s is not f32 or bf16\n", a->export_dtype);
+        exit(2);
+    }
+    if (strcmp(a->param_dtype, "f32") && strcmp(a->param_dtype, "bf16")) {
+        fprintf(stderr, "error: --param-dtype %s is not f32 or bf16\n", a->param_dtype);
+        exit(2);
+    }
+    if (a->min_lr > a->lr) {
+        fprintf(stderr, "error: --min-lr %g is above --lr %g\n", a->min_lr, a->lr);
+        exit(2);
+    }
+}
