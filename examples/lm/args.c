@@ -22,7 +22,9 @@ static void usage(const char *prog, const char *bad)
             "          [--val-every N] [--val-batches N] [--sample N] [--json FILE]\n"
             "          [--save DIR [--save-every N]] [--resume DIR] [--export DIR]\n"
             "          [--export-dtype f32|bf16] [--tokenizer tokenizer.json]\n"
-            "          [--token-cache DIR] [--dump-batches FILE]\n"
+            "          [--token-cache DIR] [--dump-batches FILE] [--freeze PATTERN]...\n"
+            "          [--lora r=8,alpha=32,dropout=0.05,targets=q_proj,v_proj]\n"
+            "          [--adapter DIR] [--save-adapter DIR] [--export-merged DIR]\n"
             "presets: tiny, small, gpt2-124m (GPT-2); llama-tiny, llama-small (Llama-shaped)\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
@@ -149,6 +151,80 @@ static void resize_preset(lm_config_t *c, int layers, int heads, int kv_heads, i
     }
 }
 
+/* --lora r=8,alpha=32,dropout=0.05,targets=q_proj,v_proj: PEFT's LoraConfig fields
+ * (alpha 8 and dropout 0 unless given, as LoraConfig's defaults); targets take the rest of
+ * the list. */
+static void parse_lora(const char *spec, lm_lora_t *l)
+{
+    *l = (lm_lora_t){.alpha = 8};
+    char buf[1024];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    int in_targets = 0;
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq && in_targets && l->num_targets < LM_LORA_MAX_TARGETS &&
+            strlen(tok) < sizeof(l->targets[0])) {
+            snprintf(l->targets[l->num_targets++], sizeof(l->targets[0]), "%s", tok);
+            continue;
+        }
+        char *end = NULL;
+        in_targets = 0;
+        if (eq && !strncmp(tok, "r=", 2))
+            l->r = (int)strtol(eq + 1, &end, 10);
+        else if (eq && !strncmp(tok, "alpha=", 6))
+            l->alpha = strtod(eq + 1, &end);
+        else if (eq && !strncmp(tok, "dropout=", 8))
+            l->dropout = strtod(eq + 1, &end);
+        else if (eq && !strncmp(tok, "targets=", 8) && eq[1] &&
+                 strlen(eq + 1) < sizeof(l->targets[0])) {
+            snprintf(l->targets[l->num_targets++], sizeof(l->targets[0]), "%s", eq + 1);
+            in_targets = 1;
+            continue;
+        }
+        if (!end || *end || end == eq + 1) {
+            fprintf(stderr, "error: --lora %s: '%s' is not r=N, alpha=X, dropout=X or "
+                            "targets=NAME,NAME (up to %d names)\n", spec, tok,
+                    LM_LORA_MAX_TARGETS);
+            exit(2);
+        }
+    }
+    if (l->r < 1 || !l->num_targets || !isfinite(l->alpha) || !(l->dropout >= 0) ||
+        !(l->dropout < 1)) {
+        fprintf(stderr, "error: --lora %s: needs r >= 1 and targets, a finite alpha and a "
+                        "dropout in [0, 1)\n", spec);
+        exit(2);
+    }
+}
+
+/* --adapter DIR: its adapter_config.json gives the adapters (with --lora, they must
+ * agree). */
+static void lora_from_adapter(args_t *a, int given)
+{
+    fsdp2_hf_lora_config_t c = FSDP2_HF_LORA_CONFIG_INIT;
+    if (fsdp2_hf_adapter_open(a->adapter, &a->hf_adapter) != FSDP2_SUCCESS ||
+        fsdp2_hf_adapter_config(a->hf_adapter, &c) != FSDP2_SUCCESS) {
+        fprintf(stderr, "error: --adapter %s: %s\n", a->adapter, fsdp2_last_error());
+        exit(1);
+    }
+    lm_lora_t l = {.r = (int)c.r, .alpha = c.alpha, .dropout = c.dropout,
+                   .num_targets = c.num_targets};
+    for (int i = 0; i < c.num_targets; i++)
+        snprintf(l.targets[i], sizeof(l.targets[0]), "%s", c.targets[i]);
+    const lm_lora_t *g = &a->cfg.lora;
+    int same = !given || (g->r == l.r && g->num_targets == l.num_targets);
+    for (int i = 0; same && given && i < l.num_targets; i++)
+        same = !strcmp(g->targets[i], l.targets[i]);
+    if (!same) {
+        fprintf(stderr, "error: --lora r=%d with %d targets disagrees with --adapter %s "
+                        "(r %d, target_modules %s...)\n", g->r, g->num_targets, a->adapter, l.r,
+                l.targets[0]);
+        exit(2);
+    }
+    if (given) /* alpha and dropout as the flags say: training goes on with them */
+        l.alpha = g->alpha, l.dropout = g->dropout;
+    a->cfg.lora = l;
+}
+
 void lm_args_parse(int argc, char **argv, args_t *a)
 {
     memset(a, 0, sizeof(*a));
@@ -171,6 +247,9 @@ void lm_args_parse(int argc, char **argv, args_t *a)
     a->weight_decay = 0.1;
     a->clip = 1.0;
     int layers = 0, heads = 0, kv_heads = 0, dim = 0, seq = 0, preset_given = 0;
+    int num_freeze = 0;
+    const char *freeze[LM_MAX_FREEZE];
+    lm_lora_t lora = {0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--no-shard")) {
@@ -206,6 +285,20 @@ void lm_args_parse(int argc, char **argv, args_t *a)
             a->export_path = v;
         else if (!strcmp(f, "--export-dtype"))
             a->export_dtype = v;
+        else if (!strcmp(f, "--lora"))
+            parse_lora(v, &lora);
+        else if (!strcmp(f, "--freeze")) {
+            if (num_freeze == LM_MAX_FREEZE) {
+                fprintf(stderr, "error: more than %d --freeze patterns\n", LM_MAX_FREEZE);
+                exit(2);
+            }
+            freeze[num_freeze++] = v;
+        } else if (!strcmp(f, "--adapter"))
+            a->adapter = v;
+        else if (!strcmp(f, "--save-adapter"))
+            a->save_adapter = v;
+        else if (!strcmp(f, "--export-merged"))
+            a->export_merged = v;
         else if (!strcmp(f, "--tokenizer"))
             a->tokenizer = v;
         else if (!strcmp(f, "--token-cache"))
@@ -270,6 +363,16 @@ void lm_args_parse(int argc, char **argv, args_t *a)
         shape_from_directory(a, preset_given, (int[5]){layers, heads, kv_heads, dim, seq});
     else
         resize_preset(&a->cfg, layers, heads, kv_heads, dim, seq);
+    a->cfg.num_freeze = num_freeze;
+    memcpy(a->cfg.freeze, freeze, sizeof(freeze[0]) * (size_t)num_freeze);
+    a->cfg.lora = lora;
+    if (a->adapter)
+        lora_from_adapter(a, lora.r > 0);
+    if ((a->save_adapter || a->export_merged) && a->cfg.lora.r == 0) {
+        fprintf(stderr, "error: %s needs adapters (--lora or --adapter)\n",
+                a->save_adapter ? "--save-adapter" : "--export-merged");
+        exit(2);
+    }
     if (strcmp(a->export_dtype, "f32") && strcmp(a->export_dtype, "bf16")) {
         fprintf(stderr, "error: --export-dtype %s is not f32 or bf16\n", a->export_dtype);
         exit(2);

@@ -12,6 +12,8 @@
 typedef struct args {
     const char *preset, *data, *json, *save, *resume, *export_path, *init_from, *param_dtype;
     const char *dump_batches, *export_dtype, *tokenizer, *token_cache;
+    const char *adapter, *save_adapter, *export_merged; /* PEFT adapter directories */
+    fsdp2_hf_adapter_t *hf_adapter; /* --adapter, open from parse to setup */
     char dir_tokenizer[4096]; /* --model DIR's tokenizer.json, when it has one */
     fsdp2_hf_model_t *hf; /* --init-from, open from parse to setup */
     int64_t bos, eos;     /* the token ids config.json gave (-1: none) */

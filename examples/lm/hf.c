@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "hf.h"
 
 /* Whether a parameter is a LoRA adapter's (lora_A, lora_B) rather than the base's. */
@@ -175,6 +177,48 @@ static fsdp2_status_t add_file(fsdp2_hf_writer_t *w, const char *name, const cha
     return s;
 }
 
+/* Parameter p gathered whole (every rank takes part); *full is the caller's. */
+static fsdp2_status_t gather(fsdp2_param_t *p, fsdp2_param_info_t *info, fsdp2_tensor_t **full)
+{
+    fsdp2_dtensor_t *dt;
+    *full = NULL;
+    fsdp2_status_t s = fsdp2_param_info(p, info);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_param_sharded(p, &dt);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_dtensor_full_tensor(dt, NULL, full);
+    return s;
+}
+
+/* The adapter of the base weight `weight_fqn` ("<path>.weight"), gathered whole: merged
+ * into full (W += alpha / r B A) when the model has one there. Collective. */
+static fsdp2_status_t merge_adapter(lm_model_t *m, const char *weight_fqn, fsdp2_tensor_t *full)
+{
+    char name[FSDP2_FQN_MAX + 16];
+    size_t len = strlen(weight_fqn) - strlen(".weight");
+    fsdp2_param_t *pa, *pb;
+    snprintf(name, sizeof(name), "%.*s.lora_A.weight", (int)len, weight_fqn);
+    if (fsdp2_module_find_param(m->root, name, &pa) != FSDP2_SUCCESS)
+        return FSDP2_SUCCESS; /* no adapter here */
+    snprintf(name, sizeof(name), "%.*s.lora_B.weight", (int)len, weight_fqn);
+    fsdp2_status_t s = fsdp2_module_find_param(m->root, name, &pb);
+    fsdp2_param_info_t ia, ib;
+    fsdp2_tensor_t *a = NULL, *b = NULL;
+    if (s == FSDP2_SUCCESS)
+        s = gather(pa, &ia, &a);
+    if (s == FSDP2_SUCCESS)
+        s = gather(pb, &ib, &b);
+    if (s == FSDP2_SUCCESS) { /* full [out, in] += scale b [out, r] a [r, in] */
+        int out = (int)b->shape[0], r = (int)a->shape[0], in = (int)a->shape[1];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out, in, r,
+                    (float)(m->cfg.lora.alpha / m->cfg.lora.r), b->data, r, a->data, in, 1.0f,
+                    full->data, in);
+    }
+    fsdp2_tensor_release(a);
+    fsdp2_tensor_release(b);
+    return s;
+}
+
 /* Every rank learns whether rank 0's writing failed, so that all go on or stop alike. */
 static fsdp2_status_t agree(fsdp2_group_t *world, fsdp2_status_t mine)
 {
@@ -192,7 +236,7 @@ static fsdp2_status_t agree(fsdp2_group_t *world, fsdp2_status_t mine)
 
 fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const char *dir,
                             const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
-                            int64_t bos, int64_t eos)
+                            int merged, int64_t bos, int64_t eos)
 {
     fsdp2_param_t **p;
     size_t n;
@@ -214,17 +258,15 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const
     /* every rank takes part in each gather, whatever rank 0's writer did */
     for (size_t i = 0; i < n; i++) {
         fsdp2_param_info_t pi;
-        fsdp2_dtensor_t *dt;
         fsdp2_tensor_t *full = NULL;
-        fsdp2_status_t s = fsdp2_param_info(p[i], &pi);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_param_sharded(p[i], &dt);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_dtensor_full_tensor(dt, NULL, &full);
+        fsdp2_status_t s = gather(p[i], &pi, &full);
+        if (s == FSDP2_SUCCESS && merged)
+            s = merge_adapter(m, pi.fqn, full);
         if (s != FSDP2_SUCCESS) {
             fprintf(stderr, "error: --export %s: gathering %s: %s\n", dir, pi.fqn,
                     fsdp2_last_error());
             fsdp2_hf_writer_abort(w);
+            fsdp2_tensor_release(full);
             free(p);
             return s;
         }
@@ -252,4 +294,93 @@ fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const
         fprintf(stderr, "error: --export %s: rank 0 could not write it (its error above)\n",
                 dir);
     return all;
+}
+
+fsdp2_status_t lm_hf_import_adapter(lm_model_t *m, fsdp2_hf_adapter_t *ad, const char *dir)
+{
+    fsdp2_param_t **p;
+    size_t n, count;
+    fsdp2_status_t s = params_of(m, 1, &p, &n);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_hf_adapter_num_tensors(ad, &count);
+    if (s == FSDP2_SUCCESS && count != n) { /* each of ours is matched below, by name */
+        fprintf(stderr, "error: --adapter %s holds %zu tensors; the model's targets give %zu "
+                        "(a different base or target_modules)\n", dir, count, n);
+        s = FSDP2_ERR_SHAPE_MISMATCH;
+    }
+    for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
+        fsdp2_param_info_t pi;
+        fsdp2_hf_tensor_info_t t = {0};
+        fsdp2_dtensor_t *dt;
+        fsdp2_dtensor_info_t info;
+        fsdp2_tensor_t *local;
+        s = fsdp2_param_info(p[i], &pi);
+        for (size_t k = 0; k < count && s == FSDP2_SUCCESS && !t.name; k++) {
+            s = fsdp2_hf_adapter_tensor(ad, k, &t);
+            t.name = s == FSDP2_SUCCESS && !strcmp(t.name, pi.fqn) ? t.name : NULL;
+        }
+        if (s == FSDP2_SUCCESS && (!t.name || t.shape[0] != pi.shape[0] ||
+                                   t.shape[1] != pi.shape[1])) {
+            fprintf(stderr, "error: --adapter %s: %s %s [%lld, %lld] where the model's is "
+                            "[%lld, %lld]\n", dir, pi.fqn, t.name ? "is" : "is missing; want",
+                    (long long)(t.name ? t.shape[0] : pi.shape[0]),
+                    (long long)(t.name ? t.shape[1] : pi.shape[1]), (long long)pi.shape[0],
+                    (long long)pi.shape[1]);
+            s = FSDP2_ERR_SHAPE_MISMATCH;
+        }
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_param_sharded(p[i], &dt);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_dtensor_info(dt, &info);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_dtensor_to_local(dt, &local);
+        if (s != FSDP2_SUCCESS)
+            break;
+        s = fsdp2_hf_adapter_read(ad, pi.fqn, info.offset[0], info.local_shape[0], local->dtype,
+                                  local->data);
+        fsdp2_tensor_release(local);
+    }
+    free(p);
+    return s;
+}
+
+fsdp2_status_t lm_hf_save_adapter(lm_model_t *m, fsdp2_group_t *world, int rank, const char *dir,
+                                  const char *base)
+{
+    fsdp2_param_t **p;
+    size_t n;
+    fsdp2_status_t s = params_of(m, 1, &p, &n);
+    const char **names = calloc(n ? n : 1, sizeof(*names));
+    fsdp2_param_info_t *infos = calloc(n ? n : 1, sizeof(*infos));
+    fsdp2_tensor_t **full = calloc(n ? n : 1, sizeof(*full));
+    if (s == FSDP2_SUCCESS && (!names || !infos || !full))
+        s = FSDP2_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) { /* collective: every rank */
+        s = gather(p[i], &infos[i], &full[i]);
+        names[i] = infos[i].fqn;
+    }
+    fsdp2_status_t mine = s;
+    if (s == FSDP2_SUCCESS && rank == 0) {
+        const lm_lora_t *l = &m->cfg.lora;
+        fsdp2_hf_lora_config_t c = FSDP2_HF_LORA_CONFIG_INIT;
+        c.r = l->r;
+        c.alpha = l->alpha;
+        c.dropout = l->dropout;
+        c.num_targets = l->num_targets;
+        for (int i = 0; i < l->num_targets; i++)
+            snprintf(c.targets[i], sizeof(c.targets[0]), "%s", l->targets[i]);
+        c.fan_in_fan_out = m->cfg.arch == LM_GPT2; /* Conv1D */
+        snprintf(c.base_model, sizeof(c.base_model), "%s", base ? base : "");
+        mine = fsdp2_hf_adapter_write(dir, &c, m->cfg.arch == LM_LLAMA ? FSDP2_HF_LLAMA
+                                                                       : FSDP2_HF_GPT2,
+                                      n, names, (const fsdp2_tensor_t *const *)full);
+        if (mine != FSDP2_SUCCESS)
+            fprintf(stderr, "error: --save-adapter %s: %s\n", dir, fsdp2_last_error());
+        else
+            printf("saved the adapters to %s (%zu tensors, adapter_config.json)\n", dir, n);
+    }
+    for (size_t i = 0; i < n && full; i++)
+        fsdp2_tensor_release(full[i]);
+    free(full), free(infos), free(names), free(p);
+    return s != FSDP2_SUCCESS ? s : agree(world, mine);
 }

@@ -35,11 +35,24 @@ typedef struct lm_hf_file {
 /* Collective: every parameter of the base gathered whole in turn; rank 0 writes the
  * directory dir
  * (which must not exist, or be empty) in dtype (f32 or bf16), with copies of files (the
- * tokenizer's, generation_config.json), appearing whole or not at all. Every rank of world
+ * tokenizer's, generation_config.json), appearing whole or not at all. merged: each
+ * adapted weight is written as W + alpha / r B A (else the base as it is). Every rank of world
  * returns the same status (rank 0's failure too). bos/eos: the token ids for config.json
  * (-1: none). */
 fsdp2_status_t lm_hf_export(lm_model_t *m, fsdp2_group_t *world, int rank, const char *dir,
                             const lm_hf_file_t *files, int num_files, fsdp2_dtype_t dtype,
-                            int64_t bos, int64_t eos);
+                            int merged, int64_t bos, int64_t eos);
+
+/* Not collective: each rank reads its rows of every adapter parameter from a PEFT adapter
+ * directory; a missing adapter, one the model has no target for, or a shape that differs
+ * is refused naming the module and both shapes. */
+fsdp2_status_t lm_hf_import_adapter(lm_model_t *m, fsdp2_hf_adapter_t *adapter,
+                                    const char *dir);
+
+/* Collective: the adapters gathered whole; rank 0 writes PEFT's adapter directory dir
+ * (adapter_config.json naming base as base_model_name_or_path, adapter_model.safetensors);
+ * every rank returns the same status. */
+fsdp2_status_t lm_hf_save_adapter(lm_model_t *m, fsdp2_group_t *world, int rank,
+                                  const char *dir, const char *base);
 
 #endif

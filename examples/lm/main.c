@@ -66,6 +66,28 @@ static double now(void)
 
 /* Linear warmup over --warmup steps, then cosine down to --min-lr at --steps: the
  * optimizer applies it before each step (t counts from 1) and checkpoints carry it. */
+/* The parameters that train (all but the frozen: the base under LoRA, --freeze). */
+static int64_t trained_numel(const lm_model_t *m)
+{
+    size_t n;
+    int64_t total = 0;
+    CHECK(fsdp2_module_params(m->root, NULL, 0, &n));
+    fsdp2_param_t **p = calloc(n ? n : 1, sizeof(*p));
+    if (!p)
+        return -1;
+    CHECK(fsdp2_module_params(m->root, p, n, &n));
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_param_info_t info;
+        CHECK(fsdp2_param_info(p[i], &info));
+        int64_t e = 1;
+        for (int d = 0; d < info.ndim; d++)
+            e *= info.shape[d];
+        total += info.requires_grad ? e : 0;
+    }
+    free(p);
+    return total;
+}
+
 static fsdp2_lr_schedule_t schedule_of(const args_t *a)
 {
     fsdp2_lr_schedule_t s = {FSDP2_LR_COSINE, 0, 0, a->warmup,
@@ -128,7 +150,9 @@ static void setup(run_t *r)
                 a->data, r->text.n - r->text.train_n, a->cfg.seq);
         exit(1);
     }
-    CHECK(lm_create(&a->cfg, (uint64_t)a->seed, &r->model));
+    fsdp2_status_t made = lm_create(&a->cfg, (uint64_t)a->seed, &r->model);
+    if (made != FSDP2_SUCCESS) /* lm_create said why */
+        exit(made == FSDP2_ERR_INVALID_CONFIG ? 2 : 1);
     fsdp2_mesh_t *mesh = r->mesh;
     if (a->hsdp && a->no_shard) {
         fprintf(stderr, "error: --hsdp and --no-shard exclude each other\n");
@@ -181,6 +205,12 @@ static void setup(run_t *r)
         CHECK(lm_hf_import(r->model, a->hf));
         CHECK(fsdp2_hf_model_close(a->hf));
         a->hf = NULL;
+    }
+    if (a->hf_adapter) {
+        if (lm_hf_import_adapter(r->model, a->hf_adapter, a->adapter) != FSDP2_SUCCESS)
+            exit(1);
+        CHECK(fsdp2_hf_adapter_close(a->hf_adapter));
+        a->hf_adapter = NULL;
     }
     if (a->resume) {
         fsdp2_checkpoint_report_t rep = {.size = sizeof(rep)};
@@ -436,15 +466,19 @@ int main(int argc, char **argv)
     args_t *a = &r.a;
     setup(&r);
     if (!r.rank) {
-        char kv[32] = "";
+        char kv[32] = "", trained[96] = "";
         if (a->cfg.kv_heads != a->cfg.heads)
             snprintf(kv, sizeof(kv), " (%d key/value)", a->cfg.kv_heads);
-        printf("%s: %s (%d layers, %d heads%s, dim %d, seq %d, vocab %d: %lld parameters), %s "
+        int64_t t = trained_numel(r.model);
+        if (t != lm_numel(&a->cfg))
+            snprintf(trained, sizeof(trained), "; %lld trained%s", (long long)t,
+                     a->cfg.lora.r ? " (LoRA adapters)" : "");
+        printf("%s: %s (%d layers, %d heads%s, dim %d, seq %d, vocab %d: %lld parameters%s), %s "
                "over %d rank%s, global batch %d (%d per rank in %d micro-batch%s), %s "
                "parameters%s, %d GEMM thread%s per rank\n",
                a->cfg.arch == LM_LLAMA ? "llama" : "gpt2", a->preset, a->cfg.layers,
                a->cfg.heads, kv, a->cfg.dim, a->cfg.seq, a->cfg.vocab,
-               (long long)lm_numel(&a->cfg),
+               (long long)lm_numel(&a->cfg), trained,
                a->no_shard ? "replicated (--no-shard)" : a->hsdp ? "HSDP (--hsdp)" : "FSDP",
                r.ws, r.ws > 1 ? "s" : "", a->batch, r.local_batch, a->grad_accum,
                a->grad_accum > 1 ? "es" : "", a->param_dtype,
@@ -522,7 +556,10 @@ int main(int argc, char **argv)
     }
     if (r.dump)
         fclose(r.dump);
-    if (a->export_path) {
+    const char *exports[2] = {a->export_path, a->export_merged};
+    for (int merged = 0; merged < 2; merged++) {
+        if (!exports[merged])
+            continue;
         lm_hf_file_t files[2];
         int n = 0;
         char generation[4200];
@@ -532,11 +569,15 @@ int main(int argc, char **argv)
                  a->init_from ? a->init_from : "");
         if (a->init_from && access(generation, F_OK) == 0)
             files[n++] = (lm_hf_file_t){"generation_config.json", generation};
-        if (lm_hf_export(r.model, r.world, r.rank, a->export_path, files, n,
-                         strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, a->bos,
-                         a->eos) != FSDP2_SUCCESS)
+        if (lm_hf_export(r.model, r.world, r.rank, exports[merged], files, n,
+                         strcmp(a->export_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16, merged,
+                         a->bos, a->eos) != FSDP2_SUCCESS)
             exit(1);
     }
+    if (a->save_adapter &&
+        lm_hf_save_adapter(r.model, r.world, r.rank, a->save_adapter, a->init_from) !=
+            FSDP2_SUCCESS)
+        exit(1);
     if (a->sample)
         sample(&r);
     CHECK(fsdp2_state_dict_destroy(r.state));

@@ -3,6 +3,7 @@
  * block differs in its norms (layer norm with bias, or RMSNorm), its attention's
  * projections (GPT-2's fused qkv with biases, or Llama's q, k, v without, rotated, with
  * grouped key/value heads) and its MLP (GELU, or SwiGLU). */
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,13 +82,21 @@ static fsdp2_status_t param_init(fsdp2_module_t *m, const char *name, int ndim, 
     return fsdp2_param_set_random_init(*out, init);
 }
 
-/* A base parameter (frozen under LoRA) drawn from normal(mean, std). */
+/* A base parameter drawn from normal(mean, std): frozen under LoRA, or when its name
+ * matches a freeze pattern. */
 static fsdp2_status_t param(lm_model_t *model, fsdp2_module_t *m, const char *name, int ndim,
                             int64_t d0, int64_t d1, uint64_t seed, double mean, double std,
                             fsdp2_param_t **out)
 {
     fsdp2_random_init_t init = FSDP2_RANDOM_NORMAL_INIT(seed, mean, std);
-    return param_init(m, name, ndim, d0, d1, base_trains(model), &init, out);
+    char fqn[FSDP2_FQN_MAX];
+    TRY(fsdp2_module_fqn(m, fqn, sizeof(fqn)));
+    size_t len = strlen(fqn);
+    snprintf(fqn + len, sizeof(fqn) - len, "%s%s", len ? "." : "", name);
+    int trains = base_trains(model);
+    for (int i = 0; i < model->cfg.num_freeze && trains; i++)
+        trains = fnmatch(model->cfg.freeze[i], fqn, 0) != 0;
+    return param_init(m, name, ndim, d0, d1, trains, &init, out);
 }
 
 /* Whether the module at path is one of the LoRA targets (path equal to a target, or
@@ -213,7 +222,7 @@ static fsdp2_status_t check_config(const lm_config_t *c)
             "heads)\n",
             bad, c->layers, c->heads, c->kv_heads, c->dim, c->hidden, c->seq, c->positions,
             c->vocab, (double)c->norm_eps, LM_MAX_LAYERS);
-    return FSDP2_ERR_INVALID_ARGUMENT;
+    return FSDP2_ERR_INVALID_CONFIG;
 }
 
 /* Every LoRA target must name a linear layer the model has. */
@@ -232,19 +241,14 @@ static fsdp2_status_t check_targets(const lm_config_t *c, const int *hits)
                                   "cannot have"
                                 : "matches no linear layer",
                 llama(c) ? llama_names : gpt2_names, c->tied ? "" : ", lm_head");
-        return FSDP2_ERR_INVALID_ARGUMENT;
+        return FSDP2_ERR_INVALID_CONFIG;
     }
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out)
+static fsdp2_status_t create_tree(lm_model_t *m, uint64_t seed)
 {
-    TRY(check_config(cfg));
-    lm_model_t *m = calloc(1, sizeof(*m));
-    if (!m)
-        return FSDP2_ERR_OUT_OF_MEMORY;
-    *out = m;
-    m->cfg = *cfg;
+    const lm_config_t *cfg = &m->cfg;
     int64_t C = cfg->dim, V = cfg->vocab;
     uint64_t s = seed * 100000;
     int hits[LM_LORA_MAX_TARGETS] = {0};
@@ -278,6 +282,24 @@ fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out
         TRY(fsdp2_module_tie_param(head, "weight", m->embed));
     }
     return check_targets(cfg, hits);
+}
+
+fsdp2_status_t lm_create(const lm_config_t *cfg, uint64_t seed, lm_model_t **out)
+{
+    *out = NULL;
+    TRY(check_config(cfg));
+    lm_model_t *m = calloc(1, sizeof(*m));
+    if (!m) {
+        fprintf(stderr, "error: out of memory building the model\n");
+        return FSDP2_ERR_OUT_OF_MEMORY;
+    }
+    *out = m;
+    m->cfg = *cfg;
+    fsdp2_status_t s = create_tree(m, seed);
+    if (s != FSDP2_SUCCESS && s != FSDP2_ERR_INVALID_CONFIG) /* the library's failure */
+        fprintf(stderr, "error: building the model: %s: %s\n", fsdp2_strerror(s),
+                fsdp2_last_error());
+    return s;
 }
 
 fsdp2_status_t lm_shard(lm_model_t *m, fsdp2_mesh_t *mesh, fsdp2_dtype_t param_dtype,

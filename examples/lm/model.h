@@ -28,6 +28,7 @@
 typedef enum lm_arch { LM_GPT2, LM_LLAMA } lm_arch_t;
 
 #define LM_LORA_MAX_TARGETS 16
+#define LM_MAX_FREEZE 16
 
 /* LoRA adapters as PEFT's LoraConfig: rank r (0: none), lora_alpha, lora_dropout, and
  * target_modules: a linear layer is adapted when its module path equals a target or ends
@@ -50,6 +51,9 @@ typedef struct lm_config {
     double norm_eps;
     fsdp2_nn_rope_config_t rope; /* Llama only */
     lm_lora_t lora;
+    int num_freeze; /* parameters whose name matches one of these shell patterns do not
+                     * train ('*' crosses dots) */
+    const char *freeze[LM_MAX_FREEZE];
 } lm_config_t;
 
 /* GPT-2's shape for the given sizes: kv_heads = heads, hidden = 4 dim, positions = seq,

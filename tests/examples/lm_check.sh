@@ -16,7 +16,12 @@
 #   - llama-tiny with the Llama-3-style tokenizer of tests/text trains on its ids at ws 2,
 #     exports the tokenizer and its bos/eos ids with the weights, and a directory holding
 #     a tokenizer.json trains on it without --tokenizer; --token-cache writes a cache the
-#     next run reads, to the same losses; a FIFO as --data is refused at once.
+#     next run reads, to the same losses; a FIFO as --data is refused at once;
+#   - LoRA: peft's adapters (lm-init/NAME-lora) on both models train 20 steps at ws 1, 2
+#     and 4 to peft + PyTorch autograd's float64 losses within 1e-4; the base comes out
+#     bit for bit as it went in; --save-adapter writes what --adapter reads back to the
+#     same bytes; --export-merged equals peft's merge_and_unload within 1e-6; adapters
+#     that do not fit the model, unknown targets and adapters without --lora are refused.
 # usage: lm_check.sh FSDP2RUN LM TOKENIZER_JSON
 set -euo pipefail
 run=$1 lm=$2 tokenizer=$3
@@ -38,6 +43,9 @@ for arch in llama gpt2; do
         train "$arch" "$ws" "$work/$arch-$ws.json"
     done
     train "$arch" 2 "$work/$arch-bf16.json" --param-dtype bf16
+    for ws in 1 2 4; do
+        train "$arch" "$ws" "$work/$arch-lora-$ws.json" --adapter "$here/lm-init/$arch-lora"
+    done
 done
 # Llama with activation checkpointing and 2 accumulated micro-batches (ws 2): the same
 # losses. Saved after 12 steps at ws 2 and resumed at ws 1: the losses of a run without
@@ -72,6 +80,8 @@ for r in resumed:
     if abs(r["train_loss"] - whole[r["step"] - 1]) > 1e-5 * whole[r["step"] - 1]:
         print(f"FAIL resumed step {r['step']}: {r['train_loss']}, unbroken {whole[r['step'] - 1]}")
         bad += 1
+    if arch.endswith("-lora"):
+        continue
     spread = max(max(abs(a - b) for a, b in zip(ref[k], want))
                  for k in ("bf16_autocast", "bf16_params"))
     got = losses(f"{work}/{arch}-bf16.json")
@@ -134,6 +144,73 @@ if timeout 10 "$lm" "${tok[@]}" --steps 1 --data "$work/fifo" > "$work/fifo.log"
     echo "FAIL: a FIFO was read as the corpus"; exit 1
 fi
 grep -q "neither a regular file nor a directory" "$work/fifo.log" || { cat "$work/fifo.log"; exit 1; }
+
+# LoRA: the base unchanged by training its adapters; the adapters saved and read back; the
+# merged export against peft's merge_and_unload
+lora=(--model "$here/lm-init/llama" "${common[@]}")
+"$lm" "${lora[@]}" --steps 0 --export "$work/base0" > "$work/base0.log" 2>&1 ||
+    { cat "$work/base0.log"; exit 1; }
+"$run" --nproc-per-node 2 "$lm" "${lora[@]}" --adapter "$here/lm-init/llama-lora" --steps 5 \
+    --export "$work/base5" --save-adapter "$work/ad5" > "$work/lora5.log" 2>&1 ||
+    { cat "$work/lora5.log"; exit 1; }
+grep -q "1664 trained (LoRA adapters)" "$work/lora5.log" || { cat "$work/lora5.log"; exit 1; }
+cmp "$work/base0/model.safetensors" "$work/base5/model.safetensors"
+"$lm" "${lora[@]}" --adapter "$work/ad5" --steps 0 --save-adapter "$work/ad5again" \
+    > "$work/ad5again.log" 2>&1 || { cat "$work/ad5again.log"; exit 1; }
+cmp "$work/ad5/adapter_model.safetensors" "$work/ad5again/adapter_model.safetensors"
+grep -q '"peft_type":[[:space:]]*"LORA"' "$work/ad5/adapter_config.json" ||
+    { cat "$work/ad5/adapter_config.json"; exit 1; }
+for arch in llama gpt2; do
+    "$run" --nproc-per-node 2 "$lm" --model "$here/lm-init/$arch" "${common[@]}" --steps 0 \
+        --adapter "$here/lm-init/$arch-lora" --export-merged "$work/merged-$arch" \
+        > "$work/merged-$arch.log" 2>&1 || { cat "$work/merged-$arch.log"; exit 1; }
+    python3 - "$work/merged-$arch/model.safetensors" "$here/lm-init/$arch-lora-merged.safetensors" <<'PY'
+import json, struct, sys
+def read(path):
+    data = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    out = {}
+    for name, t in json.loads(data[8:8 + n]).items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", (path, name, t["dtype"])
+        b, e = t["data_offsets"]
+        shape = t["shape"]
+        values = struct.unpack(f"<{(e - b) // 4}f", data[8 + n + b:8 + n + e])
+        conv1d = name.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                                "mlp.c_proj.weight"))
+        out[name.removeprefix("transformer.")] = (shape, values, conv1d)
+    return out
+ours, peft = read(sys.argv[1]), read(sys.argv[2])
+assert set(ours) == set(peft), set(ours) ^ set(peft)
+worst = 0.0
+for name, (shape, v, _) in peft.items():
+    s2, w, _ = ours[name]
+    assert s2 == shape, (name, s2, shape)
+    worst = max(worst, max(abs(a - b) for a, b in zip(v, w)))
+print(f"{sys.argv[1]}: merged weights within {worst:.2e} of peft's merge_and_unload")
+sys.exit(0 if worst <= 1e-6 else 1)
+PY
+done
+
+# adapters that do not fit the model, unknown targets, adapters without --lora: refused
+refuse() { # needle, args...
+    local needle=$1
+    shift
+    if "$lm" "${common[@]}" --steps 1 "$@" > "$work/refused.log" 2>&1; then
+        echo "FAIL: accepted: $*"; exit 1
+    fi
+    grep -q -- "$needle" "$work/refused.log" || { cat "$work/refused.log"; exit 1; }
+}
+refuse "target 'c_attn' matches no linear layer" --model "$here/lm-init/llama" \
+    --adapter "$here/lm-init/gpt2-lora"
+refuse "q_proj.lora_A.weight is \[4, 32\] where the model's is \[4, 128\]" \
+    --preset llama-tiny --layers 2 --adapter "$here/lm-init/llama-lora"
+refuse "matches no linear layer; the model's linear layers: q_proj" \
+    --model "$here/lm-init/llama" --lora r=4,targets=q_proj,qkv
+refuse "disagrees with --adapter" --model "$here/lm-init/llama" --lora r=8,targets=q_proj \
+    --adapter "$here/lm-init/llama-lora"
+refuse "--save-adapter needs adapters" --model "$here/lm-init/llama" --save-adapter "$work/x"
 
 echo "lm: Llama and GPT-2 directories reach PyTorch's losses at ws 1, 2 and 4, bf16 within" \
      "PyTorch's spread, exports round-trip, tokenizers train and travel with the export"

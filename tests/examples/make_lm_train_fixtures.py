@@ -10,7 +10,10 @@ and PyTorch's two bf16 recipes, whose distance from the reference is the spread 
 brings: float32 under torch.autocast(cpu, bfloat16), and FSDP2's
 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), which computes the
 whole step on a bf16 copy of the float32 parameters and reduces the gradients into
-float32 (what examples/lm's --param-dtype bf16 asks of the library).
+float32 (what examples/lm's --param-dtype bf16 asks of the library). And LoRA: peft's
+adapters (lm-init/NAME-lora, r 4, alpha 8, random B) trained 20 steps on the frozen base
+in float64 (the base's other parameters frozen, as get_peft_model does), and
+merge_and_unload's model (lm-init/NAME-lora-merged.safetensors).
 
 Run once by hand, after a build, in a venv with torch and transformers (pip install
 torch==2.13.0 transformers):
@@ -27,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+import peft
+import safetensors.torch
 import torch
 import torch.nn.functional as F
 import transformers
@@ -76,13 +81,44 @@ def read_batches(path):
     return {s: torch.tensor([w for _, w in sorted(ws)]) for s, ws in by_step.items()}
 
 
-def train(directory, batches, dtype, autocast=False, param_bf16=False):
+LORA_TARGETS = {"llama": ["q_proj", "v_proj", "down_proj"], "gpt2": ["c_attn", "c_proj"]}
+
+
+def make_adapter(directory, name, path):
+    """peft's LoRA (r 4, alpha 8, no dropout: peft's masks are torch's) on the model, B
+    drawn at random (peft starts it at zero), as PeftModel.save_pretrained writes it; and
+    merge_and_unload's model beside it, for --export-merged."""
+    base = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                     target_modules=LORA_TARGETS[name]))
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for pname, p in lora.named_parameters():
+            if "lora_B" in pname:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    shutil.rmtree(path, ignore_errors=True)
+    lora.save_pretrained(path)
+    config = os.path.join(path, "adapter_config.json")
+    c = json.load(open(config))
+    c["base_model_name_or_path"] = f"tests/examples/lm-init/{name}"
+    json.dump(c, open(config, "w"), indent=2, sort_keys=True)
+    merged = lora.merge_and_unload().state_dict()
+    tied = name == "gpt2"  # its head is wte: stored once, as the export stores it
+    keep = {k.removeprefix("transformer."): v.clone().contiguous() for k, v in merged.items()
+            if ".attn.bias" not in k and not (tied and k == "lm_head.weight")}
+    safetensors.torch.save_file(keep, path + "-merged.safetensors")
+
+
+def train(directory, batches, dtype, autocast=False, param_bf16=False, adapter=None):
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="eager").to(dtype)
-    decay = [p for n, p in model.named_parameters()
-             if p.dim() == 2 and "wte" not in n and "wpe" not in n and "embed_tokens" not in n]
+        directory, dtype=torch.float32, attn_implementation="eager")
+    if adapter:
+        model = peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    model = model.to(dtype)
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and
+             p.dim() == 2 and "wte" not in n and "wpe" not in n and "embed_tokens" not in n]
     ids = {id(p) for p in decay}
-    rest = [p for p in model.parameters() if id(p) not in ids]
+    rest = [p for p in model.parameters() if id(p) not in ids and p.requires_grad]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": RECIPE["weight_decay"]},
                              {"params": rest, "weight_decay": 0.0}],
                             lr=RECIPE["lr"], betas=(0.9, 0.95), eps=1e-8)
@@ -101,7 +137,8 @@ def train(directory, batches, dtype, autocast=False, param_bf16=False):
         if param_bf16:  # the gradients reduced in float32 onto the float32 parameters
             for p, q in zip(model.parameters(), run.parameters()):
                 p.grad = q.grad.to(dtype)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["clip"])
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                       RECIPE["clip"])
         opt.step()
         losses.append(loss.item())
     return losses
@@ -128,6 +165,10 @@ def main():
             "bf16_autocast": train(directory, batches, torch.float32, autocast=True),
             "bf16_params": train(directory, batches, torch.float32, param_bf16=True),
         }
+        adapter = os.path.join(HERE, "lm-init", name + "-lora")
+        make_adapter(directory, name, adapter)
+        out["models"][name + "-lora"] = {
+            "f64": train(directory, batches, torch.float64, adapter=adapter)}
         print(name, out["models"][name]["f64"][::5])
     shutil.rmtree(work)
     with open(os.path.join(HERE, "lm_train_fixture.json"), "w") as f:

@@ -237,12 +237,12 @@ START_TEST(lora_targets_that_match_nothing_or_a_tied_head_are_refused)
     lm_model_t *m = NULL;
     lm_config_t cfg = tiny_llama();
     cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 2, .targets = {"q_proj", "qproj"}};
-    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_CONFIG);
     lm_destroy(m);
     m = NULL;
     cfg = lm_gpt2_config(2, 4, 32, SEQ, 61);
     cfg.lora = (lm_lora_t){.r = 4, .alpha = 8, .num_targets = 1, .targets = {"lm_head"}};
-    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(lm_create(&cfg, 1, &m), FSDP2_ERR_INVALID_CONFIG);
     lm_destroy(m);
     m = NULL;
     cfg.lora.r = 0; /* no adapters: the targets are not looked at */
