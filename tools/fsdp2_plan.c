@@ -58,6 +58,9 @@ static const char USAGE[] =
     "                       auto wrap\n"
     "  --unit NAME          this module is a unit too (repeatable): an embedding, a head\n"
     "  --frozen PATTERN     parameters matching PATTERN do not train (repeatable)\n"
+    "  --lora r=8,targets=q_proj,v_proj\n"
+    "                       LoRA adapters as peft adds them: [r, in] and [out, r] beside\n"
+    "                       each targeted linear weight, the rest of the model frozen\n"
     "  --optimizer O        adamw (default), sgd, sgd-momentum, adadelta or none\n"
     "\n"
     "Device and network:\n"
@@ -202,6 +205,7 @@ int main(int argc, char **argv)
     double bw_intra = 450e9, bw_inter = 50e9, lat_intra = 3e-6, lat_inter = 10e-6;
     char *frozen[64];
     int nfrozen = 0;
+    const char *lora = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -271,6 +275,8 @@ int main(int argc, char **argv)
             if (units.nextra == 64)
                 DIE("more than 64 --unit names");
             units.extra[units.nextra++] = (char *)v;
+        } else if (TAKE("--lora")) {
+            lora = v;
         } else if (TAKE("--frozen")) {
             if (nfrozen == 64)
                 DIE("more than 64 --frozen patterns");
@@ -329,6 +335,8 @@ int main(int argc, char **argv)
     else
         DIE("--optimizer '%s' is not adamw, sgd, sgd-momentum, adadelta or none", optimizer);
 
+    if (lora)
+        add_lora(&model, lora);
     tree_t tree = {0};
     build_tree(&tree, &model, shard_dtype, keep_dtype, frozen, nfrozen);
     fsdp2_plan_options_t po = FSDP2_PLAN_OPTIONS_INIT;

@@ -344,6 +344,76 @@ void load_model_dir(model_t *m, const char *dir)
     snprintf(m->source + used, sizeof(m->source) - used, "%s%s", used ? " + " : "", dir);
 }
 
+/* Whether dotted path equals target or ends in '.' and target (peft's matching of a list
+ * of target_modules). */
+static int lora_matches(const char *path, const char *target)
+{
+    size_t len = strlen(path), t = strlen(target);
+    return !strcmp(path, target) ||
+           (len > t && path[len - t - 1] == '.' && !strcmp(path + len - t, target));
+}
+
+void add_lora(model_t *m, const char *spec)
+{
+    char buf[1024], *targets[64];
+    int ntargets = 0, in_targets = 0;
+    long r = 0;
+    snprintf(buf, sizeof(buf), "%s", spec);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq && in_targets && ntargets < 64) {
+            targets[ntargets++] = tok;
+        } else if (!strncmp(tok, "r=", 2)) {
+            char *end;
+            r = strtol(tok + 2, &end, 10);
+            if (*end || r < 1 || r > 1 << 20)
+                DIE("--lora %s: r '%s' is not a positive integer", spec, tok + 2);
+            in_targets = 0;
+        } else if (!strncmp(tok, "targets=", 8) && tok[8]) {
+            targets[ntargets++] = tok + 8;
+            in_targets = 1;
+        } else if (!strncmp(tok, "alpha=", 6) || !strncmp(tok, "dropout=", 8)) {
+            in_targets = 0; /* no bytes of their own */
+        } else {
+            DIE("--lora %s: '%s' is not r=N, alpha=X, dropout=X or targets=NAME,NAME", spec, tok);
+        }
+    }
+    if (r == 0 || ntargets == 0)
+        DIE("--lora %s: needs r=N and targets=NAME[,NAME...]", spec);
+    size_t base = m->count;
+    for (size_t i = 0; i < base; i++)
+        m->params[i].requires_grad = 0; /* peft's get_peft_model freezes the base */
+    for (int k = 0; k < ntargets; k++) {
+        int hits = 0;
+        for (size_t t = 0; t < m->ties; t++)
+            if (lora_matches(m->tie_name[t], targets[k]) ||
+                (strlen(m->tie_name[t]) > 7 && !strncmp(m->tie_name[t], targets[k], 7)))
+                DIE("--lora %s: target '%s' is %s, tied to %s: an adapter cannot be put there",
+                    spec, targets[k], m->tie_name[t], m->tie_target[t]);
+        for (size_t i = 0; i < base; i++) {
+            char path[FSDP2_FQN_MAX], name[FSDP2_FQN_MAX + 16];
+            size_t len = strlen(m->params[i].name);
+            if (m->params[i].ndim != 2 || len < 8 ||
+                strcmp(m->params[i].name + len - 7, ".weight"))
+                continue;
+            snprintf(path, sizeof(path), "%.*s", (int)(len - 7), m->params[i].name);
+            if (!lora_matches(path, targets[k]))
+                continue;
+            int64_t out = m->params[i].shape[0], in = m->params[i].shape[1];
+            int64_t a[2] = {r, in}, b[2] = {out, r};
+            snprintf(name, sizeof(name), "%s.lora_A.weight", path);
+            add_param(m, name, 2, a, FSDP2_F32);
+            snprintf(name, sizeof(name), "%s.lora_B.weight", path);
+            add_param(m, name, 2, b, FSDP2_F32);
+            hits++;
+        }
+        if (!hits)
+            DIE("--lora %s: target '%s' matches no 2-D weight of the model (its linear "
+                "layers' names end in q_proj, v_proj, c_attn, ...: see --json-out's params)",
+                spec, targets[k]);
+    }
+}
+
 /* ---- the module tree ---- */
 
 /* The module at dotted `path` (created with its parents on demand). */

@@ -57,6 +57,10 @@ void load_preset(model_t *m, const char *name);
 void load_json(model_t *m, const char *path);
 void load_safetensors(model_t *m, const char *path);
 void load_model_dir(model_t *m, const char *dir);
+/* LoRA adapters as peft adds them (--lora r=8,targets=q_proj,v_proj): lora_A [r, in] and
+ * lora_B [out, r] beside each 2-D weight whose module path is a target or ends in one;
+ * every other parameter frozen. Dies naming a target that matches nothing, or one tied. */
+void add_lora(model_t *m, const char *spec);
 
 typedef struct tree {
     fsdp2_module_t *root;

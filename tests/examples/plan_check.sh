@@ -2,7 +2,8 @@
 # fsdp2-plan: the presets have the published parameter counts; its plan of GPT-2 tiny is
 # what examples/lm measures when it trains for real at 2, 3 and 4 ranks (parameters,
 # gradients and optimizer state plus FSDP's buffers, rank 0), to the byte, and so is its
-# plan of a Hugging Face Llama directory (--model-dir); a safetensors
+# plan of a Hugging Face Llama directory (--model-dir), with and without LoRA adapters
+# (--lora), whose Llama 3 8B count is peft's; a safetensors
 # file is read from its header alone; the JSON model format; bad input is refused naming
 # it, with exit status 2.
 set -euo pipefail
@@ -51,6 +52,22 @@ for n in 2 3; do
     [ "$real" = "$planned" ] || fail "llama dir at ws $n: planned $planned bytes, the run measured $real"
     echo "llama directory at $n ranks: planned = measured = $real bytes"
 done
+# and with LoRA adapters (peft's, on q_proj, v_proj and down_proj): the base frozen, the
+# adapters in their blocks' units
+"$fsdp2run" --nproc-per-node 2 "$gpt2" --model "$llama_dir" --adapter "$llama_dir-lora" \
+    --steps 1 --batch 6 --seq-len 32 --data "$GPT2_CORPUS" --json "$tmp/lora.json" \
+    >"$tmp/lora.log" 2>&1 || { cat "$tmp/lora.log"; fail "examples/lm --adapter at 2 ranks"; }
+real=$(field "d['records'][-1]['state_bytes'] + d['records'][-1]['fsdp_bytes']" <"$tmp/lora.json")
+planned=$("$plan" --model-dir "$llama_dir" --lora r=4,targets=q_proj,v_proj,down_proj \
+          --ranks 2 --keep-last --json-out | field "d['memory']['total']")
+[ "$real" = "$planned" ] || fail "llama with LoRA at ws 2: planned $planned bytes, the run measured $real"
+echo "llama directory with LoRA at 2 ranks: planned = measured = $real bytes"
+# Llama 3 8B with r 8 on q_proj and v_proj at 8 ranks: peft's 3,407,872 trained parameters,
+# their AdamW state in MiB
+out=$("$plan" --model llama3-8b --ranks 8 --lora r=8,targets=q_proj,v_proj --json-out)
+[ "$(field "d['trained_params']" <<<"$out")" = 3407872 ] || fail "llama3-8b LoRA: trained params"
+[ "$(field "d['memory']['optimizer_state']" <<<"$out")" = 3407872 ] ||
+    fail "llama3-8b LoRA: optimizer state $(field "d['memory']" <<<"$out")"
 
 # A safetensors file: the exported model, then its header alone (the data cut off).
 "$gpt2" --preset tiny --steps 0 --data "$GPT2_CORPUS" --export "$tmp/tiny" \
@@ -92,4 +109,8 @@ refused "no model" --ranks 4
 printf 'xxxxxxxx{' >"$tmp/bad.safetensors"
 refused "not a safetensors file" --safetensors "$tmp/bad.safetensors"
 refused "--device-memory '80XB'" --model gpt2-tiny --device-memory 80XB
+refused "target 'qkv' matches no 2-D weight" --model llama3-8b --lora r=8,targets=qkv
+refused "target 'lm_head' is lm_head.weight, tied to wte.weight" --model gpt2-tiny \
+    --lora r=8,targets=lm_head
+refused "r '0' is not a positive integer" --model gpt2-tiny --lora r=0,targets=c_attn
 echo "refusals: OK"
