@@ -133,6 +133,11 @@ static fsdp2_status_t linear(lm_model_t *model, fsdp2_module_t *parent, const ch
     const lm_lora_t *lora = &model->cfg.lora;
     if (lora->r == 0 || !targeted(lora, path, hits))
         return FSDP2_SUCCESS;
+    if (lora->r > (in < out ? in : out)) { /* a rank no [out, in] update can have */
+        fprintf(stderr, "error: --lora r=%d is larger than %s [%lld, %lld] allows (%lld)\n",
+                lora->r, path, (long long)out, (long long)in, (long long)(in < out ? in : out));
+        return FSDP2_ERR_INVALID_CONFIG;
+    }
     double bound = 1.0 / sqrt((double)in);
     fsdp2_random_init_t uniform = FSDP2_RANDOM_UNIFORM_INIT((*seed)++, -bound, bound);
     fsdp2_random_init_t zero = FSDP2_RANDOM_NORMAL_INIT((*seed)++, 0.0, 0.0);

@@ -210,6 +210,8 @@ refuse "matches no linear layer; the model's linear layers: q_proj" \
     --model "$here/lm-init/llama" --lora r=4,targets=q_proj,qkv
 refuse "disagrees with --adapter" --model "$here/lm-init/llama" --lora r=8,targets=q_proj \
     --adapter "$here/lm-init/llama-lora"
+refuse "r=20 is larger than model.layers.0.self_attn.k_proj \[16, 32\] allows (16)" \
+    --model "$here/lm-init/llama" --lora r=20,targets=k_proj
 refuse "--save-adapter needs adapters" --model "$here/lm-init/llama" --save-adapter "$work/x"
 
 echo "lm: Llama and GPT-2 directories reach PyTorch's losses at ws 1, 2 and 4, bf16 within" \

@@ -481,7 +481,7 @@ END_TEST
 /* The LoRA layer against the layers it is made of (a linear, a dropout, two linears
  * without bias), over blocks of rows: in = 8192 gives blocks of 32 rows, so 100 rows are
  * four blocks, the last partial; the dropout's offsets must continue across them. */
-START_TEST(lora_equals_its_composition_across_row_blocks_and_in_bf16)
+START_TEST(lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_adapters)
 {
     const int64_t rows = 100, in = 8192, out = 5, r = 3;
     const double p = 0.25, scale = 0.5;
@@ -536,6 +536,19 @@ START_TEST(lora_equals_its_composition_across_row_blocks_and_in_bf16)
     NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &l16, got, &ws));
     NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &lr, want, &ws));
     assert_close_f32("bf16 lora y", got, want, rows * out, 0);
+    /* a bf16 base: the f32 results on the rounded weight */
+    uint16_t *w16 = to_bf16(w, out * in);
+    float *wr = from_bf16(w16, out * in);
+    fsdp2_tensor_t *tw16 = wrap(w16, FSDP2_BF16, 2, out, in), *twr = wrap(wr, FSDP2_F32, 2, out, in);
+    NN_OK(fsdp2_nn_lora_forward(x, rows, tw16, tb, &lora, got, &ws));
+    NN_OK(fsdp2_nn_lora_forward(x, rows, twr, tb, &lora, want, &ws));
+    assert_close_f32("lora y over a bf16 base", got, want, rows * out, 0);
+    float *dx16 = f32_array(rows * in), *dxr = f32_array(rows * in);
+    NN_OK(fsdp2_nn_lora_backward(x, rows, tw16, &lora, dy, dx16, NULL, NULL, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, rows, twr, &lora, dy, dxr, NULL, NULL, &ws));
+    assert_close_f32("lora dx over a bf16 base", dx16, dxr, rows * in, 1e-6);
+    fsdp2_tensor_release(tw16), fsdp2_tensor_release(twr);
+    free(w16), free(wr), free(dx16), free(dxr);
     uint16_t *gb16 = calloc((size_t)(out * r), 2);
     float *gb32 = f32_array(out * r);
     fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 2, out, r);
@@ -729,7 +742,7 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds);
     tcase_add_test(tc, gqa_attention_with_one_group_per_head_equals_the_fused_attention);
     tcase_add_test(tc, llama_layers_refuse_bad_input_naming_the_value_and_write_nothing);
-    tcase_add_test(tc, lora_equals_its_composition_across_row_blocks_and_in_bf16);
+    tcase_add_test(tc, lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_adapters);
     tcase_add_test(tc, lora_refuses_a_bad_rank_shape_alias_or_dropout_naming_them);
     tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
     suite_add_tcase(s, tc);
