@@ -381,6 +381,11 @@ void lm_args_parse(int argc, char **argv, args_t *a)
         fprintf(stderr, "error: --param-dtype %s is not f32 or bf16\n", a->param_dtype);
         exit(2);
     }
+    if ((long long)a->val_batches * a->batch > (1 << 30)) {
+        fprintf(stderr, "error: --val-batches %ld x --batch %d windows: more than 2^30\n",
+                a->val_batches, a->batch);
+        exit(2);
+    }
     if (a->min_lr > a->lr) {
         fprintf(stderr, "error: --min-lr %g is above --lr %g\n", a->min_lr, a->lr);
         exit(2);

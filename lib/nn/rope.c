@@ -90,8 +90,11 @@ static fsdp2_status_t check_rope(const void *in, const void *out, int64_t batch,
     FSDP2_ARG_CHECK(seq <= positions,
                     "seq = %lld is longer than the rope table's %lld positions", (long long)seq,
                     (long long)positions);
-    FSDP2_ARG_CHECK((in && out && table) || batch * seq * heads == 0,
-                    "an input, an output or the table is NULL");
+    if (batch == 0 || seq == 0 || heads == 0)
+        return FSDP2_SUCCESS;
+    FSDP2_ARG_CHECK(in, "the rotation's input is NULL");
+    FSDP2_ARG_CHECK(out, "the rotation's output is NULL");
+    FSDP2_ARG_CHECK(table, "the rope table is NULL");
     return FSDP2_SUCCESS;
 }
 
