@@ -40,6 +40,18 @@ static fsdp2_status_t params_of(const lm_model_t *m, int adapters, fsdp2_param_t
     return s;
 }
 
+/* This rank's shard of p: its rows [info->offset[0], + info->local_shape[0]) of the whole,
+ * and the local tensor holding them (*local is the caller's to release). */
+static fsdp2_status_t local_rows(fsdp2_param_t *p, fsdp2_dtensor_info_t *info,
+                                 fsdp2_tensor_t **local)
+{
+    fsdp2_dtensor_t *dt;
+    fsdp2_status_t s = fsdp2_param_sharded(p, &dt);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_dtensor_info(dt, info);
+    return s == FSDP2_SUCCESS ? fsdp2_dtensor_to_local(dt, local) : s;
+}
+
 int lm_hf_shape(fsdp2_hf_model_t *hf, lm_config_t *cfg, int64_t *bos, int64_t *eos, char *err,
                 size_t size)
 {
@@ -88,18 +100,12 @@ fsdp2_status_t lm_hf_import(lm_model_t *m, fsdp2_hf_model_t *hf)
     size_t n;
     fsdp2_status_t s = params_of(m, 0, &p, &n);
     for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
-        /* this rank's rows [offset, offset + local rows) */
         fsdp2_param_info_t pi;
-        fsdp2_dtensor_t *dt;
         fsdp2_dtensor_info_t info;
         fsdp2_tensor_t *local;
         s = fsdp2_param_info(p[i], &pi);
         if (s == FSDP2_SUCCESS)
-            s = fsdp2_param_sharded(p[i], &dt);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_dtensor_info(dt, &info);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_dtensor_to_local(dt, &local);
+            s = local_rows(p[i], &info, &local);
         if (s != FSDP2_SUCCESS)
             break;
         s = fsdp2_hf_model_read(hf, pi.fqn, info.offset[0], info.local_shape[0], local->dtype,
@@ -311,7 +317,6 @@ fsdp2_status_t lm_hf_import_adapter(lm_model_t *m, fsdp2_hf_adapter_t *ad, const
     for (size_t i = 0; i < n && s == FSDP2_SUCCESS; i++) {
         fsdp2_param_info_t pi;
         fsdp2_hf_tensor_info_t t = {0};
-        fsdp2_dtensor_t *dt;
         fsdp2_dtensor_info_t info;
         fsdp2_tensor_t *local;
         s = fsdp2_param_info(p[i], &pi);
@@ -329,11 +334,7 @@ fsdp2_status_t lm_hf_import_adapter(lm_model_t *m, fsdp2_hf_adapter_t *ad, const
             s = FSDP2_ERR_SHAPE_MISMATCH;
         }
         if (s == FSDP2_SUCCESS)
-            s = fsdp2_param_sharded(p[i], &dt);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_dtensor_info(dt, &info);
-        if (s == FSDP2_SUCCESS)
-            s = fsdp2_dtensor_to_local(dt, &local);
+            s = local_rows(p[i], &info, &local);
         if (s != FSDP2_SUCCESS)
             break;
         s = fsdp2_hf_adapter_read(ad, pi.fqn, info.offset[0], info.local_shape[0], local->dtype,
