@@ -181,6 +181,7 @@ def adapter(base, name, targets, seed):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     path = fresh(name)
     lora.save_pretrained(path)
+    os.remove(os.path.join(path, "README.md"))  # peft's model card template: nothing of ours
     config_path = os.path.join(path, "adapter_config.json")
     config = json.load(open(config_path))  # the base as a path in the repository
     config["base_model_name_or_path"] = "tests/checkpoint/hf/" + base

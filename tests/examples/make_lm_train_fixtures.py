@@ -98,6 +98,7 @@ def make_adapter(directory, name, path):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     shutil.rmtree(path, ignore_errors=True)
     lora.save_pretrained(path)
+    os.remove(os.path.join(path, "README.md"))  # peft's model card template: nothing of ours
     config = os.path.join(path, "adapter_config.json")
     c = json.load(open(config))
     c["base_model_name_or_path"] = f"tests/examples/lm-init/{name}"
