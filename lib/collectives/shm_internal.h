@@ -239,7 +239,7 @@ fsdp2_status_t fsdp2_shm_params_check(const shm_params_t *p, int n);
  * when a member's sizes differ from rank 0's; else the group's placement. */
 fsdp2_status_t fsdp2_shm_exchange_members(fsdp2_group_t *g, fsdp2_store_t *store,
                                           const shm_params_t *params, shm_placement_t *out);
-/* The size of the largest cache that all of cpus share on this machine (0: none), from
+/* The size of the largest cache that all of cpus share on the host (0: none), from
  * the machine's topology, loaded once per process; -1 without one (no hwloc, a failed
  * load, CPUs it does not list), leaving the thread's last error as it was. */
 int fsdp2_shm_shared_cache(const cpu_set_t *cpus, size_t *bytes);
