@@ -235,7 +235,7 @@ static void setup(run_t *r)
         int local = info.local_world_size > 0 ? info.local_world_size : 1;
         r->a.threads = cores / local > 1 ? (int)(cores / local) : 1;
     }
-    openblas_set_num_threads(r->a.threads);
+    CHECK(fsdp2_nn_set_threads(r->a.threads));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     CHECK(fsdp2_stream_current(cpu, &r->current));
     if (r->a.batch % r->ws) {

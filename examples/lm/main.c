@@ -120,7 +120,7 @@ static void setup(run_t *r)
         int local = info.local_world_size > 0 ? info.local_world_size : 1;
         a->threads = cores / local > 1 ? (int)(cores / local) : 1;
     }
-    openblas_set_num_threads(a->threads);
+    CHECK(fsdp2_nn_set_threads(a->threads));
     CHECK(fsdp2_stream_current((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &r->current));
     if (a->batch % (r->ws * a->grad_accum)) {
         fprintf(stderr, "error: --batch %d is not divisible by %d ranks x --grad-accum %d\n",

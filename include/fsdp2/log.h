@@ -1,5 +1,5 @@
 /* Logging. Silent by default except warnings; FSDP2_LOG_LEVEL=error|warn|info|debug|trace
- * and FSDP2_LOG_SUBSYS=all or a comma list (init,core,stream,mesh,coll,fsdp,ckpt,optim,text)
+ * and FSDP2_LOG_SUBSYS=all or a comma list (init,core,stream,mesh,coll,fsdp,ckpt,optim,text,nn)
  * choose what is printed to stderr, each line prefixed "host:pid:rank". */
 #ifndef FSDP2_LOG_H
 #define FSDP2_LOG_H

@@ -1,6 +1,7 @@
 /* Layers for C applications: forward and backward of the pieces of an MLP, a CNN, and
  * GPT-2 and Llama style transformers, on the cpu device. Built when the library is
- * configured with -Dnn=true (the default); GEMMs go to OpenBLAS.
+ * configured with -Dnn=true (the default); GEMMs go to oneDNN's matmul (or to the BLAS in
+ * a build without oneDNN).
  *
  * Conventions, the same for every function here:
  * - Activations and their gradients are f32 arrays the caller owns, contiguous and
@@ -21,8 +22,9 @@
  *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
  *   the largest answer serves every call of a model. Too small a workspace is refused
  *   with the bytes needed.
- * - Threading: the GEMMs (linear, attention) use OpenBLAS's threads (OPENBLAS_NUM_THREADS);
- *   every other kernel runs on the calling thread only. Functions may run concurrently on
+ * - Threading: one pool, OpenMP's, sized by fsdp2_nn_set_threads (else OMP_NUM_THREADS, else
+ *   one thread per CPU), runs the GEMMs and the layers' own loops: rows, (sample, head)
+ *   pairs or elements are split among its threads. Functions may run concurrently on
  *   different threads when their output buffers and workspaces differ.
  * - Bad input (a NULL pointer, a negative size, a shape that does not match, a parameter
  *   on another device, an id out of range) returns an error naming the value; nothing
@@ -332,6 +334,26 @@ FSDP2_API fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32
  * NULL) is written with 2 (pred - target) / n. */
 FSDP2_API fsdp2_status_t fsdp2_nn_mse(const float *pred, const float *target, int64_t n,
                                       double *loss, float *dpred);
+
+/* ---- threads and counters ---- */
+
+/* The layers' threads (>= 1) for calls made from this thread: OpenMP's pool, which the
+ * GEMMs share (and the BLAS's in a build without oneDNN). Ask the workspace queries after
+ * it: the attention backward's scratch is per thread. */
+FSDP2_API fsdp2_status_t fsdp2_nn_set_threads(int threads);
+
+/* What the layers' GEMMs did since the process started, for a benchmark's breakdown:
+ * calls, floating-point operations (2 m n k each) and seconds (the time of a GEMM that
+ * runs on one thread of a parallel region counts divided by the region's threads), and
+ * the engine ("onednn" or "blas"). Fixed layout: fields are never added. */
+typedef struct fsdp2_nn_gemm_stats {
+    int64_t calls;
+    double flops;
+    double seconds;
+    const char *engine;
+} fsdp2_nn_gemm_stats_t;
+
+FSDP2_API fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats);
 
 FSDP2_EXTERN_C_END
 

@@ -14,7 +14,8 @@
     XX(FSDP, "fsdp")         \
     XX(CKPT, "ckpt")         \
     XX(OPTIM, "optim")       \
-    XX(TEXT, "text")
+    XX(TEXT, "text")         \
+    XX(NN, "nn")
 
 typedef enum fsdp2_subsys {
 #define FSDP2_SUBSYS_ENUM_(name, str) FSDP2_SUBSYS_##name,

@@ -9,9 +9,9 @@
  * [seq, 3 dim] row) and Llama's separate q, k, v with grouped key/value heads. A layout is
  * where each of q, k, v, y starts and its row stride; query head h reads key/value head
  * h / group. */
-#include <cblas.h>
 #include <math.h>
 
+#include "gemm.h"
 #include "nn_common.h"
 
 /* Query rows per block: small enough that the skipped triangle is most of the masked
@@ -24,12 +24,22 @@ typedef struct att_layout {
     int64_t ldq, ldk, ldy; /* row strides of q, of k and v, of y */
 } att_layout_t;
 
+/* Threads with a scratch of their own in the backward, at most. */
+#define ATT_MAX_SLOTS 256
+
+/* One backward thread's scratch: the gradient of one block of probabilities. */
+static size_t slot_bytes(int64_t seq)
+{
+    return nn_region_bytes((seq < ATT_ROWS ? seq : ATT_ROWS) * seq);
+}
+
 fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes)
 {
     FSDP2_ARG_CHECK(bytes, "bytes is NULL");
     FSDP2_CHECK(nn_check_dim(seq, "seq"));
     FSDP2_ARG_CHECK(seq <= 46340, "seq = %lld: seq * seq overflows a BLAS int", (long long)seq);
-    *bytes = nn_region_bytes(seq * seq);
+    int slots = nn_threads();
+    *bytes = slot_bytes(seq) * (size_t)(slots < ATT_MAX_SLOTS ? slots : ATT_MAX_SLOTS);
     return FSDP2_SUCCESS;
 }
 
@@ -54,38 +64,52 @@ static void causal_softmax(float *p, int64_t seq, int64_t r0, int64_t r1)
     }
 }
 
-static void attention_forward(const att_layout_t *l, const float *q, const float *k,
-                              const float *v, float *y, float *probs)
+/* One (sample, query head): its probabilities and its columns of y. */
+static fsdp2_status_t attention_head_forward(const att_layout_t *l, int64_t b, int64_t h,
+                                             const float *q, const float *k, const float *v,
+                                             float *y, float *probs)
 {
-    int64_t seq = l->seq, hd = l->hd;
+    int64_t seq = l->seq, hd = l->hd, ldq = l->ldq, ldk = l->ldk, ldy = l->ldy, T = seq;
     float scale = (float)(1.0 / sqrt((double)hd));
-    int ldq = (int)l->ldq, ldk = (int)l->ldk, ldy = (int)l->ldy, T = (int)seq, D = (int)hd;
-    for (int64_t b = 0; b < l->batch; b++) {
-        for (int64_t h = 0; h < l->heads; h++) {
-            const float *qh = q + b * seq * l->ldq + h * hd;
-            const float *kh = k + b * seq * l->ldk + (h / l->group) * hd;
-            const float *vh = v + b * seq * l->ldk + (h / l->group) * hd;
-            float *p = probs + (b * l->heads + h) * seq * seq;
-            float *out = y + b * seq * l->ldy + h * hd;
-            for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
-                int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq;
-                int M = (int)(r1 - r0), N = (int)r1;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, scale,
-                            qh + r0 * ldq, ldq, kh, ldk, 0.0f, p + r0 * T, T);
-                causal_softmax(p, seq, r0, r1);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, N, 1.0f, p + r0 * T,
-                            T, vh, ldk, 0.0f, out + r0 * ldy, ldy);
-            }
-        }
+    const float *qh = q + b * seq * ldq + h * hd;
+    const float *kh = k + b * seq * ldk + (h / l->group) * hd;
+    const float *vh = v + b * seq * ldk + (h / l->group) * hd;
+    float *p = probs + (b * l->heads + h) * seq * seq;
+    float *out = y + b * seq * ldy + h * hd;
+    for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
+        int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq, M = r1 - r0, N = r1;
+        FSDP2_CHECK(nn_sgemm(0, 1, M, N, hd, scale, qh + r0 * ldq, ldq, kh, ldk, 0.0f,
+                             p + r0 * T, T));
+        causal_softmax(p, seq, r0, r1);
+        FSDP2_CHECK(nn_sgemm(0, 0, M, hd, N, 1.0f, p + r0 * T, T, vh, ldk, 0.0f,
+                             out + r0 * ldy, ldy));
     }
+    return FSDP2_SUCCESS;
 }
 
-/* dS = P (dP - rowsum(P dP)) in place over rows [r0, r1) of dp; masked entries have P = 0 */
-static void softmax_backward(const float *p, float *dp, int64_t seq, int64_t r0, int64_t r1)
+/* The (sample, head) pairs are independent: one thread each, GEMMs on their thread. */
+static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, const float *k,
+                                        const float *v, float *y, float *probs)
+{
+    nn_par_status_t ps = {.status = FSDP2_SUCCESS};
+    int64_t pairs = l->batch * l->heads;
+    NN_OMP("omp parallel for schedule(dynamic) if(pairs > 1)")
+    for (int64_t i = 0; i < pairs; i++) {
+        fsdp2_status_t s = attention_head_forward(l, i / l->heads, i % l->heads, q, k, v, y,
+                                                  probs);
+        if (s != FSDP2_SUCCESS)
+            nn_par_fail(&ps, s);
+    }
+    return nn_par_result(&ps);
+}
+
+/* dS = P (dP - rowsum(P dP)) in place over rows [r0, r1), held in db from row r0 on;
+ * masked entries have P = 0 */
+static void softmax_backward(const float *p, float *db, int64_t seq, int64_t r0, int64_t r1)
 {
     for (int64_t i = r0; i < r1; i++) {
         const float *pr = p + i * seq;
-        float *dr = dp + i * seq;
+        float *dr = db + (i - r0) * seq;
         double dot = 0; /* the terms have both signs: summed in f64 */
         for (int64_t j = 0; j <= i; j++)
             dot += (double)pr[j] * dr[j];
@@ -96,40 +120,65 @@ static void softmax_backward(const float *p, float *dp, int64_t seq, int64_t r0,
     }
 }
 
-/* dq, dk, dv share q's and k's layouts. */
-static void attention_backward(const att_layout_t *l, const float *q, const float *k,
-                               const float *v, const float *probs, const float *dy, float *dq,
-                               float *dk, float *dv, float *dp)
+/* One (sample, key/value head) and the query heads that read it: dk and dv of that head
+ * are written by this call alone. dq, dk, dv share q's and k's layouts. */
+static fsdp2_status_t attention_group_backward(const att_layout_t *l, int64_t b, int64_t kvh,
+                                               const float *q, const float *k, const float *v,
+                                               const float *probs, const float *dy, float *dq,
+                                               float *dk, float *dv, float *dp)
 {
-    int64_t seq = l->seq, hd = l->hd;
+    int64_t seq = l->seq, hd = l->hd, ldq = l->ldq, ldk = l->ldk, ldy = l->ldy, T = seq;
     float scale = (float)(1.0 / sqrt((double)hd));
-    int ldq = (int)l->ldq, ldk = (int)l->ldk, ldy = (int)l->ldy, T = (int)seq, D = (int)hd;
-    for (int64_t b = 0; b < l->batch; b++) {
-        for (int64_t h = 0; h < l->heads; h++) {
-            int64_t qat = b * seq * l->ldq + h * hd, kat = b * seq * l->ldk + (h / l->group) * hd;
-            const float *qh = q + qat, *kh = k + kat, *vh = v + kat;
-            float *dqh = dq + qat, *dkh = dk + kat, *dvh = dv + kat;
-            const float *p = probs + (b * l->heads + h) * seq * seq;
-            const float *g = dy + b * seq * l->ldy + h * hd;
-            for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
-                int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq;
-                int M = (int)(r1 - r0), N = (int)r1;
-                const float *pb = p + r0 * T, *gb = g + r0 * ldy;
-                float *db = dp + r0 * T;
-                /* dP = dY V^T; dV += P^T dY (keys [0, r1) only: the rest of P is 0) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, D, 1.0f, gb, ldy, vh,
-                            ldk, 0.0f, db, T);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, 1.0f, pb, T, gb,
-                            ldy, 1.0f, dvh, ldk);
-                softmax_backward(p, dp, seq, r0, r1);
-                /* dQ += scale dS K; dK += scale dS^T Q */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, D, N, scale, db, T, kh,
-                            ldk, 1.0f, dqh + r0 * ldq, ldq);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, D, M, scale, db, T,
-                            qh + r0 * ldq, ldq, 1.0f, dkh, ldk);
-            }
+    int64_t kat = b * seq * ldk + kvh * hd;
+    const float *kh = k + kat, *vh = v + kat;
+    float *dkh = dk + kat, *dvh = dv + kat;
+    for (int64_t h = kvh * l->group; h < (kvh + 1) * l->group; h++) {
+        int64_t qat = b * seq * ldq + h * hd;
+        const float *qh = q + qat;
+        float *dqh = dq + qat;
+        const float *p = probs + (b * l->heads + h) * seq * seq;
+        const float *g = dy + b * seq * ldy + h * hd;
+        for (int64_t r0 = 0; r0 < seq; r0 += ATT_ROWS) {
+            int64_t r1 = r0 + ATT_ROWS < seq ? r0 + ATT_ROWS : seq, M = r1 - r0, N = r1;
+            const float *pb = p + r0 * T, *gb = g + r0 * ldy;
+            float *db = dp; /* this block's rows */
+            /* dP = dY V^T; dV += P^T dY (keys [0, r1) only: the rest of P is 0) */
+            FSDP2_CHECK(nn_sgemm(0, 1, M, N, hd, 1.0f, gb, ldy, vh, ldk, 0.0f, db, T));
+            FSDP2_CHECK(nn_sgemm(1, 0, N, hd, M, 1.0f, pb, T, gb, ldy, 1.0f, dvh, ldk));
+            softmax_backward(p, db, seq, r0, r1);
+            /* dQ += scale dS K; dK += scale dS^T Q */
+            FSDP2_CHECK(nn_sgemm(0, 0, M, hd, N, scale, db, T, kh, ldk, 1.0f, dqh + r0 * ldq,
+                                 ldq));
+            FSDP2_CHECK(nn_sgemm(1, 0, N, hd, M, scale, db, T, qh + r0 * ldq, ldq, 1.0f, dkh,
+                                 ldk));
         }
     }
+    return FSDP2_SUCCESS;
+}
+
+/* One thread per (sample, key/value head), as many as the workspace has scratches for
+ * (slots; at least 1). */
+static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, const float *k,
+                                         const float *v, const float *probs, const float *dy,
+                                         float *dq, float *dk, float *dv, nn_carve_t *c,
+                                         int slots)
+{
+    float *scratch[ATT_MAX_SLOTS];
+    int64_t rows = l->seq < ATT_ROWS ? l->seq : ATT_ROWS;
+    slots = slots < 1 ? 1 : (slots > ATT_MAX_SLOTS ? ATT_MAX_SLOTS : slots);
+    for (int i = 0; i < slots; i++)
+        scratch[i] = nn_carve_floats(c, rows * l->seq);
+    nn_par_status_t ps = {.status = FSDP2_SUCCESS};
+    int64_t kv_heads = l->heads / l->group, groups = l->batch * kv_heads;
+    NN_OMP("omp parallel for schedule(dynamic) num_threads(slots) if(groups > 1 && slots > 1)")
+    for (int64_t i = 0; i < groups; i++) {
+        float *dp = scratch[nn_thread_index() % slots];
+        fsdp2_status_t s = attention_group_backward(l, i / kv_heads, i % kv_heads, q, k, v,
+                                                    probs, dy, dq, dk, dv, dp);
+        if (s != FSDP2_SUCCESS)
+            nn_par_fail(&ps, s);
+    }
+    return nn_par_result(&ps);
 }
 
 /* The layout of sizes given by a caller, checked: every stride and seq * seq fit a BLAS
@@ -181,8 +230,7 @@ fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch, int64
     FSDP2_ARG_CHECK((qkv && y && probs) || n == 0, "qkv, y or probs is NULL");
     if (n == 0)
         return FSDP2_SUCCESS;
-    attention_forward(&l, qkv, qkv + dim, qkv + 2 * dim, y, probs);
-    return FSDP2_SUCCESS;
+    return attention_forward(&l, qkv, qkv + dim, qkv + 2 * dim, y, probs);
 }
 
 fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs, int64_t batch,
@@ -194,15 +242,12 @@ fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs,
     FSDP2_CHECK(fused_layout(batch, seq, dim, heads, &l));
     int64_t n = batch * seq * dim;
     FSDP2_ARG_CHECK((qkv && probs && dy && dqkv) || n == 0, "qkv, probs, dy or dqkv is NULL");
-    size_t need;
-    FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "attention backward", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, slot_bytes(seq), "attention backward", &c));
     if (n == 0)
         return FSDP2_SUCCESS;
-    attention_backward(&l, qkv, qkv + dim, qkv + 2 * dim, probs, dy, dqkv, dqkv + dim,
-                       dqkv + 2 * dim, nn_carve_floats(&c, seq * seq));
-    return FSDP2_SUCCESS;
+    return attention_backward(&l, qkv, qkv + dim, qkv + 2 * dim, probs, dy, dqkv, dqkv + dim,
+                              dqkv + 2 * dim, &c, (int)(ws->bytes / slot_bytes(seq)));
 }
 
 fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const float *k, const float *v,
@@ -216,8 +261,7 @@ fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const float *k, co
     FSDP2_ARG_CHECK((q && k && v && y && probs) || n == 0, "q, k, v, y or probs is NULL");
     if (n == 0)
         return FSDP2_SUCCESS;
-    attention_forward(&l, q, k, v, y, probs);
-    return FSDP2_SUCCESS;
+    return attention_forward(&l, q, k, v, y, probs);
 }
 
 fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, const float *v,
@@ -235,12 +279,10 @@ fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, c
         FSDP2_ARG_CHECK(in[i], "%s is NULL (grouped-query attention backward)", names[i]);
     FSDP2_ARG_CHECK(n == 0 || (dq != dy && dk != dy && dv != dy),
                     "dq, dk or dv aliases dy: the backward adds into them");
-    size_t need;
-    FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "attention backward", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, slot_bytes(seq), "attention backward", &c));
     if (n == 0)
         return FSDP2_SUCCESS;
-    attention_backward(&l, q, k, v, probs, dy, dq, dk, dv, nn_carve_floats(&c, seq * seq));
-    return FSDP2_SUCCESS;
+    return attention_backward(&l, q, k, v, probs, dy, dq, dk, dv, &c,
+                              (int)(ws->bytes / slot_bytes(seq)));
 }

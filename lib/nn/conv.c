@@ -2,9 +2,9 @@
  * samples at a time, and 2x2 max pooling. A chunk's GEMM has chunk * (h-k+1) * (w-k+1)
  * columns: several samples make the weight gradient's GEMM large enough to run near
  * OpenBLAS's peak while the im2col matrix of a 28x28 image stays in the caches. */
-#include <cblas.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "nn_common.h"
 
 /* Samples per im2col GEMM. Part of the workspace size the query reports, so a constant
@@ -118,8 +118,7 @@ fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
         int64_t m = batch - s0 < CONV_CHUNK ? batch - s0 : CONV_CHUNK, ld = m * d.n;
         for (int64_t j = 0; j < m; j++)
             im2col(x + (s0 + j) * d.c * h * w, col, ld, j * d.n, &d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)d.o, (int)ld, (int)d.kk, 1.0f,
-                    wf, (int)d.kk, col, (int)ld, 0.0f, out, (int)ld);
+        FSDP2_CHECK(nn_sgemm(0, 0, d.o, ld, d.kk, 1.0f, wf, d.kk, col, ld, 0.0f, out, ld));
         for (int64_t j = 0; j < m; j++) {
             float *ys = y + (s0 + j) * d.o * d.n;
             for (int64_t oc = 0; oc < d.o; oc++) {
@@ -170,12 +169,10 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, int64_t batch, int64_t h
             bsum[oc] += sum;
         }
         if (dweight)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)d.o, (int)d.kk, (int)ld,
-                        1.0f, g, (int)ld, col, (int)ld, 1.0f, wsum, (int)d.kk);
+            FSDP2_CHECK(nn_sgemm(0, 1, d.o, d.kk, ld, 1.0f, g, ld, col, ld, 1.0f, wsum, d.kk));
         if (!dx)
             continue;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)d.kk, (int)ld, (int)d.o, 1.0f,
-                    wf, (int)d.kk, g, (int)ld, 0.0f, col, (int)ld);
+        FSDP2_CHECK(nn_sgemm(1, 0, d.kk, ld, d.o, 1.0f, wf, d.kk, g, ld, 0.0f, col, ld));
         for (int64_t j = 0; j < m; j++)
             col2im_add(col, ld, j * d.n, dx + (s0 + j) * d.c * h * w, &d);
     }

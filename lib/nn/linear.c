@@ -1,9 +1,9 @@
 /* Linear layer: y = x W^T + b with OpenBLAS. An f32 weight and an f32 gradient go to sgemm
  * directly; a bf16 one is converted (or accumulated) in blocks of rows of about 1 MiB of
  * f32, so the workspace stays small whatever the layer's size. */
-#include <cblas.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "nn_common.h"
 
 /* f32 elements per conversion block: about 1 MiB, a size that stays in any current
@@ -78,15 +78,13 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
         beta = 1.0f;
     }
     if (weight->dtype == FSDP2_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)in, 1.0f,
-                    x, (int)in, weight->data, (int)in, beta, y, (int)out);
+        FSDP2_CHECK(nn_sgemm(0, 1, rows, out, in, 1.0f, x, in, weight->data, in, beta, y, out));
         return FSDP2_SUCCESS;
     }
     for (int64_t r0 = 0; r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
         nn_load(wblk, weight, r0 * in, n * in);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)in, 1.0f, x,
-                    (int)in, wblk, (int)in, beta, y + r0, (int)out);
+        FSDP2_CHECK(nn_sgemm(0, 1, rows, n, in, 1.0f, x, in, wblk, in, beta, y + r0, out));
     }
     return FSDP2_SUCCESS;
 }
@@ -138,24 +136,20 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows, const fsdp
     if (dbias)
         bias_grad(dy, rows, out, dbias, acc);
     if (dweight && !g16)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)rows, 1.0f,
-                    dy, (int)out, x, (int)in, 1.0f, dweight->data, (int)in);
+        FSDP2_CHECK(nn_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dweight->data, in));
     if (dx && !w16)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)out, 1.0f,
-                    dy, (int)out, weight->data, (int)in, 1.0f, dx, (int)in);
+        FSDP2_CHECK(nn_sgemm(0, 0, rows, in, out, 1.0f, dy, out, weight->data, in, 1.0f, dx, in));
     if (!w16 && !g16)
         return FSDP2_SUCCESS;
     for (int64_t r0 = 0; r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
         if (g16) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)in, (int)rows, 1.0f,
-                        dy + r0, (int)out, x, (int)in, 0.0f, gblk, (int)in);
+            FSDP2_CHECK(nn_sgemm(1, 0, n, in, rows, 1.0f, dy + r0, out, x, in, 0.0f, gblk, in));
             nn_add_into(dweight, r0 * in, gblk, n * in);
         }
         if (w16) {
             nn_load(wblk, weight, r0 * in, n * in);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)in, (int)n,
-                        1.0f, dy + r0, (int)out, wblk, (int)in, 1.0f, dx, (int)in);
+            FSDP2_CHECK(nn_sgemm(0, 0, rows, in, n, 1.0f, dy + r0, out, wblk, in, 1.0f, dx, in));
         }
     }
     return FSDP2_SUCCESS;

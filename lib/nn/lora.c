@@ -3,10 +3,10 @@
  * backward recomputes t and u per block (r is small: a GEMM of rows x r x in) instead of
  * keeping them, and sums the adapter's gradients in f32 before one rounding into a bf16
  * gradient. */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "nn_common.h"
 
 /* f32 elements of the adapter's input per block: about 1 MiB, as the linear layer's. */
@@ -82,9 +82,10 @@ static fsdp2_status_t carve(const fsdp2_tensor_t *weight, const fsdp2_nn_lora_t 
     return FSDP2_SUCCESS;
 }
 
-/* t = dropout(x) for rows [r0, r0 + n) and u = t A^T; returns t. */
-static const float *adapter_input(const float *x, int64_t r0, int64_t n, int64_t in, int64_t r,
-                                  const fsdp2_nn_lora_t *lora, lora_scratch_t *s)
+/* t = dropout(x) for rows [r0, r0 + n) and u = t A^T; *t_out = t. */
+static fsdp2_status_t adapter_input(const float *x, int64_t r0, int64_t n, int64_t in,
+                                    int64_t r, const fsdp2_nn_lora_t *lora, lora_scratch_t *s,
+                                    const float **t_out)
 {
     const float *t = x + r0 * in;
     if (lora->dropout > 0) {
@@ -93,9 +94,8 @@ static const float *adapter_input(const float *x, int64_t r0, int64_t n, int64_t
                                        lora->offset + (uint64_t)(r0 * in));
         t = s->t;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)r, (int)in, 1.0f, t,
-                (int)in, s->a, (int)in, 0.0f, s->u, (int)r);
-    return t;
+    *t_out = t;
+    return nn_sgemm(0, 1, n, r, in, 1.0f, t, in, s->a, in, 0.0f, s->u, r);
 }
 
 fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows, const fsdp2_tensor_t *weight,
@@ -118,9 +118,10 @@ fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows, const fsdp2_t
     FSDP2_CHECK(carve(weight, lora, r, ws, "LoRA forward", &s));
     for (int64_t r0 = 0; r0 < rows; r0 += s.rb) {
         int64_t n = rows - r0 < s.rb ? rows - r0 : s.rb;
-        adapter_input(x, r0, n, in, r, lora, &s);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)r,
-                    (float)lora->scale, s.u, (int)r, s.b, (int)r, 1.0f, y + r0 * out, (int)out);
+        const float *t;
+        FSDP2_CHECK(adapter_input(x, r0, n, in, r, lora, &s, &t));
+        FSDP2_CHECK(nn_sgemm(0, 1, n, out, r, (float)lora->scale, s.u, r, s.b, r, 1.0f,
+                             y + r0 * out, out));
     }
     return FSDP2_SUCCESS;
 }
@@ -163,22 +164,19 @@ fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows, const fsdp2_
     float scale = (float)lora->scale, *ga = grad_sum(da, s.ga), *gb = grad_sum(db, s.gb);
     for (int64_t r0 = 0; r0 < rows; r0 += s.rb) {
         int64_t n = rows - r0 < s.rb ? rows - r0 : s.rb;
-        const float *t = adapter_input(x, r0, n, in, r, lora, &s), *g = dy + r0 * out;
+        const float *t, *g = dy + r0 * out;
+        FSDP2_CHECK(adapter_input(x, r0, n, in, r, lora, &s, &t));
         if (gb) /* dB += scale dy^T u */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)r, (int)n, scale,
-                        g, (int)out, s.u, (int)r, 1.0f, gb, (int)r);
+            FSDP2_CHECK(nn_sgemm(1, 0, out, r, n, scale, g, out, s.u, r, 1.0f, gb, r));
         if (!ga && !dx)
             continue;
         /* du = scale dy B; dA += du^T t; dt = du A, through the mask into dx */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)r, (int)out, scale, g,
-                    (int)out, s.b, (int)r, 0.0f, s.du, (int)r);
+        FSDP2_CHECK(nn_sgemm(0, 0, n, r, out, scale, g, out, s.b, r, 0.0f, s.du, r));
         if (ga)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r, (int)in, (int)n, 1.0f,
-                        s.du, (int)r, t, (int)in, 1.0f, ga, (int)in);
+            FSDP2_CHECK(nn_sgemm(1, 0, r, in, n, 1.0f, s.du, r, t, in, 1.0f, ga, in));
         if (!dx)
             continue;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in, (int)r, 1.0f,
-                    s.du, (int)r, s.a, (int)in, 0.0f, s.dt, (int)in);
+        FSDP2_CHECK(nn_sgemm(0, 0, n, in, r, 1.0f, s.du, r, s.a, in, 0.0f, s.dt, in));
         (void)fsdp2_nn_dropout_backward(s.dt, dx + r0 * in, n * in, lora->dropout, lora->seed,
                                         lora->offset + (uint64_t)(r0 * in));
     }

@@ -1,10 +1,15 @@
 /* Shared checks and conversions of the layers. */
+#include <stdio.h>
 #include <string.h>
 
 #include <fsdp2/dtype.h>
 
 #include "core/cpu_kernels.h"
 #include "nn_common.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define NN_ALIGN 64
 
@@ -94,4 +99,49 @@ const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch)
         return t->data;
     nn_load(scratch, t, 0, t->numel);
     return scratch;
+}
+
+int nn_threads(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int nn_region_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+int nn_thread_index(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s)
+{
+    NN_OMP("omp critical(nn_par_status)")
+    {
+        if (p->status == FSDP2_SUCCESS) {
+            p->status = s;
+            snprintf(p->message, sizeof(p->message), "%s", fsdp2_last_error());
+        }
+    }
+}
+
+fsdp2_status_t nn_par_result(const nn_par_status_t *p)
+{
+    if (p->status != FSDP2_SUCCESS)
+        fsdp2_error_set_message(p->message);
+    return p->status;
 }

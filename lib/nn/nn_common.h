@@ -41,6 +41,33 @@ void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t cou
 /* t's elements as f32: t's own data when f32, else converted into scratch. */
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch);
 
+/* The layers' threads: OpenMP's pool, the one oneDNN's GEMMs run on. NN_OMP("omp ...")
+ * is the directive with OpenMP and nothing without it. Loops are split only when they are
+ * long enough to pay for waking the pool (NN_PAR_MIN elements, about 10 us of work). */
+#ifdef _OPENMP
+#define NN_OMP(directive) _Pragma(directive)
+#else
+#define NN_OMP(directive)
+#endif
+#define NN_PAR_MIN 32768
+
+/* Threads a parallel region started here would get: 1 inside one, or without OpenMP. */
+int nn_threads(void);
+/* The threads of the parallel region this thread is in (1 outside one). */
+int nn_region_threads(void);
+/* This thread's index in its parallel region (0 outside one). */
+int nn_thread_index(void);
+
+/* The first failure among a parallel region's threads, with its message: each failing
+ * thread calls nn_par_fail (a fsdp2_error has set its own thread's message); after the
+ * region, nn_par_result returns the status with that message set on the caller's thread. */
+typedef struct nn_par_status {
+    fsdp2_status_t status;
+    char message[FSDP2_ERROR_MESSAGE_MAX];
+} nn_par_status_t;
+void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s);
+fsdp2_status_t nn_par_result(const nn_par_status_t *p);
+
 /* e^x for |x| <= 87 to 2 ulp (e^-87 below, e^88 above), branch-free so that loops over it
  * vectorise (libm's expf does not): x = n ln 2 + f with |f| <= ln 2 / 2, a degree-7
  * Taylor polynomial for e^f (error below 3e-9), and 2^n through the exponent bits. */

@@ -1,0 +1,383 @@
+/* nn_sgemm on oneDNN's matmul primitive (primitives kept per shape), or on the BLAS. */
+#include "gemm.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp2/nn.h>
+
+#include "core/error.h"
+#include "core/log_internal.h"
+#include "nn_common.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+const char *nn_blas_coretype_advice(const char *corename, int has_avx2, int has_avx512f)
+{
+    /* OpenBLAS's cores without AVX kernels, the ones it falls back to when a virtual
+     * machine hides the CPU's model; matched case-blind as its builds spell them both ways */
+    static const char *const generic[] = {"prescott", "core2", "penryn", "dunnington",
+                                          "nehalem", "atom", "katmai", "coppermine",
+                                          "northwood", "banias", "generic", "barcelona",
+                                          "opteron", "opteron_sse3", "athlon"};
+    if (!corename || !(has_avx2 || has_avx512f))
+        return NULL;
+    char lower[32];
+    size_t n = strlen(corename);
+    if (n >= sizeof(lower))
+        return NULL;
+    for (size_t i = 0; i <= n; i++)
+        lower[i] = (char)(corename[i] >= 'A' && corename[i] <= 'Z' ? corename[i] - 'A' + 'a'
+                                                                    : corename[i]);
+    for (size_t i = 0; i < sizeof(generic) / sizeof(generic[0]); i++)
+        if (strcmp(lower, generic[i]) == 0)
+            return has_avx512f ? "SkylakeX" : "Haswell";
+    return NULL;
+}
+
+/* Degenerate products, which neither engine takes: C = beta C when k is 0. */
+static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++) {
+        float *row = c + i * ldc;
+        for (int64_t j = 0; j < n; j++)
+            row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+    }
+}
+
+static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const float *a, int64_t lda, const float *b,
+                                   int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* The counters of fsdp2_nn_gemm_stats: nanoseconds scaled by the region's threads. */
+static struct {
+    int64_t calls, flops, nanoseconds;
+} counters;
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc)
+{
+    int64_t t0 = now_ns();
+    fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                                    ldc);
+    int64_t ns = now_ns() - t0, share = nn_region_threads();
+    __atomic_fetch_add(&counters.calls, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&counters.flops, 2 * m * n * k, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
+    return s;
+}
+
+fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats)
+{
+    FSDP2_ARG_CHECK(stats, "stats is NULL");
+    stats->calls = __atomic_load_n(&counters.calls, __ATOMIC_RELAXED);
+    stats->flops = (double)__atomic_load_n(&counters.flops, __ATOMIC_RELAXED);
+    stats->seconds = 1e-9 * (double)__atomic_load_n(&counters.nanoseconds, __ATOMIC_RELAXED);
+    stats->engine = nn_gemm_engine();
+    return FSDP2_SUCCESS;
+}
+
+#ifdef FSDP2_HAVE_ONEDNN
+#include <dnnl.h>
+#include <dnnl_debug.h>
+
+/* A primitive's shape: everything oneDNN fixes when it creates one. */
+typedef struct gemm_key {
+    int64_t m, n, k, lda, ldb, ldc;
+    int32_t trans_a, trans_b, threads, zero; /* zero: no padding bytes in the key */
+    float alpha, beta;
+} gemm_key_t;
+
+typedef struct gemm_entry {
+    gemm_key_t key;
+    int used;
+    dnnl_primitive_t prim; /* NULL: matmul does not implement this shape (use sgemm) */
+    dnnl_memory_desc_t a, b, c;
+} gemm_entry_t;
+
+static struct {
+    pthread_once_t once;
+    dnnl_status_t init_status;
+    dnnl_engine_t engine;
+    pthread_key_t stream_key;
+    pthread_mutex_t lock;
+    gemm_entry_t *table;
+    size_t cap, count;
+    int64_t created;
+} g = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void destroy_stream(void *s)
+{
+    dnnl_stream_destroy(s);
+}
+
+static void gemm_init(void)
+{
+    g.init_status = dnnl_engine_create(&g.engine, dnnl_cpu, 0);
+    if (g.init_status == dnnl_success && pthread_key_create(&g.stream_key, destroy_stream) != 0)
+        g.init_status = dnnl_out_of_memory;
+}
+
+static fsdp2_status_t dnnl_fail(dnnl_status_t s, const char *what)
+{
+    return fsdp2_error(s == dnnl_out_of_memory ? FSDP2_ERR_OUT_OF_MEMORY : FSDP2_ERR_BACKEND,
+                       "oneDNN %s failed: %s", what, dnnl_status2str(s));
+}
+
+/* This thread's stream (oneDNN streams are not shared between threads). */
+static fsdp2_status_t thread_stream(dnnl_stream_t *out)
+{
+    dnnl_stream_t s = pthread_getspecific(g.stream_key);
+    if (!s) {
+        dnnl_status_t st = dnnl_stream_create(&s, g.engine, dnnl_stream_default_flags);
+        if (st != dnnl_success)
+            return dnnl_fail(st, "stream creation");
+        if (pthread_setspecific(g.stream_key, s) != 0) {
+            dnnl_stream_destroy(s);
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a oneDNN stream");
+        }
+    }
+    *out = s;
+    return FSDP2_SUCCESS;
+}
+
+static uint64_t key_hash(const gemm_key_t *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof(*k); i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static gemm_entry_t *slot_for(gemm_entry_t *table, size_t cap, const gemm_key_t *k)
+{
+    size_t i = (size_t)key_hash(k) & (cap - 1);
+    while (table[i].used && memcmp(&table[i].key, k, sizeof(*k)) != 0)
+        i = (i + 1) & (cap - 1);
+    return &table[i];
+}
+
+/* Keeps the table at most half full; called with the lock held. */
+static fsdp2_status_t grow(void)
+{
+    if (2 * (g.count + 1) <= g.cap)
+        return FSDP2_SUCCESS;
+    size_t cap = g.cap ? 2 * g.cap : 64;
+    gemm_entry_t *t = calloc(cap, sizeof(*t));
+    if (!t)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for %zu GEMM primitives", cap);
+    for (size_t i = 0; i < g.cap; i++)
+        if (g.table[i].used)
+            *slot_for(t, cap, &g.table[i].key) = g.table[i];
+    free(g.table);
+    g.table = t;
+    g.cap = cap;
+    return FSDP2_SUCCESS;
+}
+
+/* The matmul for key: A [m, k], B [k, n], C [m, n] with the caller's strides; alpha as the
+ * output scale, beta as a sum post-op. Unimplemented leaves e->prim NULL. */
+static fsdp2_status_t create_entry(const gemm_key_t *k, gemm_entry_t *e)
+{
+    dnnl_dims_t ad = {k->m, k->k}, bd = {k->k, k->n}, cd = {k->m, k->n};
+    dnnl_dims_t as = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
+    dnnl_dims_t bs = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
+    dnnl_dims_t cs = {k->ldc, 1};
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s;
+    e->key = *k;
+    e->prim = NULL;
+    if ((s = dnnl_memory_desc_init_by_strides(&e->a, 2, ad, dnnl_f32, as)) ||
+        (s = dnnl_memory_desc_init_by_strides(&e->b, 2, bd, dnnl_f32, bs)) ||
+        (s = dnnl_memory_desc_init_by_strides(&e->c, 2, cd, dnnl_f32, cs)) ||
+        (s = dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c)) ||
+        (s = dnnl_primitive_attr_create(&attr)))
+        goto done;
+    if (k->alpha != 1.0f && (s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha)))
+        goto done;
+    if (k->beta != 0.0f) {
+        if ((s = dnnl_post_ops_create(&ops)) || (s = dnnl_post_ops_append_sum(ops, k->beta)) ||
+            (s = dnnl_primitive_attr_set_post_ops(attr, ops)))
+            goto done;
+    }
+    s = dnnl_primitive_desc_create(&pd, &md, attr, g.engine, NULL);
+    if (s == dnnl_success)
+        s = dnnl_primitive_create(&e->prim, pd);
+done:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (s == dnnl_unimplemented) {
+        FSDP2_LOG(DEBUG, NN, "oneDNN matmul m %lld n %lld k %lld: unimplemented, using sgemm",
+                  (long long)k->m, (long long)k->n, (long long)k->k);
+        e->prim = NULL;
+        return FSDP2_SUCCESS;
+    }
+    return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "matmul creation");
+}
+
+/* The entry for key, created on its first use. */
+static fsdp2_status_t lookup(const gemm_key_t *k, gemm_entry_t *out)
+{
+    fsdp2_status_t st = FSDP2_SUCCESS;
+    pthread_mutex_lock(&g.lock);
+    gemm_entry_t *e = g.cap ? slot_for(g.table, g.cap, k) : NULL;
+    if (!e || !e->used) {
+        gemm_entry_t fresh;
+        FSDP2_CHECK_GOTO(grow(), st, done);
+        FSDP2_CHECK_GOTO(create_entry(k, &fresh), st, done);
+        fresh.used = 1;
+        e = slot_for(g.table, g.cap, k);
+        *e = fresh;
+        g.count++;
+        g.created++;
+    }
+    *out = *e;
+done:
+    pthread_mutex_unlock(&g.lock);
+    return st;
+}
+
+static fsdp2_status_t run_matmul(const gemm_entry_t *e, const float *a, const float *b, float *c)
+{
+    dnnl_stream_t stream = NULL;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    FSDP2_CHECK(thread_stream(&stream));
+    dnnl_status_t s;
+    if ((s = dnnl_memory_create(&ma, &e->a, g.engine, (void *)a)) == dnnl_success &&
+        (s = dnnl_memory_create(&mb, &e->b, g.engine, (void *)b)) == dnnl_success &&
+        (s = dnnl_memory_create(&mc, &e->c, g.engine, c)) == dnnl_success) {
+        dnnl_exec_arg_t args[3] = {
+            {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+        s = dnnl_primitive_execute(e->prim, stream, 3, args);
+        if (s == dnnl_success)
+            s = dnnl_stream_wait(stream);
+    }
+    if (ma)
+        dnnl_memory_destroy(ma);
+    if (mb)
+        dnnl_memory_destroy(mb);
+    if (mc)
+        dnnl_memory_destroy(mc);
+    return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "matmul");
+}
+
+static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const float *a, int64_t lda, const float *b,
+                                   int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return FSDP2_SUCCESS;
+    if (k == 0 || alpha == 0.0f) {
+        scale_c(m, n, beta, c, ldc);
+        return FSDP2_SUCCESS;
+    }
+    pthread_once(&g.once, gemm_init);
+    if (g.init_status != dnnl_success)
+        return dnnl_fail(g.init_status, "engine creation");
+    /* inside a parallel region oneDNN runs on the calling thread alone */
+    gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                      .trans_a = !!trans_a, .trans_b = !!trans_b,
+                      .threads = nn_threads(),
+                      .alpha = alpha, .beta = beta};
+    gemm_entry_t e;
+    FSDP2_CHECK(lookup(&key, &e));
+    if (e.prim)
+        return run_matmul(&e, a, b, c);
+    dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
+                                 lda, b, ldb, beta, c, ldc);
+    return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "sgemm");
+}
+
+const char *nn_gemm_engine(void)
+{
+    return "onednn";
+}
+
+int64_t nn_gemm_primitives(void)
+{
+    pthread_mutex_lock(&g.lock);
+    int64_t n = g.created;
+    pthread_mutex_unlock(&g.lock);
+    return n;
+}
+
+#else /* the BLAS */
+#include <cblas.h>
+
+char *openblas_get_corename(void);
+void openblas_set_num_threads(int threads);
+
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+
+static void blas_check(void)
+{
+    __builtin_cpu_init();
+    const char *core = openblas_get_corename();
+    const char *advice = nn_blas_coretype_advice(core, __builtin_cpu_supports("avx2"),
+                                                 __builtin_cpu_supports("avx512f"));
+    if (advice)
+        FSDP2_LOG(WARN, NN,
+                  "OpenBLAS picked its generic %s kernels on a CPU with %s: GEMMs run several "
+                  "times slower; set OPENBLAS_CORETYPE=%s (or build with oneDNN, libdnnl-dev)",
+                  core, __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", advice);
+}
+
+static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const float *a, int64_t lda, const float *b,
+                                   int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return FSDP2_SUCCESS;
+    if (k == 0 || alpha == 0.0f) {
+        scale_c(m, n, beta, c, ldc);
+        return FSDP2_SUCCESS;
+    }
+    pthread_once(&blas_once, blas_check);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
+                (int)ldb, beta, c, (int)ldc);
+    return FSDP2_SUCCESS;
+}
+
+const char *nn_gemm_engine(void)
+{
+    return "blas";
+}
+
+int64_t nn_gemm_primitives(void)
+{
+    return 0;
+}
+#endif
+
+fsdp2_status_t fsdp2_nn_set_threads(int threads)
+{
+    FSDP2_ARG_CHECK(threads >= 1, "threads = %d: the layers need at least 1", threads);
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+#ifndef FSDP2_HAVE_ONEDNN
+    openblas_set_num_threads(threads);
+#endif
+    return FSDP2_SUCCESS;
+}

@@ -1,0 +1,39 @@
+/* The layers' one GEMM: C = alpha op(A) op(B) + beta C, row-major f32, as cblas_sgemm.
+ *
+ * With oneDNN at build time (FSDP2_HAVE_ONEDNN) it runs oneDNN's matmul primitive, which
+ * picks its kernels from the CPU's feature flags (AVX2, AVX-512, AMX), not from its model
+ * name. A primitive is created once per shape (sizes, strides, transposes, alpha, beta and
+ * the thread count) and kept for the life of the process; later calls of that shape only
+ * look it up. A shape oneDNN's matmul does not implement goes to oneDNN's sgemm. Without
+ * oneDNN the GEMMs go to the BLAS (OpenBLAS), which is checked once: generic kernels on a
+ * CPU with AVX2 or AVX-512 get a warning naming the variable that fixes it.
+ *
+ * Threads: oneDNN's (OpenMP) pool, the one the layers' element-wise loops use too; a GEMM
+ * called inside a parallel region runs on its calling thread. */
+#ifndef FSDP2_NN_GEMM_H
+#define FSDP2_NN_GEMM_H
+
+#include <stdint.h>
+
+#include <fsdp2/status.h>
+
+/* trans_a: A is stored [k, m] (lda >= m) instead of [m, k] (lda >= k); trans_b the same
+ * for B ([n, k] instead of [k, n]). beta 0 overwrites C without reading it. Sizes may be 0.
+ * Fails only when oneDNN cannot create or run a primitive (out of memory). */
+fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc);
+
+/* Which engine runs nn_sgemm: "onednn" or "blas". */
+const char *nn_gemm_engine(void);
+
+/* The primitives created so far (0 without oneDNN): the tests check that a second step of
+ * the same shapes creates none. */
+int64_t nn_gemm_primitives(void);
+
+/* For the BLAS fallback: the OPENBLAS_CORETYPE to suggest when OpenBLAS's kernels are
+ * generic (corename one of its pre-AVX cores) on a CPU with AVX2 (has_avx2) or AVX-512
+ * (has_avx512f), else NULL. */
+const char *nn_blas_coretype_advice(const char *corename, int has_avx2, int has_avx512f);
+
+#endif
