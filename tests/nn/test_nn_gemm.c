@@ -1,0 +1,227 @@
+/* The layers' GEMM (lib/nn/gemm.c) against a float64 triple loop, every transpose, padded
+ * strides, alpha and beta as cblas_sgemm takes them; one primitive per shape, created once;
+ * the BLAS fallback's advice on generic kernels; the layers' results alike on 1 and 2
+ * threads, and with fewer attention scratches than threads. */
+#include "../core/check_main.h"
+#include "../core/test_rng.h"
+#include "nn_test_util.h"
+
+#include <math.h>
+
+#include "nn/gemm.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float *random_f32(int64_t n)
+{
+    float *p = f32_array(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)((rng_next(&rng_state) >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
+    return p;
+}
+
+/* C = alpha op(A) op(B) + beta C in f64, row-major, cblas's meaning of beta 0. */
+static void reference(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                      const float *a, int64_t lda, const float *b, int64_t ldb, double beta,
+                      const float *c, int64_t ldc, double *out)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0;
+            for (int64_t p = 0; p < k; p++)
+                sum += (double)(ta ? a[p * lda + i] : a[i * lda + p]) *
+                       (double)(tb ? b[j * ldb + p] : b[p * ldb + j]);
+            out[i * n + j] = alpha * sum + (beta == 0 ? 0 : beta * c[i * ldc + j]);
+        }
+}
+
+START_TEST(sgemm_matches_a_float64_loop_for_every_transpose_stride_alpha_and_beta)
+{
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {64, 96, 33}, {130, 17, 70}, {3, 200, 1}};
+    const float alphas[] = {1.0f, 0.125f}, betas[] = {0.0f, 1.0f, 0.5f};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int pad = 0; pad < 2; pad++)
+                    for (int ai = 0; ai < 2; ai++)
+                        for (int bi = 0; bi < 3; bi++) {
+                            int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                            int64_t lda = (ta ? m : k) + 3 * pad, ldb = (tb ? k : n) + 5 * pad;
+                            int64_t ldc = n + 2 * pad;
+                            float *a = random_f32((ta ? k : m) * lda);
+                            float *b = random_f32((tb ? n : k) * ldb);
+                            float *c = random_f32(m * ldc);
+                            double *want = malloc(sizeof(double) * (size_t)(m * n));
+                            if (betas[bi] == 0.0f) /* beta 0 never reads C */
+                                for (int64_t i = 0; i < m * ldc; i++)
+                                    c[i] = NAN;
+                            reference(ta, tb, m, n, k, alphas[ai], a, lda, b, ldb, betas[bi], c,
+                                      ldc, want);
+                            float pad_value = c[ldc - 1];
+                            ck_assert_int_eq(nn_sgemm(ta, tb, m, n, k, alphas[ai], a, lda, b,
+                                                      ldb, betas[bi], c, ldc),
+                                             FSDP2_SUCCESS);
+                            for (int64_t i = 0; i < m; i++)
+                                for (int64_t j = 0; j < n; j++) {
+                                    double got = c[i * ldc + j], w = want[i * n + j];
+                                    ck_assert_msg(fabs(got - w) <= 1e-5 * (1 + fabs(w)),
+                                                  "m %lld n %lld k %lld ta %d tb %d pad %d "
+                                                  "alpha %g beta %g: C[%lld,%lld] = %.9g, "
+                                                  "want %.9g",
+                                                  (long long)m, (long long)n, (long long)k, ta,
+                                                  tb, pad, alphas[ai], betas[bi], (long long)i,
+                                                  (long long)j, got, w);
+                                }
+                            if (pad) /* the padding columns of C are not written */
+                                ck_assert(memcmp(&c[ldc - 1], &pad_value, sizeof(float)) == 0);
+                            free(a);
+                            free(b);
+                            free(c);
+                            free(want);
+                        }
+}
+END_TEST
+
+START_TEST(sgemm_with_k_or_alpha_zero_scales_c_and_empty_sizes_write_nothing)
+{
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4}, c[4] = {1, 2, 3, 4};
+    ck_assert_int_eq(nn_sgemm(0, 0, 2, 2, 0, 1.0f, a, 1, b, 2, 0.5f, c, 2), FSDP2_SUCCESS);
+    ck_assert(c[0] == 0.5f && c[3] == 2.0f);
+    c[0] = NAN;
+    ck_assert_int_eq(nn_sgemm(0, 0, 2, 2, 2, 0.0f, a, 2, b, 2, 0.0f, c, 2), FSDP2_SUCCESS);
+    ck_assert(c[0] == 0.0f && c[3] == 0.0f);
+    c[0] = 7;
+    ck_assert_int_eq(nn_sgemm(0, 0, 0, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2), FSDP2_SUCCESS);
+    ck_assert_int_eq(nn_sgemm(0, 0, 2, 0, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2), FSDP2_SUCCESS);
+    ck_assert(c[0] == 7.0f);
+}
+END_TEST
+
+START_TEST(a_shape_creates_one_primitive_and_the_counters_add_its_flops)
+{
+    int64_t m = 48, n = 40, k = 24;
+    float *a = random_f32(m * k), *b = random_f32(k * n), *c = f32_array(m * n);
+    fsdp2_nn_gemm_stats_t before, after;
+    ck_assert_int_eq(fsdp2_nn_gemm_stats(&before), FSDP2_SUCCESS);
+    ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
+    int64_t made = nn_gemm_primitives();
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
+    ck_assert_int_eq(nn_gemm_primitives(), made); /* looked up, not created again */
+    if (strcmp(nn_gemm_engine(), "onednn") == 0) {
+        ck_assert_int_ge(made, 1);
+        /* another beta is another primitive */
+        ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n), FSDP2_SUCCESS);
+        ck_assert_int_eq(nn_gemm_primitives(), made + 1);
+    } else {
+        ck_assert_int_eq(made, 0);
+        ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n), FSDP2_SUCCESS);
+    }
+    ck_assert_int_eq(fsdp2_nn_gemm_stats(&after), FSDP2_SUCCESS);
+    ck_assert_int_eq(after.calls - before.calls, 5);
+    ck_assert(after.flops - before.flops == 5.0 * 2 * m * n * k);
+    ck_assert(after.seconds > before.seconds);
+    ck_assert_str_eq(after.engine, nn_gemm_engine());
+    ck_assert_int_eq(fsdp2_nn_gemm_stats(NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    free(a);
+    free(b);
+    free(c);
+}
+END_TEST
+
+START_TEST(blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512)
+{
+    ck_assert_str_eq(nn_blas_coretype_advice("Prescott", 1, 1), "SkylakeX");
+    ck_assert_str_eq(nn_blas_coretype_advice("PRESCOTT", 1, 0), "Haswell");
+    ck_assert_str_eq(nn_blas_coretype_advice("Core2", 1, 0), "Haswell");
+    ck_assert_ptr_null(nn_blas_coretype_advice("Prescott", 0, 0)); /* an SSE3 CPU: right */
+    ck_assert_ptr_null(nn_blas_coretype_advice("Haswell", 1, 0));
+    ck_assert_ptr_null(nn_blas_coretype_advice("SkylakeX", 1, 1));
+    ck_assert_ptr_null(nn_blas_coretype_advice("Zen", 1, 0));
+    ck_assert_ptr_null(nn_blas_coretype_advice("Cooperlake", 1, 1));
+    ck_assert_ptr_null(nn_blas_coretype_advice(NULL, 1, 1));
+    ck_assert_ptr_null(nn_blas_coretype_advice("a core name longer than any real one", 1, 1));
+}
+END_TEST
+
+/* The attention forward and backward, the GEMM-heavy layers, on the threads asked for and
+ * with ws_bytes of workspace (0: the query's answer). */
+static void run_attention(int threads, size_t ws_bytes, const float *qkv, const float *dy,
+                          int64_t batch, int64_t seq, int64_t dim, int64_t heads, float *y,
+                          float *probs, float *dqkv)
+{
+    ck_assert_int_eq(fsdp2_nn_set_threads(threads), FSDP2_SUCCESS);
+    size_t need;
+    ck_assert_int_eq(fsdp2_nn_attention_workspace_bytes(seq, &need), FSDP2_SUCCESS);
+    fsdp2_nn_workspace_t ws = {.bytes = ws_bytes ? ws_bytes : need};
+    ws.data = aligned_alloc(64, (ws.bytes + 63) / 64 * 64);
+    memset(dqkv, 0, sizeof(float) * (size_t)(batch * seq * 3 * dim));
+    ck_assert_int_eq(fsdp2_nn_attention_forward(qkv, batch, seq, dim, heads, y, probs),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, probs, batch, seq, dim, heads, dy, dqkv,
+                                                 &ws),
+                     FSDP2_SUCCESS);
+    free(ws.data);
+}
+
+START_TEST(attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch)
+{
+    const int64_t batch = 3, seq = 70, dim = 32, heads = 4;
+    int64_t nqkv = batch * seq * 3 * dim, ny = batch * seq * dim, np = batch * heads * seq * seq;
+    float *qkv = random_f32(nqkv), *dy = random_f32(ny);
+    float *y[3], *p[3], *d[3];
+    for (int i = 0; i < 3; i++) {
+        y[i] = f32_array(ny);
+        p[i] = f32_array(np);
+        d[i] = f32_array(nqkv);
+    }
+    size_t one_slot;
+    ck_assert_int_eq(fsdp2_nn_set_threads(1), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_attention_workspace_bytes(seq, &one_slot), FSDP2_SUCCESS);
+    size_t two_slots;
+    ck_assert_int_eq(fsdp2_nn_set_threads(2), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_attention_workspace_bytes(seq, &two_slots), FSDP2_SUCCESS);
+#ifdef _OPENMP
+    ck_assert_uint_eq(two_slots, 2 * one_slot); /* a scratch per thread */
+#endif
+    run_attention(1, 0, qkv, dy, batch, seq, dim, heads, y[0], p[0], d[0]);
+    run_attention(2, 0, qkv, dy, batch, seq, dim, heads, y[1], p[1], d[1]);
+    run_attention(2, one_slot, qkv, dy, batch, seq, dim, heads, y[2], p[2], d[2]);
+    for (int i = 1; i < 3; i++) {
+        ck_assert(memcmp(y[0], y[i], sizeof(float) * (size_t)ny) == 0);
+        ck_assert(memcmp(p[0], p[i], sizeof(float) * (size_t)np) == 0);
+        ck_assert(memcmp(d[0], d[i], sizeof(float) * (size_t)nqkv) == 0);
+    }
+    /* a workspace below one scratch is refused, naming the bytes */
+    fsdp2_nn_workspace_t small = {.data = d[2], .bytes = one_slot - 1};
+    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, p[0], batch, seq, dim, heads, dy, d[2],
+                                                 &small),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "needs a workspace"));
+    ck_assert_int_eq(fsdp2_nn_set_threads(0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "threads = 0"));
+    for (int i = 0; i < 3; i++) {
+        free(y[i]);
+        free(p[i]);
+        free(d[i]);
+    }
+    free(qkv);
+    free(dy);
+}
+END_TEST
+
+static Suite *nn_gemm_suite(void)
+{
+    Suite *s = suite_create("nn_gemm");
+    TCase *tc = tcase_create("gemm");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, sgemm_matches_a_float64_loop_for_every_transpose_stride_alpha_and_beta);
+    tcase_add_test(tc, sgemm_with_k_or_alpha_zero_scales_c_and_empty_sizes_write_nothing);
+    tcase_add_test(tc, a_shape_creates_one_primitive_and_the_counters_add_its_flops);
+    tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
+    tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+FSDP2_CHECK_MAIN(nn_gemm_suite)
