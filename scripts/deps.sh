@@ -3,6 +3,7 @@
 # Sourced by scripts/demo and scripts/test. (libudev-dev: static links of hwloc need -ludev;
 # dataset-fashion-mnist: the main job's data, also read by the example's tests;
 # fortunes: the GPT-2 example's default text and the tokenizer tests' corpus;
+# libdnnl-dev: oneDNN, the layers' GEMMs (lib/nn);
 # libpcre2-dev: the tokenizer's pre-tokenizer patterns (lib/text);
 # librsvg2-bin, libxml2-utils: the tests render and validate fsdp2-trace's SVG;
 # help2man: the tools' man pages; abigail-tools: the ABI check against abi/.)
@@ -10,7 +11,7 @@ set -euo pipefail
 
 FSDP2_PACKAGES=(meson ninja-build pkg-config gcc g++ libc6-dev libucx-dev ucx-utils libhwloc-dev
                 hwloc libudev-dev libcjson-dev check libopenblas-dev zlib1g-dev libpcre2-dev
-                dataset-fashion-mnist fortunes librsvg2-bin libxml2-utils help2man abigail-tools)
+                dataset-fashion-mnist fortunes libdnnl-dev librsvg2-bin libxml2-utils help2man abigail-tools)
 
 # fsdp2_install_deps [PACKAGE...]: the given packages, or FSDP2_PACKAGES.
 fsdp2_install_deps() {

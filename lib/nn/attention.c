@@ -93,7 +93,7 @@ static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, c
 {
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t pairs = l->batch * l->heads;
-    NN_OMP("omp parallel for schedule(dynamic) if(pairs > 1)")
+    FSDP2_OMP("omp parallel for schedule(dynamic) if(pairs > 1)")
     for (int64_t i = 0; i < pairs; i++) {
         fsdp2_status_t s = attention_head_forward(l, i / l->heads, i % l->heads, q, k, v, y,
                                                   probs);
@@ -170,7 +170,7 @@ static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, 
         scratch[i] = nn_carve_floats(c, rows * l->seq);
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t kv_heads = l->heads / l->group, groups = l->batch * kv_heads;
-    NN_OMP("omp parallel for schedule(dynamic) num_threads(slots) if(groups > 1 && slots > 1)")
+    FSDP2_OMP("omp parallel for schedule(dynamic) num_threads(slots) if(groups > 1 && slots > 1)")
     for (int64_t i = 0; i < groups; i++) {
         float *dp = scratch[nn_thread_index() % slots];
         fsdp2_status_t s = attention_group_backward(l, i / kv_heads, i % kv_heads, q, k, v,

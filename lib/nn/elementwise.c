@@ -1,4 +1,5 @@
-/* Element-wise layers: GELU, ReLU, dropout and the residual add, on the calling thread. */
+/* Element-wise layers: GELU, ReLU, SwiGLU's gate, dropout and the residual add, in chunks
+ * of FSDP2_PAR_CHUNK elements split among the pool's threads. */
 #include <math.h>
 #include <string.h>
 
@@ -9,6 +10,13 @@
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
+
+/* for each chunk [lo, lo + len) of n elements, on the pool's threads (one chunk: here) */
+#define FOR_CHUNKS(n, lo, len)                                                          \
+    FSDP2_OMP("omp parallel for schedule(static) if((n) > FSDP2_PAR_CHUNK)")           \
+    for (int64_t lo = 0; lo < (n); lo += FSDP2_PAR_CHUNK)                               \
+        for (int64_t len = (n) - lo < FSDP2_PAR_CHUNK ? (n) - lo : FSDP2_PAR_CHUNK; len; \
+             len = 0)
 
 static fsdp2_status_t check_n(int64_t n, int pointers_ok)
 {
@@ -41,7 +49,8 @@ static void gelu_grad(const float *restrict x, const float *restrict dy, float *
 fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n)
 {
     FSDP2_CHECK(check_n(n, x && y));
-    gelu(x, y, n);
+    FOR_CHUNKS(n, lo, len)
+        gelu(x + lo, y + lo, len);
     return FSDP2_SUCCESS;
 }
 
@@ -49,15 +58,17 @@ fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx
 {
     FSDP2_CHECK(check_n(n, x && dy && dx));
     FSDP2_ARG_CHECK(dx != dy && dx != x, "dx aliases x or dy: the backward adds into dx");
-    gelu_grad(x, dy, dx, n);
+    FOR_CHUNKS(n, lo, len)
+        gelu_grad(x + lo, dy + lo, dx + lo, len);
     return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n)
 {
     FSDP2_CHECK(check_n(n, x && y));
-    for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] > 0 ? x[i] : 0.0f;
+    FOR_CHUNKS(n, lo, len)
+        for (int64_t i = lo; i < lo + len; i++)
+            y[i] = x[i] > 0 ? x[i] : 0.0f;
     return FSDP2_SUCCESS;
 }
 
@@ -65,8 +76,9 @@ fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx
 {
     FSDP2_CHECK(check_n(n, y && dy && dx));
     FSDP2_ARG_CHECK(dx != dy || n == 0, "dx aliases dy: the backward adds into dx");
-    for (int64_t i = 0; i < n; i++)
-        dx[i] += y[i] > 0 ? dy[i] : 0.0f;
+    FOR_CHUNKS(n, lo, len)
+        for (int64_t i = lo; i < lo + len; i++)
+            dx[i] += y[i] > 0 ? dy[i] : 0.0f;
     return FSDP2_SUCCESS;
 }
 
@@ -108,7 +120,8 @@ fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, dou
             memmove(y, x, sizeof(float) * (size_t)n);
         return FSDP2_SUCCESS;
     }
-    apply_mask(x, y, n, p, seed, offset, 0);
+    FOR_CHUNKS(n, lo, len)
+        apply_mask(x + lo, y + lo, len, p, seed, offset + (uint64_t)lo, 0);
     return FSDP2_SUCCESS;
 }
 
@@ -119,19 +132,22 @@ fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n, 
     FSDP2_CHECK(check_p(p));
     FSDP2_ARG_CHECK(dx != dy || n == 0, "dx aliases dy: the backward adds into dx");
     if (p == 0) {
-        for (int64_t i = 0; i < n; i++)
-            dx[i] += dy[i];
+        FOR_CHUNKS(n, lo, len)
+            for (int64_t i = lo; i < lo + len; i++)
+                dx[i] += dy[i];
         return FSDP2_SUCCESS;
     }
-    apply_mask(dy, dx, n, p, seed, offset, 1);
+    FOR_CHUNKS(n, lo, len)
+        apply_mask(dy + lo, dx + lo, len, p, seed, offset + (uint64_t)lo, 1);
     return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *y, int64_t n)
 {
     FSDP2_CHECK(check_n(n, a && b && y));
-    for (int64_t i = 0; i < n; i++)
-        y[i] = a[i] + b[i];
+    FOR_CHUNKS(n, lo, len)
+        for (int64_t i = lo; i < lo + len; i++)
+            y[i] = a[i] + b[i];
     return FSDP2_SUCCESS;
 }
 
@@ -139,10 +155,12 @@ fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db,
 {
     FSDP2_CHECK(check_n(n, dy != NULL));
     FSDP2_ARG_CHECK((da != dy && db != dy) || n == 0, "da or db aliases dy");
-    for (int64_t i = 0; da && i < n; i++)
-        da[i] += dy[i];
-    for (int64_t i = 0; db && i < n; i++)
-        db[i] += dy[i];
+    FOR_CHUNKS(n, lo, len) {
+        for (int64_t i = lo; da && i < lo + len; i++)
+            da[i] += dy[i];
+        for (int64_t i = lo; db && i < lo + len; i++)
+            db[i] += dy[i];
+    }
     return FSDP2_SUCCESS;
 }
 
@@ -164,7 +182,8 @@ static void swiglu(const float *gate, const float *up, float *y, int64_t n)
 fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float *y, int64_t n)
 {
     FSDP2_CHECK(check_n(n, gate && up && y));
-    swiglu(gate, up, y, n);
+    FOR_CHUNKS(n, lo, len)
+        swiglu(gate + lo, up + lo, y + lo, len);
     return FSDP2_SUCCESS;
 }
 
@@ -176,12 +195,13 @@ fsdp2_status_t fsdp2_nn_swiglu_backward(const float *gate, const float *up, cons
     for (int i = 0; i < 3; i++)
         FSDP2_ARG_CHECK((!dgate || dgate != in[i]) && (!dup || dup != in[i]),
                         "dgate or dup aliases gate, up or dy: the backward adds into them");
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], s = sigmoid(g), silu = g * s;
-        if (dup)
-            dup[i] += dy[i] * silu;
-        if (dgate)
-            dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
-    }
+    FOR_CHUNKS(n, lo, len)
+        for (int64_t i = lo; i < lo + len; i++) {
+            float g = gate[i], s = sigmoid(g), silu = g * s;
+            if (dup)
+                dup[i] += dy[i] * silu;
+            if (dgate)
+                dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+        }
     return FSDP2_SUCCESS;
 }

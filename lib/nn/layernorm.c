@@ -45,6 +45,7 @@ fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows,
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
     float *b32 = staged ? nn_carve_floats(&c, dim) : NULL;
     const float *b = bias ? nn_as_f32(bias, b32) : NULL;
+    FSDP2_OMP("omp parallel for schedule(static) if(rows * dim > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;

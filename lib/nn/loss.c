@@ -4,6 +4,9 @@
 
 #include "nn_common.h"
 
+/* The cross-entropy's rows go in this many parts (the most threads it uses). */
+#define CE_PARTS 64
+
 fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets, int64_t rows,
                                       int64_t classes, int32_t ignore_index, double divisor,
                                       double *loss, float *dlogits, int64_t *counted,
@@ -27,33 +30,44 @@ fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *target
         count++;
     }
     double div = divisor > 0 ? divisor : (double)count;
+    /* rows in CE_PARTS fixed parts, summed each in order and then part by part: the same
+     * numbers on any number of threads */
+    double part_sum[CE_PARTS] = {0};
+    int64_t part_hits[CE_PARTS] = {0};
+    FSDP2_OMP("omp parallel for schedule(dynamic) if(rows * classes > FSDP2_PAR_CHUNK)")
+    for (int part = 0; part < CE_PARTS; part++) {
+        for (int64_t r = rows * part / CE_PARTS; r < rows * (part + 1) / CE_PARTS; r++) {
+            const float *z = logits + r * classes;
+            float *d = dlogits ? dlogits + r * classes : NULL;
+            if (targets[r] == ignore_index) {
+                if (d)
+                    memset(d, 0, sizeof(float) * (size_t)classes);
+                continue;
+            }
+            int64_t arg = 0;
+            for (int64_t j = 1; j < classes; j++)
+                arg = z[j] > z[arg] ? j : arg;
+            double s = 0;
+            for (int64_t j = 0; j < classes; j++)
+                s += nn_expf(z[j] - z[arg]);
+            double lse = z[arg] + log(s);
+            part_sum[part] += lse - z[targets[r]];
+            part_hits[part] += arg == targets[r];
+            if (!d)
+                continue;
+            /* z - lse in f64: lse rounded to f32 would be off by up to half an f32 step of
+             * itself (3e-5 at 1000), which the exponent turns into a relative error */
+            float inv = (float)(1.0 / div);
+            for (int64_t j = 0; j < classes; j++)
+                d[j] = nn_expf((float)((double)z[j] - lse)) * inv;
+            d[targets[r]] -= inv;
+        }
+    }
     double sum = 0;
     int64_t hits = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *z = logits + r * classes;
-        float *d = dlogits ? dlogits + r * classes : NULL;
-        if (targets[r] == ignore_index) {
-            if (d)
-                memset(d, 0, sizeof(float) * (size_t)classes);
-            continue;
-        }
-        int64_t arg = 0;
-        for (int64_t j = 1; j < classes; j++)
-            arg = z[j] > z[arg] ? j : arg;
-        double s = 0;
-        for (int64_t j = 0; j < classes; j++)
-            s += nn_expf(z[j] - z[arg]);
-        double lse = z[arg] + log(s);
-        sum += lse - z[targets[r]];
-        hits += arg == targets[r];
-        if (!d)
-            continue;
-        /* z - lse in f64: lse rounded to f32 would be off by up to half an f32 step of
-         * itself (3e-5 at 1000), which the exponent turns into a relative error */
-        float inv = (float)(1.0 / div);
-        for (int64_t j = 0; j < classes; j++)
-            d[j] = nn_expf((float)((double)z[j] - lse)) * inv;
-        d[targets[r]] -= inv;
+    for (int part = 0; part < CE_PARTS; part++) {
+        sum += part_sum[part];
+        hits += part_hits[part];
     }
     *loss = count > 0 ? sum / div : 0.0;
     if (counted)

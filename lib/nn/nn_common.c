@@ -130,7 +130,7 @@ int nn_thread_index(void)
 
 void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s)
 {
-    NN_OMP("omp critical(nn_par_status)")
+    FSDP2_OMP("omp critical(nn_par_status)")
     {
         if (p->status == FSDP2_SUCCESS) {
             p->status = s;

@@ -10,6 +10,7 @@
 #include <fsdp2/nn.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 /* A parameter or gradient tensor: on a cpu device, f32 or bf16, of this shape. what names
  * it in the error ("linear weight"). */
@@ -41,15 +42,6 @@ void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t cou
 /* t's elements as f32: t's own data when f32, else converted into scratch. */
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch);
 
-/* The layers' threads: OpenMP's pool, the one oneDNN's GEMMs run on. NN_OMP("omp ...")
- * is the directive with OpenMP and nothing without it. Loops are split only when they are
- * long enough to pay for waking the pool (NN_PAR_MIN elements, about 10 us of work). */
-#ifdef _OPENMP
-#define NN_OMP(directive) _Pragma(directive)
-#else
-#define NN_OMP(directive)
-#endif
-#define NN_PAR_MIN 32768
 
 /* Threads a parallel region started here would get: 1 inside one, or without OpenMP. */
 int nn_threads(void);

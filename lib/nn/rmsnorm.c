@@ -40,6 +40,7 @@ fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows,
     nn_carve_t c;
     FSDP2_CHECK(nn_carve_begin(ws, need, "RMSNorm with a bf16 weight", &c));
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
+    FSDP2_OMP("omp parallel for schedule(static) if(rows * dim > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;

@@ -104,6 +104,8 @@ fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, int64_t seq,
 {
     FSDP2_CHECK(check_rope(x, y, batch, seq, heads, head_dim, table, positions));
     int64_t half = head_dim / 2;
+    int64_t elements = batch * seq * heads * head_dim;
+    FSDP2_OMP("omp parallel for schedule(static) if(elements > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < batch * seq; r++) {
         const float *cs = table + (r % seq) * head_dim, *sn = cs + half;
         for (int64_t h = 0; h < heads; h++) {
@@ -126,6 +128,8 @@ fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, int64_t batch, int64_t se
     FSDP2_CHECK(check_rope(dy, dx, batch, seq, heads, head_dim, table, positions));
     int64_t half = head_dim / 2;
     int in_place = dx == dy; /* then written, not added */
+    int64_t elements = batch * seq * heads * head_dim;
+    FSDP2_OMP("omp parallel for schedule(static) if(elements > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < batch * seq; r++) {
         const float *cs = table + (r % seq) * head_dim, *sn = cs + half;
         for (int64_t h = 0; h < heads; h++) {

@@ -83,19 +83,30 @@ static void RULE(adadelta)(const optim_coeffs_t *c, int64_t n, T *restrict p,
     }
 }
 
-void RULE(optim_update)(const optim_coeffs_t *c, const optim_shard_t *s)
+/* Elements [lo, lo + n) of a shard. */
+static void RULE(update_range)(const optim_coeffs_t *c, const optim_shard_t *s, int64_t lo,
+                               int64_t n)
 {
-    T *p = s->param;
-    const T *g = s->grad;
+    T *p = (T *)s->param + lo, *s0 = s->state[0], *s1 = s->state[1];
+    const T *g = (const T *)s->grad + lo;
     switch (c->kind) {
     case FSDP2_OPTIMIZER_SGD:
-        RULE(sgd)(c, s->numel, p, g, s->state[0]);
+        RULE(sgd)(c, n, p, g, s0 ? s0 + lo : NULL);
         break;
     case FSDP2_OPTIMIZER_ADAMW:
-        RULE(adamw)(c, s->numel, p, g, s->state[0], s->state[1]);
+        RULE(adamw)(c, n, p, g, s0 + lo, s1 + lo);
         break;
     case FSDP2_OPTIMIZER_ADADELTA:
-        RULE(adadelta)(c, s->numel, p, g, s->state[0], s->state[1]);
+        RULE(adadelta)(c, n, p, g, s0 + lo, s1 + lo);
         break;
     }
+}
+
+/* Every element is independent: chunks on the pool's threads give the same numbers. */
+void RULE(optim_update)(const optim_coeffs_t *c, const optim_shard_t *s)
+{
+    int64_t numel = s->numel;
+    FSDP2_OMP("omp parallel for schedule(static) if(numel > FSDP2_PAR_CHUNK)")
+    for (int64_t lo = 0; lo < numel; lo += FSDP2_PAR_CHUNK)
+        RULE(update_range)(c, s, lo, numel - lo < FSDP2_PAR_CHUNK ? numel - lo : FSDP2_PAR_CHUNK);
 }

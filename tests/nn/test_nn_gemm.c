@@ -1,7 +1,7 @@
 /* The layers' GEMM (lib/nn/gemm.c) against a float64 triple loop, every transpose, padded
  * strides, alpha and beta as cblas_sgemm takes them; one primitive per shape, created once;
- * the BLAS fallback's advice on generic kernels; the layers' results alike on 1 and 2
- * threads, and with fewer attention scratches than threads. */
+ * the BLAS fallback's advice on generic kernels; the layers' results the same bits on 1
+ * and 2 threads, and with fewer attention scratches than threads. */
 #include "../core/check_main.h"
 #include "../core/test_rng.h"
 #include "nn_test_util.h"
@@ -210,6 +210,68 @@ START_TEST(attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scrat
 }
 END_TEST
 
+/* Every threaded layer once on the threads asked for; outputs in out[0..7]. */
+static void run_layers(int threads, const float *x, const float *x2, const float *dy,
+                       int64_t rows, int64_t dim, float **out, double *loss)
+{
+    int64_t n = rows * dim;
+    ck_assert_int_eq(fsdp2_nn_set_threads(threads), FSDP2_SUCCESS);
+    for (int i = 0; i < 8; i++)
+        memset(out[i], 0, sizeof(float) * (size_t)n);
+    ck_assert_int_eq(fsdp2_nn_gelu_forward(x, out[0], n), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, dy, out[1], n), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x2, out[2], n), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x2, dy, out[3], out[4], n), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, out[5], n, 0.25, 7, 3), FSDP2_SUCCESS);
+    float *w = f32_array(dim), *mean = f32_array(rows), *rstd = f32_array(rows);
+    for (int64_t j = 0; j < dim; j++)
+        w[j] = 1.0f + 0.01f * (float)j;
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0);
+    ck_assert_int_eq(fsdp2_nn_layernorm_forward(x, rows, tw, NULL, 1e-5f, out[6], mean, rstd,
+                                                NULL),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, rows, tw, 1e-5f, out[7], rstd, NULL),
+                     FSDP2_SUCCESS);
+    int32_t *targets = malloc(sizeof(int32_t) * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        targets[r] = r % 5 == 0 ? -100 : (int32_t)((r * 7) % dim);
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, rows, dim, -100, 0, loss, out[5],
+                                            NULL, NULL),
+                     FSDP2_SUCCESS);
+    free(targets);
+    fsdp2_tensor_release(tw);
+    free(w);
+    free(mean);
+    free(rstd);
+}
+
+START_TEST(threaded_layers_give_the_same_bits_on_one_and_two_threads)
+{
+    const int64_t rows = 300, dim = 257; /* several chunks, none of them whole */
+    int64_t n = rows * dim;
+    float *x = random_f32(n), *x2 = random_f32(n), *dy = random_f32(n);
+    float *one[8], *two[8];
+    for (int i = 0; i < 8; i++) {
+        one[i] = f32_array(n);
+        two[i] = f32_array(n);
+    }
+    double loss1, loss2;
+    run_layers(1, x, x2, dy, rows, dim, one, &loss1);
+    run_layers(2, x, x2, dy, rows, dim, two, &loss2);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(memcmp(one[i], two[i], sizeof(float) * (size_t)n) == 0,
+                      "output %d differs between 1 and 2 threads", i);
+    ck_assert(memcmp(&loss1, &loss2, sizeof(double)) == 0);
+    for (int i = 0; i < 8; i++) {
+        free(one[i]);
+        free(two[i]);
+    }
+    free(x);
+    free(x2);
+    free(dy);
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -220,6 +282,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, a_shape_creates_one_primitive_and_the_counters_add_its_flops);
     tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
+    tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
     suite_add_tcase(s, tc);
     return s;
 }
