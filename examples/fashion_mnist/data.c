@@ -18,27 +18,116 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t len, con
     return -1;
 }
 
+/* An IDX file as read: plain bytes, or a gzip stream inflated here. zlib's gzread is not
+ * used because it can finish without asking inflate for the stream's CRC-32 and length
+ * trailer (when its input ran out exactly as the caller's buffer filled), so a file cut
+ * inside the trailer would read as whole. Here a gzip file must reach each member's end,
+ * trailer checked, before its end of file. */
+typedef struct idx_source {
+    const char *path;
+    FILE *f;
+    int gz;    /* the file starts with the gzip magic 1f 8b */
+    int ended; /* gz: the current member ended and its trailer matched */
+    z_stream z;
+    unsigned char in[1 << 16];
+} idx_source_t;
+
+static int source_open(idx_source_t *src, const char *path, char *err, size_t errlen)
+{
+    memset(src, 0, sizeof(*src));
+    src->path = path;
+    src->f = fopen(path, "rb");
+    if (!src->f)
+        return fail(err, errlen, "%s: cannot open it", path);
+    size_t got = fread(src->in, 1, 2, src->f);
+    src->gz = got == 2 && src->in[0] == 0x1f && src->in[1] == 0x8b;
+    if (!src->gz) {
+        rewind(src->f);
+        return 0;
+    }
+    src->z.next_in = src->in;
+    src->z.avail_in = 2;
+    if (inflateInit2(&src->z, 16 + MAX_WBITS) != Z_OK) { /* 16: a gzip wrapper, checked */
+        fclose(src->f);
+        src->f = NULL;
+        return fail(err, errlen, "%s: zlib cannot start inflating (%s)", path,
+                    src->z.msg ? src->z.msg : "out of memory");
+    }
+    return 0;
+}
+
+/* Up to len bytes into buf: returns how many (fewer only at a proper end of file), or -1
+ * with the message in err. */
+static long source_read(idx_source_t *src, void *buf, size_t len, char *err, size_t errlen)
+{
+    if (!src->gz) {
+        size_t got = fread(buf, 1, len, src->f);
+        if (got < len && ferror(src->f))
+            return fail(err, errlen, "%s: read error", src->path);
+        return (long)got;
+    }
+    z_stream *z = &src->z;
+    z->next_out = buf;
+    z->avail_out = (uInt)len;
+    while (z->avail_out > 0) {
+        if (z->avail_in == 0) {
+            z->avail_in = (uInt)fread(src->in, 1, sizeof(src->in), src->f);
+            z->next_in = src->in;
+            if (z->avail_in == 0 && ferror(src->f))
+                return fail(err, errlen, "%s: read error", src->path);
+            if (z->avail_in == 0 && src->ended)
+                break;
+            if (z->avail_in == 0)
+                return fail(err, errlen,
+                            "%s: truncated gzip stream (the file ends before the stream's "
+                            "CRC-32 and length trailer is complete)",
+                            src->path);
+        }
+        if (src->ended) { /* more bytes after a member: RFC 1952 allows another member */
+            inflateReset(z);
+            src->ended = 0;
+        }
+        int zrc = inflate(z, Z_NO_FLUSH);
+        if (zrc == Z_STREAM_END)
+            src->ended = 1;
+        else if (zrc != Z_OK && zrc != Z_BUF_ERROR)
+            return fail(err, errlen, "%s: corrupt gzip stream (zlib: %s)", src->path,
+                        z->msg ? z->msg : zError(zrc));
+    }
+    return (long)(len - z->avail_out);
+}
+
+static void source_close(idx_source_t *src)
+{
+    if (src->gz)
+        inflateEnd(&src->z);
+    if (src->f)
+        fclose(src->f);
+}
+
 int fm_read_idx(const char *path, int want_ndim, int *dims, uint8_t **data, char *err,
                 size_t errlen)
 {
     *data = NULL;
     if (want_ndim < 1 || want_ndim > 3)
         return fail(err, errlen, "%s: IDX files here have 1 to 3 dims, not %d", path, want_ndim);
-    gzFile f = gzopen(path, "rb"); /* reads plain files as they are */
-    if (!f)
-        return fail(err, errlen, "%s: cannot open it", path);
+    idx_source_t *src = malloc(sizeof(*src));
+    if (!src)
+        return fail(err, errlen, "%s: out of memory", path);
+    if (source_open(src, path, err, errlen)) {
+        free(src);
+        return -1;
+    }
     unsigned char head[4 + 4 * 3];
-    int want = 4 + 4 * want_ndim;
-    int got = gzread(f, head, (unsigned)want);
+    long want = 4 + 4 * want_ndim;
+    long got = source_read(src, head, (size_t)want, err, errlen);
     int rc = 0;
     if (got < 0) {
-        int zerr;
-        rc = fail(err, errlen, "%s: corrupt file (zlib: %s)", path, gzerror(f, &zerr));
+        rc = -1;
         goto done;
     }
     if (got != want) {
-        rc = fail(err, errlen, "%s: truncated header (%d of %d bytes)", path, got < 0 ? 0 : got,
-                  want);
+        rc = fail(err, errlen, "%s: truncated header (%ld of %ld bytes)", path, got, want);
         goto done;
     }
     long magic = ((long)head[0] << 24) | ((long)head[1] << 16) | ((long)head[2] << 8) | head[3];
@@ -68,26 +157,25 @@ int fm_read_idx(const char *path, int want_ndim, int *dims, uint8_t **data, char
         rc = fail(err, errlen, "%s: out of memory for %zu bytes", path, total);
         goto done;
     }
-    got = gzread(f, *data, (unsigned)total);
+    got = source_read(src, *data, total, err, errlen);
     if (got < 0) {
-        int zerr;
-        const char *what = gzerror(f, &zerr);
-        rc = fail(err, errlen, "%s: corrupt data (zlib: %s)", path, what);
+        rc = -1;
         goto done;
     }
     if ((size_t)got != total) {
-        rc = fail(err, errlen, "%s: truncated data (%d of %zu bytes)", path, got < 0 ? 0 : got,
-                  total);
+        rc = fail(err, errlen, "%s: truncated data (%ld of %zu bytes)", path, got, total);
         goto done;
     }
+    /* Reading on to the end of the file also checks the gzip trailer. */
     unsigned char extra;
-    if (gzread(f, &extra, 1) != 0)
+    got = source_read(src, &extra, 1, err, errlen);
+    if (got < 0)
+        rc = -1;
+    else if (got != 0)
         rc = fail(err, errlen, "%s: trailing bytes after %zu bytes of data", path, total);
-done:;
-    /* zlib reports a stream cut before its CRC trailer, or a CRC mismatch, only here. */
-    int zrc = gzclose(f);
-    if (!rc && zrc != Z_OK)
-        rc = fail(err, errlen, "%s: corrupt or truncated gzip stream (zlib error %d)", path, zrc);
+done:
+    source_close(src);
+    free(src);
     if (rc) {
         free(*data);
         *data = NULL;

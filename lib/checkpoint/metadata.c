@@ -100,6 +100,136 @@ static fsdp2_status_t parse_chunk(const meta_t *m, const meta_tensor_t *t, const
     return FSDP2_SUCCESS;
 }
 
+/* A cJSON value as JSON text, for naming it in an error (cut to fit). */
+static void json_text(const cJSON *x, char *buf, size_t len)
+{
+    char *text = x ? cJSON_PrintUnformatted(x) : NULL;
+    snprintf(buf, len, "%s", text ? text : "(missing)");
+    cJSON_free(text);
+}
+
+/* "mesh": one to FSDP2_MESH_MAX_DIMS whole numbers from 1 whose product is world_size.
+ * Absent when the saving state dict had no DTensors. */
+static fsdp2_status_t parse_mesh(meta_t *m)
+{
+    const cJSON *mesh = cJSON_GetObjectItemCaseSensitive(m->root, "mesh"), *x;
+    if (!mesh)
+        return FSDP2_SUCCESS;
+    char text[96];
+    int n = cJSON_IsArray(mesh) ? cJSON_GetArraySize(mesh) : 0;
+    if (n < 1 || n > FSDP2_MESH_MAX_DIMS) {
+        json_text(mesh, text, sizeof(text));
+        return fsdp2_error(FSDP2_ERR_CORRUPT,
+                           "checkpoint %s: mesh %s is not an array of 1 to %d mesh dim sizes",
+                           m->path, text, FSDP2_MESH_MAX_DIMS);
+    }
+    uint64_t product = 1;
+    cJSON_ArrayForEach(x, mesh)
+    {
+        uint64_t v;
+        if (!get_u64(x, NULL, &v) || v < 1 || v > (uint64_t)m->world_size) {
+            json_text(x, text, sizeof(text));
+            return fsdp2_error(FSDP2_ERR_CORRUPT,
+                               "checkpoint %s: mesh dim %d is %s, not a whole number from 1 to "
+                               "the world size %d",
+                               m->path, m->mesh_ndim, text, m->world_size);
+        }
+        m->mesh[m->mesh_ndim++] = (int)v;
+        product *= v; /* at most world_size^2 */
+    }
+    if (product != (uint64_t)m->world_size) {
+        json_text(mesh, text, sizeof(text));
+        return fsdp2_error(FSDP2_ERR_CORRUPT,
+                           "checkpoint %s: mesh %s makes %llu rank%s, world_size says %d",
+                           m->path, text, (unsigned long long)product, product == 1 ? "" : "s",
+                           m->world_size);
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* One placement as fsdp2_placements_format writes it, at *p; advances *p past it. Returns
+ * 0, or -1 when *p does not start with one of the forms. */
+static int parse_placement(const char **p, fsdp2_placement_t *out)
+{
+    static const struct {
+        const char *text;
+        fsdp2_placement_t placement;
+    } fixed[] = {
+        {"Replicate()", FSDP2_REPLICATE_INIT},
+        {"Partial(sum)", FSDP2_PARTIAL_SUM_INIT},
+        {"Partial(avg)", FSDP2_PARTIAL_AVG_INIT},
+    };
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        size_t n = strlen(fixed[i].text);
+        if (!strncmp(*p, fixed[i].text, n)) {
+            *out = fixed[i].placement;
+            *p += n;
+            return 0;
+        }
+    }
+    const char *q = *p;
+    if (strncmp(q, "Shard(dim=", 10))
+        return -1;
+    q += 10;
+    int dim = 0, digits = 0;
+    for (; *q >= '0' && *q <= '9' && digits < 3; q++, digits++)
+        dim = dim * 10 + (*q - '0');
+    if (!digits || *q != ')' || (digits > 1 && q[-digits] == '0'))
+        return -1;
+    *out = (fsdp2_placement_t)FSDP2_SHARD_INIT(dim);
+    *p = q + 1;
+    return 0;
+}
+
+/* "placements": "whole" (a plain tensor, the same on every rank), or one placement per
+ * mesh dim, each Replicate() or Shard(dim=d) with d inside the tensor's dims. */
+static fsdp2_status_t parse_placements(const meta_t *m, const cJSON *j, const meta_tensor_t *t)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(j, "placements");
+    const char *text = cJSON_GetStringValue(item);
+    char shown[96];
+    json_text(item, shown, sizeof(shown));
+    if (!text)
+        return fsdp2_error(FSDP2_ERR_CORRUPT, "checkpoint %s: '%s': placements %s is not a string",
+                           m->path, t->name, shown);
+    if (!strcmp(text, "whole"))
+        return FSDP2_SUCCESS;
+    fsdp2_placement_t pl[FSDP2_MESH_MAX_DIMS + 1];
+    int n = 0;
+    const char *p = text;
+    int ok = *p++ == '[';
+    while (ok && *p != ']' && n <= FSDP2_MESH_MAX_DIMS) {
+        if (n && strncmp(p, ", ", 2))
+            break;
+        p += n ? 2 : 0;
+        ok = parse_placement(&p, &pl[n++]) == 0;
+    }
+    if (!ok || *p != ']' || p[1] != '\0' || n == 0)
+        return fsdp2_error(FSDP2_ERR_CORRUPT,
+                           "checkpoint %s: '%s': placements %s are not \"whole\" or a list of "
+                           "Replicate() and Shard(dim=d) as \"[Shard(dim=0)]\"",
+                           m->path, t->name, shown);
+    if (n != m->mesh_ndim)
+        return fsdp2_error(FSDP2_ERR_CORRUPT,
+                           "checkpoint %s: '%s': placements %s have %d entr%s for a mesh of %d "
+                           "dim%s",
+                           m->path, t->name, shown, n, n == 1 ? "y" : "ies", m->mesh_ndim,
+                           m->mesh_ndim == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) {
+        if (pl[i].type == FSDP2_PLACEMENT_PARTIAL)
+            return fsdp2_error(FSDP2_ERR_CORRUPT,
+                               "checkpoint %s: '%s': placements %s: a Partial tensor is never "
+                               "saved (it is reduced first)",
+                               m->path, t->name, shown);
+        if (pl[i].type == FSDP2_PLACEMENT_SHARD && pl[i].dim >= t->ndim)
+            return fsdp2_error(FSDP2_ERR_CORRUPT,
+                               "checkpoint %s: '%s': placements %s: Shard(dim=%d) of a tensor "
+                               "with %d dim%s",
+                               m->path, t->name, shown, pl[i].dim, t->ndim, t->ndim == 1 ? "" : "s");
+    }
+    return FSDP2_SUCCESS;
+}
+
 static int by_row(const void *a, const void *b)
 {
     int64_t x = ((const chunk_t *)a)->row0, y = ((const chunk_t *)b)->row0;
@@ -114,6 +244,7 @@ static fsdp2_status_t parse_tensor(meta_t *m, const cJSON *j, meta_tensor_t *t)
         return corrupt(m, "unknown dtype", t->name);
     if (!get_dims(cJSON_GetObjectItemCaseSensitive(j, "shape"), t->shape, &t->ndim))
         return corrupt(m, "malformed shape", t->name);
+    FSDP2_CHECK(parse_placements(m, j, t));
     /* The tensor's bytes must fit in 2^53 (what JSON numbers hold exactly): then every
      * product of its dims and of its chunks' dims below is safe. */
     uint64_t bytes;
@@ -271,6 +402,7 @@ fsdp2_status_t meta_load(const char *dir, meta_t *m)
     m->step = (int64_t)step;
     m->has_optim_step = ostep_item != NULL;
     m->optim_step = m->has_optim_step ? (int64_t)ostep : 0;
+    FSDP2_CHECK(parse_mesh(m));
     const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(m->root, "tensors");
     if (!cJSON_IsObject(tensors))
         return corrupt(m, "no tensors object", NULL);

@@ -32,6 +32,8 @@ typedef struct meta_tensor {
 typedef struct meta {
     cJSON *root;
     int version, world_size;
+    int mesh_ndim; /* 0: no "mesh" (the state dict had no DTensors) */
+    int mesh[FSDP2_MESH_MAX_DIMS];
     int64_t step, optim_step;
     int has_optim_step;
     int has_lr_schedule; /* "optim.lr_schedule": the optimizer's, with its base lr */

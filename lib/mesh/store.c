@@ -536,6 +536,15 @@ fsdp2_status_t fsdp2_store_create(const fsdp2_store_options_t *options, fsdp2_st
                                                   st->secret, st->secret_len, &st->server),
                          status, cleanup);
         st->port = fsdp2_store_server_port(st->server);
+        /* Our launcher gives every job a secret (or warns); ranks started by hand or by
+         * another launcher may have none, and then any client that reaches the port can
+         * take a rank. */
+        if (!st->secret_len && !fsdp2_store_server_loopback(st->server))
+            FSDP2_LOG(WARN, MESH,
+                      "store: listening on %s, port %d, beyond loopback, and the job has no "
+                      "secret: any client that reaches the port can join as a rank (set "
+                      "FSDP2_STORE_SECRET or FSDP2_STORE_SECRET_FILE, the same on every rank)",
+                      bind_host ? bind_host : "every interface", st->port);
     }
     int64_t deadline = fsdp2_now_ms() + st->timeout_ms;
     FSDP2_CHECK_GOTO(store_connect(st, deadline), status, cleanup);

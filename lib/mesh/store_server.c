@@ -66,6 +66,7 @@ typedef struct conn {
 
 struct fsdp2_store_server {
     int listen_fd, wake_rd, wake_wr, port, world_size;
+    int loopback; /* it listens on a loopback address only */
     uint8_t secret[STORE_SECRET_MAX];
     size_t secret_len; /* 0: connections are not authenticated */
     int accept_paused; /* out of file descriptors: retried when a connection closes */
@@ -896,6 +897,11 @@ static fsdp2_status_t server_listen(fsdp2_store_server_t *s, const char *bind_ho
     getsockname(s->listen_fd, (struct sockaddr *)&addr, &len);
     s->port = ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
                                                : ((struct sockaddr_in *)&addr)->sin_port);
+    const struct in6_addr *a6 = &((struct sockaddr_in6 *)&addr)->sin6_addr;
+    if (addr.ss_family == AF_INET)
+        s->loopback = ntohl(((struct sockaddr_in *)&addr)->sin_addr.s_addr) >> 24 == 127;
+    else /* ::1, or ::ffff:127.x.y.z */
+        s->loopback = IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
     return FSDP2_SUCCESS;
 }
 
@@ -971,6 +977,11 @@ cleanup:
 int fsdp2_store_server_port(const fsdp2_store_server_t *server)
 {
     return server->port;
+}
+
+int fsdp2_store_server_loopback(const fsdp2_store_server_t *server)
+{
+    return server->loopback;
 }
 
 void fsdp2_store_server_stop(fsdp2_store_server_t *server, long timeout_ms)

@@ -22,6 +22,9 @@ fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int wor
 
 /* The port bound (the real one when 0 was asked). */
 int fsdp2_store_server_port(const fsdp2_store_server_t *server);
+/* 1 when it listens on a loopback address only (127.0.0.0/8, ::1): no other host can
+ * reach it. */
+int fsdp2_store_server_loopback(const fsdp2_store_server_t *server);
 
 /* Waits until every rank that connected has closed (CLOSE or disconnect), or timeout_ms
  * passed, then closes every socket, joins the thread and frees the server. A rank that

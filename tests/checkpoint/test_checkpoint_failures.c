@@ -150,6 +150,8 @@ typedef enum bad {
     BAD_ABSENT_FILE,
     BAD_OFFSET,
     BAD_EMPTY_METADATA,
+    BAD_MESH,
+    BAD_PLACEMENTS,
     NUM_BAD
 } bad_t;
 
@@ -171,6 +173,9 @@ static const struct {
     [BAD_ABSENT_FILE] = {"chunk file absent", FSDP2_SUCCESS, "rank-00009.safetensors", NULL},
     [BAD_OFFSET] = {"chunk offset off by 8", FSDP2_ERR_CORRUPT, "enc.running", NULL},
     [BAD_EMPTY_METADATA] = {"metadata.json empty", FSDP2_ERR_CORRUPT, "metadata.json", NULL},
+    [BAD_MESH] = {"mesh [-3]", FSDP2_ERR_CORRUPT, "mesh dim 0 is -3", "metadata.json"},
+    [BAD_PLACEMENTS] = {"placements [Shard(dim=7)]", FSDP2_ERR_CORRUPT, "enc.weight",
+                        "Shard(dim=7)"},
 };
 
 /* The chunk of tensor `name` whose global_offset[0] is row0 (-1: the first). */
@@ -238,6 +243,14 @@ static int edit_metadata(bad_t b, cJSON *meta)
         if (!(k = chunk_at(meta, "enc.running", -1)))
             return -1;
         set_string(k, "file", "rank-00009.safetensors");
+        return 0;
+    case BAD_MESH:
+        cJSON_ReplaceItemInObjectCaseSensitive(meta, "mesh", cJSON_Parse("[-3]"));
+        return 0;
+    case BAD_PLACEMENTS:
+        set_string(cJSON_GetObjectItemCaseSensitive(
+                       cJSON_GetObjectItemCaseSensitive(meta, "tensors"), "enc.weight"),
+                   "placements", "[Shard(dim=7)]");
         return 0;
     case BAD_OFFSET:
         if (!(k = chunk_at(meta, "enc.running", -1)))

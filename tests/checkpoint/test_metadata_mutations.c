@@ -5,7 +5,8 @@
  * harness would be the same loop driven by coverage; this one runs in every test run.
  * Then hostile files aimed at single rules: a FIFO in place of metadata.json or of a
  * rank's file (refused, not waited on), out-of-range step and optim.step (refused, not
- * read as absent), bytes after the JSON, NULs in names. */
+ * read as absent), bytes after the JSON, NULs in names; malformed meshes and placements,
+ * each refused naming the bad value. */
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -244,6 +245,108 @@ START_TEST(hostile_files_are_refused_naming_the_rule)
 }
 END_TEST
 
+/* good with "mesh" set to the JSON mesh (NULL: removed) and fc.weight's "placements" to the
+ * JSON placements (NULL: removed). */
+static char *with_layout(const char *good, const char *mesh, const char *placements)
+{
+    cJSON *root = cJSON_Parse(good);
+    ck_assert_ptr_nonnull(root);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "mesh");
+    if (mesh) {
+        cJSON *m = cJSON_Parse(mesh);
+        ck_assert_msg(m != NULL, "test mesh %s does not parse", mesh);
+        cJSON_AddItemToObject(root, "mesh", m);
+    }
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "tensors"),
+                                                "fc.weight");
+    ck_assert_ptr_nonnull(t);
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "placements");
+    if (placements) {
+        cJSON *p = cJSON_Parse(placements);
+        ck_assert_msg(p != NULL, "test placements %s do not parse", placements);
+        cJSON_AddItemToObject(t, "placements", p);
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* The checkpoint of save_one: world size 2, mesh [2], fc.weight [3, 4] "[Shard(dim=0)]". */
+static const struct {
+    const char *mesh, *placements; /* JSON; NULL: the field removed */
+    const char *needle;            /* NULL: accepted */
+} LAYOUTS[] = {
+    {"[[1],\"x\",-3,1e300]", "\"[Shard(dim=0)]\"", "mesh [[1],\"x\",-3,1e+300] is not"},
+    {"[[1]]", "\"[Shard(dim=0)]\"", "mesh dim 0 is [1]"},
+    {"[\"x\"]", "\"[Shard(dim=0)]\"", "mesh dim 0 is \"x\""},
+    {"[-3]", "\"[Shard(dim=0)]\"", "mesh dim 0 is -3"},
+    {"[1e300]", "\"[Shard(dim=0)]\"", "mesh dim 0 is 1e+300"},
+    {"[0]", "\"[Shard(dim=0)]\"", "mesh dim 0 is 0"},
+    {"[2.5]", "\"[Shard(dim=0)]\"", "mesh dim 0 is 2.5"},
+    {"[2, 3]", "\"[Replicate(), Shard(dim=0)]\"", "mesh dim 1 is 3"},
+    {"[4]", "\"[Shard(dim=0)]\"", "mesh dim 0 is 4, not a whole number from 1 to the world size 2"},
+    {"[1, 1]", "\"[Replicate(), Shard(dim=0)]\"", "mesh [1,1] makes 1 rank, world_size says 2"},
+    {"[]", "\"[Shard(dim=0)]\"", "mesh [] is not an array"},
+    {"[1, 1, 2]", "\"[Shard(dim=0)]\"", "mesh [1,1,2] is not an array"},
+    {"2", "\"[Shard(dim=0)]\"", "mesh 2 is not an array"},
+    {"[2]", "\"[Shard(dim=7)]\"", "Shard(dim=7) of a tensor with 2 dims"},
+    {"[2]", "\"[Shard(dim=2)]\"", "Shard(dim=2) of a tensor with 2 dims"},
+    {"[2]", "\"[Shard(dim=-1)]\"", "[Shard(dim=-1)]\" are not"},
+    {"[2]", "\"[Shard(dim=00)]\"", "[Shard(dim=00)]\" are not"},
+    {"[2]", "\"[Shard(0)]\"", "[Shard(0)]\" are not"},
+    {"[2]", "\"[Banana()]\"", "[Banana()]\" are not"},
+    {"[2]", "\"Shard(dim=0)\"", "\"Shard(dim=0)\" are not"},
+    {"[2]", "\"[Shard(dim=0)] \"", "\"[Shard(dim=0)] \" are not"},
+    {"[2]", "\"[]\"", "\"[]\" are not"},
+    {"[2]", "\"\"", "\"\" are not"},
+    {"[2]", "\"[Shard(dim=0),Replicate()]\"", "are not"},
+    {"[2]", "\"[Shard(dim=0), Replicate()]\"", "have 2 entries for a mesh of 1 dim"},
+    {"[2]", "\"[Replicate(), Replicate(), Replicate()]\"", "have 3 entries"},
+    {NULL, "\"[Shard(dim=0)]\"", "have 1 entry for a mesh of 0 dims"},
+    {"[2]", "\"[Partial(sum)]\"", "a Partial tensor is never saved"},
+    {"[2]", "7", "placements 7 is not a string"},
+    {"[2]", NULL, "placements (missing) is not a string"},
+    /* Accepted: another layout of the same rows, a 2D mesh, a whole tensor, no mesh. */
+    {"[2]", "\"[Replicate()]\"", NULL},
+    {"[2]", "\"[Shard(dim=1)]\"", NULL},
+    {"[1, 2]", "\"[Replicate(), Shard(dim=0)]\"", NULL},
+    {"[2, 1]", "\"[Shard(dim=0), Shard(dim=0)]\"", NULL},
+    {"[2]", "\"whole\"", NULL},
+    {NULL, "\"whole\"", NULL},
+};
+
+START_TEST(mesh_and_placements_are_validated_naming_the_bad_value)
+{
+    snprintf(dir, sizeof(dir), "/tmp/fsdp2-layouts-%d", (int)getpid());
+    ranks_result_t res;
+    ck_assert_int_eq(run_ranks(2, save_one, NULL, 20000, 60, &res), 0);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/metadata.json", dir);
+    size_t len;
+    char *good = slurp(path, &len);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+    for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++) {
+        char *text = with_layout(good, LAYOUTS[i].mesh, LAYOUTS[i].placements);
+        char what[160];
+        snprintf(what, sizeof what, "mesh %s, placements %s", LAYOUTS[i].mesh ? LAYOUTS[i].mesh : "absent",
+                 LAYOUTS[i].placements ? LAYOUTS[i].placements : "absent");
+        expect_metadata(path, text, strlen(text),
+                        LAYOUTS[i].needle ? FSDP2_ERR_CORRUPT : FSDP2_SUCCESS, LAYOUTS[i].needle,
+                        what);
+        if (LAYOUTS[i].needle && LAYOUTS[i].placements && strstr(LAYOUTS[i].needle, "Shard(dim=7)"))
+            ck_assert_msg(strstr(fsdp2_last_error(), "fc.weight"), "%s: \"%s\" does not name fc.weight",
+                          what, fsdp2_last_error());
+        free(text);
+    }
+    put(path, good, len);
+    ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
+    free(good);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("metadata_mutations");
@@ -251,6 +354,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, mutated_metadata_is_an_error_or_valid_never_a_crash);
     tcase_add_test(tc, hostile_files_are_refused_naming_the_rule);
+    tcase_add_test(tc, mesh_and_placements_are_validated_naming_the_bad_value);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,8 +1,9 @@
 /* The rendezvous store's server against connections of every kind, in one process:
  * malformed or oversized bytes from a raw socket (closing only that connection), refused
  * HELLOs, clients that start before the server or find none, IPv4, IPv6 and host
- * names, the port and descriptors being released after destroy or a failed create, and
- * how long a stop waits for ranks that connected and for ranks that never did. */
+ * names, the port and descriptors being released after destroy or a failed create, the
+ * warning of a store open beyond loopback without a secret, and how long a stop waits
+ * for ranks that connected and for ranks that never did. */
 #include <check.h>
 
 #include "check_main.h"
@@ -11,6 +12,8 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -296,6 +299,106 @@ START_TEST(a_secret_admits_its_ranks_and_refuses_others_at_once)
     OK(fsdp2_store_destroy(server));
     unlink(path);
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
+}
+END_TEST
+
+/* What rank 0's store logs on stderr while it is created (world size 1) on host and
+ * destroyed, at log level WARN. */
+static void serve_and_capture_log(const char *host, char *log, size_t len)
+{
+    char path[] = "/tmp/fsdp2-store-log-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    OK(fsdp2_log_set_level(FSDP2_LOG_WARN));
+    fsdp2_store_options_t o = FSDP2_STORE_OPTIONS_INIT;
+    o.host = host;
+    o.is_server = 1;
+    o.timeout_ms = 10000;
+    fsdp2_store_t *st = NULL;
+    fsdp2_status_t status = fsdp2_store_create(&o, &st);
+    if (status == FSDP2_SUCCESS)
+        status = fsdp2_store_destroy(st);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ck_assert_msg(status == FSDP2_SUCCESS, "store on %s: %s", host, fsdp2_last_error());
+    ssize_t n = pread(fd, log, len - 1, 0);
+    close(fd);
+    unlink(path);
+    log[n > 0 ? n : 0] = '\0';
+}
+
+/* An IPv4 address of this host outside 127.0.0.0/8 on an interface that is up, or 0. */
+static int non_loopback_ipv4(char *addr, size_t len)
+{
+    struct ifaddrs *all = NULL;
+    if (getifaddrs(&all) != 0)
+        return 0;
+    int found = 0;
+    for (struct ifaddrs *i = all; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
+            continue;
+        const struct in_addr *a = &((const struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        found = ntohl(a->s_addr) >> 24 != 127 && inet_ntop(AF_INET, a, addr, (socklen_t)len);
+    }
+    freeifaddrs(all);
+    return found;
+}
+
+#define NO_SECRET_WARNING "beyond loopback, and the job has no secret"
+
+/* Rank 0 warns when its store listens beyond loopback and the job has no secret (any
+ * client that reaches the port could take a rank): on every interface (a host name, or
+ * FSDP2_STORE_BIND=any) or on another address of the host; not on loopback, and not
+ * with FSDP2_STORE_SECRET or FSDP2_STORE_SECRET_FILE. */
+START_TEST(rank_0_warns_when_it_listens_beyond_loopback_without_a_secret)
+{
+    char log[4096];
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
+    const char *loopback[] = {"127.0.0.1", "127.0.0.2", "localhost", "::1"};
+    for (size_t i = 0; i < sizeof(loopback) / sizeof(loopback[0]); i++) {
+        serve_and_capture_log(loopback[i], log, sizeof(log));
+        ck_assert_msg(!strstr(log, NO_SECRET_WARNING), "on %s: %s", loopback[i], log);
+    }
+
+    ck_assert_int_eq(setenv("FSDP2_STORE_BIND", "any", 1), 0);
+    OK(fsdp2_env_reload());
+    serve_and_capture_log("127.0.0.1", log, sizeof(log));
+    ck_assert_msg(strstr(log, NO_SECRET_WARNING) && strstr(log, "every interface") &&
+                      strstr(log, "FSDP2_STORE_SECRET") && strstr(log, " WARN mesh: "),
+                  "FSDP2_STORE_BIND=any without a secret logged \"%s\"", log);
+    const char *first = strstr(log, NO_SECRET_WARNING);
+    ck_assert_msg(!strstr(first + 1, NO_SECRET_WARNING), "warned twice: %s", log);
+
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "a secret", 1), 0);
+    serve_and_capture_log("127.0.0.1", log, sizeof(log));
+    ck_assert_msg(!strstr(log, NO_SECRET_WARNING), "with FSDP2_STORE_SECRET: %s", log);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+    char path[] = "/tmp/fsdp2-secret-XXXXXX";
+    int fd = mkstemp(path); /* mode 0600 */
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "a secret\n", 9), 9);
+    close(fd);
+    ck_assert_int_eq(setenv("FSDP2_STORE_SECRET_FILE", path, 1), 0);
+    serve_and_capture_log("127.0.0.1", log, sizeof(log));
+    ck_assert_msg(!strstr(log, NO_SECRET_WARNING), "with FSDP2_STORE_SECRET_FILE: %s", log);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
+    unlink(path);
+    ck_assert_int_eq(unsetenv("FSDP2_STORE_BIND"), 0);
+    OK(fsdp2_env_reload());
+
+    char addr[INET_ADDRSTRLEN];
+    if (!non_loopback_ipv4(addr, sizeof(addr))) {
+        printf("note: no IPv4 address outside 127.0.0.0/8; that case is skipped\n");
+        return;
+    }
+    serve_and_capture_log(addr, log, sizeof(log));
+    ck_assert_msg(strstr(log, NO_SECRET_WARNING) && strstr(log, addr), "on %s: \"%s\"", addr, log);
 }
 END_TEST
 
@@ -657,6 +760,7 @@ static Suite *store_server_suite(void)
     tcase_add_test(tc, clients_reach_the_server_by_ipv4_ipv6_and_host_name);
     tcase_add_test(tc, a_secret_admits_its_ranks_and_refuses_others_at_once);
     tcase_add_test(tc, a_connection_without_the_secret_holds_no_rank_and_is_closed);
+    tcase_add_test(tc, rank_0_warns_when_it_listens_beyond_loopback_without_a_secret);
     tcase_add_test(tc, an_unresolvable_host_is_an_error_naming_it);
     tcase_add_loop_test(tc, a_failed_create_on_the_server_rank_frees_its_port_and_descriptors, 0,
                         2);
