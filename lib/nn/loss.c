@@ -2,14 +2,20 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/options.h"
 #include "nn_common.h"
 
 fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets, int64_t rows,
-                                      int64_t classes, int32_t ignore_index, double divisor,
-                                      double *loss, float *dlogits, int64_t *counted,
-                                      int64_t *correct)
+                                      int64_t classes,
+                                      const fsdp2_nn_cross_entropy_options_t *options,
+                                      float *dlogits, fsdp2_nn_cross_entropy_result_t *result)
 {
-    FSDP2_ARG_CHECK(loss, "loss is NULL");
+    fsdp2_nn_cross_entropy_options_t o = FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT;
+    if (options)
+        FSDP2_CHECK(fsdp2_options_copy("cross-entropy options", &o, sizeof(o), options, NULL, 0));
+    int32_t ignore_index = o.ignore_index;
+    double divisor = o.divisor;
+    FSDP2_ARG_CHECK(result, "result is NULL");
     FSDP2_ARG_CHECK(rows >= 0 && classes >= 0, "rows = %lld, classes = %lld: negative",
                     (long long)rows, (long long)classes);
     FSDP2_ARG_CHECK((logits && targets) || rows == 0, "logits or targets is NULL");
@@ -55,11 +61,9 @@ fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *target
             d[j] = nn_expf((float)((double)z[j] - lse)) * inv;
         d[targets[r]] -= inv;
     }
-    *loss = count > 0 ? sum / div : 0.0;
-    if (counted)
-        *counted = count;
-    if (correct)
-        *correct = hits;
+    result->loss = count > 0 ? sum / div : 0.0;
+    result->counted = count;
+    result->correct = hits;
     return FSDP2_SUCCESS;
 }
 
