@@ -89,6 +89,9 @@ static fsdp2_status_t param(lm_model_t *model, fsdp2_module_t *m, const char *na
                             fsdp2_param_t **out)
 {
     fsdp2_random_init_t init = FSDP2_RANDOM_NORMAL_INIT(seed, mean, std);
+    fsdp2_random_init_t constant = FSDP2_RANDOM_CONSTANT_INIT(mean);
+    if (std == 0) /* a norm's unit weight, a zero bias */
+        init = constant;
     char fqn[FSDP2_FQN_MAX];
     TRY(fsdp2_module_fqn(m, fqn, sizeof(fqn)));
     size_t len = strlen(fqn);
@@ -140,7 +143,8 @@ static fsdp2_status_t linear(lm_model_t *model, fsdp2_module_t *parent, const ch
     }
     double bound = 1.0 / sqrt((double)in);
     fsdp2_random_init_t uniform = FSDP2_RANDOM_UNIFORM_INIT((*seed)++, -bound, bound);
-    fsdp2_random_init_t zero = FSDP2_RANDOM_NORMAL_INIT((*seed)++, 0.0, 0.0);
+    fsdp2_random_init_t zero = FSDP2_RANDOM_CONSTANT_INIT(0.0);
+    (*seed)++; /* the seed a draw would take: the other parameters' seeds stay as they are */
     TRY(child(m, "lora_A", &a));
     TRY(param_init(a, "weight", 2, lora->r, in, 1, &uniform, &l->lora_a));
     TRY(child(m, "lora_B", &b));
