@@ -209,9 +209,9 @@ static fsdp2_status_t layer_bwd(fm_model_t *m, const fm_layer_t *l, const float 
     if (dx)
         memset(dx, 0, sizeof(float) * (size_t)dx_numel);
     if (l->conv)
-        TRY(fsdp2_nn_conv2d_backward(x, batch, l->h, l->w, w, dy, dx, dw, db, &m->ws));
+        TRY(fsdp2_nn_conv2d_backward(x, dy, batch, l->h, l->w, w, dx, dw, db, &m->ws));
     else
-        TRY(fsdp2_nn_linear_backward(x, batch, w, dy, dx, dw, db, &m->ws));
+        TRY(fsdp2_nn_linear_backward(x, dy, batch, w, dx, dw, db, &m->ws));
     return leave(l, 1);
 }
 
@@ -219,13 +219,13 @@ static fsdp2_status_t layer_bwd(fm_model_t *m, const fm_layer_t *l, const float 
 static fsdp2_status_t relu_bwd(const float *y, const float *dy, float *dx, int64_t n)
 {
     memset(dx, 0, sizeof(float) * (size_t)n);
-    return fsdp2_nn_relu_backward(y, dy, dx, n);
+    return fsdp2_nn_relu_backward(y, dy, n, dx);
 }
 
 static fsdp2_status_t dropout_bwd(const float *dy, float *dx, int64_t n, double p, uint64_t seed)
 {
     memset(dx, 0, sizeof(float) * (size_t)n);
-    return fsdp2_nn_dropout_backward(dy, dx, n, p, seed, 0);
+    return fsdp2_nn_dropout_backward(dy, n, p, seed, 0, dx);
 }
 
 /* Forward of every layer into m->a[]; the logits are the last. ReLU and dropout run in
@@ -239,7 +239,7 @@ static fsdp2_status_t forward(fm_model_t *m, const float *x, int batch, int trai
         for (int i = 0; i < 3; i++) {
             TRY(layer_fwd(m, &L[i], in, m->a[i], batch));
             if (i < 2)
-                TRY(fsdp2_nn_relu_forward(m->a[i], m->a[i], B * mlp_sizes[i]));
+                TRY(fsdp2_nn_relu_forward(m->a[i], B * mlp_sizes[i], m->a[i]));
             in = m->a[i];
         }
         return FSDP2_SUCCESS;
@@ -248,18 +248,18 @@ static fsdp2_status_t forward(fm_model_t *m, const float *x, int batch, int trai
     m->dropout_key[0] = m->dropout_seed * 7919 + call * 2;
     m->dropout_key[1] = m->dropout_key[0] + 1;
     TRY(layer_fwd(m, &L[0], x, m->a[0], batch));
-    TRY(fsdp2_nn_relu_forward(m->a[0], m->a[0], B * cnn_sizes[0]));
+    TRY(fsdp2_nn_relu_forward(m->a[0], B * cnn_sizes[0], m->a[0]));
     TRY(layer_fwd(m, &L[1], m->a[0], m->a[1], batch));
-    TRY(fsdp2_nn_relu_forward(m->a[1], m->a[1], B * cnn_sizes[1]));
+    TRY(fsdp2_nn_relu_forward(m->a[1], B * cnn_sizes[1], m->a[1]));
     TRY(fsdp2_nn_maxpool2d_forward(m->a[1], B * 64, 24, 24, m->a[2], m->pool_arg));
     if (train)
-        TRY(fsdp2_nn_dropout_forward(m->a[2], m->a[2], B * cnn_sizes[2], 0.25, m->dropout_key[0],
-                                     0));
+        TRY(fsdp2_nn_dropout_forward(m->a[2], B * cnn_sizes[2], 0.25, m->dropout_key[0], 0,
+                                     m->a[2]));
     TRY(layer_fwd(m, &L[2], m->a[2], m->a[3], batch));
-    TRY(fsdp2_nn_relu_forward(m->a[3], m->a[3], B * cnn_sizes[3]));
+    TRY(fsdp2_nn_relu_forward(m->a[3], B * cnn_sizes[3], m->a[3]));
     if (train)
-        TRY(fsdp2_nn_dropout_forward(m->a[3], m->a[3], B * cnn_sizes[3], 0.5, m->dropout_key[1],
-                                     0));
+        TRY(fsdp2_nn_dropout_forward(m->a[3], B * cnn_sizes[3], 0.5, m->dropout_key[1], 0,
+                                     m->a[3]));
     return layer_fwd(m, &L[3], m->a[3], m->a[4], batch);
 }
 
@@ -298,10 +298,11 @@ static fsdp2_status_t loss_of(fm_model_t *m, const int *labels, int batch, int g
                               int *correct)
 {
     int last = m->kind == FM_MLP ? 2 : 4;
-    int64_t hits;
-    TRY(fsdp2_nn_cross_entropy(m->a[last], (const int32_t *)labels, batch, 10, -1, 0, loss,
-                               grad ? m->d[last] : NULL, NULL, &hits));
-    *correct = (int)hits;
+    fsdp2_nn_cross_entropy_result_t r;
+    TRY(fsdp2_nn_cross_entropy(m->a[last], (const int32_t *)labels, batch, 10, NULL,
+                               grad ? m->d[last] : NULL, &r));
+    *loss = r.loss;
+    *correct = (int)r.correct;
     return FSDP2_SUCCESS;
 }
 

@@ -19,10 +19,14 @@ static int append_file(const char *path, int fortunes, uint8_t **buf, size_t *n,
         snprintf(err, len, "cannot read %s: %s", path, strerror(errno));
         return -1;
     }
-    char line[4096];
-    while (fgets(line, sizeof(line), f)) {
-        size_t k = strlen(line);
-        if (fortunes && (!strcmp(line, "%\n") || !strcmp(line, "%")))
+    /* lines as bytes, NULs included (getline's length, not strlen: a byte corpus may hold
+     * any byte) */
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    while ((got = getline(&line, &line_cap, f)) > 0) {
+        size_t k = (size_t)got;
+        if (fortunes && ((k == 2 && !memcmp(line, "%\n", 2)) || (k == 1 && line[0] == '%')))
             continue;
         if (*n + k > *cap) {
             size_t want = *cap ? *cap * 2 : 1 << 20;
@@ -30,6 +34,7 @@ static int append_file(const char *path, int fortunes, uint8_t **buf, size_t *n,
                 want *= 2;
             uint8_t *bigger = realloc(*buf, want);
             if (!bigger) {
+                free(line);
                 fclose(f);
                 snprintf(err, len, "out of memory reading %s", path);
                 return -1;
@@ -39,6 +44,12 @@ static int append_file(const char *path, int fortunes, uint8_t **buf, size_t *n,
         }
         memcpy(*buf + *n, line, k);
         *n += k;
+    }
+    free(line);
+    if (ferror(f)) {
+        fclose(f);
+        snprintf(err, len, "an I/O error reading %s", path);
+        return -1;
     }
     fclose(f);
     return 0;

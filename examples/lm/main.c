@@ -145,7 +145,7 @@ static void setup(run_t *r)
                 a->data, r->text.vocab, a->cfg.vocab);
         exit(1);
     }
-    if (r->text.n - r->text.train_n < (size_t)a->cfg.seq + 2) {
+    if (a->val_every && r->text.n - r->text.train_n < (size_t)a->cfg.seq + 2) {
         fprintf(stderr, "error: %s: %zu bytes of validation text, fewer than --seq-len %d + 2\n",
                 a->data, r->text.n - r->text.train_n, a->cfg.seq);
         exit(1);
@@ -186,6 +186,11 @@ static void setup(run_t *r)
      * activations: both before step 1 */
     fsdp2_memory_plan_t plan = {.size = sizeof(plan)};
     CHECK(fsdp2_memory_plan(r->model->root, &plan));
+    if (a->grad_accum > 1) { /* the no-sync micro-batches' unsharded gradient accumulators,
+                              * which FSDP adds at the first of them: made now, counted */
+        CHECK(fsdp2_set_requires_gradient_sync(r->model->root, 0));
+        CHECK(fsdp2_set_requires_gradient_sync(r->model->root, 1));
+    }
     uint64_t limit = 0, acts = lm_activation_bytes(&a->cfg, r->micro, a->checkpointing);
     fsdp2_memory_stats_t st;
     CHECK(fsdp2_memory_capacity((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &limit));
@@ -426,6 +431,23 @@ static void progress(const run_t *r, long step, double loss)
 
 /* ---- the run ---- */
 
+/* prefix, then s as a JSON string: quotes, backslashes and control bytes escaped (a
+ * --model path may hold any of them). */
+static void json_string(FILE *f, const char *prefix, const char *s)
+{
+    fputs(prefix, f);
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
 static void json_record(run_t *r, long step, double loss, double val, double ms, double tokens_s,
                         const memory_t *mem, double lr, double norm)
 {
@@ -455,8 +477,10 @@ static void save(run_t *r, long step)
     co.extra_values = values;
     co.num_extra = 2;
     CHECK(fsdp2_checkpoint_save(r->state, r->a.save, &co));
-    if (!r->rank)
+    if (!r->rank) { /* flushed: after a kill, the log names the last checkpoint on disk */
         printf("saved %s (step %ld)\n", r->a.save, step);
+        fflush(stdout);
+    }
 }
 
 int main(int argc, char **argv)
@@ -506,15 +530,17 @@ int main(int argc, char **argv)
                mem.activations / 1048576.0, full / 1048576.0,
                (full - mem.activations) / 1048576.0);
     }
-    if (r.json)
+    if (r.json) {
+        json_string(r.json, "{\"preset\": ", a->preset);
         fprintf(r.json,
-                "{\"preset\": \"%s\", \"layers\": %d, \"heads\": %d, \"dim\": %d, \"seq\": %d, "
+                ", \"layers\": %d, \"heads\": %d, \"dim\": %d, \"seq\": %d, "
                 "\"vocab\": %d, \"ws\": %d, \"batch\": %d, \"grad_accum\": %d, \"sharded\": %s, "
                 "\"param_dtype\": \"%s\", \"activation_checkpointing\": %s, \"threads\": %d, "
                 "\"records\": [",
-                a->preset, a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab, r.ws,
+                a->cfg.layers, a->cfg.heads, a->cfg.dim, a->cfg.seq, a->cfg.vocab, r.ws,
                 a->batch, a->grad_accum, a->no_shard ? "false" : "true", a->param_dtype,
                 a->checkpointing ? "true" : "false", a->threads);
+    }
     double t_log = now(), loss_log = 0;
     long steps_log = 0;
     for (long step = r.first_step; step < a->steps; step++) {

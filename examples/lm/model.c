@@ -89,6 +89,9 @@ static fsdp2_status_t param(lm_model_t *model, fsdp2_module_t *m, const char *na
                             fsdp2_param_t **out)
 {
     fsdp2_random_init_t init = FSDP2_RANDOM_NORMAL_INIT(seed, mean, std);
+    fsdp2_random_init_t constant = FSDP2_RANDOM_CONSTANT_INIT(mean);
+    if (std == 0) /* a norm's unit weight, a zero bias */
+        init = constant;
     char fqn[FSDP2_FQN_MAX];
     TRY(fsdp2_module_fqn(m, fqn, sizeof(fqn)));
     size_t len = strlen(fqn);
@@ -140,7 +143,8 @@ static fsdp2_status_t linear(lm_model_t *model, fsdp2_module_t *parent, const ch
     }
     double bound = 1.0 / sqrt((double)in);
     fsdp2_random_init_t uniform = FSDP2_RANDOM_UNIFORM_INIT((*seed)++, -bound, bound);
-    fsdp2_random_init_t zero = FSDP2_RANDOM_NORMAL_INIT((*seed)++, 0.0, 0.0);
+    fsdp2_random_init_t zero = FSDP2_RANDOM_CONSTANT_INIT(0.0);
+    (*seed)++; /* the seed a draw would take: the other parameters' seeds stay as they are */
     TRY(child(m, "lora_A", &a));
     TRY(param_init(a, "weight", 2, lora->r, in, 1, &uniform, &l->lora_a));
     TRY(child(m, "lora_B", &b));
@@ -533,10 +537,10 @@ static fsdp2_status_t linear_backward(lm_model_t *m, const lm_linear_t *l, const
                                       int64_t rows, const float *dy, float *dx)
 {
     if (!l->lora_a)
-        return fsdp2_nn_linear_backward(x, rows, value(l->w), dy, dx, grad(l->w), grad(l->b),
+        return fsdp2_nn_linear_backward(x, dy, rows, value(l->w), dx, grad(l->w), grad(l->b),
                                         &m->ws);
     fsdp2_nn_lora_t a = adapter(m, l);
-    return fsdp2_nn_lora_backward(x, rows, value(l->w), &a, dy, dx, grad(l->lora_a),
+    return fsdp2_nn_lora_backward(x, dy, rows, value(l->w), &a, dx, grad(l->lora_a),
                                   grad(l->lora_b), &m->ws);
 }
 
@@ -546,9 +550,8 @@ static fsdp2_status_t norm_forward(lm_model_t *m, const float *x, int64_t rows,
                                    float *mean, float *rstd)
 {
     if (llama(&m->cfg))
-        return fsdp2_nn_rmsnorm_forward(x, rows, value(w), (float)m->cfg.norm_eps, y, rstd,
-                                        &m->ws);
-    return fsdp2_nn_layernorm_forward(x, rows, value(w), value(b), (float)m->cfg.norm_eps, y, mean,
+        return fsdp2_nn_rmsnorm_forward(x, rows, (float)m->cfg.norm_eps, value(w), y, rstd, &m->ws);
+    return fsdp2_nn_layernorm_forward(x, rows, (float)m->cfg.norm_eps, value(w), value(b), y, mean,
                                       rstd, &m->ws);
 }
 
@@ -558,8 +561,8 @@ static fsdp2_status_t norm_backward(lm_model_t *m, const float *x, int64_t rows,
                                     float *dx)
 {
     if (llama(&m->cfg))
-        return fsdp2_nn_rmsnorm_backward(x, rows, value(w), rstd, dy, dx, grad(w), &m->ws);
-    return fsdp2_nn_layernorm_backward(x, rows, value(w), mean, rstd, dy, dx, grad(w), grad(b),
+        return fsdp2_nn_rmsnorm_backward(x, rstd, dy, rows, value(w), dx, grad(w), &m->ws);
+    return fsdp2_nn_layernorm_backward(x, mean, rstd, dy, rows, value(w), dx, grad(w), grad(b),
                                        &m->ws);
 }
 
@@ -576,8 +579,8 @@ static fsdp2_status_t attention_in(lm_model_t *m, const lm_block_t *b, lm_acts_t
     TRY(linear_forward(m, &b->q, a->norm1, rows, q));
     TRY(linear_forward(m, &b->k, a->norm1, rows, k));
     TRY(linear_forward(m, &b->v, a->norm1, rows, v));
-    TRY(fsdp2_nn_rope_forward(q, batch, seq, c->heads, hd, m->rope, c->seq, q));
-    return fsdp2_nn_rope_forward(k, batch, seq, c->kv_heads, hd, m->rope, c->seq, k);
+    TRY(fsdp2_nn_rope_forward(q, m->rope, batch, seq, c->heads, hd, c->seq, q));
+    return fsdp2_nn_rope_forward(k, m->rope, batch, seq, c->kv_heads, hd, c->seq, k);
 }
 
 static fsdp2_status_t attention(lm_model_t *m, lm_acts_t *a, int batch, int seq)
@@ -598,11 +601,11 @@ static fsdp2_status_t mlp_in(lm_model_t *m, const lm_block_t *b, lm_acts_t *a, i
     int64_t n = rows * m->cfg.hidden;
     if (!llama(&m->cfg)) {
         TRY(linear_forward(m, &b->up, a->norm2, rows, a->fc));
-        return fsdp2_nn_gelu_forward(a->fc, a->act, n);
+        return fsdp2_nn_gelu_forward(a->fc, n, a->act);
     }
     TRY(linear_forward(m, &b->gate, a->norm2, rows, a->fc));
     TRY(linear_forward(m, &b->up, a->norm2, rows, a->fc + n));
-    return fsdp2_nn_swiglu_forward(a->fc, a->fc + n, a->act, n);
+    return fsdp2_nn_swiglu_forward(a->fc, a->fc + n, n, a->act);
 }
 
 static fsdp2_status_t block_forward(lm_model_t *m, int l, lm_acts_t *a, int batch, int seq)
@@ -615,11 +618,11 @@ static fsdp2_status_t block_forward(lm_model_t *m, int l, lm_acts_t *a, int batc
     TRY(attention_in(m, b, a, batch, seq));
     TRY(attention(m, a, batch, seq));
     TRY(linear_forward(m, &b->o, a->atty, rows, m->proj));
-    TRY(fsdp2_nn_residual_forward(x, m->proj, a->res_mid, n));
+    TRY(fsdp2_nn_residual_forward(x, m->proj, n, a->res_mid));
     TRY(norm_forward(m, a->res_mid, rows, b->norm2_w, b->norm2_b, a->norm2, a->mean2, a->rstd2));
     TRY(mlp_in(m, b, a, rows));
     TRY(linear_forward(m, &b->down, a->act, rows, m->proj));
-    return fsdp2_nn_residual_forward(a->res_mid, m->proj, y, n);
+    return fsdp2_nn_residual_forward(a->res_mid, m->proj, n, y);
 }
 
 /* d_act -> d_norm (zeroed here): through GELU and c_fc, or SwiGLU and gate, up. */
@@ -630,10 +633,10 @@ static fsdp2_status_t mlp_in_backward(lm_model_t *m, const lm_block_t *b, const 
     zero(m->d_fc, llama(&m->cfg) ? 2 * n : n);
     zero(m->d_norm, rows * m->cfg.dim);
     if (!llama(&m->cfg)) {
-        TRY(fsdp2_nn_gelu_backward(a->fc, m->d_act, m->d_fc, n));
+        TRY(fsdp2_nn_gelu_backward(a->fc, m->d_act, n, m->d_fc));
         return linear_backward(m, &b->up, a->norm2, rows, m->d_fc, m->d_norm);
     }
-    TRY(fsdp2_nn_swiglu_backward(a->fc, a->fc + n, m->d_act, m->d_fc, m->d_fc + n, n));
+    TRY(fsdp2_nn_swiglu_backward(a->fc, a->fc + n, m->d_act, n, m->d_fc, m->d_fc + n));
     TRY(linear_backward(m, &b->gate, a->norm2, rows, m->d_fc, m->d_norm));
     return linear_backward(m, &b->up, a->norm2, rows, m->d_fc + n, m->d_norm);
 }
@@ -647,16 +650,16 @@ static fsdp2_status_t attention_backward(lm_model_t *m, const lm_block_t *b, con
     zero(m->d_qkv, rows * qkv_width(c));
     zero(m->d_norm, rows * c->dim);
     if (!llama(c)) {
-        TRY(fsdp2_nn_attention_backward(a->qkv, a->probs, batch, seq, c->dim, c->heads, m->d_atty,
+        TRY(fsdp2_nn_attention_backward(a->qkv, a->probs, m->d_atty, batch, seq, c->dim, c->heads,
                                         m->d_qkv, &m->ws));
         return linear_backward(m, &b->qkv, a->norm1, rows, m->d_qkv, m->d_norm);
     }
     const float *q = a->qkv, *k = q + rows * c->dim, *v = k + kv;
     float *dq = m->d_qkv, *dk = dq + rows * c->dim, *dv = dk + kv;
-    TRY(fsdp2_nn_gqa_attention_backward(q, k, v, a->probs, batch, seq, c->heads, c->kv_heads, hd,
-                                        m->d_atty, dq, dk, dv, &m->ws));
-    TRY(fsdp2_nn_rope_backward(dq, batch, seq, c->heads, hd, m->rope, c->seq, dq));
-    TRY(fsdp2_nn_rope_backward(dk, batch, seq, c->kv_heads, hd, m->rope, c->seq, dk));
+    TRY(fsdp2_nn_gqa_attention_backward(q, k, v, a->probs, m->d_atty, batch, seq, c->heads,
+                                        c->kv_heads, hd, dq, dk, dv, &m->ws));
+    TRY(fsdp2_nn_rope_backward(dq, m->rope, batch, seq, c->heads, hd, c->seq, dq));
+    TRY(fsdp2_nn_rope_backward(dk, m->rope, batch, seq, c->kv_heads, hd, c->seq, dk));
     TRY(linear_backward(m, &b->q, a->norm1, rows, dq, m->d_norm));
     TRY(linear_backward(m, &b->k, a->norm1, rows, dk, m->d_norm));
     return linear_backward(m, &b->v, a->norm1, rows, dv, m->d_norm);
@@ -671,7 +674,7 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     const float *x = m->res + l * n;
     /* y = res_mid + down(act(norm2(res_mid))) */
     zero(m->d_mid, n);
-    TRY(fsdp2_nn_residual_backward(dy, m->d_mid, NULL, n));
+    TRY(fsdp2_nn_residual_backward(dy, n, m->d_mid, NULL));
     zero(m->d_act, rows * m->cfg.hidden);
     TRY(linear_backward(m, &b->down, a->act, rows, dy, m->d_act));
     TRY(mlp_in_backward(m, b, a, rows));
@@ -682,7 +685,7 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     TRY(linear_backward(m, &b->o, a->atty, rows, m->d_mid, m->d_atty));
     TRY(attention_backward(m, b, a, batch, seq));
     zero(dx, n);
-    TRY(fsdp2_nn_residual_backward(m->d_mid, dx, NULL, n));
+    TRY(fsdp2_nn_residual_backward(m->d_mid, n, dx, NULL));
     return norm_backward(m, x, rows, b->norm1_w, b->norm1_b, a->mean1, a->rstd1, m->d_norm, dx);
 }
 
@@ -696,11 +699,11 @@ static fsdp2_status_t forward(lm_model_t *m, int batch, int seq)
 {
     int64_t C = m->cfg.dim, rows = (int64_t)batch * seq;
     TRY(fsdp2_pre_forward(m->root));
-    TRY(fsdp2_nn_embedding_forward(m->tokens, rows, value(m->embed), m->res, 0));
+    TRY(fsdp2_nn_embedding_forward(m->tokens, rows, 0, value(m->embed), m->res));
     if (m->pos_embed) {
         for (int64_t i = 0; i < rows; i++)
             m->positions[i] = (int32_t)(i % seq);
-        TRY(fsdp2_nn_embedding_forward(m->positions, rows, value(m->pos_embed), m->res, 1));
+        TRY(fsdp2_nn_embedding_forward(m->positions, rows, 1, value(m->pos_embed), m->res));
     }
     for (int l = 0; l < m->cfg.layers; l++) {
         TRY(fsdp2_pre_forward(m->blocks[l].module));
@@ -737,9 +740,9 @@ static fsdp2_status_t backward(lm_model_t *m, int batch, int seq)
     }
     fsdp2_tensor_t *g = grad(m->embed); /* none when frozen */
     if (g)
-        TRY(fsdp2_nn_embedding_backward(m->tokens, rows, d, g, &m->ws));
+        TRY(fsdp2_nn_embedding_backward(m->tokens, d, rows, g, &m->ws));
     if (m->pos_embed && (g = grad(m->pos_embed)))
-        TRY(fsdp2_nn_embedding_backward(m->positions, rows, d, g, &m->ws));
+        TRY(fsdp2_nn_embedding_backward(m->positions, d, rows, g, &m->ws));
     TRY(fsdp2_post_backward(m->root));
     return fsdp2_backward_finish(m->root);
 }
@@ -750,8 +753,13 @@ fsdp2_status_t lm_step(lm_model_t *m, int batch, int do_backward, double divisor
     int64_t rows = (int64_t)batch * seq;
     m->training = do_backward;
     TRY(forward(m, batch, seq));
-    TRY(fsdp2_nn_cross_entropy(m->logits, m->targets, rows, m->cfg.vocab, -1, divisor, loss,
-                               do_backward ? m->logits : NULL, NULL, NULL));
+    fsdp2_nn_cross_entropy_options_t o = FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT;
+    o.ignore_index = -1;
+    o.divisor = divisor;
+    fsdp2_nn_cross_entropy_result_t r;
+    TRY(fsdp2_nn_cross_entropy(m->logits, m->targets, rows, m->cfg.vocab, &o,
+                               do_backward ? m->logits : NULL, &r));
+    *loss = r.loss;
     return do_backward ? backward(m, batch, seq) : FSDP2_SUCCESS;
 }
 

@@ -1,4 +1,6 @@
-/* libfsdp2: fully sharded data parallel training for C. Includes every public header. */
+/* libfsdp2: fully sharded data parallel training for C. Includes every public header of
+ * this build: <fsdp2/nn.h> and <fsdp2/tokenizer.h> when it has them (FSDP2_BUILT_WITH_NN,
+ * FSDP2_BUILT_WITH_TEXT in <fsdp2/version.h>). */
 #ifndef FSDP2_H
 #define FSDP2_H
 
@@ -27,5 +29,11 @@
 #include <fsdp2/checkpoint.h>
 #include <fsdp2/hf_model.h>
 #include <fsdp2/trace.h>
+#if FSDP2_BUILT_WITH_NN
+#include <fsdp2/nn.h>
+#endif
+#if FSDP2_BUILT_WITH_TEXT
+#include <fsdp2/tokenizer.h>
+#endif
 
 #endif

@@ -135,7 +135,10 @@ FSDP2_API fsdp2_status_t fsdp2_reduce_scatter_async(fsdp2_group_t *group, const 
                                                     const fsdp2_reduce_t *reduce,
                                                     fsdp2_stream_t *stream);
 
-/* buf (count elements, any count) = reduction over ranks of buf, in place. */
+/* buf (count elements, any count) = reduction over ranks of buf, in place. buf must stay
+ * valid until stream's work completes: a variable on the caller's stack may be it when the
+ * caller synchronizes the stream before returning (fsdp2_mesh_average does it for a few
+ * doubles). */
 FSDP2_API fsdp2_status_t fsdp2_all_reduce_async(fsdp2_group_t *group, void *buf, size_t count,
                                                 fsdp2_dtype_t dtype, const fsdp2_reduce_t *reduce,
                                                 fsdp2_stream_t *stream);

@@ -56,6 +56,14 @@ FSDP2_API fsdp2_status_t fsdp2_mesh_group(const fsdp2_mesh_t *mesh, int dim,
  * still be open), then owned by the mesh (at most 8 sizes). Not thread-safe. */
 FSDP2_API fsdp2_status_t fsdp2_mesh_block_group(fsdp2_mesh_t *mesh, int n, fsdp2_group_t **group);
 
+/* values[0..count) = their mean over every rank of the mesh (a loss, an accuracy): f64
+ * sums over each dim's group, divided by the number of ranks. Collective over the mesh's
+ * ranks; runs on stream and blocks until it is done, so values may be a variable on the
+ * caller's stack (an async collective's buffer may be one only when the caller
+ * synchronizes its stream before the variable goes out of scope). */
+FSDP2_API fsdp2_status_t fsdp2_mesh_average(const fsdp2_mesh_t *mesh, double *values,
+                                            size_t count, fsdp2_stream_t *stream);
+
 FSDP2_EXTERN_C_END
 
 #endif

@@ -13,15 +13,22 @@
  * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
  *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
  *   alike, so an input used twice (a residual stream, a tied weight) sums its
- *   contributions without an extra op. Zero the input-gradient buffers before a backward.
+ *   contributions without an extra op. Zero the input-gradient buffers before a backward:
+ *   carve a block's (or a whole model's) input gradients from one allocation and clear it
+ *   with one memset per step, rather than one per buffer.
  *   The one exception is the losses, which WRITE the gradient that starts a backward.
  *   Any gradient pointer may be NULL: that gradient is not computed.
  * - A bf16 gradient receives each call's contribution, summed in f32, with one rounding.
  * - Some functions need scratch memory: a workspace the caller provides (never
  *   allocated here, so a training step allocates nothing). Each such function has a
  *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
- *   the largest answer serves every call of a model. Too small a workspace is refused
- *   with the bytes needed.
+ *   the largest answer serves every call of a model (fsdp2_nn_workspace_bytes gives it
+ *   for a list of layers). A layer with a query always needs its workspace, whatever the
+ *   dtypes (so a program written for f32 runs unchanged with bf16): one missing or too
+ *   small is refused with the bytes needed.
+ * - Arguments come in one order: inputs (the arrays read: x, what the forward saved, dy),
+ *   sizes and settings (rows, eps, p, ...), parameters (tensors), outputs (y, what the
+ *   forward saves, the gradients), the workspace.
  * - Threading: one pool, OpenMP's, sized by fsdp2_nn_set_threads (else OMP_NUM_THREADS, else
  *   one thread per CPU), runs the GEMMs and the layers' own loops: rows, (sample, head)
  *   pairs or elements are split among its threads. Functions may run concurrently on
@@ -62,10 +69,9 @@ FSDP2_API fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows,
                                                  fsdp2_nn_workspace_t *ws);
 
 /* dx += dy weight; dweight += dy^T x; dbias += the column sums of dy. */
-FSDP2_API fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows,
-                                                  const fsdp2_tensor_t *weight, const float *dy,
-                                                  float *dx, fsdp2_tensor_t *dweight,
-                                                  fsdp2_tensor_t *dbias,
+FSDP2_API fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t rows,
+                                                  const fsdp2_tensor_t *weight, float *dx,
+                                                  fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                                   fsdp2_nn_workspace_t *ws);
 
 /* ---- LoRA linear: y = x W^T + b + scale * dropout(x) A^T B^T ----
@@ -96,11 +102,11 @@ FSDP2_API fsdp2_status_t fsdp2_nn_lora_forward(const float *x, int64_t rows,
 
 /* dx += dy W + the adapter's part (through the same dropout mask); da, db += the
  * adapter's gradients (either may be NULL). The adapter's input is recomputed from x. */
-FSDP2_API fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows,
+FSDP2_API fsdp2_status_t fsdp2_nn_lora_backward(const float *x, const float *dy, int64_t rows,
                                                 const fsdp2_tensor_t *weight,
-                                                const fsdp2_nn_lora_t *lora, const float *dy,
-                                                float *dx, fsdp2_tensor_t *da,
-                                                fsdp2_tensor_t *db, fsdp2_nn_workspace_t *ws);
+                                                const fsdp2_nn_lora_t *lora, float *dx,
+                                                fsdp2_tensor_t *da, fsdp2_tensor_t *db,
+                                                fsdp2_nn_workspace_t *ws);
 
 /* ---- embedding: y[i] = weight[ids[i]] for a table weight[num, dim] ---- */
 
@@ -110,14 +116,13 @@ FSDP2_API fsdp2_status_t fsdp2_nn_embedding_workspace_bytes(int64_t n, int64_t n
 
 /* y[n, dim] is written (accumulate 0) or added to (accumulate 1: the position embedding
  * on top of the token embedding). Every id must lie in [0, num). */
-FSDP2_API fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n,
-                                                    const fsdp2_tensor_t *weight, float *y,
-                                                    int accumulate);
+FSDP2_API fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n, int accumulate,
+                                                    const fsdp2_tensor_t *weight, float *y);
 
 /* dweight[ids[i]] += dy[i]: a scatter-add. Rows hit by several ids are summed in f32 first
  * (one rounding per row for a bf16 gradient). */
-FSDP2_API fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, int64_t n,
-                                                     const float *dy, fsdp2_tensor_t *dweight,
+FSDP2_API fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, const float *dy,
+                                                     int64_t n, fsdp2_tensor_t *dweight,
                                                      fsdp2_nn_workspace_t *ws);
 
 /* ---- layer norm over the last dim (dim = weight's length) ---- */
@@ -127,17 +132,16 @@ FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_workspace_bytes(int64_t dim, size_t 
 /* y = (x - mean) * rstd * weight + bias with rstd = 1 / sqrt(var + eps) (the biased
  * variance, as torch.nn.LayerNorm). mean[rows] and rstd[rows] are written for the
  * backward. y may alias x only when the backward is not needed. */
-FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows,
+FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float eps,
                                                     const fsdp2_tensor_t *weight,
-                                                    const fsdp2_tensor_t *bias, float eps,
-                                                    float *y, float *mean, float *rstd,
+                                                    const fsdp2_tensor_t *bias, float *y,
+                                                    float *mean, float *rstd,
                                                     fsdp2_nn_workspace_t *ws);
 
-FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, int64_t rows,
-                                                     const fsdp2_tensor_t *weight,
-                                                     const float *mean, const float *rstd,
-                                                     const float *dy, float *dx,
-                                                     fsdp2_tensor_t *dweight,
+FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean,
+                                                     const float *rstd, const float *dy,
+                                                     int64_t rows, const fsdp2_tensor_t *weight,
+                                                     float *dx, fsdp2_tensor_t *dweight,
                                                      fsdp2_tensor_t *dbias,
                                                      fsdp2_nn_workspace_t *ws);
 
@@ -145,36 +149,36 @@ FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, int64_t row
 
 /* GELU, tanh approximation (torch's approximate="tanh", GPT-2's):
  * y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). y may alias x without backward. */
-FSDP2_API fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, int64_t n, float *y);
 /* dx += dy * gelu'(x). */
-FSDP2_API fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx,
-                                                int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, int64_t n,
+                                                float *dx);
 
 /* y = max(x, 0). y may alias x (the backward reads y). */
-FSDP2_API fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_relu_forward(const float *x, int64_t n, float *y);
 /* dx += dy where y > 0. */
-FSDP2_API fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx,
-                                                int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, int64_t n,
+                                                float *dx);
 
 /* Inverted dropout with probability p in [0, 1): y = x * m with m 0 or 1/(1-p). The mask
  * comes from a counter-based generator (Philox 4x32) at element offset + i of the stream
  * keyed by seed, so it is reproducible and never stored: the backward recomputes it, and
  * a tensor split into pieces (offset = the piece's first element) gets the masks the
  * whole would. y may alias x. p = 0 copies. */
-FSDP2_API fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, double p,
-                                                  uint64_t seed, uint64_t offset);
+FSDP2_API fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, int64_t n, double p,
+                                                  uint64_t seed, uint64_t offset, float *y);
 /* dx += dy * m, the same m as the forward with these arguments. */
-FSDP2_API fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n,
-                                                   double p, uint64_t seed, uint64_t offset);
+FSDP2_API fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, int64_t n, double p,
+                                                   uint64_t seed, uint64_t offset, float *dx);
 
 /* ---- residual add ---- */
 
 /* y = a + b; y may alias a or b. */
-FSDP2_API fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *y,
-                                                   int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, int64_t n,
+                                                   float *y);
 /* da += dy; db += dy (either may be NULL; neither may alias dy). */
-FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db,
-                                                    int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, int64_t n, float *da,
+                                                    float *db);
 
 /* ---- 2-D convolution, no padding, stride 1 ----
  * x [batch, c, h, w], weight [o, c, k, k], bias [o] -> y [batch, o, h - k + 1, w - k + 1],
@@ -190,9 +194,9 @@ FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, 
                                                  fsdp2_nn_workspace_t *ws);
 
 /* dx += the input gradient; dweight, dbias += theirs. */
-FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, int64_t batch, int64_t h,
-                                                  int64_t w, const fsdp2_tensor_t *weight,
-                                                  const float *dy, float *dx,
+FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t batch,
+                                                  int64_t h, int64_t w,
+                                                  const fsdp2_tensor_t *weight, float *dx,
                                                   fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                                   fsdp2_nn_workspace_t *ws);
 
@@ -221,39 +225,37 @@ FSDP2_API fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t ba
                                                     float *y, float *probs);
 /* dqkv += the gradient of qkv. */
 FSDP2_API fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs,
-                                                     int64_t batch, int64_t seq, int64_t dim,
-                                                     int64_t heads, const float *dy,
-                                                     float *dqkv, fsdp2_nn_workspace_t *ws);
+                                                     const float *dy, int64_t batch, int64_t seq,
+                                                     int64_t dim, int64_t heads, float *dqkv,
+                                                     fsdp2_nn_workspace_t *ws);
 
 /* ---- Llama-family layers ---- */
 
 /* RMSNorm over the last dim (dim = weight's length), as Llama's:
  * y = x * rstd * weight with rstd = 1 / sqrt(mean(x^2) + eps), the mean summed in f64.
  * rstd[rows] is written for the backward. y may alias x only when the backward is not
- * needed. The workspace holds the weight as f32 and the gradient's sums: see
- * fsdp2_nn_rmsnorm_workspace_bytes (0 bytes needed when every tensor is f32). */
+ * needed. The workspace holds the weight as f32 and the gradient's sums. */
 FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_workspace_bytes(int64_t dim, size_t *bytes);
 
-FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows,
-                                                  const fsdp2_tensor_t *weight, float eps,
-                                                  float *y, float *rstd,
-                                                  fsdp2_nn_workspace_t *ws);
+FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, float eps,
+                                                  const fsdp2_tensor_t *weight, float *y,
+                                                  float *rstd, fsdp2_nn_workspace_t *ws);
 
 /* dx += d/dx; dweight += sum over rows of dy * x * rstd. */
-FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, int64_t rows,
-                                                   const fsdp2_tensor_t *weight,
-                                                   const float *rstd, const float *dy,
-                                                   float *dx, fsdp2_tensor_t *dweight,
+FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd,
+                                                   const float *dy, int64_t rows,
+                                                   const fsdp2_tensor_t *weight, float *dx,
+                                                   fsdp2_tensor_t *dweight,
                                                    fsdp2_nn_workspace_t *ws);
 
 /* SwiGLU's gate: y = silu(gate) * up with silu(g) = g / (1 + e^-g), element-wise over n
  * (Llama's MLP is down(silu(gate(x)) * up(x))). y may alias gate or up without backward. */
-FSDP2_API fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float *y,
-                                                 int64_t n);
+FSDP2_API fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, int64_t n,
+                                                 float *y);
 /* dgate += dy * up * silu'(gate); dup += dy * silu(gate) (either may be NULL). */
 FSDP2_API fsdp2_status_t fsdp2_nn_swiglu_backward(const float *gate, const float *up,
-                                                  const float *dy, float *dgate, float *dup,
-                                                  int64_t n);
+                                                  const float *dy, int64_t n, float *dgate,
+                                                  float *dup);
 
 /* Rotary position embeddings as Llama's (the "rotate half" pairing: feature i of a head
  * turns with feature i + head_dim / 2 by the angle pos * inv_freq[i]). */
@@ -286,16 +288,14 @@ FSDP2_API fsdp2_status_t fsdp2_nn_rope_table(const fsdp2_nn_rope_config_t *confi
 /* x [batch, seq, heads * head_dim] (q or k as the projection wrote it): each head of the
  * row at position t (0 <= t < seq <= positions) is rotated by the table's row t into y.
  * y may alias x (the rotation in place). */
-FSDP2_API fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, int64_t seq,
-                                               int64_t heads, int64_t head_dim,
-                                               const float *table, int64_t positions,
-                                               float *y);
+FSDP2_API fsdp2_status_t fsdp2_nn_rope_forward(const float *x, const float *table, int64_t batch,
+                                               int64_t seq, int64_t heads, int64_t head_dim,
+                                               int64_t positions, float *y);
 /* dx += the rotation back of dy. dx may be dy itself: then dy is rotated back in place
  * (written, not added), which suits a forward done in place. dx is required. */
-FSDP2_API fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, int64_t batch, int64_t seq,
-                                                int64_t heads, int64_t head_dim,
-                                                const float *table, int64_t positions,
-                                                float *dx);
+FSDP2_API fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, const float *table, int64_t batch,
+                                                int64_t seq, int64_t heads, int64_t head_dim,
+                                                int64_t positions, float *dx);
 
 /* ---- causal grouped-query attention ----
  * q [batch, seq, heads * head_dim]; k and v [batch, seq, kv_heads * head_dim], kv_heads
@@ -310,30 +310,78 @@ FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const fl
                                                         float *y, float *probs);
 /* dq, dk, dv += the gradients (a key/value head sums the gradients of its group's query
  * heads). All three are required (none may be NULL or alias dy). */
-FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_backward(
-    const float *q, const float *k, const float *v, const float *probs, int64_t batch,
-    int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const float *dy, float *dq,
-    float *dk, float *dv, fsdp2_nn_workspace_t *ws);
+FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k,
+                                                         const float *v, const float *probs,
+                                                         const float *dy, int64_t batch,
+                                                         int64_t seq, int64_t heads,
+                                                         int64_t kv_heads, int64_t head_dim,
+                                                         float *dq, float *dk, float *dv,
+                                                         fsdp2_nn_workspace_t *ws);
 
 /* ---- losses: they WRITE the gradient ---- */
 
-/* Cross-entropy of logits [rows, classes] against targets [rows]: rows whose target is
- * ignore_index are skipped (any other target must lie in [0, classes)).
- * *loss = sum over the counted rows of -log softmax(logits)[target], divided by divisor,
- * or by the number of counted rows when divisor <= 0 (the mean). dlogits (may be NULL) is
- * written with d *loss / d logits (ignored rows get 0); it may be logits itself (in place,
- * which saves a [rows, classes] buffer for a large vocabulary). counted and correct (argmax equal
- * to the target) may be NULL. */
-FSDP2_API fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets,
-                                                int64_t rows, int64_t classes,
-                                                int32_t ignore_index, double divisor,
-                                                double *loss, float *dlogits, int64_t *counted,
-                                                int64_t *correct);
+/* Cross-entropy's settings. divisor says what the summed loss is divided by:
+ * - divisor > 0: by divisor. Pass the number of counted targets of the whole global
+ *   batch (every micro-batch of every rank) to get its mean, then SUM the gradients over
+ *   the ranks. FSDP averages the gradients over the ranks (it divides their sum by the
+ *   world size), so pass that count divided by the world size: the result is then the
+ *   global mean's gradient whichever rank counted how many ignored targets.
+ * - divisor <= 0 (the default): by the rows this call counted: the mean over this call's
+ *   rows. Averaged by FSDP over ranks whose counts differ, it weighs each rank's rows
+ *   by 1 / (its count x world size), which is not the global mean; it is when every
+ *   rank counts the same number of rows (no ignored targets, equal micro-batches). */
+typedef struct fsdp2_nn_cross_entropy_options {
+    unsigned size;        /* sizeof(fsdp2_nn_cross_entropy_options_t) */
+    int32_t ignore_index; /* rows with this target are skipped (-100, as torch's) */
+    double divisor;       /* see above; NaN is refused */
+} fsdp2_nn_cross_entropy_options_t;
+
+#define FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT {sizeof(fsdp2_nn_cross_entropy_options_t), -100, 0.0}
+
+typedef struct fsdp2_nn_cross_entropy_result {
+    double loss;     /* the summed -log softmax(logits)[target] of the counted rows / divisor */
+    int64_t counted; /* rows whose target is not ignore_index */
+    int64_t correct; /* counted rows whose arg-max (the first of equal values) is the target */
+} fsdp2_nn_cross_entropy_result_t;
+
+/* Cross-entropy of logits [rows, classes] against targets [rows]: any target other than
+ * ignore_index must lie in [0, classes). options may be NULL (the defaults). dlogits (may
+ * be NULL) is written with d loss / d logits (ignored rows get 0); it may be logits itself
+ * (in place, which saves a [rows, classes] buffer for a large vocabulary). */
+FSDP2_API fsdp2_status_t fsdp2_nn_cross_entropy(
+    const float *logits, const int32_t *targets, int64_t rows, int64_t classes,
+    const fsdp2_nn_cross_entropy_options_t *options, float *dlogits,
+    fsdp2_nn_cross_entropy_result_t *result);
 
 /* Mean squared error over n elements: *loss = mean((pred - target)^2); dpred (may be
  * NULL) is written with 2 (pred - target) / n. */
 FSDP2_API fsdp2_status_t fsdp2_nn_mse(const float *pred, const float *target, int64_t n,
                                       double *loss, float *dpred);
+
+/* ---- the workspace of a whole model ---- */
+
+/* A layer's shape, as its _workspace_bytes query takes it. */
+typedef enum fsdp2_nn_layer_kind {
+    FSDP2_NN_LINEAR = 0,    /* dims: in, out */
+    FSDP2_NN_LORA = 1,      /* dims: in, out, r */
+    FSDP2_NN_EMBEDDING = 2, /* dims: n, num, dim */
+    FSDP2_NN_LAYERNORM = 3, /* dims: dim */
+    FSDP2_NN_RMSNORM = 4,   /* dims: dim */
+    FSDP2_NN_CONV2D = 5,    /* dims: c, h, w, o, k */
+    FSDP2_NN_ATTENTION = 6, /* dims: seq (grouped-query attention's too) */
+} fsdp2_nn_layer_kind_t;
+
+typedef struct fsdp2_nn_layer_shape {
+    fsdp2_nn_layer_kind_t kind;
+    int64_t dims[5]; /* as the kind says; the rest ignored */
+} fsdp2_nn_layer_shape_t;
+
+/* The bytes of one workspace that serves every call of the count layers (each distinct
+ * shape once is enough): the largest of their queries' answers. A bad shape is refused
+ * naming its index and the query's complaint. The layers without a query (activations,
+ * dropout, residual, pooling, rope, losses) need none. */
+FSDP2_API fsdp2_status_t fsdp2_nn_workspace_bytes(const fsdp2_nn_layer_shape_t *layers,
+                                                  size_t count, size_t *bytes);
 
 /* ---- threads and counters ---- */
 

@@ -9,7 +9,7 @@
  * Uniform: low + (high - low) * u with u = 53 random bits / 2^53 in [0, 1), computed in
  * double and rounded once to the dtype (so the result lies in [low, high]). Normal:
  * mean + std * sqrt(-2 ln u1) cos(2 pi u2) (Box-Muller, one value per counter), also in
- * double. The same libm gives the same bits; a different libm may differ in the last
+ * double. Constant: a, rounded once to the dtype. The same libm gives the same bits; a different libm may differ in the last
  * bit of a normal value. */
 #ifndef FSDP2_RANDOM_H
 #define FSDP2_RANDOM_H
@@ -25,6 +25,8 @@ FSDP2_EXTERN_C_BEGIN
 typedef enum fsdp2_random_dist {
     FSDP2_RANDOM_UNIFORM = 0, /* a = low, b = high */
     FSDP2_RANDOM_NORMAL = 1,  /* a = mean, b = standard deviation (>= 0) */
+    FSDP2_RANDOM_CONSTANT = 2, /* every element a (b and seed unused): a norm's unit weight,
+                                * a zero bias */
 } fsdp2_random_dist_t;
 
 typedef struct fsdp2_random_init {
@@ -38,6 +40,8 @@ typedef struct fsdp2_random_init {
     {sizeof(fsdp2_random_init_t), FSDP2_RANDOM_UNIFORM, (seed), (low), (high)}
 #define FSDP2_RANDOM_NORMAL_INIT(seed, mean, std) \
     {sizeof(fsdp2_random_init_t), FSDP2_RANDOM_NORMAL, (seed), (mean), (std)}
+#define FSDP2_RANDOM_CONSTANT_INIT(value) \
+    {sizeof(fsdp2_random_init_t), FSDP2_RANDOM_CONSTANT, 0, (value), 0.0}
 
 /* The raw generator: out[0..4) = Philox4x32-10 of counter[0..4) under key[0..2). */
 FSDP2_API fsdp2_status_t fsdp2_philox4x32(const uint32_t counter[4], const uint32_t key[2],

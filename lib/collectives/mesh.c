@@ -313,3 +313,22 @@ fsdp2_status_t fsdp2_mesh_block_group(fsdp2_mesh_t *m, int n, fsdp2_group_t **gr
     *group = g;
     return FSDP2_SUCCESS;
 }
+
+fsdp2_status_t fsdp2_mesh_average(const fsdp2_mesh_t *m, double *values, size_t count,
+                                  fsdp2_stream_t *stream)
+{
+    FSDP2_ARG_CHECK(m && stream, "mesh_average: mesh or stream is NULL");
+    FSDP2_ARG_CHECK(values || count == 0, "mesh_average: values is NULL");
+    /* the sum over the whole mesh: over each dim's group in turn */
+    int ranks = 1;
+    for (int d = m->layout.ndim - 1; d >= 0; d--) {
+        ranks *= m->layout.shape[d];
+        if (m->layout.shape[d] > 1)
+            FSDP2_CHECK(fsdp2_all_reduce_async(m->groups[d], values, count, FSDP2_F64, NULL,
+                                               stream));
+    }
+    FSDP2_CHECK(fsdp2_stream_synchronize(stream));
+    for (size_t i = 0; i < count; i++)
+        values[i] /= ranks;
+    return FSDP2_SUCCESS;
+}

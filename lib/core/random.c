@@ -60,9 +60,10 @@ static fsdp2_status_t check_init(const fsdp2_random_init_t *init)
     } else if (init->dist == FSDP2_RANDOM_NORMAL) {
         FSDP2_ARG_CHECK(init->b >= 0, "random init: normal standard deviation %g is negative",
                         init->b);
-    } else {
+    } else if (init->dist != FSDP2_RANDOM_CONSTANT) {
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
-                           "random init: distribution %d is not uniform (0) or normal (1)",
+                           "random init: distribution %d is not uniform (0), normal (1) or "
+                           "constant (2)",
                            (int)init->dist);
     }
     return FSDP2_SUCCESS;
@@ -76,6 +77,8 @@ static double unit(uint32_t lo, uint32_t hi)
 
 static double value_at(const fsdp2_random_init_t *init, uint64_t index)
 {
+    if (init->dist == FSDP2_RANDOM_CONSTANT)
+        return init->a;
     const uint32_t counter[4] = {(uint32_t)index, (uint32_t)(index >> 32), 0, 0};
     const uint32_t key[2] = {(uint32_t)init->seed, (uint32_t)(init->seed >> 32)};
     uint32_t x[4];

@@ -233,10 +233,9 @@ fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch, int64
     return attention_forward(&l, qkv, qkv + dim, qkv + 2 * dim, y, probs);
 }
 
-fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs, int64_t batch,
-                                           int64_t seq, int64_t dim, int64_t heads,
-                                           const float *dy, float *dqkv,
-                                           fsdp2_nn_workspace_t *ws)
+fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const float *probs, const float *dy,
+                                           int64_t batch, int64_t seq, int64_t dim, int64_t heads,
+                                           float *dqkv, fsdp2_nn_workspace_t *ws)
 {
     att_layout_t l;
     FSDP2_CHECK(fused_layout(batch, seq, dim, heads, &l));
@@ -265,10 +264,10 @@ fsdp2_status_t fsdp2_nn_gqa_attention_forward(const float *q, const float *k, co
 }
 
 fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, const float *v,
-                                               const float *probs, int64_t batch, int64_t seq,
-                                               int64_t heads, int64_t kv_heads,
-                                               int64_t head_dim, const float *dy, float *dq,
-                                               float *dk, float *dv, fsdp2_nn_workspace_t *ws)
+                                               const float *probs, const float *dy, int64_t batch,
+                                               int64_t seq, int64_t heads, int64_t kv_heads,
+                                               int64_t head_dim, float *dq, float *dk, float *dv,
+                                               fsdp2_nn_workspace_t *ws)
 {
     att_layout_t l;
     FSDP2_CHECK(attention_layout(batch, seq, heads, kv_heads, head_dim, 0, &l));

@@ -132,8 +132,8 @@ fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, int64_t batch, int64_t h, int64_t w,
-                                        const fsdp2_tensor_t *weight, const float *dy, float *dx,
+fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t batch, int64_t h,
+                                        int64_t w, const fsdp2_tensor_t *weight, float *dx,
                                         fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                         fsdp2_nn_workspace_t *ws)
 {

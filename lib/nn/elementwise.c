@@ -46,7 +46,7 @@ static void gelu_grad(const float *restrict x, const float *restrict dy, float *
     }
 }
 
-fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n)
+fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, int64_t n, float *y)
 {
     FSDP2_CHECK(check_n(n, x && y));
     FOR_CHUNKS(n, lo, len)
@@ -54,7 +54,7 @@ fsdp2_status_t fsdp2_nn_gelu_forward(const float *x, float *y, int64_t n)
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx, int64_t n)
+fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, int64_t n, float *dx)
 {
     FSDP2_CHECK(check_n(n, x && dy && dx));
     FSDP2_ARG_CHECK(dx != dy && dx != x, "dx aliases x or dy: the backward adds into dx");
@@ -63,7 +63,7 @@ fsdp2_status_t fsdp2_nn_gelu_backward(const float *x, const float *dy, float *dx
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n)
+fsdp2_status_t fsdp2_nn_relu_forward(const float *x, int64_t n, float *y)
 {
     FSDP2_CHECK(check_n(n, x && y));
     FOR_CHUNKS(n, lo, len)
@@ -72,7 +72,7 @@ fsdp2_status_t fsdp2_nn_relu_forward(const float *x, float *y, int64_t n)
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, float *dx, int64_t n)
+fsdp2_status_t fsdp2_nn_relu_backward(const float *y, const float *dy, int64_t n, float *dx)
 {
     FSDP2_CHECK(check_n(n, y && dy && dx));
     FSDP2_ARG_CHECK(dx != dy || n == 0, "dx aliases dy: the backward adds into dx");
@@ -110,8 +110,8 @@ static void apply_mask(const float *in, float *out, int64_t n, double p, uint64_
     }
 }
 
-fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, double p,
-                                        uint64_t seed, uint64_t offset)
+fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, int64_t n, double p, uint64_t seed,
+                                        uint64_t offset, float *y)
 {
     FSDP2_CHECK(check_n(n, x && y));
     FSDP2_CHECK(check_p(p));
@@ -125,8 +125,8 @@ fsdp2_status_t fsdp2_nn_dropout_forward(const float *x, float *y, int64_t n, dou
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n, double p,
-                                         uint64_t seed, uint64_t offset)
+fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, int64_t n, double p, uint64_t seed,
+                                         uint64_t offset, float *dx)
 {
     FSDP2_CHECK(check_n(n, dy && dx));
     FSDP2_CHECK(check_p(p));
@@ -142,7 +142,7 @@ fsdp2_status_t fsdp2_nn_dropout_backward(const float *dy, float *dx, int64_t n, 
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *y, int64_t n)
+fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, int64_t n, float *y)
 {
     FSDP2_CHECK(check_n(n, a && b && y));
     FOR_CHUNKS(n, lo, len)
@@ -151,7 +151,7 @@ fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *b, float *
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, float *da, float *db, int64_t n)
+fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, int64_t n, float *da, float *db)
 {
     FSDP2_CHECK(check_n(n, dy != NULL));
     FSDP2_ARG_CHECK((da != dy && db != dy) || n == 0, "da or db aliases dy");
@@ -179,7 +179,7 @@ static void swiglu(const float *gate, const float *up, float *y, int64_t n)
     }
 }
 
-fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float *y, int64_t n)
+fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, int64_t n, float *y)
 {
     FSDP2_CHECK(check_n(n, gate && up && y));
     FOR_CHUNKS(n, lo, len)
@@ -188,7 +188,7 @@ fsdp2_status_t fsdp2_nn_swiglu_forward(const float *gate, const float *up, float
 }
 
 fsdp2_status_t fsdp2_nn_swiglu_backward(const float *gate, const float *up, const float *dy,
-                                        float *dgate, float *dup, int64_t n)
+                                        int64_t n, float *dgate, float *dup)
 {
     FSDP2_CHECK(check_n(n, gate && up && dy));
     const float *in[3] = {gate, up, dy};

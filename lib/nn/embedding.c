@@ -35,8 +35,8 @@ fsdp2_status_t fsdp2_nn_embedding_workspace_bytes(int64_t n, int64_t num, int64_
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n,
-                                          const fsdp2_tensor_t *weight, float *y, int accumulate)
+fsdp2_status_t fsdp2_nn_embedding_forward(const int32_t *ids, int64_t n, int accumulate,
+                                          const fsdp2_tensor_t *weight, float *y)
 {
     FSDP2_CHECK(check_table(weight, "embedding table"));
     int64_t num = weight->shape[0], dim = weight->shape[1];
@@ -67,7 +67,7 @@ static int by_id_then_position(const void *a, const void *b)
     return (x->at > y->at) - (x->at < y->at);
 }
 
-fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, int64_t n, const float *dy,
+fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, const float *dy, int64_t n,
                                            fsdp2_tensor_t *dweight, fsdp2_nn_workspace_t *ws)
 {
     FSDP2_CHECK(check_table(dweight, "embedding gradient"));
@@ -75,15 +75,15 @@ fsdp2_status_t fsdp2_nn_embedding_backward(const int32_t *ids, int64_t n, const 
     FSDP2_CHECK(check_ids(ids, n, num));
     FSDP2_ARG_CHECK(dy || n == 0 || dim == 0, "dy is NULL");
     FSDP2_ARG_CHECK(n <= INT32_MAX, "n = %lld ids: more than %d", (long long)n, INT32_MAX);
+    size_t need; /* checked whatever the dtype: a program works the same with bf16 */
+    FSDP2_CHECK(fsdp2_nn_embedding_workspace_bytes(n, num, dim, &need));
+    nn_carve_t c;
+    FSDP2_CHECK(nn_carve_begin(ws, need, "embedding backward", &c));
     if (dweight->dtype == FSDP2_F32) {
         for (int64_t i = 0; i < n; i++)
             nn_add_into(dweight, (int64_t)ids[i] * dim, dy + i * dim, dim);
         return FSDP2_SUCCESS;
     }
-    size_t need;
-    FSDP2_CHECK(fsdp2_nn_embedding_workspace_bytes(n, num, dim, &need));
-    nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "embedding backward into a bf16 gradient", &c));
     id_at_t *order = (id_at_t *)nn_carve_floats(&c, 2 * n);
     float *acc = nn_carve_floats(&c, dim);
     for (int64_t i = 0; i < n; i++)

@@ -27,21 +27,20 @@ static fsdp2_status_t check_norm(const float *x, int64_t rows, const fsdp2_tenso
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows,
-                                          const fsdp2_tensor_t *weight,
-                                          const fsdp2_tensor_t *bias, float eps, float *y,
-                                          float *mean, float *rstd, fsdp2_nn_workspace_t *ws)
+fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float eps,
+                                          const fsdp2_tensor_t *weight, const fsdp2_tensor_t *bias,
+                                          float *y, float *mean, float *rstd,
+                                          fsdp2_nn_workspace_t *ws)
 {
     int64_t dim;
     FSDP2_CHECK(check_norm(x, rows, weight, bias, &dim));
     FSDP2_ARG_CHECK((y && mean && rstd) || rows == 0, "y, mean or rstd is NULL");
     FSDP2_ARG_CHECK(eps >= 0 && isfinite(eps), "eps = %g: must be finite and >= 0", (double)eps);
     int staged = weight->dtype != FSDP2_F32 || (bias && bias->dtype != FSDP2_F32);
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_layernorm_workspace_bytes(dim, &need));
+    size_t need; /* checked whatever the dtypes: a program works the same with bf16 */
+    FSDP2_CHECK(fsdp2_nn_layernorm_workspace_bytes(dim, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "layer norm with bf16 parameters", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "layer norm", &c));
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
     float *b32 = staged ? nn_carve_floats(&c, dim) : NULL;
     const float *b = bias ? nn_as_f32(bias, b32) : NULL;
@@ -64,9 +63,9 @@ fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows,
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, int64_t rows,
-                                           const fsdp2_tensor_t *weight, const float *mean,
-                                           const float *rstd, const float *dy, float *dx,
+fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean, const float *rstd,
+                                           const float *dy, int64_t rows,
+                                           const fsdp2_tensor_t *weight, float *dx,
                                            fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                            fsdp2_nn_workspace_t *ws)
 {
@@ -79,11 +78,10 @@ fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, int64_t rows,
         FSDP2_CHECK(nn_check_param(dbias, "layer norm bias gradient", 1, &dim));
     int staged = weight->dtype != FSDP2_F32 || (dweight && dweight->dtype != FSDP2_F32) ||
                  (dbias && dbias->dtype != FSDP2_F32);
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_layernorm_workspace_bytes(dim, &need));
+    size_t need;
+    FSDP2_CHECK(fsdp2_nn_layernorm_workspace_bytes(dim, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "layer norm backward with bf16 parameters", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "layer norm backward", &c));
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
     float *gw = NULL, *gb = NULL;
     if (dweight) {

@@ -51,11 +51,10 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
     if (bias)
         FSDP2_CHECK(nn_check_param(bias, "linear bias", 1, &out));
     int staged = weight->dtype != FSDP2_F32 || (bias && bias->dtype != FSDP2_F32);
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &need));
+    size_t need; /* checked whatever the dtypes: a program works the same with bf16 */
+    FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "linear forward with bf16 parameters", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "linear forward", &c));
     if (rows == 0 || out == 0)
         return FSDP2_SUCCESS;
     int64_t rb = block_rows(in, out);
@@ -105,9 +104,10 @@ static void bias_grad(const float *dy, int64_t rows, int64_t out, fsdp2_tensor_t
         nn_add_into(dbias, 0, acc, out);
 }
 
-fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows, const fsdp2_tensor_t *weight,
-                                        const float *dy, float *dx, fsdp2_tensor_t *dweight,
-                                        fsdp2_tensor_t *dbias, fsdp2_nn_workspace_t *ws)
+fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t rows,
+                                        const fsdp2_tensor_t *weight, float *dx,
+                                        fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
+                                        fsdp2_nn_workspace_t *ws)
 {
     int64_t in, out;
     FSDP2_CHECK(check_linear(x, rows, weight, &in, &out));
@@ -119,11 +119,10 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, int64_t rows, const fsdp
     int w16 = dx && weight->dtype != FSDP2_F32;
     int g16 = dweight && dweight->dtype != FSDP2_F32;
     int staged = w16 || g16 || (dbias && dbias->dtype != FSDP2_F32);
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &need));
+    size_t need;
+    FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "linear backward with bf16 parameters", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "linear backward", &c));
     if (rows == 0 || out == 0 || in == 0) {
         if (dbias && rows > 0)
             bias_grad(dy, rows, out, dbias, staged ? nn_carve_floats(&c, out) : NULL);

@@ -90,8 +90,8 @@ static fsdp2_status_t adapter_input(const float *x, int64_t r0, int64_t n, int64
     const float *t = x + r0 * in;
     if (lora->dropout > 0) {
         /* checked arguments: the dropout cannot fail */
-        (void)fsdp2_nn_dropout_forward(t, s->t, n * in, lora->dropout, lora->seed,
-                                       lora->offset + (uint64_t)(r0 * in));
+        (void)fsdp2_nn_dropout_forward(t, n * in, lora->dropout, lora->seed,
+                                       lora->offset + (uint64_t)(r0 * in), s->t);
         t = s->t;
     }
     *t_out = t;
@@ -138,9 +138,9 @@ static float *grad_sum(fsdp2_tensor_t *g, float *region)
     return region;
 }
 
-fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows, const fsdp2_tensor_t *weight,
-                                      const fsdp2_nn_lora_t *lora, const float *dy, float *dx,
-                                      fsdp2_tensor_t *da, fsdp2_tensor_t *db,
+fsdp2_status_t fsdp2_nn_lora_backward(const float *x, const float *dy, int64_t rows,
+                                      const fsdp2_tensor_t *weight, const fsdp2_nn_lora_t *lora,
+                                      float *dx, fsdp2_tensor_t *da, fsdp2_tensor_t *db,
                                       fsdp2_nn_workspace_t *ws)
 {
     int64_t r;
@@ -155,7 +155,7 @@ fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows, const fsdp2_
     FSDP2_CHECK(nn_carve_begin(ws, need, "LoRA backward", &c));
     FSDP2_ARG_CHECK(!dx || (dx != dy && dx != x), "dx aliases x or dy: the backward adds into dx");
     /* the frozen base: dx += dy W, no gradient of W or b */
-    FSDP2_CHECK(fsdp2_nn_linear_backward(x, rows, weight, dy, dx, NULL, NULL, ws));
+    FSDP2_CHECK(fsdp2_nn_linear_backward(x, dy, rows, weight, dx, NULL, NULL, ws));
     int64_t out = weight->shape[0], in = weight->shape[1];
     if (rows == 0 || out == 0 || in == 0)
         return FSDP2_SUCCESS;
@@ -177,8 +177,8 @@ fsdp2_status_t fsdp2_nn_lora_backward(const float *x, int64_t rows, const fsdp2_
         if (!dx)
             continue;
         FSDP2_CHECK(nn_sgemm(0, 0, n, in, r, 1.0f, s.du, r, s.a, in, 0.0f, s.dt, in));
-        (void)fsdp2_nn_dropout_backward(s.dt, dx + r0 * in, n * in, lora->dropout, lora->seed,
-                                        lora->offset + (uint64_t)(r0 * in));
+        (void)fsdp2_nn_dropout_backward(s.dt, n * in, lora->dropout, lora->seed,
+                                        lora->offset + (uint64_t)(r0 * in), dx + r0 * in);
     }
     if (ga && ga == s.ga)
         nn_add_into(da, 0, ga, da->numel);

@@ -2,17 +2,23 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/options.h"
 #include "nn_common.h"
 
 /* The cross-entropy's rows go in this many parts (the most threads it uses). */
 #define CE_PARTS 64
 
 fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *targets, int64_t rows,
-                                      int64_t classes, int32_t ignore_index, double divisor,
-                                      double *loss, float *dlogits, int64_t *counted,
-                                      int64_t *correct)
+                                      int64_t classes,
+                                      const fsdp2_nn_cross_entropy_options_t *options,
+                                      float *dlogits, fsdp2_nn_cross_entropy_result_t *result)
 {
-    FSDP2_ARG_CHECK(loss, "loss is NULL");
+    fsdp2_nn_cross_entropy_options_t o = FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT;
+    if (options)
+        FSDP2_CHECK(fsdp2_options_copy("cross-entropy options", &o, sizeof(o), options, NULL, 0));
+    int32_t ignore_index = o.ignore_index;
+    double divisor = o.divisor;
+    FSDP2_ARG_CHECK(result, "result is NULL");
     FSDP2_ARG_CHECK(rows >= 0 && classes >= 0, "rows = %lld, classes = %lld: negative",
                     (long long)rows, (long long)classes);
     FSDP2_ARG_CHECK((logits && targets) || rows == 0, "logits or targets is NULL");
@@ -69,11 +75,9 @@ fsdp2_status_t fsdp2_nn_cross_entropy(const float *logits, const int32_t *target
         sum += part_sum[part];
         hits += part_hits[part];
     }
-    *loss = count > 0 ? sum / div : 0.0;
-    if (counted)
-        *counted = count;
-    if (correct)
-        *correct = hits;
+    result->loss = count > 0 ? sum / div : 0.0;
+    result->counted = count;
+    result->correct = hits;
     return FSDP2_SUCCESS;
 }
 

@@ -25,20 +25,19 @@ static fsdp2_status_t check_rmsnorm(const float *x, int64_t rows, const fsdp2_te
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows,
-                                        const fsdp2_tensor_t *weight, float eps, float *y,
-                                        float *rstd, fsdp2_nn_workspace_t *ws)
+fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, float eps,
+                                        const fsdp2_tensor_t *weight, float *y, float *rstd,
+                                        fsdp2_nn_workspace_t *ws)
 {
     int64_t dim;
     FSDP2_CHECK(check_rmsnorm(x, rows, weight, &dim));
     FSDP2_ARG_CHECK((y && rstd) || rows == 0, "y or rstd is NULL");
     FSDP2_ARG_CHECK(eps >= 0 && isfinite(eps), "eps = %g: must be finite and >= 0", (double)eps);
     int staged = weight->dtype != FSDP2_F32;
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &need));
+    size_t need; /* checked whatever the dtypes: a program works the same with bf16 */
+    FSDP2_CHECK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "RMSNorm with a bf16 weight", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "RMSNorm", &c));
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
     FSDP2_OMP("omp parallel for schedule(static) if(rows * dim > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < rows; r++) {
@@ -55,10 +54,9 @@ fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows,
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, int64_t rows,
-                                         const fsdp2_tensor_t *weight, const float *rstd,
-                                         const float *dy, float *dx, fsdp2_tensor_t *dweight,
-                                         fsdp2_nn_workspace_t *ws)
+fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd, const float *dy,
+                                         int64_t rows, const fsdp2_tensor_t *weight, float *dx,
+                                         fsdp2_tensor_t *dweight, fsdp2_nn_workspace_t *ws)
 {
     int64_t dim;
     FSDP2_CHECK(check_rmsnorm(x, rows, weight, &dim));
@@ -67,11 +65,10 @@ fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, int64_t rows,
         FSDP2_CHECK(nn_check_param(dweight, "RMSNorm weight gradient", 1, &dim));
     FSDP2_ARG_CHECK(!dx || (dx != dy && dx != x), "dx aliases x or dy: the backward adds into dx");
     int staged = weight->dtype != FSDP2_F32 || (dweight && dweight->dtype != FSDP2_F32);
-    size_t need = 0;
-    if (staged)
-        FSDP2_CHECK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &need));
+    size_t need;
+    FSDP2_CHECK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &need));
     nn_carve_t c;
-    FSDP2_CHECK(nn_carve_begin(ws, need, "RMSNorm backward with bf16 parameters", &c));
+    FSDP2_CHECK(nn_carve_begin(ws, need, "RMSNorm backward", &c));
     const float *w = nn_as_f32(weight, staged ? nn_carve_floats(&c, dim) : NULL);
     float *gw = NULL;
     if (dweight) {

@@ -98,9 +98,9 @@ static fsdp2_status_t check_rope(const void *in, const void *out, int64_t batch,
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, int64_t seq, int64_t heads,
-                                     int64_t head_dim, const float *table, int64_t positions,
-                                     float *y)
+fsdp2_status_t fsdp2_nn_rope_forward(const float *x, const float *table, int64_t batch,
+                                     int64_t seq, int64_t heads, int64_t head_dim,
+                                     int64_t positions, float *y)
 {
     FSDP2_CHECK(check_rope(x, y, batch, seq, heads, head_dim, table, positions));
     int64_t half = head_dim / 2;
@@ -121,8 +121,8 @@ fsdp2_status_t fsdp2_nn_rope_forward(const float *x, int64_t batch, int64_t seq,
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, int64_t batch, int64_t seq,
-                                      int64_t heads, int64_t head_dim, const float *table,
+fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, const float *table, int64_t batch,
+                                      int64_t seq, int64_t heads, int64_t head_dim,
                                       int64_t positions, float *dx)
 {
     FSDP2_CHECK(check_rope(dy, dx, batch, seq, heads, head_dim, table, positions));

@@ -5,7 +5,8 @@
  * of the last dim) for every divisor n: this rank's rank in it, its size, and an
  * all-reduce over it equal to the closed form of its members; n = the dim's size is the
  * dim's own group, a second call gives the same group, a non-divisor is an error naming
- * it. Invalid shapes and names are errors naming them. */
+ * it. fsdp2_mesh_average gives the mean over every rank. Invalid shapes and names are
+ * errors naming them. */
 #include <check.h>
 #include <stdio.h>
 #include <string.h>
@@ -105,6 +106,13 @@ static int body_mesh(rank_ctx_t *c)
         fails += RANK_CHECK(c, v == expected_sum(mc, coords, d), "dim %d sum %g, want %g", d, v,
                             expected_sum(mc, coords, d));
     }
+    /* the mean over the whole mesh of (rank, 2 rank + 1), in a stack array */
+    double mean[2] = {c->rank, 2.0 * c->rank + 1};
+    fails += OK(c, fsdp2_mesh_average(mesh, mean, 2, c->stream));
+    double want = (c->size - 1) / 2.0;
+    fails += RANK_CHECK(c, mean[0] == want && mean[1] == 2 * want + 1,
+                        "mesh average (%g, %g), want (%g, %g)", mean[0], mean[1], want,
+                        2 * want + 1);
     fails += check_blocks(c, mc, mesh, coords);
     if (mc->ndim == 2) {
         int dim = -1;

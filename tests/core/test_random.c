@@ -685,6 +685,34 @@ START_TEST(non_finite_parameters_are_rejected_naming_them)
 }
 END_TEST
 
+/* A constant init fills every element with its value, rounded once, whatever the seed and
+ * the block: a norm's unit weight without a callback. */
+START_TEST(constant_init_fills_every_element_with_its_value_in_every_dtype)
+{
+    const int64_t shape[2] = {5, 7}, piece[2] = {2, 3}, at[2] = {3, 4};
+    const fsdp2_random_init_t one = FSDP2_RANDOM_CONSTANT_INIT(1.0);
+    const fsdp2_random_init_t third = FSDP2_RANDOM_CONSTANT_INIT(1.0 / 3.0);
+    fsdp2_tensor_t *t32 = cpu_empty(FSDP2_F32, 2, shape), *t16 = cpu_empty(FSDP2_BF16, 2, shape);
+    fsdp2_tensor_t *blk = cpu_empty(FSDP2_F32, 2, piece);
+    ck_assert_int_eq(fsdp2_random_fill(t32, &one, NULL, NULL), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_random_fill(t16, &third, NULL, NULL), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_random_fill(blk, &third, shape, at), FSDP2_SUCCESS);
+    for (int64_t i = 0; i < t32->numel; i++) {
+        ck_assert_msg(((float *)t32->data)[i] == 1.0f, "element %lld: %g", (long long)i,
+                      (double)((float *)t32->data)[i]);
+        ck_assert_uint_eq(((uint16_t *)t16->data)[i], ref_bf16(1.0 / 3.0));
+    }
+    for (int64_t i = 0; i < blk->numel; i++)
+        ck_assert(((float *)blk->data)[i] == (float)(1.0 / 3.0));
+    double v;
+    ck_assert_int_eq(fsdp2_random_value(&one, 1ull << 40, &v), FSDP2_SUCCESS);
+    ck_assert(v == 1.0);
+    fsdp2_random_init_t bad = FSDP2_RANDOM_CONSTANT_INIT(INFINITY);
+    expect_init_rejected(&bad, "constant inf", "inf");
+    fsdp2_tensor_release(t32), fsdp2_tensor_release(t16), fsdp2_tensor_release(blk);
+}
+END_TEST
+
 START_TEST(unknown_distribution_is_rejected_naming_it)
 {
     fsdp2_random_init_t init = FSDP2_RANDOM_UNIFORM_INIT(1, 0.0, 1.0);
@@ -803,6 +831,7 @@ static Suite *random_suite(void)
     tcase_add_test(stats, normal_1_2_has_mean_1_and_std_2);
     tcase_add_test(stats, different_seeds_give_different_values_at_every_index);
     tcase_add_test(stats, same_seed_twice_gives_identical_bytes);
+    tcase_add_test(stats, constant_init_fills_every_element_with_its_value_in_every_dtype);
     suite_add_tcase(s, stats);
 
     TCase *errors = tcase_new("errors");

@@ -122,6 +122,8 @@ static int forward_backward(rank_ctx_t *c, fsdp2_module_t *root, fsdp2_module_t 
 {
     float x0[N * C] = {0}, x1[N * C] = {0}, logits[N * V], r[N * V];
     float dx1[N * C] = {0}, dx0[N * C] = {0};
+    _Alignas(64) char scratch[16384]; /* more than the layers' queries at these sizes */
+    fsdp2_nn_workspace_t ws = {scratch, sizeof(scratch)};
     for (int k = 0; k < N * V; k++)
         r[k] = r_of(k);
     fsdp2_param_t *head = NULL;
@@ -132,31 +134,31 @@ static int forward_backward(rank_ctx_t *c, fsdp2_module_t *root, fsdp2_module_t 
     fails += OK(c, fsdp2_param_unsharded(wte, &tw));
     if (fails)
         return fails;
-    fails += OK(c, fsdp2_nn_embedding_forward(IDS, N, tw, x0, 0));
+    fails += OK(c, fsdp2_nn_embedding_forward(IDS, N, 0, tw, x0));
     fails += OK(c, fsdp2_pre_forward(blk));
     fails += OK(c, fsdp2_param_unsharded(w, &tb));
-    fails += OK(c, fsdp2_nn_linear_forward(x0, N, tb, NULL, x1, NULL));
+    fails += OK(c, fsdp2_nn_linear_forward(x0, N, tb, NULL, x1, &ws));
     fails += OK(c, fsdp2_post_forward(blk));
     fails += OK(c, fsdp2_param_unsharded(head, &tw));
-    fails += OK(c, fsdp2_nn_linear_forward(x1, N, tw, NULL, logits, NULL));
+    fails += OK(c, fsdp2_nn_linear_forward(x1, N, tw, NULL, logits, &ws));
     fails += OK(c, fsdp2_post_forward(root));
     fails += OK(c, fsdp2_pre_backward(root));
     fails += OK(c, fsdp2_param_unsharded(head, &tw));
     fails += OK(c, fsdp2_param_grad(head, &gw));
     if (fails)
         return fails;
-    fails += OK(c, fsdp2_nn_linear_backward(x1, N, tw, r, dx1, gw, NULL, NULL));
+    fails += OK(c, fsdp2_nn_linear_backward(x1, r, N, tw, dx1, gw, NULL, &ws));
     fails += OK(c, fsdp2_pre_backward(blk));
     fails += OK(c, fsdp2_param_unsharded(w, &tb));
     fails += OK(c, fsdp2_param_grad(w, &gb));
     if (fails)
         return fails;
-    fails += OK(c, fsdp2_nn_linear_backward(x0, N, tb, dx1, dx0, gb, NULL, NULL));
+    fails += OK(c, fsdp2_nn_linear_backward(x0, dx1, N, tb, dx0, gb, NULL, &ws));
     fails += OK(c, fsdp2_post_backward(blk));
     fails += OK(c, fsdp2_param_grad(wte, &gw));
     if (fails)
         return fails;
-    fails += OK(c, fsdp2_nn_embedding_backward(IDS, N, dx0, gw, NULL));
+    fails += OK(c, fsdp2_nn_embedding_backward(IDS, dx0, N, gw, &ws));
     fails += OK(c, fsdp2_post_backward(root));
     return fails + OK(c, fsdp2_backward_finish(root));
 }

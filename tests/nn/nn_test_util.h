@@ -22,6 +22,37 @@
                       fsdp2_last_error());                                                 \
     } while (0)
 
+/* A workspace larger than any the tests' layers need (a layer with a workspace query
+ * checks it whatever the dtypes), for the calls whose workspace is not what they test. */
+static inline fsdp2_nn_workspace_t *test_ws(void)
+{
+    static _Alignas(64) char scratch[16 << 20];
+    static fsdp2_nn_workspace_t ws = {scratch, sizeof(scratch)};
+    return &ws;
+}
+
+/* fsdp2_nn_cross_entropy with its settings and results as separate values (NULL for a
+ * result not wanted); loss, counted and correct are left as they were on an error. */
+static inline fsdp2_status_t cross_entropy(const float *logits, const int32_t *targets,
+                                           int64_t rows, int64_t classes, int32_t ignore_index,
+                                           double divisor, double *loss, float *dlogits,
+                                           int64_t *counted, int64_t *correct)
+{
+    fsdp2_nn_cross_entropy_options_t o = FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT;
+    o.ignore_index = ignore_index;
+    o.divisor = divisor;
+    fsdp2_nn_cross_entropy_result_t r;
+    fsdp2_status_t s = fsdp2_nn_cross_entropy(logits, targets, rows, classes, &o, dlogits, &r);
+    if (s != FSDP2_SUCCESS)
+        return s;
+    *loss = r.loss;
+    if (counted)
+        *counted = r.counted;
+    if (correct)
+        *correct = r.correct;
+    return s;
+}
+
 /* A cpu tensor over caller memory (dtype f32 or bf16). */
 static inline fsdp2_tensor_t *wrap(void *data, fsdp2_dtype_t dtype, int ndim, int64_t d0,
                                    int64_t d1)

@@ -158,7 +158,7 @@ static void run_attention(int threads, size_t ws_bytes, const float *qkv, const 
     memset(dqkv, 0, sizeof(float) * (size_t)(batch * seq * 3 * dim));
     ck_assert_int_eq(fsdp2_nn_attention_forward(qkv, batch, seq, dim, heads, y, probs),
                      FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, probs, batch, seq, dim, heads, dy, dqkv,
+    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, probs, dy, batch, seq, dim, heads, dqkv,
                                                  &ws),
                      FSDP2_SUCCESS);
     free(ws.data);
@@ -194,7 +194,7 @@ START_TEST(attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scrat
     }
     /* a workspace below one scratch is refused, naming the bytes */
     fsdp2_nn_workspace_t small = {.data = d[2], .bytes = one_slot - 1};
-    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, p[0], batch, seq, dim, heads, dy, d[2],
+    ck_assert_int_eq(fsdp2_nn_attention_backward(qkv, p[0], dy, batch, seq, dim, heads, d[2],
                                                  &small),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "needs a workspace"));
@@ -218,28 +218,35 @@ static void run_layers(int threads, const float *x, const float *x2, const float
     ck_assert_int_eq(fsdp2_nn_set_threads(threads), FSDP2_SUCCESS);
     for (int i = 0; i < 8; i++)
         memset(out[i], 0, sizeof(float) * (size_t)n);
-    ck_assert_int_eq(fsdp2_nn_gelu_forward(x, out[0], n), FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, dy, out[1], n), FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x2, out[2], n), FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x2, dy, out[3], out[4], n), FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, out[5], n, 0.25, 7, 3), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_gelu_forward(x, n, out[0]), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, dy, n, out[1]), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x2, n, out[2]), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x2, dy, n, out[3], out[4]), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, n, 0.25, 7, 3, out[5]), FSDP2_SUCCESS);
     float *w = f32_array(dim), *mean = f32_array(rows), *rstd = f32_array(rows);
     for (int64_t j = 0; j < dim; j++)
         w[j] = 1.0f + 0.01f * (float)j;
     fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0);
-    ck_assert_int_eq(fsdp2_nn_layernorm_forward(x, rows, tw, NULL, 1e-5f, out[6], mean, rstd,
-                                                NULL),
+    size_t ln_bytes, rms_bytes;
+    ck_assert_int_eq(fsdp2_nn_layernorm_workspace_bytes(dim, &ln_bytes), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_workspace_bytes(dim, &rms_bytes), FSDP2_SUCCESS);
+    fsdp2_nn_workspace_t ws = {.bytes = ln_bytes > rms_bytes ? ln_bytes : rms_bytes};
+    ws.data = aligned_alloc(64, (ws.bytes + 63) / 64 * 64);
+    ck_assert_int_eq(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, tw, NULL, out[6], mean, rstd,
+                                                &ws),
                      FSDP2_SUCCESS);
-    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, rows, tw, 1e-5f, out[7], rstd, NULL),
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, rows, 1e-5f, tw, out[7], rstd, &ws),
                      FSDP2_SUCCESS);
     int32_t *targets = malloc(sizeof(int32_t) * (size_t)rows);
     for (int64_t r = 0; r < rows; r++)
         targets[r] = r % 5 == 0 ? -100 : (int32_t)((r * 7) % dim);
-    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, rows, dim, -100, 0, loss, out[5],
-                                            NULL, NULL),
+    fsdp2_nn_cross_entropy_result_t result;
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, rows, dim, NULL, out[5], &result),
                      FSDP2_SUCCESS);
+    *loss = result.loss;
     free(targets);
     fsdp2_tensor_release(tw);
+    free(ws.data);
     free(w);
     free(mean);
     free(rstd);

@@ -126,9 +126,9 @@ START_TEST(linear_backward_matches_finite_differences)
         fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(b, FSDP2_F32, 1, out, 0);
         fsdp2_tensor_t *tdw = wrap(dw, FSDP2_F32, 2, out, in);
         fsdp2_tensor_t *tdb = wrap(db, FSDP2_F32, 1, out, 0);
-        NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, y, NULL));
+        NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, y, test_ws()));
         check_forward(&g, y, "linear y");
-        NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx, tdw, tdb, NULL));
+        NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx, tdw, tdb, test_ws()));
         check_grad(&g, 0, dx, "linear dx");
         check_grad(&g, 1, dw, "linear dweight");
         check_grad(&g, 2, db, "linear dbias");
@@ -175,9 +175,9 @@ START_TEST(layernorm_backward_matches_finite_differences)
         fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0), *tb = wrap(b, FSDP2_F32, 1, dim, 0);
         fsdp2_tensor_t *tdw = wrap(dw, FSDP2_F32, 1, dim, 0);
         fsdp2_tensor_t *tdb = wrap(db, FSDP2_F32, 1, dim, 0);
-        NN_OK(fsdp2_nn_layernorm_forward(x, rows, tw, tb, 1e-5f, y, mean, rstd, NULL));
+        NN_OK(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, tw, tb, y, mean, rstd, test_ws()));
         check_forward(&g, y, "layernorm y");
-        NN_OK(fsdp2_nn_layernorm_backward(x, rows, tw, mean, rstd, dy, dx, tdw, tdb, NULL));
+        NN_OK(fsdp2_nn_layernorm_backward(x, mean, rstd, dy, rows, tw, dx, tdw, tdb, test_ws()));
         check_grad(&g, 0, dx, "layernorm dx");
         check_grad(&g, 1, dw, "layernorm dweight");
         check_grad(&g, 2, db, "layernorm dbias");
@@ -209,9 +209,9 @@ START_TEST(gelu_backward_matches_finite_differences)
     g.r = r;
     float *x = to_f32(g.in[0], 301), *dy = to_f32(r, 301), *y = f32_array(301);
     float *dx = f32_array(301);
-    NN_OK(fsdp2_nn_gelu_forward(x, y, 301));
+    NN_OK(fsdp2_nn_gelu_forward(x, 301, y));
     check_forward(&g, y, "gelu y");
-    NN_OK(fsdp2_nn_gelu_backward(x, dy, dx, 301));
+    NN_OK(fsdp2_nn_gelu_backward(x, dy, 301, dx));
     check_grad(&g, 0, dx, "gelu dx");
     free(x), free(dy), free(y), free(dx), free(r), free(g.in[0]);
 }
@@ -270,7 +270,7 @@ START_TEST(attention_backward_matches_finite_differences_for_odd_head_dims_and_r
         fsdp2_nn_workspace_t ws = workspace_new(bytes);
         NN_OK(fsdp2_nn_attention_forward(qkv, B, T, C, H, y, probs));
         check_forward(&g, y, "attention y");
-        NN_OK(fsdp2_nn_attention_backward(qkv, probs, B, T, C, H, dy, dqkv, &ws));
+        NN_OK(fsdp2_nn_attention_backward(qkv, probs, dy, B, T, C, H, dqkv, &ws));
         check_grad(&g, 0, dqkv, "attention dqkv");
         workspace_free(&ws);
         free(qkv), free(dy), free(y), free(probs), free(dqkv), free(r), free(g.in[0]);
@@ -296,9 +296,9 @@ START_TEST(embedding_backward_matches_finite_differences_with_repeated_ids)
     g.r = r;
     float *w = to_f32(g.in[0], 35), *dy = to_f32(r, 55), *y = f32_array(55), *dw = f32_array(35);
     fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 7, 5), *tdw = wrap(dw, FSDP2_F32, 2, 7, 5);
-    NN_OK(fsdp2_nn_embedding_forward(ids, 11, tw, y, 0));
+    NN_OK(fsdp2_nn_embedding_forward(ids, 11, 0, tw, y));
     check_forward(&g, y, "embedding y");
-    NN_OK(fsdp2_nn_embedding_backward(ids, 11, dy, tdw, NULL));
+    NN_OK(fsdp2_nn_embedding_backward(ids, dy, 11, tdw, test_ws()));
     check_grad(&g, 0, dw, "embedding dweight");
     fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw);
     free(w), free(dy), free(y), free(dw), free(r), free(g.in[0]);
@@ -356,7 +356,7 @@ START_TEST(conv2d_backward_matches_finite_differences)
         fsdp2_nn_workspace_t ws = workspace_new(bytes);
         NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, tw, tb, y, &ws));
         check_forward(&g, y, "conv2d y");
-        NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, tw, dy, dx, tdw, tdb, &ws));
+        NN_OK(fsdp2_nn_conv2d_backward(x, dy, B, H, W, tw, dx, tdw, tdb, &ws));
         check_grad(&g, 0, dx, "conv2d dx");
         check_grad(&g, 1, dw, "conv2d dweight");
         check_grad(&g, 2, db, "conv2d dbias");
@@ -456,7 +456,7 @@ START_TEST(cross_entropy_and_mse_gradients_match_finite_differences)
         float *z = to_f32(g.in[0], 63), *dz = f32_array(63);
         double loss, want;
         int64_t counted;
-        NN_OK(fsdp2_nn_cross_entropy(z, targets, 7, 9, -1, divisor, &loss, dz, &counted, NULL));
+        NN_OK(cross_entropy(z, targets, 7, 9, -1, divisor, &loss, dz, &counted, NULL));
         ck_assert_int_eq(counted, 5);
         ref_cross_entropy(&g, &want);
         ck_assert_msg(fabs(loss - want) < 1e-6 * fabs(want), "loss %.9g, reference %.9g", loss,
@@ -505,9 +505,9 @@ START_TEST(rmsnorm_backward_matches_finite_differences)
         float *dy = to_f32(r, g.ny), *y = f32_array(g.ny), *dx = f32_array(g.n[0]);
         float *dw = f32_array(dim), *rstd = f32_array(rows);
         fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0), *tdw = wrap(dw, FSDP2_F32, 1, dim, 0);
-        NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, tw, 1e-6f, y, rstd, NULL));
+        NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, 1e-6f, tw, y, rstd, test_ws()));
         check_forward(&g, y, "rmsnorm y");
-        NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, tw, rstd, dy, dx, tdw, NULL));
+        NN_OK(fsdp2_nn_rmsnorm_backward(x, rstd, dy, rows, tw, dx, tdw, test_ws()));
         check_grad(&g, 0, dx, "rmsnorm dx");
         check_grad(&g, 1, dw, "rmsnorm dweight");
         fsdp2_tensor_release(tw), fsdp2_tensor_release(tdw);
@@ -536,9 +536,9 @@ START_TEST(swiglu_backward_matches_finite_differences)
     g.r = r;
     float *gate = to_f32(g.in[0], 203), *up = to_f32(g.in[1], 203), *dy = to_f32(r, 203);
     float *y = f32_array(203), *dgate = f32_array(203), *dup = f32_array(203);
-    NN_OK(fsdp2_nn_swiglu_forward(gate, up, y, 203));
+    NN_OK(fsdp2_nn_swiglu_forward(gate, up, 203, y));
     check_forward(&g, y, "swiglu y");
-    NN_OK(fsdp2_nn_swiglu_backward(gate, up, dy, dgate, dup, 203));
+    NN_OK(fsdp2_nn_swiglu_backward(gate, up, dy, 203, dgate, dup));
     check_grad(&g, 0, dgate, "swiglu dgate");
     check_grad(&g, 1, dup, "swiglu dup");
     free(gate), free(up), free(dy), free(y), free(dgate), free(dup), free(r);
@@ -576,14 +576,14 @@ START_TEST(rope_backward_matches_finite_differences_also_in_place)
     double *r = random_values(g.ny = n, -1, 1);
     g.r = r;
     float *x = to_f32(g.in[0], n), *dy = to_f32(r, n), *y = f32_array(n), *dx = f32_array(n);
-    NN_OK(fsdp2_nn_rope_forward(x, B, T, H, D, table, 16, y));
+    NN_OK(fsdp2_nn_rope_forward(x, table, B, T, H, D, 16, y));
     check_forward(&g, y, "rope y");
-    NN_OK(fsdp2_nn_rope_backward(dy, B, T, H, D, table, 16, dx));
+    NN_OK(fsdp2_nn_rope_backward(dy, table, B, T, H, D, 16, dx));
     check_grad(&g, 0, dx, "rope dx");
     /* in place: the forward over x itself, the backward over dy itself */
-    NN_OK(fsdp2_nn_rope_forward(x, B, T, H, D, table, 16, x));
+    NN_OK(fsdp2_nn_rope_forward(x, table, B, T, H, D, 16, x));
     check_forward(&g, x, "rope y in place");
-    NN_OK(fsdp2_nn_rope_backward(dy, B, T, H, D, table, 16, dy));
+    NN_OK(fsdp2_nn_rope_backward(dy, table, B, T, H, D, 16, dy));
     check_grad(&g, 0, dy, "rope dx in place");
     free(x), free(dy), free(y), free(dx), free(r), free(g.in[0]), free(table);
 }
@@ -648,8 +648,7 @@ START_TEST(gqa_attention_backward_matches_finite_differences_for_groups_and_row_
         fsdp2_nn_workspace_t ws = workspace_new(bytes);
         NN_OK(fsdp2_nn_gqa_attention_forward(q, k, v, B, T, H, KV, D, y, probs));
         check_forward(&g, y, "gqa attention y");
-        NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, probs, B, T, H, KV, D, dy, dq, dk, dv,
-                                              &ws));
+        NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, probs, dy, B, T, H, KV, D, dq, dk, dv, &ws));
         check_grad(&g, 0, dq, "gqa attention dq");
         check_grad(&g, 1, dk, "gqa attention dk");
         check_grad(&g, 2, dv, "gqa attention dv");
@@ -716,7 +715,7 @@ START_TEST(lora_backward_matches_finite_differences_through_the_dropout_mask)
         float *dx = f32_array(g.n[0]), *da = f32_array(g.n[1]), *db = f32_array(g.n[2]);
         for (int64_t i = 0; i < rows * in; i++)
             mask[i] = 1.0f;
-        NN_OK(fsdp2_nn_dropout_forward(mask, mask, rows * in, drop[s], 77, 5));
+        NN_OK(fsdp2_nn_dropout_forward(mask, rows * in, drop[s], 77, 5, mask));
         lora_case_t lc = {w, bias, mask};
         lora_now = &lc;
         fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(bias, FSDP2_F32, 1, out, 0);
@@ -729,7 +728,7 @@ START_TEST(lora_backward_matches_finite_differences_through_the_dropout_mask)
         fsdp2_nn_workspace_t ws = workspace_new(bytes);
         NN_OK(fsdp2_nn_lora_forward(x, rows, tw, tb, &lora, y, &ws));
         check_forward(&g, y, "lora y");
-        NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lora, dy, dx, tda, tdb, &ws));
+        NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw, &lora, dx, tda, tdb, &ws));
         check_grad(&g, 0, dx, "lora dx");
         check_grad(&g, 1, da, "lora dA");
         check_grad(&g, 2, db, "lora dB");

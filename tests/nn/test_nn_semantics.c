@@ -60,9 +60,9 @@ START_TEST(every_backward_adds_to_its_gradients)
     fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, out, in), *tb = wrap(b, FSDP2_F32, 1, out, 0);
     fsdp2_tensor_t *g1w = wrap(dw1, FSDP2_F32, 2, out, in), *g1b = wrap(db1, FSDP2_F32, 1, out, 0);
     fsdp2_tensor_t *g2w = wrap(dw2, FSDP2_F32, 2, out, in), *g2b = wrap(db2, FSDP2_F32, 1, out, 0);
-    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx1, g1w, g1b, NULL));
-    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx2, g2w, g2b, NULL));
-    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx2, g2w, g2b, NULL));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx1, g1w, g1b, test_ws()));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx2, g2w, g2b, test_ws()));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx2, g2w, g2b, test_ws()));
     for (int64_t i = 0; i < rows * in; i++)
         dx1[i] *= 2;
     for (int64_t i = 0; i < out * in; i++)
@@ -77,19 +77,19 @@ START_TEST(every_backward_adds_to_its_gradients)
     float mean[6], rstd[6], *y = f32_array(rows * in), *d1 = f32_array(rows * in);
     float *d2 = f32_array(rows * in);
     fsdp2_tensor_t *lw = wrap(w, FSDP2_F32, 1, in, 0);
-    NN_OK(fsdp2_nn_layernorm_forward(x, rows, lw, NULL, 1e-5f, y, mean, rstd, NULL));
-    NN_OK(fsdp2_nn_layernorm_backward(x, rows, lw, mean, rstd, y, d1, NULL, NULL, NULL));
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, lw, NULL, y, mean, rstd, test_ws()));
+    NN_OK(fsdp2_nn_layernorm_backward(x, mean, rstd, y, rows, lw, d1, NULL, NULL, test_ws()));
     for (int64_t i = 0; i < rows * in; i++)
         d2[i] = 1.0f;
-    NN_OK(fsdp2_nn_layernorm_backward(x, rows, lw, mean, rstd, y, d2, NULL, NULL, NULL));
+    NN_OK(fsdp2_nn_layernorm_backward(x, mean, rstd, y, rows, lw, d2, NULL, NULL, test_ws()));
     for (int64_t i = 0; i < rows * in; i++)
         d1[i] += 1.0f;
     assert_close_f32("layernorm dx onto ones", d2, d1, rows * in, 1e-6);
     memset(d1, 0, sizeof(float) * (size_t)(rows * in));
-    NN_OK(fsdp2_nn_gelu_backward(x, y, d1, rows * in));
-    NN_OK(fsdp2_nn_gelu_backward(x, y, d1, rows * in));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, rows * in, d1));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, rows * in, d1));
     memset(d2, 0, sizeof(float) * (size_t)(rows * in));
-    NN_OK(fsdp2_nn_gelu_backward(x, y, d2, rows * in));
+    NN_OK(fsdp2_nn_gelu_backward(x, y, rows * in, d2));
     for (int64_t i = 0; i < rows * in; i++)
         d2[i] *= 2;
     assert_close_f32("gelu dx twice", d1, d2, rows * in, 1e-6);
@@ -99,9 +99,9 @@ START_TEST(every_backward_adds_to_its_gradients)
     float *probs = f32_array(2 * 3 * 3 * 3), *q1 = f32_array(54), *q2 = f32_array(54);
     fsdp2_nn_workspace_t ws = workspace_new(1 << 16);
     NN_OK(fsdp2_nn_attention_forward(qkv, 2, 3, 3, 3, ay, probs));
-    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q1, &ws));
-    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q2, &ws));
-    NN_OK(fsdp2_nn_attention_backward(qkv, probs, 2, 3, 3, 3, ay, q2, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, ay, 2, 3, 3, 3, q1, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, ay, 2, 3, 3, 3, q2, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, probs, ay, 2, 3, 3, 3, q2, &ws));
     for (int i = 0; i < 54; i++)
         q1[i] *= 2;
     assert_close_f32("attention dqkv twice", q2, q1, 54, 1e-6);
@@ -134,7 +134,7 @@ START_TEST(bf16_linear_equals_f32_on_rounded_weights_across_blocks)
     fsdp2_tensor_t *tw16 = wrap(w16, FSDP2_BF16, 2, out, in), *tb16 = wrap(b16, FSDP2_BF16, 1, out, 0);
     fsdp2_tensor_t *twr = wrap(wr, FSDP2_F32, 2, out, in), *tbr = wrap(br, FSDP2_F32, 1, out, 0);
     NN_OK(fsdp2_nn_linear_forward(x, rows, tw16, tb16, y16, &ws));
-    NN_OK(fsdp2_nn_linear_forward(x, rows, twr, tbr, y32, NULL));
+    NN_OK(fsdp2_nn_linear_forward(x, rows, twr, tbr, y32, test_ws()));
     assert_close_f32("bf16 linear y", y16, y32, rows * out, 1e-6);
 
     uint16_t *gw16 = calloc((size_t)(out * in), 2), *gb16 = calloc((size_t)out, 2);
@@ -143,8 +143,8 @@ START_TEST(bf16_linear_equals_f32_on_rounded_weights_across_blocks)
     fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 2, out, in);
     fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 1, out, 0);
     fsdp2_tensor_t *tgw = wrap(gw, FSDP2_F32, 2, out, in), *tgb = wrap(gb, FSDP2_F32, 1, out, 0);
-    NN_OK(fsdp2_nn_linear_backward(x, rows, tw16, dy, dx16, tgw16, tgb16, &ws));
-    NN_OK(fsdp2_nn_linear_backward(x, rows, twr, dy, dx32, tgw, tgb, NULL));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw16, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, twr, dx32, tgw, tgb, test_ws()));
     assert_close_f32("bf16 linear dx", dx16, dx32, rows * in, 1e-6);
     for (int64_t i = 0; i < out * in; i++) {
         float got = fsdp2_bf16_to_f32(gw16[i]), want = gw[i];
@@ -194,7 +194,7 @@ START_TEST(bf16_embedding_gradient_sums_repeated_ids_in_f32_first)
     NN_OK(fsdp2_nn_embedding_workspace_bytes(N, NUM, DIM, &bytes));
     fsdp2_nn_workspace_t ws = workspace_new(bytes);
     fsdp2_tensor_t *tg = wrap(g, FSDP2_BF16, 2, NUM, DIM);
-    NN_OK(fsdp2_nn_embedding_backward(ids, N, dy, tg, &ws));
+    NN_OK(fsdp2_nn_embedding_backward(ids, dy, N, tg, &ws));
     /* row 0: 499 ids (one went to row 3); row 2: 500; row 1: none; row 3: one */
     const float want[NUM] = {1.0f + 499.0f / 1024, 1.0f, 1.0f + 500.0f / 1024, 1.0f + 1.0f / 1024};
     for (int r = 0; r < NUM; r++) {
@@ -223,16 +223,16 @@ START_TEST(bf16_layernorm_equals_f32_on_rounded_parameters)
     fsdp2_nn_workspace_t ws = workspace_new(bytes);
     fsdp2_tensor_t *a = wrap(w16, FSDP2_BF16, 1, dim, 0), *c = wrap(b16, FSDP2_BF16, 1, dim, 0);
     fsdp2_tensor_t *ar = wrap(wr, FSDP2_F32, 1, dim, 0), *cr = wrap(br, FSDP2_F32, 1, dim, 0);
-    NN_OK(fsdp2_nn_layernorm_forward(x, rows, a, c, 1e-5f, y16, m, s, &ws));
-    NN_OK(fsdp2_nn_layernorm_forward(x, rows, ar, cr, 1e-5f, y32, m, s, NULL));
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, a, c, y16, m, s, &ws));
+    NN_OK(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, ar, cr, y32, m, s, test_ws()));
     assert_close_f32("bf16 layernorm y", y16, y32, rows * dim, 1e-6);
     uint16_t *gw16 = calloc((size_t)dim, 2), *gb16 = calloc((size_t)dim, 2);
     float *gw = f32_array(dim), *gb = f32_array(dim);
     float *dx16 = f32_array(rows * dim), *dx32 = f32_array(rows * dim);
     fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 1, dim, 0), *tgb16 = wrap(gb16, FSDP2_BF16, 1, dim, 0);
     fsdp2_tensor_t *tgw = wrap(gw, FSDP2_F32, 1, dim, 0), *tgb = wrap(gb, FSDP2_F32, 1, dim, 0);
-    NN_OK(fsdp2_nn_layernorm_backward(x, rows, a, m, s, dy, dx16, tgw16, tgb16, &ws));
-    NN_OK(fsdp2_nn_layernorm_backward(x, rows, ar, m, s, dy, dx32, tgw, tgb, NULL));
+    NN_OK(fsdp2_nn_layernorm_backward(x, m, s, dy, rows, a, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_layernorm_backward(x, m, s, dy, rows, ar, dx32, tgw, tgb, test_ws()));
     assert_close_f32("bf16 layernorm dx", dx16, dx32, rows * dim, 1e-6);
     for (int64_t i = 0; i < dim; i++) {
         ck_assert_uint_eq(gw16[i], fsdp2_f32_to_bf16(gw[i]));
@@ -273,8 +273,8 @@ START_TEST(bf16_conv2d_equals_f32_on_rounded_parameters)
     NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, tw16, tb16, y16, &ws));
     NN_OK(fsdp2_nn_conv2d_forward(x, B, H, W, twr, tbr, y32, &ws));
     ck_assert_int_eq(memcmp(y16, y32, sizeof(float) * (size_t)ny), 0);
-    NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, tw16, dy, dx16, tgw16, tgb16, &ws));
-    NN_OK(fsdp2_nn_conv2d_backward(x, B, H, W, twr, dy, dx32, tgw, tgb, &ws));
+    NN_OK(fsdp2_nn_conv2d_backward(x, dy, B, H, W, tw16, dx16, tgw16, tgb16, &ws));
+    NN_OK(fsdp2_nn_conv2d_backward(x, dy, B, H, W, twr, dx32, tgw, tgb, &ws));
     ck_assert_int_eq(memcmp(dx16, dx32, sizeof(float) * (size_t)nx), 0);
     for (int64_t i = 0; i < nw; i++)
         ck_assert_uint_eq(gw16[i], fsdp2_f32_to_bf16(gw[i]));
@@ -304,7 +304,7 @@ START_TEST(dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask
     enum { N = 40000 };
     const double p = 0.3;
     float *x = random_f32(N, 0.5f, 1.5f), *y = f32_array(N), *z = f32_array(N);
-    NN_OK(fsdp2_nn_dropout_forward(x, y, N, p, 77, 1000));
+    NN_OK(fsdp2_nn_dropout_forward(x, N, p, 77, 1000, y));
     int64_t dropped = 0;
     for (int64_t i = 0; i < N; i++) {
         float want = x[i] * mask_of(77, 1000 + (uint64_t)i, p);
@@ -315,20 +315,20 @@ START_TEST(dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask
     ck_assert_msg(fabs((double)dropped / N - p) < 0.01, "dropped %lld of %d", (long long)dropped, N);
     /* in pieces at their offsets: the same values; in place too */
     memcpy(z, x, sizeof(float) * N);
-    NN_OK(fsdp2_nn_dropout_forward(z, z, 13, p, 77, 1000));
-    NN_OK(fsdp2_nn_dropout_forward(z + 13, z + 13, N - 13, p, 77, 1013));
+    NN_OK(fsdp2_nn_dropout_forward(z, 13, p, 77, 1000, z));
+    NN_OK(fsdp2_nn_dropout_forward(z + 13, N - 13, p, 77, 1013, z + 13));
     ck_assert_int_eq(memcmp(y, z, sizeof(float) * N), 0);
     /* backward: dx += dy * mask */
     float *dx = f32_array(N);
     for (int64_t i = 0; i < N; i++)
         dx[i] = 1.0f;
-    NN_OK(fsdp2_nn_dropout_backward(x, dx, N, p, 77, 1000));
+    NN_OK(fsdp2_nn_dropout_backward(x, N, p, 77, 1000, dx));
     for (int64_t i = 0; i < N; i++)
         ck_assert(dx[i] == 1.0f + y[i]);
     /* another seed: another mask; p = 0: a copy */
-    NN_OK(fsdp2_nn_dropout_forward(x, z, N, p, 78, 1000));
+    NN_OK(fsdp2_nn_dropout_forward(x, N, p, 78, 1000, z));
     ck_assert_int_ne(memcmp(y, z, sizeof(float) * N), 0);
-    NN_OK(fsdp2_nn_dropout_forward(x, z, N, 0, 78, 0));
+    NN_OK(fsdp2_nn_dropout_forward(x, N, 0, 78, 0, z));
     ck_assert_int_eq(memcmp(x, z, sizeof(float) * N), 0);
     free(x), free(y), free(z), free(dx);
 }
@@ -337,12 +337,12 @@ END_TEST
 START_TEST(residual_forward_and_backward_fan_out)
 {
     float a[4] = {1, 2, 3, 4}, b[4] = {10, 20, 30, 40}, dy[4] = {1, -1, 2, -2};
-    NN_OK(fsdp2_nn_residual_forward(a, b, a, 4));
+    NN_OK(fsdp2_nn_residual_forward(a, b, 4, a));
     ck_assert(a[0] == 11 && a[3] == 44);
     float da[4] = {1, 1, 1, 1}, db[4] = {0};
-    NN_OK(fsdp2_nn_residual_backward(dy, da, db, 4));
+    NN_OK(fsdp2_nn_residual_backward(dy, 4, da, db));
     ck_assert(da[0] == 2 && da[1] == 0 && db[2] == 2 && db[3] == -2);
-    ck_assert_int_eq(fsdp2_nn_residual_backward(dy, dy, NULL, 4), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_residual_backward(dy, 4, dy, NULL), FSDP2_ERR_INVALID_ARGUMENT);
 }
 END_TEST
 
@@ -358,8 +358,8 @@ START_TEST(bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds)
     NN_OK(fsdp2_nn_rmsnorm_workspace_bytes(dim, &bytes));
     fsdp2_nn_workspace_t ws = workspace_new(bytes);
     fsdp2_tensor_t *a = wrap(w16, FSDP2_BF16, 1, dim, 0), *ar = wrap(wr, FSDP2_F32, 1, dim, 0);
-    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, a, 1e-6f, y16, s16, &ws));
-    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, ar, 1e-6f, y32, s32, NULL));
+    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, 1e-6f, a, y16, s16, &ws));
+    NN_OK(fsdp2_nn_rmsnorm_forward(x, rows, 1e-6f, ar, y32, s32, test_ws()));
     assert_close_f32("bf16 rmsnorm y", y16, y32, rows * dim, 0);
     /* the gradients land on buffers holding 1: the backward adds */
     uint16_t *gw16 = calloc((size_t)dim, 2);
@@ -369,11 +369,11 @@ START_TEST(bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds)
     for (int64_t i = 0; i < rows * dim; i++)
         dx16[i] = dx32[i] = 1.0f;
     fsdp2_tensor_t *tgw16 = wrap(gw16, FSDP2_BF16, 1, dim, 0), *tgw = wrap(gw, FSDP2_F32, 1, dim, 0);
-    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, a, s16, dy, dx16, tgw16, &ws));
-    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, ar, s32, dy, dx32, tgw, NULL));
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, s16, dy, rows, a, dx16, tgw16, &ws));
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, s32, dy, rows, ar, dx32, tgw, test_ws()));
     assert_close_f32("bf16 rmsnorm dx", dx16, dx32, rows * dim, 0);
     float *dx0 = f32_array(rows * dim);
-    NN_OK(fsdp2_nn_rmsnorm_backward(x, rows, ar, s32, dy, dx0, NULL, NULL));
+    NN_OK(fsdp2_nn_rmsnorm_backward(x, s32, dy, rows, ar, dx0, NULL, test_ws()));
     for (int64_t i = 0; i < rows * dim; i++)
         ck_assert_float_eq(dx32[i], 1.0f + dx0[i]);
     for (int64_t i = 0; i < dim; i++) /* 1 + the sum, rounded once */
@@ -408,8 +408,8 @@ START_TEST(gqa_attention_with_one_group_per_head_equals_the_fused_attention)
     NN_OK(fsdp2_nn_gqa_attention_forward(q, k, v, B, T, H, H, D, y2, p2));
     ck_assert_mem_eq(y1, y2, sizeof(float) * (size_t)(B * T * C));
     ck_assert_mem_eq(p1, p2, sizeof(float) * (size_t)(B * H * T * T));
-    NN_OK(fsdp2_nn_attention_backward(qkv, p1, B, T, C, H, dy, dqkv, &ws));
-    NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, p2, B, T, H, H, D, dy, dq, dk, dv, &ws));
+    NN_OK(fsdp2_nn_attention_backward(qkv, p1, dy, B, T, C, H, dqkv, &ws));
+    NN_OK(fsdp2_nn_gqa_attention_backward(q, k, v, p2, dy, B, T, H, H, D, dq, dk, dv, &ws));
     for (int64_t r = 0; r < B * T; r++) {
         ck_assert_mem_eq(dq + r * C, dqkv + r * 3 * C, sizeof(float) * C);
         ck_assert_mem_eq(dk + r * C, dqkv + r * 3 * C + C, sizeof(float) * C);
@@ -428,29 +428,29 @@ START_TEST(llama_layers_refuse_bad_input_naming_the_value_and_write_nothing)
         y[i] = 5.0f;
     fsdp2_tensor_t *w4 = wrap(w, FSDP2_F32, 1, 4, 0), *w5 = wrap(w, FSDP2_F32, 1, 5, 0);
     float rstd[4] = {1, 1, 1, 1};
-    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, w4, NAN, y, rstd, NULL),
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, NAN, w4, y, rstd, test_ws()),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "eps = nan"), "%s", fsdp2_last_error());
-    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, 2, w4, rstd, x, y, w5, NULL),
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, rstd, x, 2, w4, y, w5, test_ws()),
                      FSDP2_ERR_SHAPE_MISMATCH);
     ck_assert_msg(strstr(fsdp2_last_error(), "[5]") && strstr(fsdp2_last_error(), "[4]"), "%s",
                   fsdp2_last_error());
-    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, 2, w4, rstd, y, y, NULL, NULL),
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, rstd, y, 2, w4, y, NULL, test_ws()),
                      FSDP2_ERR_INVALID_ARGUMENT);
     uint16_t w16[4] = {0};
     fsdp2_tensor_t *b4 = wrap(w16, FSDP2_BF16, 1, 4, 0);
-    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, b4, 1e-6f, y, rstd, NULL),
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, 1e-6f, b4, y, rstd, NULL),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "bytes"), "%s", fsdp2_last_error());
-    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x, y, y, NULL, 8), FSDP2_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x, y, -3), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_swiglu_backward(x, x, y, 8, y, NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_swiglu_forward(x, x, -3, y), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "-3"), "%s", fsdp2_last_error());
     /* rope: an odd head_dim, a sequence past the table, bad scaling bounds */
     fsdp2_nn_rope_config_t cfg = FSDP2_NN_ROPE_CONFIG_INIT;
     ck_assert_int_eq(fsdp2_nn_rope_table(&cfg, 5, 2, table), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "head_dim = 5"), "%s", fsdp2_last_error());
     NN_OK(fsdp2_nn_rope_table(&cfg, 4, 4, table));
-    ck_assert_int_eq(fsdp2_nn_rope_forward(x, 1, 5, 1, 4, table, 4, y),
+    ck_assert_int_eq(fsdp2_nn_rope_forward(x, table, 1, 5, 1, 4, 4, y),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "seq = 5") && strstr(fsdp2_last_error(), "4 positions"),
                   "%s", fsdp2_last_error());
@@ -497,7 +497,7 @@ START_TEST(lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_a
     float *t = f32_array(rows * in), *u = f32_array(rows * r), *v = f32_array(rows * out);
     float *want = f32_array(rows * out), *got = f32_array(rows * out);
     NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, want, &ws));
-    NN_OK(fsdp2_nn_dropout_forward(x, t, rows * in, p, 9, 11));
+    NN_OK(fsdp2_nn_dropout_forward(x, rows * in, p, 9, 11, t));
     NN_OK(fsdp2_nn_linear_forward(t, rows, ta, NULL, u, &ws));
     NN_OK(fsdp2_nn_linear_forward(u, rows, tbb, NULL, v, &ws));
     for (int64_t i = 0; i < rows * out; i++)
@@ -515,13 +515,13 @@ START_TEST(lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_a
         dv[i] = (float)scale * dy[i];
     fsdp2_tensor_t *tdaw = wrap(da_want, FSDP2_F32, 2, r, in);
     fsdp2_tensor_t *tdbw = wrap(db_want, FSDP2_F32, 2, out, r);
-    NN_OK(fsdp2_nn_linear_backward(u, rows, tbb, dv, du, tdbw, NULL, &ws));
-    NN_OK(fsdp2_nn_linear_backward(t, rows, ta, du, dt, tdaw, NULL, &ws));
-    NN_OK(fsdp2_nn_linear_backward(x, rows, tw, dy, dx_want, NULL, NULL, &ws));
-    NN_OK(fsdp2_nn_dropout_backward(dt, dx_want, rows * in, p, 9, 11));
+    NN_OK(fsdp2_nn_linear_backward(u, dv, rows, tbb, du, tdbw, NULL, &ws));
+    NN_OK(fsdp2_nn_linear_backward(t, du, rows, ta, dt, tdaw, NULL, &ws));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx_want, NULL, NULL, &ws));
+    NN_OK(fsdp2_nn_dropout_backward(dt, rows * in, p, 9, 11, dx_want));
     float *dx = f32_array(rows * in), *da = f32_array(r * in), *db = f32_array(out * r);
     fsdp2_tensor_t *tda = wrap(da, FSDP2_F32, 2, r, in), *tdb = wrap(db, FSDP2_F32, 2, out, r);
-    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lora, dy, dx, tda, tdb, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw, &lora, dx, tda, tdb, &ws));
     assert_close_f32("lora dx", dx, dx_want, rows * in, 1e-5);
     assert_close_f32("lora dA", da, da_want, r * in, 1e-5);
     assert_close_f32("lora dB", db, db_want, out * r, 1e-5);
@@ -544,8 +544,8 @@ START_TEST(lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_a
     NN_OK(fsdp2_nn_lora_forward(x, rows, twr, tb, &lora, want, &ws));
     assert_close_f32("lora y over a bf16 base", got, want, rows * out, 0);
     float *dx16 = f32_array(rows * in), *dxr = f32_array(rows * in);
-    NN_OK(fsdp2_nn_lora_backward(x, rows, tw16, &lora, dy, dx16, NULL, NULL, &ws));
-    NN_OK(fsdp2_nn_lora_backward(x, rows, twr, &lora, dy, dxr, NULL, NULL, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw16, &lora, dx16, NULL, NULL, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, twr, &lora, dxr, NULL, NULL, &ws));
     assert_close_f32("lora dx over a bf16 base", dx16, dxr, rows * in, 1e-6);
     fsdp2_tensor_release(tw16), fsdp2_tensor_release(twr);
     free(w16), free(wr), free(dx16), free(dxr);
@@ -553,8 +553,8 @@ START_TEST(lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_a
     float *gb32 = f32_array(out * r);
     fsdp2_tensor_t *tgb16 = wrap(gb16, FSDP2_BF16, 2, out, r);
     fsdp2_tensor_t *tgb32 = wrap(gb32, FSDP2_F32, 2, out, r);
-    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &l16, dy, NULL, NULL, tgb16, &ws));
-    NN_OK(fsdp2_nn_lora_backward(x, rows, tw, &lr, dy, NULL, NULL, tgb32, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw, &l16, NULL, NULL, tgb16, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw, &lr, NULL, NULL, tgb32, &ws));
     for (int64_t i = 0; i < out * r; i++)
         ck_assert_uint_eq(gb16[i], fsdp2_f32_to_bf16(gb32[i]));
     workspace_free(&ws);
@@ -624,25 +624,29 @@ START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
     fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 3, 4);
     /* a bias of the wrong length */
     fsdp2_tensor_t *tb = wrap(w, FSDP2_F32, 1, 4, 0);
-    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tw, tb, y, NULL), FSDP2_ERR_SHAPE_MISMATCH);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tw, tb, y, test_ws()),
+                     FSDP2_ERR_SHAPE_MISMATCH);
     ck_assert_msg(strstr(fsdp2_last_error(), "[4]") && strstr(fsdp2_last_error(), "[3]"), "%s",
                   fsdp2_last_error());
     ck_assert(y[0] == 5.0f);
-    ck_assert_int_eq(fsdp2_nn_linear_forward(x, -1, tw, NULL, y, NULL), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, -1, tw, NULL, y, test_ws()),
+                     FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "-1"), "%s", fsdp2_last_error());
     /* a meta parameter and an f16 one */
     fsdp2_device_t meta = FSDP2_DEVICE_META_INIT;
     int64_t shape[2] = {3, 4};
     fsdp2_tensor_t *tm, *th;
     NN_OK(fsdp2_tensor_empty(meta, FSDP2_F32, 2, shape, &tm));
-    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tm, NULL, y, NULL), FSDP2_ERR_DEVICE_MISMATCH);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, tm, NULL, y, test_ws()),
+                     FSDP2_ERR_DEVICE_MISMATCH);
     NN_OK(fsdp2_tensor_from_blob(w, (fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, FSDP2_F16, 2, shape,
                                  NULL, NULL, &th));
-    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, th, NULL, y, NULL), FSDP2_ERR_DTYPE_MISMATCH);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, th, NULL, y, test_ws()),
+                     FSDP2_ERR_DTYPE_MISMATCH);
     ck_assert_msg(strstr(fsdp2_last_error(), "f16"), "%s", fsdp2_last_error());
     /* an id out of range: named, and the output untouched */
     int32_t ids[3] = {0, 3, 2};
-    ck_assert_int_eq(fsdp2_nn_embedding_forward(ids, 3, tw, big, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_embedding_forward(ids, 3, 0, tw, big), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "id 3 at index 1"), "%s", fsdp2_last_error());
     ck_assert(y[0] == 5.0f);
     /* heads that do not divide dim; a workspace too small for attention */
@@ -650,28 +654,28 @@ START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "dim = 10"), "%s", fsdp2_last_error());
     fsdp2_nn_workspace_t ws = {big, 8};
-    ck_assert_int_eq(fsdp2_nn_attention_backward(big, big, 1, 4, 2, 1, big, big, &ws),
+    ck_assert_int_eq(fsdp2_nn_attention_backward(big, big, big, 1, 4, 2, 1, big, &ws),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "given 8"), "%s", fsdp2_last_error());
     /* a target out of range, a NaN divisor, a bad dropout probability */
     int32_t targets[2] = {1, 4};
     double loss = -1;
-    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, 2, 4, -100, 0, &loss, y, NULL, NULL),
+    ck_assert_int_eq(cross_entropy(x, targets, 2, 4, -100, 0, &loss, y, NULL, NULL),
                      FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "target 4 of row 1"), "%s", fsdp2_last_error());
     ck_assert(y[0] == 5.0f && loss == -1);
-    ck_assert_int_eq(fsdp2_nn_cross_entropy(x, targets, 1, 4, -100, NAN, &loss, y, NULL, NULL),
+    ck_assert_int_eq(cross_entropy(x, targets, 1, 4, -100, NAN, &loss, y, NULL, NULL),
                      FSDP2_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, y, 8, 1.0, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_dropout_forward(x, 8, 1.0, 1, 0, y), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "probability 1"), "%s", fsdp2_last_error());
-    ck_assert_int_eq(fsdp2_nn_dropout_backward(x, x, 8, 0.5, 1, 0), FSDP2_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(fsdp2_nn_relu_backward(x, y, y, 8), FSDP2_ERR_INVALID_ARGUMENT);
-    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, y, y, 8), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_dropout_backward(x, 8, 0.5, 1, 0, x), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_relu_backward(x, y, 8, y), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_gelu_backward(x, y, 8, y), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert(y[0] == 5.0f);
     /* a layer norm weight given where a gradient of another length is */
     fsdp2_tensor_t *g5 = wrap(w, FSDP2_F32, 1, 5, 0), *n4 = wrap(w, FSDP2_F32, 1, 4, 0);
     float m[2] = {0}, s[2] = {1, 1};
-    ck_assert_int_eq(fsdp2_nn_layernorm_backward(x, 2, n4, m, s, x, y, g5, NULL, NULL),
+    ck_assert_int_eq(fsdp2_nn_layernorm_backward(x, m, s, x, 2, n4, y, g5, NULL, test_ws()),
                      FSDP2_ERR_SHAPE_MISMATCH);
     ck_assert(y[0] == 5.0f);
     fsdp2_tensor_release(g5), fsdp2_tensor_release(n4);
@@ -684,24 +688,24 @@ START_TEST(zero_rows_and_empty_layers_are_accepted_and_write_nothing)
 {
     float w[6] = {1, 2, 3, 4, 5, 6};
     fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, 2, 3);
-    NN_OK(fsdp2_nn_linear_forward(NULL, 0, tw, NULL, NULL, NULL));
-    NN_OK(fsdp2_nn_linear_backward(NULL, 0, tw, NULL, NULL, NULL, NULL, NULL));
+    NN_OK(fsdp2_nn_linear_forward(NULL, 0, tw, NULL, NULL, test_ws()));
+    NN_OK(fsdp2_nn_linear_backward(NULL, NULL, 0, tw, NULL, NULL, NULL, test_ws()));
     NN_OK(fsdp2_nn_attention_forward(NULL, 0, 4, 6, 2, NULL, NULL));
     double loss = -1;
     int64_t counted = -1;
-    NN_OK(fsdp2_nn_cross_entropy(NULL, NULL, 0, 5, -100, 0, &loss, NULL, &counted, NULL));
+    NN_OK(cross_entropy(NULL, NULL, 0, 5, -100, 0, &loss, NULL, &counted, NULL));
     ck_assert(loss == 0 && counted == 0);
     /* every row ignored: loss 0, gradient zeroed */
     float z[4] = {1, 2, 3, 4}, dz[4] = {9, 9, 9, 9};
     int32_t t[2] = {-100, -100};
-    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, &counted, NULL));
+    NN_OK(cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, &counted, NULL));
     ck_assert(loss == 0 && counted == 0 && dz[0] == 0 && dz[3] == 0);
     /* in = 0: an empty product, y = the bias (BLAS would refuse its leading dims) */
     float b[2] = {0.5f, -2.0f}, y[6] = {9, 9, 9, 9, 9, 9}, none[1] = {0};
     fsdp2_tensor_t *w0 = wrap(none, FSDP2_F32, 2, 2, 0), *tb = wrap(b, FSDP2_F32, 1, 2, 0);
-    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, tb, y, NULL));
+    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, tb, y, test_ws()));
     ck_assert(y[0] == 0.5f && y[1] == -2.0f && y[4] == 0.5f && y[5] == -2.0f);
-    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, NULL, y, NULL));
+    NN_OK(fsdp2_nn_linear_forward(none, 3, w0, NULL, y, test_ws()));
     ck_assert(y[0] == 0.0f && y[5] == 0.0f);
     fsdp2_tensor_release(w0), fsdp2_tensor_release(tb);
     fsdp2_tensor_release(tw);
@@ -710,12 +714,112 @@ END_TEST
 
 /* Logits of 1000 and more: exp would overflow without the max subtracted. Closed form:
  * two classes a, b with target a: loss = log(1 + exp(b - a)), d/da = p_a - 1, d/db = p_b. */
+/* A program written for f32 must not start failing when its parameters become bf16: the
+ * layers with a workspace query refuse a missing workspace whatever the dtypes. */
+START_TEST(f32_layers_refuse_a_missing_workspace_as_bf16_ones_do)
+{
+    float x[6] = {1, 2, 3, 4, 5, 6}, w[6] = {1, 1, 1, 1, 1, 1}, y[6] = {9, 9, 9, 9, 9, 9};
+    float m[2], s[2];
+    int32_t ids[2] = {0, 1};
+    fsdp2_tensor_t *lin = wrap(w, FSDP2_F32, 2, 2, 3), *norm = wrap(w, FSDP2_F32, 1, 3, 0);
+    fsdp2_tensor_t *table = wrap(w, FSDP2_F32, 2, 2, 3);
+    ck_assert_int_eq(fsdp2_nn_linear_forward(x, 2, lin, NULL, y, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "linear forward needs a workspace of"), "%s",
+                  fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_linear_backward(x, x, 2, lin, y, NULL, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_layernorm_forward(x, 2, 1e-5f, norm, NULL, y, m, s, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_layernorm_backward(x, m, s, x, 2, norm, y, NULL, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, 2, 1e-5f, norm, y, s, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, s, x, 2, norm, y, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_embedding_backward(ids, x, 2, table, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "embedding backward needs a workspace of"), "%s",
+                  fsdp2_last_error());
+    for (int i = 0; i < 6; i++)
+        ck_assert(y[i] == 9 && w[i] == 1);
+    fsdp2_tensor_release(lin), fsdp2_tensor_release(norm), fsdp2_tensor_release(table);
+}
+END_TEST
+
+/* One query for a whole model: the largest of its layers' own queries; a bad shape named
+ * by its index. */
+START_TEST(the_workspace_of_a_model_is_its_largest_layer_query)
+{
+    fsdp2_nn_layer_shape_t layers[] = {
+        {FSDP2_NN_LINEAR, {768, 2304}},      {FSDP2_NN_LORA, {768, 768, 8}},
+        {FSDP2_NN_EMBEDDING, {1024, 50257, 768}}, {FSDP2_NN_LAYERNORM, {768}},
+        {FSDP2_NN_RMSNORM, {4096}},          {FSDP2_NN_CONV2D, {1, 28, 28, 8, 5}},
+        {FSDP2_NN_ATTENTION, {1024}}};
+    size_t want = 0, b[7], all;
+    NN_OK(fsdp2_nn_linear_workspace_bytes(768, 2304, &b[0]));
+    NN_OK(fsdp2_nn_lora_workspace_bytes(768, 768, 8, &b[1]));
+    NN_OK(fsdp2_nn_embedding_workspace_bytes(1024, 50257, 768, &b[2]));
+    NN_OK(fsdp2_nn_layernorm_workspace_bytes(768, &b[3]));
+    NN_OK(fsdp2_nn_rmsnorm_workspace_bytes(4096, &b[4]));
+    NN_OK(fsdp2_nn_conv2d_workspace_bytes(1, 28, 28, 8, 5, &b[5]));
+    NN_OK(fsdp2_nn_attention_workspace_bytes(1024, &b[6]));
+    for (size_t n = 1; n <= 7; n++) { /* each prefix: the largest query so far */
+        want = b[n - 1] > want ? b[n - 1] : want;
+        NN_OK(fsdp2_nn_workspace_bytes(layers, n, &all));
+        ck_assert_msg(all == want, "%zu layers: %zu bytes, their largest query %zu", n, all,
+                      want);
+    }
+    NN_OK(fsdp2_nn_workspace_bytes(NULL, 0, &all));
+    ck_assert_uint_eq(all, 0);
+    layers[2].dims[1] = -5;
+    ck_assert_int_eq(fsdp2_nn_workspace_bytes(layers, 7, &all), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "layer 2 of 7") &&
+                      strstr(fsdp2_last_error(), "num = -5"),
+                  "%s", fsdp2_last_error());
+    layers[2].dims[1] = 5;
+    layers[5].kind = (fsdp2_nn_layer_kind_t)42;
+    ck_assert_int_eq(fsdp2_nn_workspace_bytes(layers, 7, &all), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "kind 42"), "%s", fsdp2_last_error());
+}
+END_TEST
+
+/* The options struct: NULL means the defaults (ignore_index -100, the mean over the
+ * counted rows); the size field is checked; the result carries the counts. */
+START_TEST(cross_entropy_options_default_and_check_their_size)
+{
+    float z[6] = {1, 2, 3, 3, 2, 1}, dz[6];
+    int32_t t[3] = {2, -100, 1};
+    fsdp2_nn_cross_entropy_result_t r = {-1, -1, -1};
+    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 3, NULL, dz, &r));
+    /* row 0: target 2 is the arg-max; row 1 (target -100) is skipped */
+    double l0 = -log(exp(3.0) / (exp(1.0) + exp(2.0) + exp(3.0)));
+    ck_assert_msg(fabs(r.loss - l0) < 1e-6, "loss %.9g, closed form %.9g", r.loss, l0);
+    ck_assert(r.counted == 1 && r.correct == 1 && dz[3] == 0 && dz[5] == 0);
+    fsdp2_nn_cross_entropy_options_t o = FSDP2_NN_CROSS_ENTROPY_OPTIONS_INIT;
+    ck_assert_int_eq(o.ignore_index, -100);
+    o.divisor = 4; /* a global count: the sum over this call's rows divided by it */
+    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 3, &o, NULL, &r));
+    ck_assert_msg(fabs(r.loss - l0 / 4) < 1e-6, "loss %.9g, want %.9g", r.loss, l0 / 4);
+    o.ignore_index = 7; /* now -100 is an ordinary target, outside [0, 3) */
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(z, t, 2, 3, &o, NULL, &r),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "target -100 of row 1"), "%s", fsdp2_last_error());
+    o.size = 3;
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(z, t, 2, 3, &o, NULL, &r),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "cross-entropy options"), "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_cross_entropy(z, t, 2, 3, NULL, NULL, NULL),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
 START_TEST(cross_entropy_stays_exact_for_logits_of_1000)
 {
     float z[4] = {1000.0f, 1001.0f, 3000.0f, 2990.0f}, dz[4];
     int32_t t[2] = {0, 0};
     double loss;
-    NN_OK(fsdp2_nn_cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, NULL, NULL));
+    NN_OK(cross_entropy(z, t, 2, 2, -100, 0, &loss, dz, NULL, NULL));
     double l0 = log1p(exp(1.0)), l1 = log1p(exp(-10.0));
     ck_assert_msg(fabs(loss - (l0 + l1) / 2) < 1e-6, "loss %.9g, closed form %.9g", loss,
                   (l0 + l1) / 2);
@@ -745,6 +849,9 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, lora_equals_its_composition_across_row_blocks_and_with_bf16_base_or_adapters);
     tcase_add_test(tc, lora_refuses_a_bad_rank_shape_alias_or_dropout_naming_them);
     tcase_add_test(tc, zero_rows_and_empty_layers_are_accepted_and_write_nothing);
+    tcase_add_test(tc, f32_layers_refuse_a_missing_workspace_as_bf16_ones_do);
+    tcase_add_test(tc, the_workspace_of_a_model_is_its_largest_layer_query);
+    tcase_add_test(tc, cross_entropy_options_default_and_check_their_size);
     suite_add_tcase(s, tc);
     return s;
 }
