@@ -82,18 +82,16 @@ void fsdp2_coll_stamp_text(const coll_stamp_t *s, uint64_t seq, char *buf, size_
 static void report_to_launcher(int echo)
 {
     static atomic_int reported;
-    const char *fd_text = getenv("FSDP2_RUN_REPORT_FD"), *rank = getenv("RANK");
-    if (!fd_text || !rank || atomic_exchange(&reported, 1))
-        return;
-    char *end;
-    long fd = strtol(fd_text, &end, 10);
-    long r = strtol(rank, &end, 10);
-    if (fd < 3 || fd > 1 << 20 || r < 0)
+    int64_t fd = fsdp2_env_int(FSDP2_ENV_RUN_REPORT_FD), r;
+    const char *rank = getenv("RANK"); /* fsdp2run's, torchrun style */
+    if (fd < 3 || !rank || !fsdp2_env_decimal(rank, 0, INT32_MAX, &r) ||
+        atomic_exchange(&reported, 1))
         return;
     char line[48];
-    int n = snprintf(line, sizeof(line), "%ld %s\n", r, echo ? "echo" : "origin");
+    int n = snprintf(line, sizeof(line), "%lld %s\n", (long long)r, echo ? "echo" : "origin");
     if (write((int)fd, line, (size_t)n) != n)
-        FSDP2_LOG(DEBUG, COLL, "could not tell the launcher (FSDP2_RUN_REPORT_FD=%s)", fd_text);
+        FSDP2_LOG(DEBUG, COLL, "could not tell the launcher (FSDP2_RUN_REPORT_FD=%lld)",
+                  (long long)fd);
 }
 
 fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
