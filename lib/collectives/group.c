@@ -210,12 +210,8 @@ fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int
     FSDP2_ARG_CHECK(rank >= 0 && rank < size, "group '%s': rank %d is not in 0..%d", name, rank,
                     size - 1);
     fsdp2_group_options_t opts = FSDP2_GROUP_OPTIONS_INIT;
-    /* Before cuda_device: the struct ended with timeout_ms. */
-    static const fsdp2_options_version_t earlier[] = {
-        {offsetof(fsdp2_group_options_t, cuda_device), offsetof(fsdp2_group_options_t, cuda_device)},
-    };
     if (options)
-        FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, earlier, 1));
+        FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, NULL, 0));
     FSDP2_ARG_CHECK(opts.backend == FSDP2_BACKEND_UCX || opts.backend == FSDP2_BACKEND_NCCL,
                     "group '%s': backend %d is not ucx or nccl", name, (int)opts.backend);
     /* From here on a failure is reported to the other members (collectives/setup.h). */
