@@ -40,6 +40,9 @@ typedef enum fsdp2_launcher {
     FSDP2_LAUNCHER_PMI = 4,
 } fsdp2_launcher_t;
 
+/* Where this process sits in the job, as its launcher told it (output).
+ * This struct has no size field: its layout is fixed for the ABI (version 0 of
+ * libfsdp2.so); more fields would come as a new struct and function, never by growing it. */
 typedef struct fsdp2_process_info {
     fsdp2_launcher_t launcher;
     int rank, world_size;

@@ -55,6 +55,9 @@ FSDP2_API fsdp2_status_t fsdp2_cuda_device_count(int *count);
 FSDP2_API fsdp2_status_t fsdp2_device_alloc(fsdp2_device_t device, size_t bytes, void **ptr);
 FSDP2_API fsdp2_status_t fsdp2_device_free(fsdp2_device_t device, void *ptr);
 
+/* Counters of libfsdp2's allocator for one device (output).
+ * This struct has no size field: its layout is fixed for the ABI (version 0 of
+ * libfsdp2.so); more fields would come as a new struct and function, never by growing it. */
 typedef struct fsdp2_memory_stats {
     uint64_t allocated_bytes;      /* live now */
     uint64_t peak_allocated_bytes; /* most live at once since start or the last reset */

@@ -104,9 +104,9 @@ typedef struct fsdp2_offload_policy {
 #define FSDP2_OFFLOAD_POLICY_INIT {0, 1}
 
 typedef struct fsdp2_shard_options {
-    unsigned size;                      /* sizeof(fsdp2_shard_options_t); the sizes of
-                                           earlier versions are accepted too (the fields
-                                           they lack then default) */
+    unsigned size;                      /* sizeof(fsdp2_shard_options_t) (and, once
+                                           there are any, the sizes of earlier releases:
+                                           the fields they lack then default) */
     fsdp2_mesh_t *mesh;                 /* 1D (FSDP) or 2D [replicate, shard] (HSDP);
                                            NULL: the world mesh of fsdp2_init */
     int reshard_after_forward;          /* 1: free unsharded parameters after forward;

@@ -140,6 +140,10 @@ typedef enum fsdp2_lr_schedule_kind {
                             t >= total:          min_lr */
 } fsdp2_lr_schedule_kind_t;
 
+/* A learning-rate schedule (input, and output of fsdp2_optimizer_lr_schedule; saved in
+ * checkpoints by field, not as bytes).
+ * This struct has no size field: its layout is fixed for the ABI (version 0 of
+ * libfsdp2.so); more fields would come as a new struct and function, never by growing it. */
 typedef struct fsdp2_lr_schedule {
     fsdp2_lr_schedule_kind_t kind;
     int64_t step_size; /* STEP: >= 1 */

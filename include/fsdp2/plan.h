@@ -30,8 +30,7 @@ typedef struct fsdp2_plan_options {
     int shard;                 /* ranks each parameter is split over (the shard dim) */
     int rank;                  /* this rank's coordinate on the shard dim, 0..shard-1 */
     /* fully_shard's options for every unit (mesh ignored; device cpu or cuda); NULL:
-     * FSDP2_SHARD_OPTIONS_INIT. Any size an earlier header gave them is taken, as by
-     * fsdp2_fully_shard. */
+     * FSDP2_SHARD_OPTIONS_INIT. Their size is checked as by fsdp2_fully_shard. */
     const fsdp2_shard_options_t *shard_options;
     /* The units, as fsdp2_fully_shard_tree chooses them: policy, or (policy NULL) every
      * module whose unowned parameters number min_params elements or more; the root is

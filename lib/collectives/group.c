@@ -82,18 +82,16 @@ void fsdp2_coll_stamp_text(const coll_stamp_t *s, uint64_t seq, char *buf, size_
 static void report_to_launcher(int echo)
 {
     static atomic_int reported;
-    const char *fd_text = getenv("FSDP2_RUN_REPORT_FD"), *rank = getenv("RANK");
-    if (!fd_text || !rank || atomic_exchange(&reported, 1))
-        return;
-    char *end;
-    long fd = strtol(fd_text, &end, 10);
-    long r = strtol(rank, &end, 10);
-    if (fd < 3 || fd > 1 << 20 || r < 0)
+    int64_t fd = fsdp2_env_int(FSDP2_ENV_RUN_REPORT_FD), r;
+    const char *rank = getenv("RANK"); /* fsdp2run's, torchrun style */
+    if (fd < 3 || !rank || !fsdp2_env_decimal(rank, 0, INT32_MAX, &r) ||
+        atomic_exchange(&reported, 1))
         return;
     char line[48];
-    int n = snprintf(line, sizeof(line), "%ld %s\n", r, echo ? "echo" : "origin");
+    int n = snprintf(line, sizeof(line), "%lld %s\n", (long long)r, echo ? "echo" : "origin");
     if (write((int)fd, line, (size_t)n) != n)
-        FSDP2_LOG(DEBUG, COLL, "could not tell the launcher (FSDP2_RUN_REPORT_FD=%s)", fd_text);
+        FSDP2_LOG(DEBUG, COLL, "could not tell the launcher (FSDP2_RUN_REPORT_FD=%lld)",
+                  (long long)fd);
 }
 
 fsdp2_status_t fsdp2_group_fail(fsdp2_group_t *g, fsdp2_status_t status, const char *fmt, ...)
@@ -212,12 +210,8 @@ fsdp2_status_t fsdp2_group_create_in(fsdp2_store_t *store, const char *name, int
     FSDP2_ARG_CHECK(rank >= 0 && rank < size, "group '%s': rank %d is not in 0..%d", name, rank,
                     size - 1);
     fsdp2_group_options_t opts = FSDP2_GROUP_OPTIONS_INIT;
-    /* Before cuda_device: the struct ended with timeout_ms. */
-    static const fsdp2_options_version_t earlier[] = {
-        {offsetof(fsdp2_group_options_t, cuda_device), offsetof(fsdp2_group_options_t, cuda_device)},
-    };
     if (options)
-        FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, earlier, 1));
+        FSDP2_CHECK(fsdp2_options_copy("group options", &opts, sizeof(opts), options, NULL, 0));
     FSDP2_ARG_CHECK(opts.backend == FSDP2_BACKEND_UCX || opts.backend == FSDP2_BACKEND_NCCL,
                     "group '%s': backend %d is not ucx or nccl", name, (int)opts.backend);
     /* From here on a failure is reported to the other members (collectives/setup.h). */

@@ -211,10 +211,9 @@ fsdp2_status_t fsdp2_trace_stop(fsdp2_context_t *ctx)
 
 fsdp2_status_t fsdp2_trace_session_from_env(fsdp2_context_t *ctx)
 {
-    /* Read here rather than through the env table: its kinds are numbers and words,
-     * and a path is validated by trying the directory (check_path). */
-    const char *path = getenv("FSDP2_TRACE");
-    if (!path || !path[0])
+    /* The table takes any path; trying its directory is the check (check_path). */
+    const char *path = fsdp2_env_text(FSDP2_ENV_TRACE);
+    if (!path)
         return FSDP2_SUCCESS;
     fsdp2_status_t status = fsdp2_trace_start(ctx, path);
     if (status != FSDP2_SUCCESS)

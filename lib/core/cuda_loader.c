@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/env_internal.h"
 #include "core/cuda_loader.h"
 #include "core/error.h"
 #include "core/log_internal.h"
@@ -113,8 +114,8 @@ static int own_directory(char *dir, size_t len)
 
 static void load(void)
 {
-    const char *env = getenv("FSDP2_CUDA_MODULE");
-    if (env && env[0]) {
+    const char *env = fsdp2_env_text(FSDP2_ENV_CUDA_MODULE);
+    if (env) {
         note("FSDP2_CUDA_MODULE='%s'", env);
         if (try_load(env))
             load_error[0] = '\0';

@@ -10,7 +10,15 @@
 #include "core/fault.h"
 #include "core/log_internal.h"
 
-typedef enum env_kind { ENV_INT, ENV_SECONDS, ENV_BYTES, ENV_ENUM, ENV_LIST } env_kind_t;
+typedef enum env_kind {
+    ENV_INT,
+    ENV_SECONDS,
+    ENV_BYTES,
+    ENV_ENUM,
+    ENV_LIST,
+    ENV_PATH,
+    ENV_SECRET
+} env_kind_t;
 
 typedef struct env_var {
     const char *name;
@@ -30,6 +38,9 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static pthread_once_t env_log_once = PTHREAD_ONCE_INIT;
 static int64_t env_values[FSDP2_ENV_COUNT];
 static int env_from_user[FSDP2_ENV_COUNT];
+/* Each variable's text as read (NULL when unset), so that the log, fsdp2_env_describe
+ * and fsdp2_env_text see what was parsed even if the process changes its environment. */
+static char *env_texts[FSDP2_ENV_COUNT];
 /* Parsing runs inside pthread_once, where logging or fsdp2_error (which logs) would
  * re-enter it; the failure is kept here and reported by fsdp2_env_init. */
 static fsdp2_status_t env_status;
@@ -64,6 +75,38 @@ static int parse_range(const char *accepted, double *lo, double *hi)
     return 1;
 }
 
+/* strtoll alone would take leading spaces, '+' and "0x". */
+int fsdp2_env_decimal(const char *text, int64_t lo, int64_t hi, int64_t *out)
+{
+    int negative = text[0] == '-' && lo < 0;
+    const char *p = text + negative;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || p[digits] != '\0' || digits > 18)
+        return 0;
+    int64_t v = strtoll(p, NULL, 10); /* at most 18 digits: no overflow */
+    if (negative)
+        v = -v;
+    if (v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+fsdp2_status_t fsdp2_env_parse_int(const char *var, const char *text, int64_t lo, int64_t hi,
+                                   int64_t *out)
+{
+    if (text && fsdp2_env_decimal(text, lo, hi, out))
+        return FSDP2_SUCCESS;
+    /* Digits (after a '-' where one may be) that did not parse are out of range. */
+    const char *digits = text && text[0] == '-' && lo < 0 ? text + 1 : text;
+    const char *why = !text || !text[0]                  ? "empty"
+                      : digits[strspn(digits, "0123456789")] == '\0' && digits[0]
+                          ? "out of range"
+                          : "not a decimal integer";
+    return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s='%s' is %s: expected a decimal integer in "
+                       "%lld..%lld", var, text ? text : "", why, (long long)lo, (long long)hi);
+}
+
 /* Parses text for var into *value; on failure writes the reason into env_message. */
 static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_t *value)
 {
@@ -71,15 +114,15 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
     double lo = 0, hi = 0;
     char reason[sizeof(env_message)];
     switch (var->kind) {
-    case ENV_INT: {
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
+    case ENV_INT:
         parse_range(var->accepted, &lo, &hi);
-        if (errno || end == text || *end != '\0' || v < (long long)lo || v > (long long)hi)
+        if (!fsdp2_env_decimal(text, (int64_t)lo, (int64_t)hi, value))
             goto bad;
-        *value = v;
         return FSDP2_SUCCESS;
-    }
+    case ENV_PATH:
+    case ENV_SECRET:
+        *value = text[0] != '\0';
+        return FSDP2_SUCCESS;
     case ENV_BYTES: {
         /* Decimal digits and an optional binary suffix ("512M", "24G"). */
         size_t digits = strspn(text, "0123456789");
@@ -140,7 +183,10 @@ static fsdp2_status_t parse_value(const env_var_t *var, const char *text, int64_
     }
 bad:
     snprintf(reason, sizeof(reason), "%s='%s' is not valid: expected %s%s (%s)",
-             var->name, text, var->kind == ENV_LIST ? "'all' or a comma list of " : "",
+             var->name, text,
+             var->kind == ENV_LIST  ? "'all' or a comma list of "
+             : var->kind == ENV_INT ? "a decimal integer in "
+                                    : "",
              var->accepted, var->help);
     if (env_message[0] == '\0') /* keep the first failure's message */
         snprintf(env_message, sizeof(env_message), "%s", reason);
@@ -162,8 +208,15 @@ static void env_parse_all(void)
         }
         env_values[i] = def;
         env_from_user[i] = 0;
+        free(env_texts[i]);
+        env_texts[i] = NULL;
         const char *text = getenv(var->name);
         if (!text)
+            continue;
+        /* malloc, not fsdp2_malloc: reading the table is no allocation point of
+         * FSDP2_FAULT_KIND=alloc. Without memory the variable reads as unset. */
+        env_texts[i] = strdup(text);
+        if (!env_texts[i])
             continue;
         int64_t v;
         if (parse_value(var, text, &v) != FSDP2_SUCCESS) {
@@ -180,20 +233,37 @@ static void env_parse_all(void)
                               env_values[FSDP2_ENV_FAULT_RANK]);
 }
 
+/* What the log and fsdp2_env_describe show for variable i: a secret's length, never its
+ * bytes. */
+static const char *shown_text(int i, char *buf, size_t len)
+{
+    const char *text = env_texts[i] ? env_texts[i] : env_table[i].def;
+    if (env_table[i].kind == ENV_SECRET && env_texts[i]) {
+        snprintf(buf, len, "(%zu bytes, not shown)", strlen(env_texts[i]));
+        return buf;
+    }
+    return text;
+}
+
 static void env_log_all(void)
 {
-    for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
-        const char *text = getenv(env_table[i].name);
+    char secret[64];
+    for (int i = 0; i < FSDP2_ENV_COUNT; i++)
         FSDP2_LOG(INFO, INIT, "%s=%s%s", env_table[i].name,
-                  env_from_user[i] ? text : env_table[i].def,
+                  env_from_user[i] ? shown_text(i, secret, sizeof(secret)) : env_table[i].def,
                   env_from_user[i] ? "" : " (default)");
-    }
 }
 
 int64_t fsdp2_env_int(fsdp2_env_id_t id)
 {
     pthread_once(&env_once, env_parse_all);
     return env_values[id];
+}
+
+const char *fsdp2_env_text(fsdp2_env_id_t id)
+{
+    pthread_once(&env_once, env_parse_all);
+    return env_values[id] && env_from_user[id] ? env_texts[id] : NULL;
 }
 
 fsdp2_status_t fsdp2_env_init(void)
@@ -217,9 +287,10 @@ fsdp2_status_t fsdp2_env_describe(char *buf, size_t len, size_t *needed)
     FSDP2_ARG_CHECK(buf || len == 0, "buf is NULL with len=%zu", len);
     pthread_once(&env_once, env_parse_all);
     size_t used = 0;
+    char secret[64];
     for (int i = 0; i < FSDP2_ENV_COUNT; i++) {
         const env_var_t *var = &env_table[i];
-        const char *text = getenv(var->name);
+        const char *text = env_texts[i] ? shown_text(i, secret, sizeof(secret)) : NULL;
         int n = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
                          "%s=%s%s  accepted: %s%s  %s\n", var->name, text ? text : var->def,
                          text ? "" : " (default)", var->kind == ENV_LIST ? "all or " : "",

@@ -1,6 +1,7 @@
 /* Fault injection: counters per kind and the one point that fails (core/fault.h). */
 #include <stdlib.h>
 
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/log_internal.h"
@@ -76,8 +77,8 @@ void fsdp2_fault_configure(fault_kind_t kind, uint64_t at, int64_t rank)
         const char *mine = NULL;
         for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]) && !mine; i++)
             mine = getenv(vars[i]);
-        char *end;
-        if (!mine || strtoll(mine, &end, 10) != rank || *end)
+        int64_t value;
+        if (!mine || !fsdp2_env_decimal(mine, 0, INT32_MAX, &value) || value != rank)
             return;
     }
     fsdp2_fault_arm(kind, at);

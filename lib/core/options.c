@@ -21,7 +21,7 @@ fsdp2_status_t fsdp2_options_copy(const char *what, void *dst, size_t dst_size, 
             at += snprintf(accepted + at, sizeof(accepted) - (size_t)at, " or %u",
                            earlier[i].size);
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
-                           "%s: size %u is not one this library knows (%s; set it with the "
+                           "%s size %u is not one this library knows (%s; set it with the "
                            "struct's _INIT macro)",
                            what, given, accepted);
     }

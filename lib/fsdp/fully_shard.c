@@ -16,6 +16,7 @@
 
 #include "collectives/mesh_default.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "core/log_internal.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
@@ -113,45 +114,6 @@ static fsdp2_status_t check_ties(const fsdp_group_t *g, const fsdp2_module_t *m)
             FSDP2_CHECK(check_ties(g, m->children[i]));
     }
     return FSDP2_SUCCESS;
-}
-
-/* The options of earlier versions, as their headers declared them (for their sizes,
- * tail padding included): before mixed precision (v1), and with the two-dtype policy
- * before output_dtype, cast_forward_inputs and offload (v2). */
-typedef struct shard_options_v1 {
-    unsigned size;
-    fsdp2_mesh_t *mesh;
-    int reshard_after_forward;
-    fsdp2_param_t *const *ignored_params;
-    size_t num_ignored_params;
-    fsdp2_device_t device;
-    int unsharded_buffers;
-} shard_options_v1_t;
-
-typedef struct shard_options_v2 {
-    unsigned size;
-    fsdp2_mesh_t *mesh;
-    int reshard_after_forward;
-    fsdp2_param_t *const *ignored_params;
-    size_t num_ignored_params;
-    fsdp2_device_t device;
-    int unsharded_buffers;
-    struct {
-        fsdp2_dtype_t param_dtype, reduce_dtype;
-    } mp;
-} shard_options_v2_t;
-
-_Static_assert(offsetof(shard_options_v2_t, mp) == offsetof(fsdp2_shard_options_t, mp),
-               "the fields before mp keep their places");
-
-/* The bytes of the current options an earlier version's size holds, or 0. */
-static size_t older_options_size(unsigned size)
-{
-    if (size == sizeof(shard_options_v1_t))
-        return offsetof(fsdp2_shard_options_t, mp);
-    if (size == sizeof(shard_options_v2_t))
-        return offsetof(fsdp2_shard_options_t, mp.output_dtype);
-    return 0;
 }
 
 /* Offload: host memory is where cpu shards live already (said once per process, as a
@@ -412,18 +374,10 @@ fsdp2_status_t fsdp_shard_options_take(const fsdp2_shard_options_t *in,
 {
     fsdp2_shard_options_t defaults = FSDP2_SHARD_OPTIONS_INIT;
     *out = defaults;
-    if (in && in->size == sizeof(*in)) {
-        *out = *in;
-    } else if (in) {
-        /* Built against an earlier header: the fields it knows, and the defaults for the
-         * rest (what the size field is for). Only the bytes its size covers are read. */
-        size_t known = older_options_size(in->size);
-        FSDP2_ARG_CHECK(known,
-                        "fully_shard '%s': options size %u is not sizeof(fsdp2_shard_options_t) "
-                        "= %zu (use FSDP2_SHARD_OPTIONS_INIT)",
-                        fqn, in->size, sizeof(*in));
-        memcpy(out, in, known);
-        out->size = sizeof(*out);
+    if (in) {
+        char what[FSDP2_FQN_MAX + 32];
+        snprintf(what, sizeof(what), "fully_shard '%s': options", fqn);
+        FSDP2_CHECK(fsdp2_options_copy(what, out, sizeof(*out), in, NULL, 0));
     }
     return fsdp_check_shard_options(out, fqn);
 }

@@ -556,16 +556,13 @@ void fsdp_root_free(fsdp_root_t *r)
 fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
 {
     FSDP2_ARG_CHECK(plan, "memory plan is NULL");
-    /* The size before post_forward_params is accepted: it gets the fields it knows. */
-    size_t before = offsetof(fsdp2_memory_plan_t, post_forward_params);
-    FSDP2_ARG_CHECK(plan->size == sizeof(*plan) || plan->size == before,
+    FSDP2_ARG_CHECK(plan->size == sizeof(*plan),
                     "memory plan: size %u is not sizeof(fsdp2_memory_plan_t) = %zu", plan->size,
                     sizeof(*plan));
     fsdp_root_t *r;
     FSDP2_CHECK(fsdp_root_get(m, &r));
-    unsigned size = plan->size;
-    memcpy(plan, &r->plan, size);
-    plan->size = size;
+    *plan = r->plan;
+    plan->size = sizeof(*plan);
     return FSDP2_SUCCESS;
 }
 

@@ -364,7 +364,11 @@ static fsdp2_status_t prefetch(fsdp_root_t *r, fsdp_group_t *const *targets, siz
 
 /* A new step starts at the root's pre_forward: the forward order just recorded becomes
  * the prediction, and modules left whole by a forward-only step are released. */
-static void begin_step(fsdp_root_t *r)
+/* The one reset between steps: this step's order becomes the one to prefetch by, and
+ * every group goes back to idle. An unsharded group keeps its buffer unless it was used
+ * in this step (at a new step's start: a step that never finished) or reshards after
+ * backward (at backward_finish). */
+static void reset_step(fsdp_root_t *r, int at_finish)
 {
     if (r->order_len) {
         memcpy(r->last_order, r->order, r->order_len * sizeof(*r->order));
@@ -373,12 +377,19 @@ static void begin_step(fsdp_root_t *r)
     r->order_len = 0;
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
-        if (g->training_state != FSDP2_STATE_IDLE && g->unshard_state != FSDP2_SHARDED)
+        int drop = at_finish ? g->reshard_after_backward
+                            : g->training_state != FSDP2_STATE_IDLE;
+        if (drop && g->unshard_state != FSDP2_SHARDED)
             release(g);
         drop_post_forward(g);
         g->training_state = FSDP2_STATE_IDLE;
         g->forward_done = 0;
     }
+}
+
+static void begin_step(fsdp_root_t *r)
+{
+    reset_step(r, 0);
     r->in_step = 1;
 }
 
@@ -746,19 +757,7 @@ fsdp2_status_t fsdp2_backward_finish(fsdp2_module_t *m)
     }
     if (status != FSDP2_SUCCESS)
         return step_failed(r, status);
-    for (size_t i = 0; i < r->num_groups; i++) {
-        fsdp_group_t *x = r->groups[i];
-        if (x->unshard_state != FSDP2_SHARDED && x->reshard_after_backward)
-            release(x);
-        drop_post_forward(x);
-        x->training_state = FSDP2_STATE_IDLE;
-        x->forward_done = 0;
-    }
-    if (r->order_len) {
-        memcpy(r->last_order, r->order, r->order_len * sizeof(*r->order));
-        r->last_order_len = r->order_len;
-    }
-    r->order_len = 0;
+    reset_step(r, 1);
     r->in_step = 0;
     r->backward_open = 0;
     r->grad_owner[0] = r->grad_owner[1] = NULL;

@@ -12,6 +12,7 @@
 
 #include <fsdp2/bootstrap.h>
 
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 
@@ -58,25 +59,13 @@ const char *fsdp2_launcher_name(fsdp2_launcher_t launcher)
     return "unknown";
 }
 
-/* Parses text as a decimal in [lo, hi]; the message names var and the text. */
+/* Parses text as a decimal in [lo, hi] (the library's one integer syntax); the message
+ * names var and the text. */
 static fsdp2_status_t parse_int_text(const char *var, const char *text, long lo, long hi,
                                      int *out)
 {
-    if (text[0] == '\0')
-        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s is set but empty", var);
-    long value = 0;
-    for (const char *p = text; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
-                               "%s='%s' is not a non-negative decimal integer", var, text);
-        if (value > (LONG_MAX - 9) / 10)
-            return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s='%s' is out of range %ld..%ld",
-                               var, text, lo, hi);
-        value = value * 10 + (*p - '0');
-    }
-    if (value < lo || value > hi)
-        return fsdp2_error(FSDP2_ERR_INVALID_CONFIG, "%s=%s is out of range %ld..%ld", var,
-                           text, lo, hi);
+    int64_t value = 0;
+    FSDP2_CHECK(fsdp2_env_parse_int(var, text, lo, hi, &value));
     *out = (int)value;
     return FSDP2_SUCCESS;
 }

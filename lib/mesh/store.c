@@ -358,9 +358,9 @@ fsdp2_status_t fsdp2_store_random(uint8_t *buf, size_t n)
 fsdp2_status_t fsdp2_store_secret(uint8_t *secret, size_t *len)
 {
     *len = 0;
-    const char *text = getenv("FSDP2_STORE_SECRET");
-    const char *path = getenv("FSDP2_STORE_SECRET_FILE");
-    if (text && text[0]) {
+    const char *text = fsdp2_env_text(FSDP2_ENV_STORE_SECRET);
+    const char *path = fsdp2_env_text(FSDP2_ENV_STORE_SECRET_FILE);
+    if (text) {
         size_t n = strlen(text);
         if (n > STORE_SECRET_MAX)
             return fsdp2_error(FSDP2_ERR_INVALID_CONFIG,
@@ -370,7 +370,7 @@ fsdp2_status_t fsdp2_store_secret(uint8_t *secret, size_t *len)
         *len = n;
         return FSDP2_SUCCESS;
     }
-    if (!path || !path[0])
+    if (!path)
         return FSDP2_SUCCESS;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)

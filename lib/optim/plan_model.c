@@ -5,6 +5,7 @@
 #include <fsdp2/plan.h>
 
 #include "core/error.h"
+#include "core/options.h"
 #include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
 
@@ -13,14 +14,13 @@ static fsdp2_plan_collective_t collective(const fsdp_dry_collective_t *c)
     return (fsdp2_plan_collective_t){c->calls, c->bytes, c->sent, c->ranks};
 }
 
-fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t *o,
+fsdp2_status_t fsdp2_plan_model(fsdp2_module_t *root, const fsdp2_plan_options_t *options,
                                 fsdp2_plan_report_t *report)
 {
-    FSDP2_ARG_CHECK(root && o && report, "plan_model: root, options or report is NULL");
-    FSDP2_ARG_CHECK(o->size == sizeof(*o),
-                    "plan_model: options size %u is not sizeof(fsdp2_plan_options_t) = %zu "
-                    "(use FSDP2_PLAN_OPTIONS_INIT)",
-                    o->size, sizeof(*o));
+    FSDP2_ARG_CHECK(root && options && report, "plan_model: root, options or report is NULL");
+    fsdp2_plan_options_t copy = FSDP2_PLAN_OPTIONS_INIT;
+    FSDP2_CHECK(fsdp2_options_copy("plan_model: options", &copy, sizeof(copy), options, NULL, 0));
+    const fsdp2_plan_options_t *o = &copy;
     FSDP2_ARG_CHECK(report->size == sizeof(*report),
                     "plan_model: report size %u is not sizeof(fsdp2_plan_report_t) = %zu",
                     report->size, sizeof(*report));

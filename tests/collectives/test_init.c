@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "../core/check_main.h"
+#include "core/env_internal.h"
 #include "core/fault.h"
 #include <fsdp2/fsdp2.h>
 
@@ -209,6 +210,7 @@ static int bad_trace_body(int rank, int port, const void *arg)
     (void)arg;
     set_pair_env(rank, port, rank, 2);
     setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
+    fsdp2_env_reload();
     fsdp2_context_t *ctx = NULL;
     fsdp2_status_t s = fsdp2_init(NULL, &ctx);
     if (s != FSDP2_ERR_INVALID_CONFIG ||
@@ -229,8 +231,10 @@ static int one_bad_trace_body(int rank, int port, const void *arg)
 {
     const int *done = arg;
     set_pair_env(rank, port, rank, 2);
-    if (rank == 1)
+    if (rank == 1) {
         setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
+        fsdp2_env_reload();
+    }
     fsdp2_context_t *ctx = NULL;
     fsdp2_status_t s = fsdp2_init(NULL, &ctx);
     if (rank == 1) {

@@ -134,6 +134,25 @@ static const struct bad_value bad_values[] = {
     {"FSDP2_CPU_STREAM_DEPTH", "99999999999999999999", "4..1048576",
      FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
     {"FSDP2_CPU_STREAM_DEPTH", "64.5", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    /* one integer syntax: no space, no '+', the whole text, within range */
+    {"FSDP2_CPU_STREAM_DEPTH", " 5", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "+5", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "5 ", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "5x", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "0x10", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "-5", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH, 1024},
+    {"FSDP2_CPU_STREAM_DEPTH", "9223372036854775808", "4..1048576", FSDP2_ENV_CPU_STREAM_DEPTH,
+     1024},
+    {"FSDP2_FAULT_RANK", "--1", "-1..1048575", FSDP2_ENV_FAULT_RANK, -1},
+    {"FSDP2_FAULT_RANK", "-2", "-1..1048575", FSDP2_ENV_FAULT_RANK, -1},
+    {"FSDP2_FAULT_RANK", "+1", "-1..1048575", FSDP2_ENV_FAULT_RANK, -1},
+    {"FSDP2_RUN_REPORT_FD", " 5", "-1..1048576", FSDP2_ENV_RUN_REPORT_FD, -1},
+    {"FSDP2_CPU_MEMORY_LIMIT", " 5", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
+    {"FSDP2_CPU_MEMORY_LIMIT", "+5", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
+    {"FSDP2_CPU_MEMORY_LIMIT", "", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
+    {"FSDP2_TIMEOUT", "+5", "0.001..604800", FSDP2_ENV_TIMEOUT, 300000},
+    {"FSDP2_TIMEOUT", "", "0.001..604800", FSDP2_ENV_TIMEOUT, 300000},
     {"FSDP2_LOG_SUBSYS", "stream,bogus", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
      FSDP2_ENV_LOG_SUBSYS, -1},
     {"FSDP2_LOG_SUBSYS", "stream,,coll", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
@@ -258,6 +277,12 @@ static const struct good_value good_values[] = {
     {"FSDP2_LOG_SUBSYS", "init", FSDP2_ENV_LOG_SUBSYS, 1 << 0},
     {"FSDP2_LOG_SUBSYS", "optim,init", FSDP2_ENV_LOG_SUBSYS, (1 << 7) | (1 << 0)},
     {"FSDP2_LOG_SUBSYS", "coll,coll", FSDP2_ENV_LOG_SUBSYS, 1 << 4},
+    {"FSDP2_FAULT_RANK", "-1", FSDP2_ENV_FAULT_RANK, -1},
+    {"FSDP2_FAULT_RANK", "0", FSDP2_ENV_FAULT_RANK, 0},
+    {"FSDP2_FAULT_AT", "1000000000000", FSDP2_ENV_FAULT_AT, 1000000000000ll},
+    {"FSDP2_RUN_REPORT_FD", "7", FSDP2_ENV_RUN_REPORT_FD, 7},
+    {"FSDP2_TRACE", "/tmp/t.json", FSDP2_ENV_TRACE, 1},
+    {"FSDP2_TRACE", "", FSDP2_ENV_TRACE, 0},
     {"FSDP2_CPU_MEMORY_LIMIT", "0", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
     {"FSDP2_CPU_MEMORY_LIMIT", "4096", FSDP2_ENV_CPU_MEMORY_LIMIT, 4096},
     {"FSDP2_CPU_MEMORY_LIMIT", "512K", FSDP2_ENV_CPU_MEMORY_LIMIT, 512 << 10},
@@ -312,12 +337,90 @@ START_TEST(good_cpu_stream_depth_lets_cpu_stream_create_succeed)
 END_TEST
 
 /* ---------------------------------------------------------------------------------- */
+/* The one integer syntax, for variables outside the table (RANK, SLURM_NNODES, ...)    */
+
+struct int_case {
+    const char *text;
+    int ok;
+    int64_t value;
+};
+
+static const struct int_case int_cases[] = {
+    {"5", 1, 5},       {"0", 1, 0},        {"-3", 1, -3},   {"10", 1, 10},
+    {" 5", 0, 0},      {"+5", 0, 0},       {"5 ", 0, 0},    {"5x", 0, 0},
+    {"", 0, 0},        {"-", 0, 0},        {"--3", 0, 0},   {"0x10", 0, 0},
+    {"11", 0, 0},      {"-11", 0, 0},      {"1e1", 0, 0},   {"99999999999999999999", 0, 0},
+    {"-9223372036854775809", 0, 0},
+};
+
+#define INT_CASE_COUNT ((int)(sizeof(int_cases) / sizeof(int_cases[0])))
+
+START_TEST(parse_int_takes_only_plain_decimals_in_range_and_names_variable_and_value)
+{
+    const struct int_case *c = &int_cases[_i];
+    int64_t got = 42;
+    fsdp2_status_t s = fsdp2_env_parse_int("SOME_RANK", c->text, -10, 10, &got);
+    if (c->ok) {
+        ck_assert_msg(s == FSDP2_SUCCESS, "'%s': %s (%s)", c->text, fsdp2_status_name(s),
+                      fsdp2_last_error());
+        ck_assert_msg(got == c->value, "'%s' parses to %lld, expected %lld", c->text,
+                      (long long)got, (long long)c->value);
+        return;
+    }
+    ck_assert_msg(s == FSDP2_ERR_INVALID_CONFIG, "'%s' = %s, expected ERR_INVALID_CONFIG",
+                  c->text, fsdp2_status_name(s));
+    ck_assert_int_eq(got, 42);
+    char quoted[64];
+    snprintf(quoted, sizeof(quoted), "SOME_RANK='%s'", c->text);
+    ck_assert_msg(strstr(fsdp2_last_error(), quoted) && strstr(fsdp2_last_error(), "-10..10"),
+                  "message '%s' lacks %s or the range -10..10", fsdp2_last_error(), quoted);
+    int64_t quiet = 42;
+    ck_assert_int_eq(fsdp2_env_decimal(c->text, -10, 10, &quiet), 0);
+    ck_assert_int_eq(quiet, 42);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
+/* Text variables (paths, the secret)                                                  */
+
+START_TEST(a_path_is_read_once_and_kept_when_the_process_changes_it)
+{
+    env_clear();
+    env_set("FSDP2_CUDA_MODULE", "/opt/a/libfsdp2-cuda.so");
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    env_set("FSDP2_CUDA_MODULE", "/opt/b/libfsdp2-cuda.so");
+    ck_assert_str_eq(fsdp2_env_text(FSDP2_ENV_CUDA_MODULE), "/opt/a/libfsdp2-cuda.so");
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    ck_assert_str_eq(fsdp2_env_text(FSDP2_ENV_CUDA_MODULE), "/opt/b/libfsdp2-cuda.so");
+    env_set("FSDP2_CUDA_MODULE", "");
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    ck_assert_ptr_null(fsdp2_env_text(FSDP2_ENV_CUDA_MODULE));
+    unsetenv("FSDP2_CUDA_MODULE");
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    ck_assert_ptr_null(fsdp2_env_text(FSDP2_ENV_CUDA_MODULE));
+}
+END_TEST
+
+START_TEST(describe_shows_the_secrets_length_never_its_bytes)
+{
+    env_clear();
+    env_set("FSDP2_STORE_SECRET", "hunter2-of-this-job");
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+    ck_assert_str_eq(fsdp2_env_text(FSDP2_ENV_STORE_SECRET), "hunter2-of-this-job");
+    char buf[16384];
+    ck_assert_int_eq(fsdp2_env_describe(buf, sizeof(buf), NULL), FSDP2_SUCCESS);
+    ck_assert_msg(strstr(buf, "hunter2") == NULL, "describe shows the secret:\n%s", buf);
+    ck_assert_msg(strstr(buf, "FSDP2_STORE_SECRET=(19 bytes, not shown)"), "%s", buf);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
 /* fsdp2_env_describe                                                                  */
 
 START_TEST(describe_lists_every_variable_and_reports_needed)
 {
     env_clear();
-    char buf[8192];
+    char buf[16384];
     size_t needed = 0;
     ck_assert_int_eq(fsdp2_env_describe(buf, sizeof(buf), &needed), FSDP2_SUCCESS);
     ck_assert_msg(needed == strlen(buf) + 1, "needed = %zu, strlen + 1 = %zu", needed,
@@ -555,6 +658,11 @@ static Suite *env_suite(void)
     tcase_add_loop_test(good, good_value_parses_to_the_expected_number, 0, GOOD_VALUE_COUNT);
     tcase_add_test(good, log_subsys_all_sets_every_documented_subsystem_bit);
     tcase_add_test(good, good_cpu_stream_depth_lets_cpu_stream_create_succeed);
+    tcase_add_loop_test(good,
+                        parse_int_takes_only_plain_decimals_in_range_and_names_variable_and_value,
+                        0, INT_CASE_COUNT);
+    tcase_add_test(good, a_path_is_read_once_and_kept_when_the_process_changes_it);
+    tcase_add_test(good, describe_shows_the_secrets_length_never_its_bytes);
     suite_add_tcase(s, good);
 
     TCase *describe = tcase_new("describe");

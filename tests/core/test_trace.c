@@ -323,6 +323,7 @@ END_TEST
 START_TEST(fsdp2_trace_starts_at_init_and_is_written_at_finalize)
 {
     setenv("FSDP2_TRACE", "/nonexistent-dir/t.json", 1);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     fsdp2_context_t *ctx = NULL;
     ck_assert_int_eq(fsdp2_init(NULL, &ctx), FSDP2_ERR_INVALID_CONFIG);
     ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "FSDP2_TRACE='/nonexistent-dir/t.json'"));
@@ -330,6 +331,7 @@ START_TEST(fsdp2_trace_starts_at_init_and_is_written_at_finalize)
     ck_assert_int_eq(fsdp2_trace_active(&on), FSDP2_SUCCESS);
     ck_assert_int_eq(on, 0);
     setenv("FSDP2_TRACE", path_in("init.json"), 1);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     ck_assert_int_eq(fsdp2_init(NULL, &ctx), FSDP2_SUCCESS);
     ck_assert_int_eq(fsdp2_trace_active(&on), FSDP2_SUCCESS);
     ck_assert_int_eq(on, 1);

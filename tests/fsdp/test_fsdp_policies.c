@@ -390,66 +390,35 @@ out:
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* Options built against earlier headers                                               */
+/* Options of another size                                                             */
 
-/* The options as the headers before mixed precision (v1) and before output_dtype,
- * cast_forward_inputs and offload (v2) declared them, written out here: a binary built
- * against them passes their sizeof (v1's has tail padding after unsharded_buffers). */
-typedef struct options_v1 {
-    unsigned size;
-    fsdp2_mesh_t *mesh;
-    int reshard_after_forward;
-    fsdp2_param_t *const *ignored_params;
-    size_t num_ignored_params;
-    fsdp2_device_t device;
-    int unsharded_buffers;
-} options_v1_t;
-
-typedef struct options_v2 {
-    unsigned size;
-    fsdp2_mesh_t *mesh;
-    int reshard_after_forward;
-    fsdp2_param_t *const *ignored_params;
-    size_t num_ignored_params;
-    fsdp2_device_t device;
-    int unsharded_buffers;
-    fsdp2_dtype_t param_dtype, reduce_dtype;
-} options_v2_t;
-
+/* No smaller options struct was ever released: the sizes the struct had before mixed
+ * precision and before output_dtype (with its tail padding), and any other size but
+ * sizeof, are refused naming the size, and the module can still be sharded after. */
 static int body_old_options(rank_ctx_t *c)
 {
     run_t *r = malloc(sizeof(*r));
-    fsdp2_module_t *v1 = NULL, *v2 = NULL, *odd = NULL;
+    fsdp2_module_t *odd = NULL;
     int fails = run_open(c, r);
-    fails += fails ? 0 : lone_module(r, "v1", NULL, &v1);
-    fails += fails ? 0 : lone_module(r, "v2", NULL, &v2);
-    fsdp2_param_t *v2_weight = lone_param;
     fails += fails ? 0 : lone_module(r, "odd", NULL, &odd);
     if (!fails) {
-        options_v2_t o = {sizeof(options_v2_t), r->mesh, 1, NULL, 0, CPU, 2, FSDP2_BF16, FSDP2_F32};
-        o.size = sizeof(options_v1_t);
-        fails += OK(c, fsdp2_fully_shard(v1, (const fsdp2_shard_options_t *)&o));
-        o.size = sizeof(o);
-        fails += OK(c, fsdp2_fully_shard(v2, (const fsdp2_shard_options_t *)&o));
-        /* v1 knew no mixed precision; v2's bf16 casts inputs by default, no output cast. */
-        fails += query(c, v1, 0, FSDP2_F32, FSDP2_F32, "v1 options");
-        fails += query(c, v2, 0, FSDP2_F32, FSDP2_BF16, "v2 options");
-        fails += query(c, v2, 1, FSDP2_BF16, FSDP2_BF16, "v2 options");
-        fsdp2_tensor_t *t = NULL;
-        fails += OK(c, fsdp2_pre_forward(v2));
-        fails += fails ? 0 : OK(c, fsdp2_param_unsharded(v2_weight, &t));
-        fails += RANK_CHECK(c, t && t->dtype == FSDP2_BF16, "v2's param_dtype bf16 computes in %s",
-                            t ? fsdp2_dtype_name(t->dtype) : "?");
-        fails += fails ? 0 : OK(c, fsdp2_post_forward(v2));
-        fsdp2_shard_options_t bad = FSDP2_SHARD_OPTIONS_INIT;
-        bad.mesh = r->mesh;
-        bad.size = sizeof(bad) - 4;
-        char needle[64];
-        snprintf(needle, sizeof(needle), "options size %u", bad.size);
-        fails += REFUSED(c, fsdp2_fully_shard(odd, &bad), FSDP2_ERR_INVALID_ARGUMENT, needle);
+        const unsigned sizes[] = {offsetof(fsdp2_shard_options_t, mp),
+                                  offsetof(fsdp2_shard_options_t, mp.output_dtype),
+                                  sizeof(fsdp2_shard_options_t) - 4,
+                                  sizeof(fsdp2_shard_options_t) + 8};
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+            fsdp2_shard_options_t bad = FSDP2_SHARD_OPTIONS_INIT;
+            bad.mesh = r->mesh;
+            bad.size = sizes[i];
+            char needle[64];
+            snprintf(needle, sizeof(needle), "options size %u", bad.size);
+            fails += REFUSED(c, fsdp2_fully_shard(odd, &bad), FSDP2_ERR_INVALID_ARGUMENT, needle);
+        }
+        fsdp2_shard_options_t good = FSDP2_SHARD_OPTIONS_INIT;
+        good.mesh = r->mesh;
+        fails += OK(c, fsdp2_fully_shard(odd, &good));
     }
-    for (fsdp2_module_t **m = (fsdp2_module_t *[]){v1, v2, odd, NULL}; *m; m++)
-        fails += OK(c, fsdp2_module_destroy(*m));
+    fails += OK(c, fsdp2_module_destroy(odd));
     fails += OK(c, fsdp2_mesh_destroy(r->mesh));
     free(r);
     return fails;
@@ -571,9 +540,9 @@ START_TEST(boundary_dtypes_and_casts_follow_each_policy_and_refuse_malformed_cal
 }
 END_TEST
 
-START_TEST(options_of_earlier_headers_are_accepted_with_defaults)
+START_TEST(options_of_never_released_sizes_are_refused)
 {
-    run_case(2, body_old_options, "options v1 and v2");
+    run_case(2, body_old_options, "options of another size");
 }
 END_TEST
 
@@ -592,7 +561,7 @@ static Suite *suite(void)
                         5);
     tcase_add_loop_test(tc, boundary_dtypes_and_casts_follow_each_policy_and_refuse_malformed_calls,
                         1, 3);
-    tcase_add_test(tc, options_of_earlier_headers_are_accepted_with_defaults);
+    tcase_add_test(tc, options_of_never_released_sizes_are_refused);
     tcase_add_loop_test(tc, offload_on_cpu_trains_as_without_it_and_says_so_once, 2, 5);
     suite_add_tcase(s, tc);
     return s;

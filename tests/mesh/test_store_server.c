@@ -265,14 +265,17 @@ static fsdp2_status_t try_store(int port, int rank, char *message, size_t len,
 START_TEST(a_secret_admits_its_ranks_and_refuses_others_at_once)
 {
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "the job's secret: 7f3a9c", 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
     int port = store_port(server);
     char message[512];
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "another job's secret", 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
                      FSDP2_ERR_INVALID_CONFIG);
     ck_assert_msg(strstr(message, "did not prove it knows this job's secret"), "%s", message);
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
                      FSDP2_ERR_INVALID_CONFIG);
     ck_assert_msg(strstr(message, "has no secret (FSDP2_STORE_SECRET"), "%s", message);
@@ -283,6 +286,7 @@ START_TEST(a_secret_admits_its_ranks_and_refuses_others_at_once)
     ck_assert_int_eq(write(fd, "the job's secret: 7f3a9c\n", 25), 25);
     close(fd);
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET_FILE", path, 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     ck_assert_int_eq(chmod(path, 0644), 0);
     ck_assert_int_eq(try_store(port, 1, message, sizeof(message), NULL),
                      FSDP2_ERR_INVALID_CONFIG);
@@ -299,6 +303,7 @@ START_TEST(a_secret_admits_its_ranks_and_refuses_others_at_once)
     OK(fsdp2_store_destroy(server));
     unlink(path);
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
 }
 END_TEST
 
@@ -434,6 +439,7 @@ static int closed_within(int fd, int wait_ms)
 START_TEST(a_connection_without_the_secret_holds_no_rank_and_is_closed)
 {
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "s3cret-for-this-job", 1), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
     fsdp2_store_t *server = open_store("127.0.0.1", 0, 1, 2, 0, 10000);
     int port = store_port(server);
     uint8_t buf[256];
@@ -460,6 +466,7 @@ START_TEST(a_connection_without_the_secret_holds_no_rank_and_is_closed)
     OK(fsdp2_store_destroy(rank1));
     OK(fsdp2_store_destroy(server));
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
 }
 END_TEST
 
