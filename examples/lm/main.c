@@ -52,6 +52,7 @@ typedef struct run {
     long first_step;
     FILE *json, *dump;
     int json_records;
+    fsdp2_nn_gemm_stats_t gemm; /* the GEMM counters at the start of the logging window */
 } run_t;
 
 static double now(void)
@@ -448,8 +449,9 @@ static void json_string(FILE *f, const char *prefix, const char *s)
     fputc('"', f);
 }
 
+/* gemm: the GEMMs' GFLOP and ms per step over the logging window */
 static void json_record(run_t *r, long step, double loss, double val, double ms, double tokens_s,
-                        const memory_t *mem, double lr, double norm)
+                        const memory_t *mem, double lr, double norm, const double gemm[2])
 {
     if (!r->json)
         return;
@@ -459,11 +461,11 @@ static void json_record(run_t *r, long step, double loss, double val, double ms,
             "%s\n  {\"step\": %ld, \"train_loss\": %.7f, \"val_loss\": %s, \"lr\": %.6g, "
             "\"grad_norm\": %.6g, \"ms\": %.3f, \"tokens_per_s\": %.1f, \"state_bytes\": %llu, "
             "\"fsdp_bytes\": %llu, \"activation_bytes\": %llu, \"planned_bytes\": %llu, "
-            "\"peak_bytes\": %llu}",
+            "\"peak_bytes\": %llu, \"gemm_gflop\": %.4f, \"gemm_ms\": %.3f}",
             r->json_records++ ? "," : "", step, loss, v, lr, norm, ms,
             tokens_s, (unsigned long long)mem->state, (unsigned long long)mem->planned,
             (unsigned long long)mem->activations, (unsigned long long)mem->expected,
-            (unsigned long long)mem->peak);
+            (unsigned long long)mem->peak, gemm[0], gemm[1]);
 }
 
 static void save(run_t *r, long step)
@@ -543,6 +545,7 @@ int main(int argc, char **argv)
     }
     double t_log = now(), loss_log = 0;
     long steps_log = 0;
+    CHECK(fsdp2_nn_gemm_stats(&r.gemm));
     for (long step = r.first_step; step < a->steps; step++) {
         double norm = 0, loss = train_step(&r, step, &norm);
         loss_log += loss;
@@ -555,6 +558,10 @@ int main(int argc, char **argv)
                 printf("\r%60s\r", "");
             double secs = now() - t_log, ms = 1000 * secs / steps_log;
             double tokens_s = (double)steps_log * a->batch * a->cfg.seq / secs;
+            fsdp2_nn_gemm_stats_t g;
+            CHECK(fsdp2_nn_gemm_stats(&g));
+            double gemm[2] = {1e-9 * (g.flops - r.gemm.flops) / steps_log,
+                              1e3 * (g.seconds - r.gemm.seconds) / steps_log};
             double val = val_now ? validate(&r) : NAN, lr;
             CHECK(fsdp2_optimizer_lr(r.opt, &lr));
             mem = memory(&r);
@@ -566,7 +573,9 @@ int main(int argc, char **argv)
                        ms, tokens_s, mem.peak / 1048576.0);
                 fflush(stdout);
             }
-            json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem, lr, norm);
+            json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem, lr, norm,
+                        gemm);
+            CHECK(fsdp2_nn_gemm_stats(&r.gemm));
             t_log = now();
             loss_log = 0;
             steps_log = 0;

@@ -381,6 +381,7 @@ START_TEST(rank_0_warns_when_it_listens_beyond_loopback_without_a_secret)
     ck_assert_msg(!strstr(first + 1, NO_SECRET_WARNING), "warned twice: %s", log);
 
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET", "a secret", 1), 0);
+    OK(fsdp2_env_reload());
     serve_and_capture_log("127.0.0.1", log, sizeof(log));
     ck_assert_msg(!strstr(log, NO_SECRET_WARNING), "with FSDP2_STORE_SECRET: %s", log);
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET"), 0);
@@ -390,6 +391,7 @@ START_TEST(rank_0_warns_when_it_listens_beyond_loopback_without_a_secret)
     ck_assert_int_eq(write(fd, "a secret\n", 9), 9);
     close(fd);
     ck_assert_int_eq(setenv("FSDP2_STORE_SECRET_FILE", path, 1), 0);
+    OK(fsdp2_env_reload());
     serve_and_capture_log("127.0.0.1", log, sizeof(log));
     ck_assert_msg(!strstr(log, NO_SECRET_WARNING), "with FSDP2_STORE_SECRET_FILE: %s", log);
     ck_assert_int_eq(unsetenv("FSDP2_STORE_SECRET_FILE"), 0);
