@@ -8,7 +8,8 @@
 #   - --val-every 0 trains on a corpus too short for validation;
 #   - --json writes the model's name as a JSON string whatever it holds;
 #   - "saved DIR (step N)" reaches the log at once (a killed run's log names its last
-#     checkpoint).
+#     checkpoint);
+#   - a rank bound to one CPU runs 1 GEMM thread.
 # usage: lm_cli_check.sh FSDP2RUN LM TESTS_EXAMPLES_DIR
 set -euo pipefail
 run=$1 lm=$2 here=$3
@@ -88,3 +89,17 @@ kill -9 "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 grep -q "^saved .* (step 2)" "$work/save.log" || { cat "$work/save.log"; fail "no saved line after 60 s"; }
 echo "--save: the saved lines reach the log at once"
+
+# GEMM threads: a rank bound to fewer CPUs than are online (as a launcher binds it) uses
+# those, not the online CPUs' share
+online=$(getconf _NPROCESSORS_ONLN)
+if command -v taskset >/dev/null && [ "$online" -gt 1 ]; then
+    cpu=$(taskset -cp $$ | sed 's/.*: //; s/[-,].*//')
+    taskset -c "$cpu" "$lm" --preset tiny --data "$corpus" --steps 0 --val-every 0 \
+        >"$work/bound.log" 2>&1 || { cat "$work/bound.log"; fail "bound to CPU $cpu"; }
+    grep -q ", 1 GEMM thread per rank" "$work/bound.log" ||
+        { head -1 "$work/bound.log"; fail "bound to 1 of $online CPUs: not 1 GEMM thread"; }
+    echo "bound to CPU $cpu of $online: 1 GEMM thread"
+else
+    echo "GEMM threads of a bound rank: skipped (no taskset, or 1 CPU online)"
+fi

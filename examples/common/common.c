@@ -1,0 +1,189 @@
+/* The helpers both example programs share (common.h). */
+#include <math.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+double example_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the command line ---- */
+
+/* Parses text as an integer in lo..hi; 0 with the message printed when it is not. */
+static int parse_number(const char *flag, const char *text, long lo, long hi, long *v)
+{
+    char *end;
+    *v = strtol(text, &end, 10);
+    if (!*text || *end || *v < lo || *v > hi) {
+        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
+        return 0;
+    }
+    return 1;
+}
+
+static int parse_real(const char *flag, const char *text, double *v)
+{
+    char *end;
+    *v = strtod(text, &end);
+    if (!*text || *end || !(*v >= 0) || !isfinite(*v)) {
+        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
+        return 0;
+    }
+    return 1;
+}
+
+long example_number(const char *flag, const char *text, long lo, long hi)
+{
+    long v;
+    if (!parse_number(flag, text, lo, hi, &v))
+        exit(2);
+    return v;
+}
+
+double example_real(const char *flag, const char *text)
+{
+    double v;
+    if (!parse_real(flag, text, &v))
+        exit(2);
+    return v;
+}
+
+static const example_flag_t *find_flag(const example_flag_t *flags, const char *name)
+{
+    for (const example_flag_t *f = flags; f->name; f++)
+        if (!strcmp(f->name, name))
+            return f;
+    return NULL;
+}
+
+/* A value the flag's kind refuses: its message is printed; the usage follows if asked. */
+static void bad_value(const char *prog, const example_cli_t *cli)
+{
+    if (cli->usage_after_bad_value)
+        cli->usage(prog, NULL);
+    exit(2);
+}
+
+void example_parse_flags(int argc, char **argv, const example_flag_t *flags,
+                         const example_cli_t *cli)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *name = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const example_flag_t *f = find_flag(flags, name);
+        if (f && f->kind == EXAMPLE_SWITCH) {
+            *(int *)f->to = 1;
+            if (f->given)
+                *f->given = 1;
+            continue;
+        }
+        if (!strcmp(name, "--help") || !strcmp(name, "-h"))
+            cli->usage(argv[0], NULL);
+        if (!v || !f)
+            cli->usage(argv[0], name);
+        i++;
+        long n;
+        double x;
+        switch (f->kind) {
+        case EXAMPLE_STRING:
+            *(const char **)f->to = v;
+            break;
+        case EXAMPLE_INT:
+        case EXAMPLE_LONG:
+            if (!parse_number(name, v, f->lo, f->hi, &n))
+                bad_value(argv[0], cli);
+            if (f->kind == EXAMPLE_INT)
+                *(int *)f->to = (int)n;
+            else
+                *(long *)f->to = n;
+            break;
+        case EXAMPLE_REAL:
+            if (!parse_real(name, v, &x))
+                bad_value(argv[0], cli);
+            *(double *)f->to = x;
+            break;
+        case EXAMPLE_CALL:
+            f->call(v, f->to);
+            break;
+        case EXAMPLE_SWITCH:
+            break;
+        }
+        if (f->given)
+            *f->given = 1;
+    }
+}
+
+/* ---- the rank's share of the host ---- */
+
+int example_threads_for(int bound_cpus, long online_cpus, int local_ranks)
+{
+    if (bound_cpus > 0 && bound_cpus < online_cpus) /* a launcher bound this rank */
+        return bound_cpus;
+    long share = online_cpus / (local_ranks > 0 ? local_ranks : 1);
+    return share > 1 ? (int)share : 1;
+}
+
+int example_threads(int local_ranks)
+{
+    cpu_set_t set;
+    int bound = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+    return example_threads_for(bound, sysconf(_SC_NPROCESSORS_ONLN), local_ranks);
+}
+
+/* ---- the layout ---- */
+
+void example_mesh(fsdp2_context_t *ctx, int no_shard, int hsdp, fsdp2_mesh_t **mesh,
+                  fsdp2_mesh_t **owned)
+{
+    *owned = NULL;
+    CHECK(fsdp2_context_mesh(ctx, mesh));
+    if (hsdp) /* shard within a node, replicate across nodes */
+        CHECK(fsdp2_context_hsdp_mesh(ctx, 0, mesh));
+    if (no_shard) {
+        fsdp2_process_info_t info;
+        fsdp2_store_t *store;
+        char name[32];
+        int one = 1;
+        CHECK(fsdp2_context_info(ctx, &info));
+        snprintf(name, sizeof(name), "self-%d", info.rank);
+        CHECK(fsdp2_context_store(ctx, &store));
+        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, owned));
+        *mesh = *owned;
+    }
+}
+
+void example_all_reduce_gradients(fsdp2_module_t *root, fsdp2_group_t *world,
+                                  fsdp2_stream_t *current)
+{
+    size_t n = 0;
+    CHECK(fsdp2_module_params(root, NULL, 0, &n));
+    fsdp2_param_t **ps = calloc(n ? n : 1, sizeof(*ps));
+    if (!ps) {
+        fprintf(stderr, "error: out of memory listing %zu parameters\n", n);
+        exit(1);
+    }
+    CHECK(fsdp2_module_params(root, ps, n, &n));
+    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
+    for (size_t i = 0; i < n; i++) {
+        fsdp2_dtensor_t *g;
+        fsdp2_tensor_t *local;
+        CHECK(fsdp2_param_sharded_grad(ps[i], &g));
+        CHECK(fsdp2_dtensor_to_local(g, &local));
+        CHECK(fsdp2_all_reduce_async(world, local->data, (size_t)local->numel, FSDP2_F32, &avg,
+                                     current));
+        fsdp2_tensor_release(local);
+    }
+    free(ps);
+}
+
+void example_world_sum(fsdp2_group_t *world, fsdp2_stream_t *current, double *v, int n)
+{
+    CHECK(fsdp2_all_reduce_async(world, v, (size_t)n, FSDP2_F64, NULL, current));
+    CHECK(fsdp2_stream_synchronize(current));
+}
