@@ -138,48 +138,14 @@ int example_threads(int local_ranks)
 
 /* ---- the layout ---- */
 
-void example_mesh(fsdp2_context_t *ctx, int no_shard, int hsdp, fsdp2_mesh_t **mesh,
-                  fsdp2_mesh_t **owned)
+void example_mesh(fsdp2_context_t *ctx, int no_shard, int hsdp, fsdp2_mesh_t **mesh)
 {
-    *owned = NULL;
-    CHECK(fsdp2_context_mesh(ctx, mesh));
-    if (hsdp) /* shard within a node, replicate across nodes */
+    if (no_shard)
+        CHECK(fsdp2_context_hsdp_mesh(ctx, 1, mesh));
+    else if (hsdp) /* shard within a node, replicate across nodes */
         CHECK(fsdp2_context_hsdp_mesh(ctx, 0, mesh));
-    if (no_shard) {
-        fsdp2_process_info_t info;
-        fsdp2_store_t *store;
-        char name[32];
-        int one = 1;
-        CHECK(fsdp2_context_info(ctx, &info));
-        snprintf(name, sizeof(name), "self-%d", info.rank);
-        CHECK(fsdp2_context_store(ctx, &store));
-        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, owned));
-        *mesh = *owned;
-    }
-}
-
-void example_all_reduce_gradients(fsdp2_module_t *root, fsdp2_group_t *world,
-                                  fsdp2_stream_t *current)
-{
-    size_t n = 0;
-    CHECK(fsdp2_module_params(root, NULL, 0, &n));
-    fsdp2_param_t **ps = calloc(n ? n : 1, sizeof(*ps));
-    if (!ps) {
-        fprintf(stderr, "error: out of memory listing %zu parameters\n", n);
-        exit(1);
-    }
-    CHECK(fsdp2_module_params(root, ps, n, &n));
-    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
-    for (size_t i = 0; i < n; i++) {
-        fsdp2_dtensor_t *g;
-        fsdp2_tensor_t *local;
-        CHECK(fsdp2_param_sharded_grad(ps[i], &g));
-        CHECK(fsdp2_dtensor_to_local(g, &local));
-        CHECK(fsdp2_all_reduce_async(world, local->data, (size_t)local->numel, FSDP2_F32, &avg,
-                                     current));
-        fsdp2_tensor_release(local);
-    }
-    free(ps);
+    else
+        CHECK(fsdp2_context_mesh(ctx, mesh));
 }
 
 void example_world_sum(fsdp2_group_t *world, fsdp2_stream_t *current, double *v, int n)

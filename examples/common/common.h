@@ -94,16 +94,10 @@ int example_threads(int local_ranks);
 /* ---- the layout ---- */
 
 /* The mesh of a layout flag: fsdp2_init's world mesh (FSDP), --hsdp's [nodes, local
- * ranks], or with --no-shard a mesh of this rank alone (nothing to gather), which
- * *owned holds (the caller destroys it) and whose gradients
- * example_all_reduce_gradients averages over the world (DDP). */
-void example_mesh(fsdp2_context_t *ctx, int no_shard, int hsdp, fsdp2_mesh_t **mesh,
-                  fsdp2_mesh_t **owned);
-
-/* --no-shard: every gradient of root's tree averaged over the world, in f32, enqueued
- * on current (collective). */
-void example_all_reduce_gradients(fsdp2_module_t *root, fsdp2_group_t *world,
-                                  fsdp2_stream_t *current);
+ * ranks], or --no-shard's [ws, 1]: every rank holds the whole parameters (a shard dim of
+ * one rank gathers nothing) and FSDP averages the gradients with the replicas'
+ * all-reduce, in the shard options' reduce dtype (DDP). The context owns the mesh. */
+void example_mesh(fsdp2_context_t *ctx, int no_shard, int hsdp, fsdp2_mesh_t **mesh);
 
 /* v[0..n) summed over the world, in place (collective). */
 void example_world_sum(fsdp2_group_t *world, fsdp2_stream_t *current, double *v, int n);

@@ -6,8 +6,8 @@
  *
  * Each rank trains on its share of every epoch's shuffled order (a distributed sampler),
  * global_batch / ws samples per step; gradients are averaged across ranks by FSDP's
- * reduce-scatter (or, with --no-shard, by an all-reduce of replicated gradients, DDP
- * style). Rank 0 prints per epoch: train loss, test loss and accuracy, seconds and
+ * reduce-scatter (or, with --no-shard, on a [ws, 1] mesh whose ranks all hold the whole
+ * model, by the replicas' all-reduce, DDP style). Rank 0 prints per epoch: train loss, test loss and accuracy, seconds and
  * images/s, and the per-rank memory of parameters, gradients, optimizer state and
  * FSDP's buffers, planned and measured. */
 #include <math.h>
@@ -41,7 +41,6 @@ typedef struct run {
     fsdp2_context_t *ctx;
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
-    fsdp2_mesh_t *self_mesh; /* --no-shard's */
     fm_set_t train, test;
     fm_model_t *model;
     fsdp2_optimizer_t *opt;
@@ -183,7 +182,7 @@ static void setup(run_t *r)
                           (uint64_t)r->a.seed, &r->model));
     r->model->dropout_seed = (uint64_t)r->a.seed * 1000003u + (uint64_t)r->rank;
     fsdp2_mesh_t *mesh;
-    example_mesh(r->ctx, r->a.no_shard, r->a.hsdp, &mesh, &r->self_mesh);
+    example_mesh(r->ctx, r->a.no_shard, r->a.hsdp, &mesh);
     CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params,
                          strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                          r->a.reshard_after_forward));
@@ -257,8 +256,6 @@ static double train_epoch(run_t *r, int epoch, double *seconds)
         fm_batch(&r->train, order + (size_t)s * r->local_batch, r->local_batch, r->x, r->labels);
         CHECK(fsdp2_trace_range_pop());
         CHECK(fm_model_forward_backward(r->model, r->x, r->labels, r->local_batch, &loss, &correct));
-        if (r->a.no_shard)
-            example_all_reduce_gradients(r->model->root, r->world, r->current);
         CHECK(fsdp2_optimizer_step(r->opt));
         CHECK(fsdp2_optimizer_zero_grad(r->opt));
         if (r->a.trace && r->step + 1 == r->a.trace_to)
@@ -424,7 +421,6 @@ int main(int argc, char **argv)
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     fm_model_destroy(r.model);
-    fsdp2_mesh_destroy(r.self_mesh);
     fm_free(&r.train);
     fm_free(&r.test);
     free(r.x);

@@ -33,7 +33,6 @@ typedef struct run {
     fsdp2_context_t *ctx;
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
-    fsdp2_mesh_t *self_mesh; /* --no-shard's */
     lm_model_t *model;
     fsdp2_optimizer_t *opt;
     fsdp2_state_dict_t *state;
@@ -136,7 +135,7 @@ static void setup(run_t *r)
         exit(2);
     }
     fsdp2_mesh_t *mesh;
-    example_mesh(r->ctx, a->no_shard, a->hsdp, &mesh, &r->self_mesh);
+    example_mesh(r->ctx, a->no_shard, a->hsdp, &mesh);
     CHECK(lm_shard(r->model, mesh, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                      a->reshard_after_forward));
     fsdp2_optimizer_options_t oo = FSDP2_ADAMW_OPTIONS_INIT(a->lr);
@@ -242,8 +241,6 @@ static double train_step(run_t *r, long step, double *norm)
         CHECK(lm_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
         loss_sum += loss;
     }
-    if (a->no_shard)
-        example_all_reduce_gradients(m->root, r->world, r->current);
     CHECK(fsdp2_clip_grad_norm(m->root, a->clip > 0 ? a->clip : INFINITY, 2.0, norm));
     CHECK(fsdp2_optimizer_step(r->opt));
     CHECK(fsdp2_optimizer_zero_grad(r->opt));
@@ -546,7 +543,6 @@ int main(int argc, char **argv)
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     lm_destroy(r.model);
-    fsdp2_mesh_destroy(r.self_mesh);
     lm_text_free(&r.text);
     CHECK(fsdp2_finalize(r.ctx));
     return 0;
