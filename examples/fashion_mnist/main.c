@@ -6,31 +6,22 @@
  *
  * Each rank trains on its share of every epoch's shuffled order (a distributed sampler),
  * global_batch / ws samples per step; gradients are averaged across ranks by FSDP's
- * reduce-scatter (or, with --no-shard, by an all-reduce of replicated gradients, DDP
- * style). Rank 0 prints per epoch: train loss, test loss and accuracy, seconds and
+ * reduce-scatter (or, with --no-shard, on a [ws, 1] mesh whose ranks all hold the whole
+ * model, by the replicas' all-reduce, DDP style). Rank 0 prints per epoch: train loss, test loss and accuracy, seconds and
  * images/s, and the per-rank memory of parameters, gradients, optimizer state and
  * FSDP's buffers, planned and measured. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
 #include <fsdp2/fsdp2.h>
 
+#include "common.h"
 #include "data.h"
 #include "model.h"
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        fsdp2_status_t s_ = (call);                                                        \
-        if (s_ != FSDP2_SUCCESS) {                                                         \
-            fprintf(stderr, "error: %s: %s\n", fsdp2_strerror(s_), fsdp2_last_error());    \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 #define EVAL_CHUNK 100
 
@@ -50,7 +41,6 @@ typedef struct run {
     fsdp2_context_t *ctx;
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
-    fsdp2_mesh_t *mesh, *self_mesh;
     fm_set_t train, test;
     fm_model_t *model;
     fsdp2_optimizer_t *opt;
@@ -60,13 +50,6 @@ typedef struct run {
     float *x;
     int *labels;
 } run_t;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(const char *prog, const char *bad)
 {
@@ -82,95 +65,49 @@ static void usage(const char *prog, const char *bad)
     exit(2);
 }
 
-static long number(const char *prog, const char *flag, const char *text, long lo, long hi)
+/* --trace-steps FROM:TO */
+static void trace_steps(const char *v, void *to)
 {
+    args_t *a = to;
     char *end;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < lo || v > hi) {
-        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
-        usage(prog, NULL);
+    a->trace_from = strtol(v, &end, 10);
+    a->trace_to = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+    if (*end || a->trace_from < 0 || a->trace_to <= a->trace_from) {
+        fprintf(stderr, "error: --trace-steps %s is not FROM:TO with 0 <= FROM < TO\n", v);
+        exit(2);
     }
-    return v;
-}
-
-static double real(const char *prog, const char *flag, const char *text)
-{
-    char *end;
-    double v = strtod(text, &end);
-    if (!*text || *end || !(v >= 0) || !isfinite(v)) {
-        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
-        usage(prog, NULL);
-    }
-    return v;
 }
 
 static void parse(int argc, char **argv, args_t *a)
 {
     *a = (args_t){"mlp", "/usr/share/datasets/fashion-mnist", "adadelta", NULL, NULL, NULL, "f32",
                   NULL, 2, 64, 1000, 0, 0, 0, 0, 1, 10, 15, 1.0, 0.7, 1, 0};
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "--no-shard")) {
-            a->no_shard = 1;
-            continue;
-        }
-        if (!strcmp(f, "--hsdp")) {
-            a->hsdp = 1;
-            continue;
-        }
-        if (!strcmp(f, "--help") || !strcmp(f, "-h"))
-            usage(argv[0], NULL);
-        if (!v)
-            usage(argv[0], f);
-        i++;
-        if (!strcmp(f, "--model"))
-            a->model = v;
-        else if (!strcmp(f, "--data"))
-            a->data = v;
-        else if (!strcmp(f, "--optimizer"))
-            a->optimizer = v;
-        else if (!strcmp(f, "--json"))
-            a->json = v;
-        else if (!strcmp(f, "--param-dtype"))
-            a->param_dtype = v;
-        else if (!strcmp(f, "--save"))
-            a->save = v;
-        else if (!strcmp(f, "--resume"))
-            a->resume = v;
-        else if (!strcmp(f, "--trace"))
-            a->trace = v;
-        else if (!strcmp(f, "--trace-steps")) {
-            char *end;
-            a->trace_from = strtol(v, &end, 10);
-            a->trace_to = *end == ':' ? strtol(end + 1, &end, 10) : -1;
-            if (*end || a->trace_from < 0 || a->trace_to <= a->trace_from) {
-                fprintf(stderr, "error: --trace-steps %s is not FROM:TO with 0 <= FROM < TO\n", v);
-                exit(2);
-            }
-        }
-        else if (!strcmp(f, "--epochs"))
-            a->epochs = (int)number(argv[0], f, v, 1, 1000);
-        else if (!strcmp(f, "--batch"))
-            a->batch = (int)number(argv[0], f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--test-batch"))
-            a->test_batch = (int)number(argv[0], f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--threads"))
-            a->threads = (int)number(argv[0], f, v, 1, 1024);
-        else if (!strcmp(f, "--limit"))
-            a->limit = (int)number(argv[0], f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--seed"))
-            a->seed = number(argv[0], f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--reshard-after-forward"))
-            a->reshard_after_forward = (int)number(argv[0], f, v, 0, 1 << 20);
-        else if (!strcmp(f, "--wrap-min-params"))
-            a->wrap_min_params = number(argv[0], f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--lr"))
-            a->lr = real(argv[0], f, v);
-        else if (!strcmp(f, "--gamma"))
-            a->gamma = real(argv[0], f, v);
-        else
-            usage(argv[0], f);
-    }
+    const example_flag_t flags[] = {
+        EXAMPLE_FLAG("--no-shard", EXAMPLE_SWITCH, &a->no_shard),
+        EXAMPLE_FLAG("--hsdp", EXAMPLE_SWITCH, &a->hsdp),
+        EXAMPLE_FLAG("--model", EXAMPLE_STRING, &a->model),
+        EXAMPLE_FLAG("--data", EXAMPLE_STRING, &a->data),
+        EXAMPLE_FLAG("--optimizer", EXAMPLE_STRING, &a->optimizer),
+        EXAMPLE_FLAG("--json", EXAMPLE_STRING, &a->json),
+        EXAMPLE_FLAG("--param-dtype", EXAMPLE_STRING, &a->param_dtype),
+        EXAMPLE_FLAG("--save", EXAMPLE_STRING, &a->save),
+        EXAMPLE_FLAG("--resume", EXAMPLE_STRING, &a->resume),
+        EXAMPLE_FLAG("--trace", EXAMPLE_STRING, &a->trace),
+        EXAMPLE_CALLED("--trace-steps", trace_steps, a),
+        EXAMPLE_RANGE("--epochs", EXAMPLE_INT, &a->epochs, 1, 1000),
+        EXAMPLE_RANGE("--batch", EXAMPLE_INT, &a->batch, 1, 1 << 20),
+        EXAMPLE_RANGE("--test-batch", EXAMPLE_INT, &a->test_batch, 1, 1 << 20),
+        EXAMPLE_RANGE("--threads", EXAMPLE_INT, &a->threads, 1, 1024),
+        EXAMPLE_RANGE("--limit", EXAMPLE_INT, &a->limit, 1, 1 << 30),
+        EXAMPLE_RANGE("--seed", EXAMPLE_LONG, &a->seed, 0, 1L << 40),
+        EXAMPLE_RANGE("--reshard-after-forward", EXAMPLE_INT, &a->reshard_after_forward, 0, 1 << 20),
+        EXAMPLE_RANGE("--wrap-min-params", EXAMPLE_LONG, &a->wrap_min_params, 0, 1L << 40),
+        EXAMPLE_FLAG("--lr", EXAMPLE_REAL, &a->lr),
+        EXAMPLE_FLAG("--gamma", EXAMPLE_REAL, &a->gamma),
+        EXAMPLE_FLAGS_END,
+    };
+    const example_cli_t cli = {usage, 1};
+    example_parse_flags(argc, argv, flags, &cli);
     if (strcmp(a->model, "mlp") && strcmp(a->model, "cnn")) {
         fprintf(stderr, "error: --model %s is not mlp or cnn\n", a->model);
         exit(2);
@@ -225,16 +162,11 @@ static void setup(run_t *r)
     fsdp2_process_info_t info;
     CHECK(fsdp2_context_info(r->ctx, &info));
     CHECK(fsdp2_context_world(r->ctx, &r->world));
-    CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
     r->rank = info.rank;
     r->ws = info.world_size;
     r->local_world = info.local_world_size > 0 ? info.local_world_size : 1;
-    /* The host's cores shared among its ranks: GEMMs may use their share. */
-    if (!r->a.threads) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int local = info.local_world_size > 0 ? info.local_world_size : 1;
-        r->a.threads = cores / local > 1 ? (int)(cores / local) : 1;
-    }
+    if (!r->a.threads) /* the rank's share of the host's cores for its GEMMs */
+        r->a.threads = example_threads(r->local_world);
     CHECK(fsdp2_nn_set_threads(r->a.threads));
     fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
     CHECK(fsdp2_stream_current(cpu, &r->current));
@@ -249,20 +181,8 @@ static void setup(run_t *r)
     CHECK(fm_model_create(!strcmp(r->a.model, "mlp") ? FM_MLP : FM_CNN, max_batch,
                           (uint64_t)r->a.seed, &r->model));
     r->model->dropout_seed = (uint64_t)r->a.seed * 1000003u + (uint64_t)r->rank;
-    fsdp2_mesh_t *mesh = r->mesh;
-    if (r->a.hsdp) /* shard within a node, replicate across nodes */
-        CHECK(fsdp2_context_hsdp_mesh(r->ctx, 0, &mesh));
-    if (r->a.no_shard) {
-        /* Replicated: every rank is a mesh of its own (nothing to gather), and the
-         * gradients are all-reduced over the world after backward. */
-        fsdp2_store_t *store;
-        char name[32];
-        int one = 1;
-        snprintf(name, sizeof(name), "self-%d", r->rank);
-        CHECK(fsdp2_context_store(r->ctx, &store));
-        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
-        mesh = r->self_mesh;
-    }
+    fsdp2_mesh_t *mesh;
+    example_mesh(r->ctx, r->a.no_shard, r->a.hsdp, &mesh);
     CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params,
                          strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                          r->a.reshard_after_forward));
@@ -287,31 +207,6 @@ static void setup(run_t *r)
         fprintf(stderr, "error: out of memory\n");
         exit(1);
     }
-}
-
-/* --no-shard: average the (whole) gradients over the world. */
-static void all_reduce_grads(run_t *r)
-{
-    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
-    for (int i = 0; i < r->model->nlayers; i++) {
-        fsdp2_param_t *ps[2] = {r->model->layers[i].weight, r->model->layers[i].bias};
-        for (int k = 0; k < 2; k++) {
-            fsdp2_dtensor_t *g;
-            fsdp2_tensor_t *local;
-            CHECK(fsdp2_param_sharded_grad(ps[k], &g));
-            CHECK(fsdp2_dtensor_to_local(g, &local));
-            CHECK(fsdp2_all_reduce_async(r->world, local->data, (size_t)local->numel, FSDP2_F32,
-                                         &avg, r->current));
-            fsdp2_tensor_release(local);
-        }
-    }
-}
-
-/* Sums over the world, in place. */
-static void world_sum(run_t *r, double *v, int n)
-{
-    CHECK(fsdp2_all_reduce_async(r->world, v, (size_t)n, FSDP2_F64, NULL, r->current));
-    CHECK(fsdp2_stream_synchronize(r->current));
 }
 
 static void progress(const run_t *r, int epoch, int step, int steps, double loss)
@@ -350,7 +245,7 @@ static double train_epoch(run_t *r, int epoch, double *seconds)
         exit(1);
     }
     int steps = count / r->local_batch; /* the last partial batch is dropped on every rank */
-    double loss_sum = 0, t0 = now();
+    double loss_sum = 0, t0 = example_now();
     for (int s = 0; s < steps; s++, r->step++) {
         double loss;
         int correct;
@@ -361,8 +256,6 @@ static double train_epoch(run_t *r, int epoch, double *seconds)
         fm_batch(&r->train, order + (size_t)s * r->local_batch, r->local_batch, r->x, r->labels);
         CHECK(fsdp2_trace_range_pop());
         CHECK(fm_model_forward_backward(r->model, r->x, r->labels, r->local_batch, &loss, &correct));
-        if (r->a.no_shard)
-            all_reduce_grads(r);
         CHECK(fsdp2_optimizer_step(r->opt));
         CHECK(fsdp2_optimizer_zero_grad(r->opt));
         if (r->a.trace && r->step + 1 == r->a.trace_to)
@@ -371,12 +264,12 @@ static double train_epoch(run_t *r, int epoch, double *seconds)
         if (s % 20 == 0 || s + 1 == steps)
             progress(r, epoch + 1, s + 1, steps, loss_sum / (s + 1));
     }
-    *seconds = now() - t0;
+    *seconds = example_now() - t0;
     if (!r->rank && isatty(STDOUT_FILENO))
         printf("\n");
     free(order);
     double v[2] = {loss_sum, steps};
-    world_sum(r, v, 2);
+    example_world_sum(r->world, r->current, v, 2);
     return v[1] ? v[0] / v[1] : 0;
 }
 
@@ -403,7 +296,7 @@ static void test_epoch(run_t *r, double *loss, double *accuracy)
         v[2] += real_n;
     }
     free(order);
-    world_sum(r, v, 3);
+    example_world_sum(r->world, r->current, v, 3);
     *loss = v[0] / v[2];
     *accuracy = 100.0 * v[1] / v[2];
 }
@@ -528,7 +421,6 @@ int main(int argc, char **argv)
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     fm_model_destroy(r.model);
-    fsdp2_mesh_destroy(r.self_mesh);
     fm_free(&r.train);
     fm_free(&r.test);
     free(r.x);

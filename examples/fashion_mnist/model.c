@@ -4,16 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "model.h"
 
 _Static_assert(sizeof(int) == sizeof(int32_t), "labels are passed to lib/nn as int32_t");
-
-#define TRY(call)                                \
-    do {                                         \
-        fsdp2_status_t s_ = (call);              \
-        if (s_ != FSDP2_SUCCESS)                 \
-            return s_;                           \
-    } while (0)
 
 /* Activation sizes per sample, by index into a[] / d[]. */
 static const int64_t mlp_sizes[3] = {512, 256, 10};

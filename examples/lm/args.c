@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "common.h"
 #include "hf.h"
 
 static void usage(const char *prog, const char *bad)
@@ -28,28 +29,6 @@ static void usage(const char *prog, const char *bad)
             "presets: tiny, small, gpt2-124m (GPT-2); llama-tiny, llama-small (Llama-shaped)\n",
             bad ? "error: bad argument '" : "", bad ? bad : "", bad ? "'\n" : "", prog);
     exit(2);
-}
-
-static long number(const char *flag, const char *text, long lo, long hi)
-{
-    char *end;
-    long v = strtol(text, &end, 10);
-    if (!*text || *end || v < lo || v > hi) {
-        fprintf(stderr, "error: %s %s is not an integer in %ld..%ld\n", flag, text, lo, hi);
-        exit(2);
-    }
-    return v;
-}
-
-static double real(const char *flag, const char *text)
-{
-    char *end;
-    double v = strtod(text, &end);
-    if (!*text || *end || !(v >= 0) || !isfinite(v)) {
-        fprintf(stderr, "error: %s %s is not a non-negative number\n", flag, text);
-        exit(2);
-    }
-    return v;
 }
 
 /* The presets. Byte-level ones have a vocabulary of 256; gpt2-124m has GPT-2's 50257
@@ -196,6 +175,27 @@ static void parse_lora(const char *spec, lm_lora_t *l)
     }
 }
 
+static void lora_flag(const char *value, void *to)
+{
+    parse_lora(value, to);
+}
+
+/* --freeze PATTERN, repeated */
+typedef struct freeze_list {
+    int n;
+    const char *patterns[LM_MAX_FREEZE];
+} freeze_list_t;
+
+static void freeze_flag(const char *value, void *to)
+{
+    freeze_list_t *f = to;
+    if (f->n == LM_MAX_FREEZE) {
+        fprintf(stderr, "error: more than %d --freeze patterns\n", LM_MAX_FREEZE);
+        exit(2);
+    }
+    f->patterns[f->n++] = value;
+}
+
 /* --adapter DIR: its adapter_config.json gives the adapters (with --lora, they must
  * agree). */
 static void lora_from_adapter(args_t *a, int given)
@@ -247,113 +247,57 @@ void lm_args_parse(int argc, char **argv, args_t *a)
     a->weight_decay = 0.1;
     a->clip = 1.0;
     int layers = 0, heads = 0, kv_heads = 0, dim = 0, seq = 0, preset_given = 0;
-    int num_freeze = 0;
-    const char *freeze[LM_MAX_FREEZE];
+    freeze_list_t freeze = {0};
     lm_lora_t lora = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "--no-shard")) {
-            a->no_shard = 1;
-            continue;
-        }
-        if (!strcmp(f, "--hsdp")) {
-            a->hsdp = 1;
-            continue;
-        }
-        if (!strcmp(f, "--activation-checkpointing")) {
-            a->checkpointing = 1;
-            continue;
-        }
-        if (!strcmp(f, "--help") || !strcmp(f, "-h"))
-            usage(argv[0], NULL);
-        if (!v)
-            usage(argv[0], f);
-        i++;
-        if (!strcmp(f, "--preset")) {
-            a->preset = v;
-            preset_given = 1;
-        }
-        else if (!strcmp(f, "--data"))
-            a->data = v;
-        else if (!strcmp(f, "--json"))
-            a->json = v;
-        else if (!strcmp(f, "--save"))
-            a->save = v;
-        else if (!strcmp(f, "--resume"))
-            a->resume = v;
-        else if (!strcmp(f, "--export"))
-            a->export_path = v;
-        else if (!strcmp(f, "--export-dtype"))
-            a->export_dtype = v;
-        else if (!strcmp(f, "--lora"))
-            parse_lora(v, &lora);
-        else if (!strcmp(f, "--freeze")) {
-            if (num_freeze == LM_MAX_FREEZE) {
-                fprintf(stderr, "error: more than %d --freeze patterns\n", LM_MAX_FREEZE);
-                exit(2);
-            }
-            freeze[num_freeze++] = v;
-        } else if (!strcmp(f, "--adapter"))
-            a->adapter = v;
-        else if (!strcmp(f, "--save-adapter"))
-            a->save_adapter = v;
-        else if (!strcmp(f, "--export-merged"))
-            a->export_merged = v;
-        else if (!strcmp(f, "--tokenizer"))
-            a->tokenizer = v;
-        else if (!strcmp(f, "--token-cache"))
-            a->token_cache = v;
-        else if (!strcmp(f, "--model") || !strcmp(f, "--init-from"))
-            a->init_from = v;
-        else if (!strcmp(f, "--dump-batches"))
-            a->dump_batches = v;
-        else if (!strcmp(f, "--param-dtype"))
-            a->param_dtype = v;
-        else if (!strcmp(f, "--layers"))
-            layers = (int)number(f, v, 1, LM_MAX_LAYERS);
-        else if (!strcmp(f, "--heads"))
-            heads = (int)number(f, v, 1, 1 << 10);
-        else if (!strcmp(f, "--kv-heads"))
-            kv_heads = (int)number(f, v, 1, 1 << 10);
-        else if (!strcmp(f, "--dim"))
-            dim = (int)number(f, v, 1, 1 << 16);
-        else if (!strcmp(f, "--seq-len"))
-            seq = (int)number(f, v, 1, 1 << 15);
-        else if (!strcmp(f, "--steps") || !strcmp(f, "--max-steps"))
-            a->steps = number(f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--batch"))
-            a->batch = (int)number(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--grad-accum"))
-            a->grad_accum = (int)number(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--threads"))
-            a->threads = (int)number(f, v, 1, 1024);
-        else if (!strcmp(f, "--seed"))
-            a->seed = number(f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--val-every"))
-            a->val_every = number(f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--val-batches"))
-            a->val_batches = number(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--sample"))
-            a->sample = number(f, v, 0, 1 << 20);
-        else if (!strcmp(f, "--log-every"))
-            a->log_every = number(f, v, 1, 1L << 40);
-        else if (!strcmp(f, "--save-every"))
-            a->save_every = number(f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--warmup"))
-            a->warmup = number(f, v, 0, 1L << 40);
-        else if (!strcmp(f, "--reshard-after-forward"))
-            a->reshard_after_forward = (int)number(f, v, 0, 1 << 20);
-        else if (!strcmp(f, "--lr"))
-            a->lr = real(f, v);
-        else if (!strcmp(f, "--min-lr"))
-            a->min_lr = real(f, v);
-        else if (!strcmp(f, "--weight-decay"))
-            a->weight_decay = real(f, v);
-        else if (!strcmp(f, "--clip"))
-            a->clip = real(f, v);
-        else
-            usage(argv[0], f);
-    }
+    const example_flag_t flags[] = {
+        EXAMPLE_FLAG("--no-shard", EXAMPLE_SWITCH, &a->no_shard),
+        EXAMPLE_FLAG("--hsdp", EXAMPLE_SWITCH, &a->hsdp),
+        EXAMPLE_FLAG("--activation-checkpointing", EXAMPLE_SWITCH, &a->checkpointing),
+        {.name = "--preset", .kind = EXAMPLE_STRING, .to = &a->preset, .given = &preset_given},
+        EXAMPLE_FLAG("--data", EXAMPLE_STRING, &a->data),
+        EXAMPLE_FLAG("--json", EXAMPLE_STRING, &a->json),
+        EXAMPLE_FLAG("--save", EXAMPLE_STRING, &a->save),
+        EXAMPLE_FLAG("--resume", EXAMPLE_STRING, &a->resume),
+        EXAMPLE_FLAG("--export", EXAMPLE_STRING, &a->export_path),
+        EXAMPLE_FLAG("--export-dtype", EXAMPLE_STRING, &a->export_dtype),
+        EXAMPLE_CALLED("--lora", lora_flag, &lora),
+        EXAMPLE_CALLED("--freeze", freeze_flag, &freeze),
+        EXAMPLE_FLAG("--adapter", EXAMPLE_STRING, &a->adapter),
+        EXAMPLE_FLAG("--save-adapter", EXAMPLE_STRING, &a->save_adapter),
+        EXAMPLE_FLAG("--export-merged", EXAMPLE_STRING, &a->export_merged),
+        EXAMPLE_FLAG("--tokenizer", EXAMPLE_STRING, &a->tokenizer),
+        EXAMPLE_FLAG("--token-cache", EXAMPLE_STRING, &a->token_cache),
+        EXAMPLE_FLAG("--model", EXAMPLE_STRING, &a->init_from),
+        EXAMPLE_FLAG("--init-from", EXAMPLE_STRING, &a->init_from),
+        EXAMPLE_FLAG("--dump-batches", EXAMPLE_STRING, &a->dump_batches),
+        EXAMPLE_FLAG("--param-dtype", EXAMPLE_STRING, &a->param_dtype),
+        EXAMPLE_RANGE("--layers", EXAMPLE_INT, &layers, 1, LM_MAX_LAYERS),
+        EXAMPLE_RANGE("--heads", EXAMPLE_INT, &heads, 1, 1 << 10),
+        EXAMPLE_RANGE("--kv-heads", EXAMPLE_INT, &kv_heads, 1, 1 << 10),
+        EXAMPLE_RANGE("--dim", EXAMPLE_INT, &dim, 1, 1 << 16),
+        EXAMPLE_RANGE("--seq-len", EXAMPLE_INT, &seq, 1, 1 << 15),
+        EXAMPLE_RANGE("--steps", EXAMPLE_LONG, &a->steps, 0, 1L << 40),
+        EXAMPLE_RANGE("--max-steps", EXAMPLE_LONG, &a->steps, 0, 1L << 40),
+        EXAMPLE_RANGE("--batch", EXAMPLE_INT, &a->batch, 1, 1 << 20),
+        EXAMPLE_RANGE("--grad-accum", EXAMPLE_INT, &a->grad_accum, 1, 1 << 20),
+        EXAMPLE_RANGE("--threads", EXAMPLE_INT, &a->threads, 1, 1024),
+        EXAMPLE_RANGE("--seed", EXAMPLE_LONG, &a->seed, 0, 1L << 40),
+        EXAMPLE_RANGE("--val-every", EXAMPLE_LONG, &a->val_every, 0, 1L << 40),
+        EXAMPLE_RANGE("--val-batches", EXAMPLE_LONG, &a->val_batches, 1, 1 << 20),
+        EXAMPLE_RANGE("--sample", EXAMPLE_LONG, &a->sample, 0, 1 << 20),
+        EXAMPLE_RANGE("--log-every", EXAMPLE_LONG, &a->log_every, 1, 1L << 40),
+        EXAMPLE_RANGE("--save-every", EXAMPLE_LONG, &a->save_every, 0, 1L << 40),
+        EXAMPLE_RANGE("--warmup", EXAMPLE_LONG, &a->warmup, 0, 1L << 40),
+        EXAMPLE_RANGE("--reshard-after-forward", EXAMPLE_INT, &a->reshard_after_forward, 0,
+                      1 << 20),
+        EXAMPLE_FLAG("--lr", EXAMPLE_REAL, &a->lr),
+        EXAMPLE_FLAG("--min-lr", EXAMPLE_REAL, &a->min_lr),
+        EXAMPLE_FLAG("--weight-decay", EXAMPLE_REAL, &a->weight_decay),
+        EXAMPLE_FLAG("--clip", EXAMPLE_REAL, &a->clip),
+        EXAMPLE_FLAGS_END,
+    };
+    const example_cli_t cli = {usage, 0};
+    example_parse_flags(argc, argv, flags, &cli);
     if (preset(a->preset, &a->cfg)) {
         fprintf(stderr, "error: --preset %s is not tiny, small, gpt2-124m, llama-tiny or "
                         "llama-small\n", a->preset);
@@ -363,8 +307,8 @@ void lm_args_parse(int argc, char **argv, args_t *a)
         shape_from_directory(a, preset_given, (int[5]){layers, heads, kv_heads, dim, seq});
     else
         resize_preset(&a->cfg, layers, heads, kv_heads, dim, seq);
-    a->cfg.num_freeze = num_freeze;
-    memcpy(a->cfg.freeze, freeze, sizeof(freeze[0]) * (size_t)num_freeze);
+    a->cfg.num_freeze = freeze.n;
+    memcpy(a->cfg.freeze, freeze.patterns, sizeof(freeze.patterns[0]) * (size_t)freeze.n);
     a->cfg.lora = lora;
     if (a->adapter)
         lora_from_adapter(a, lora.r > 0);

@@ -16,26 +16,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
 #include <fsdp2/fsdp2.h>
 
+#include "args.h"
+#include "common.h"
 #include "data.h"
 #include "hf.h"
 #include "model.h"
-
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        fsdp2_status_t s_ = (call);                                                        \
-        if (s_ != FSDP2_SUCCESS) {                                                         \
-            fprintf(stderr, "error: %s: %s\n", fsdp2_strerror(s_), fsdp2_last_error());    \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
-#include "args.h"
 
 typedef struct run {
     args_t a;
@@ -43,7 +33,6 @@ typedef struct run {
     fsdp2_context_t *ctx;
     fsdp2_group_t *world;
     fsdp2_stream_t *current;
-    fsdp2_mesh_t *mesh, *self_mesh;
     lm_model_t *model;
     fsdp2_optimizer_t *opt;
     fsdp2_state_dict_t *state;
@@ -54,14 +43,6 @@ typedef struct run {
     int json_records;
     fsdp2_nn_gemm_stats_t gemm; /* the GEMM counters at the start of the logging window */
 } run_t;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 
 /* ---- setup ---- */
 
@@ -113,14 +94,10 @@ static void setup(run_t *r)
     fsdp2_process_info_t info;
     CHECK(fsdp2_context_info(r->ctx, &info));
     CHECK(fsdp2_context_world(r->ctx, &r->world));
-    CHECK(fsdp2_context_mesh(r->ctx, &r->mesh));
     r->rank = info.rank;
     r->ws = info.world_size;
-    if (!a->threads) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int local = info.local_world_size > 0 ? info.local_world_size : 1;
-        a->threads = cores / local > 1 ? (int)(cores / local) : 1;
-    }
+    if (!a->threads) /* the rank's share of the host's cores for its GEMMs */
+        a->threads = example_threads(info.local_world_size);
     CHECK(fsdp2_nn_set_threads(a->threads));
     CHECK(fsdp2_stream_current((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &r->current));
     if (a->batch % (r->ws * a->grad_accum)) {
@@ -154,23 +131,12 @@ static void setup(run_t *r)
     fsdp2_status_t made = lm_create(&a->cfg, (uint64_t)a->seed, &r->model);
     if (made != FSDP2_SUCCESS) /* lm_create said why */
         exit(made == FSDP2_ERR_INVALID_CONFIG ? 2 : 1);
-    fsdp2_mesh_t *mesh = r->mesh;
     if (a->hsdp && a->no_shard) {
         fprintf(stderr, "error: --hsdp and --no-shard exclude each other\n");
         exit(2);
     }
-    if (a->hsdp) /* shard within a node, replicate across nodes */
-        CHECK(fsdp2_context_hsdp_mesh(r->ctx, 0, &mesh));
-    if (a->no_shard) {
-        /* Replicated: every rank a mesh of its own, the gradients all-reduced (DDP). */
-        fsdp2_store_t *store;
-        char name[32];
-        int one = 1;
-        snprintf(name, sizeof(name), "self-%d", r->rank);
-        CHECK(fsdp2_context_store(r->ctx, &store));
-        CHECK(fsdp2_mesh_create(store, name, 0, 1, 1, &one, NULL, NULL, &r->self_mesh));
-        mesh = r->self_mesh;
-    }
+    fsdp2_mesh_t *mesh;
+    example_mesh(r->ctx, a->no_shard, a->hsdp, &mesh);
     CHECK(lm_shard(r->model, mesh, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                      a->reshard_after_forward));
     fsdp2_optimizer_options_t oo = FSDP2_ADAMW_OPTIONS_INIT(a->lr);
@@ -247,36 +213,6 @@ static void setup(run_t *r)
 
 /* ---- the step ---- */
 
-/* --no-shard: average the whole gradients over the world. */
-static void all_reduce_grads(run_t *r)
-{
-    size_t n = 0;
-    CHECK(fsdp2_module_params(r->model->root, NULL, 0, &n));
-    fsdp2_param_t **ps = calloc(n ? n : 1, sizeof(*ps));
-    if (!ps) {
-        fprintf(stderr, "error: out of memory listing %zu parameters\n", n);
-        exit(1);
-    }
-    CHECK(fsdp2_module_params(r->model->root, ps, n, &n));
-    fsdp2_reduce_t avg = FSDP2_REDUCE_AVG_INIT;
-    for (size_t i = 0; i < n; i++) {
-        fsdp2_dtensor_t *g;
-        fsdp2_tensor_t *local;
-        CHECK(fsdp2_param_sharded_grad(ps[i], &g));
-        CHECK(fsdp2_dtensor_to_local(g, &local));
-        CHECK(fsdp2_all_reduce_async(r->world, local->data, (size_t)local->numel, FSDP2_F32, &avg,
-                                     r->current));
-        fsdp2_tensor_release(local);
-    }
-    free(ps);
-}
-
-static void world_sum(run_t *r, double *v, int n)
-{
-    CHECK(fsdp2_all_reduce_async(r->world, v, (size_t)n, FSDP2_F64, NULL, r->current));
-    CHECK(fsdp2_stream_synchronize(r->current));
-}
-
 /* One optimizer step: the mean training loss over the global batch, the gradient norm
  * before clipping. */
 static double train_step(run_t *r, long step, double *norm)
@@ -306,13 +242,11 @@ static double train_step(run_t *r, long step, double *norm)
         CHECK(lm_step(m, r->micro, 1, (double)r->local_batch * T, &loss));
         loss_sum += loss;
     }
-    if (a->no_shard)
-        all_reduce_grads(r);
     CHECK(fsdp2_clip_grad_norm(m->root, a->clip > 0 ? a->clip : INFINITY, 2.0, norm));
     CHECK(fsdp2_optimizer_step(r->opt));
     CHECK(fsdp2_optimizer_zero_grad(r->opt));
     double v[1] = {loss_sum};
-    world_sum(r, v, 1);
+    example_world_sum(r->world, r->current, v, 1);
     return v[0] / r->ws;
 }
 
@@ -339,7 +273,7 @@ static double validate(run_t *r)
             v[1] += (double)n * T;
         }
     }
-    world_sum(r, v, 2);
+    example_world_sum(r->world, r->current, v, 2);
     return v[0] / v[1];
 }
 
@@ -543,7 +477,7 @@ int main(int argc, char **argv)
                 a->batch, a->grad_accum, a->no_shard ? "false" : "true", a->param_dtype,
                 a->checkpointing ? "true" : "false", a->threads);
     }
-    double t_log = now(), loss_log = 0;
+    double t_log = example_now(), loss_log = 0;
     long steps_log = 0;
     CHECK(fsdp2_nn_gemm_stats(&r.gemm));
     for (long step = r.first_step; step < a->steps; step++) {
@@ -556,7 +490,7 @@ int main(int argc, char **argv)
         if ((step + 1) % a->log_every == 0 || last || val_now || step == r.first_step) {
             if (!r.rank && isatty(STDOUT_FILENO))
                 printf("\r%60s\r", "");
-            double secs = now() - t_log, ms = 1000 * secs / steps_log;
+            double secs = example_now() - t_log, ms = 1000 * secs / steps_log;
             double tokens_s = (double)steps_log * a->batch * a->cfg.seq / secs;
             fsdp2_nn_gemm_stats_t g;
             CHECK(fsdp2_nn_gemm_stats(&g));
@@ -576,7 +510,7 @@ int main(int argc, char **argv)
             json_record(&r, step + 1, loss_log / steps_log, val, ms, tokens_s, &mem, lr, norm,
                         gemm);
             CHECK(fsdp2_nn_gemm_stats(&r.gemm));
-            t_log = now();
+            t_log = example_now();
             loss_log = 0;
             steps_log = 0;
         }
@@ -618,7 +552,6 @@ int main(int argc, char **argv)
     CHECK(fsdp2_state_dict_destroy(r.state));
     CHECK(fsdp2_optimizer_destroy(r.opt));
     lm_destroy(r.model);
-    fsdp2_mesh_destroy(r.self_mesh);
     lm_text_free(&r.text);
     CHECK(fsdp2_finalize(r.ctx));
     return 0;

@@ -9,14 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "model.h"
-
-#define TRY(call)                                \
-    do {                                         \
-        fsdp2_status_t s_ = (call);              \
-        if (s_ != FSDP2_SUCCESS)                 \
-            return s_;                           \
-    } while (0)
 
 static const fsdp2_device_t CPU = FSDP2_DEVICE_CPU_INIT;
 

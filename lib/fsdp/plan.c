@@ -17,7 +17,8 @@
  *   result lands in this rank's chunk and needs no buffer of its own.
  * On one rank the flat shard is the whole parameters (no padding), so a group there
  * gathers nothing and needs no buffer, and its gradients are added straight into the
- * sharded gradients. */
+ * sharded gradients; on one rank of an HSDP shard dim whose reduce dtype is not the
+ * compute dtype, the staging holds their cast for the replicas' all-reduce. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,7 +287,9 @@ void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s)
         if (!g->dedicated && gathered_bytes(g) > s->ring_bytes)
             s->ring_bytes = gathered_bytes(g);
         size_t gb = (size_t)g->grad_full_numel * g->pe;
-        size_t sb = g->ws > 1 ? (size_t)g->grad_shard_numel * g->re : 0;
+        /* one rank of the shard dim needs staging only to cast for HSDP's all-reduce */
+        int staged = g->ws > 1 || (g->replicas > 1 && g->rdtype != g->pdtype);
+        size_t sb = staged ? (size_t)g->grad_shard_numel * g->re : 0;
         size_t cb = g->ws > 1 && g->cast ? (size_t)g->shard_numel * g->pe : 0;
         s->grad_bytes = gb > s->grad_bytes ? gb : s->grad_bytes;
         s->rs_bytes = sb > s->rs_bytes ? sb : s->rs_bytes;
@@ -699,8 +702,7 @@ static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
             count(&out->reduce_scatter, (uint64_t)ws * (uint64_t)g->grad_shard_numel * g->re,
                   ws, 0);
         if (g->replicas > 1)
-            count(&out->all_reduce, (uint64_t)g->grad_shard_numel * (ws == 1 ? g->pe : g->re),
-                  g->replicas, 1);
+            count(&out->all_reduce, (uint64_t)g->grad_shard_numel * g->re, g->replicas, 1);
     }
 }
 

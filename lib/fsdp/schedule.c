@@ -634,15 +634,23 @@ static fsdp2_status_t reduce_scatter(fsdp_root_t *r, fsdp_group_t *g)
     if (g->ws == 1) {
         /* The reduction over one rank is the gradient (divided by the factor if one is
          * set); the layouts match (no padding). HSDP averages it over the replicas first,
-         * in place (the buffer is ours), in the compute dtype. */
+         * in the reduce dtype as FSDP2 does: in place (the buffer is ours) when that is
+         * the compute dtype, else cast into the staging (planned for this case). */
+        const void *reduced = src;
+        fsdp2_dtype_t dtype = g->pdtype;
         if (g->replicas > 1) {
-            int labelled = trace_label(g, fqn, sizeof(fqn), g->pdtype);
-            status = fsdp2_all_reduce_async(g->replicate, (void *)src, n, g->pdtype, &avg, r->rs);
+            if (g->rdtype != g->pdtype) {
+                FSDP2_CHECK(fsdp2_cast_async(r->rs_input, g->rdtype, src, g->pdtype, n, r->rs));
+                reduced = r->rs_input;
+                dtype = g->rdtype;
+            }
+            int labelled = trace_label(g, fqn, sizeof(fqn), dtype);
+            status = fsdp2_all_reduce_async(g->replicate, (void *)reduced, n, dtype, &avg, r->rs);
             trace_unlabel(labelled);
             FSDP2_CHECK(status);
         }
         double scale = g->reduce.op == FSDP2_REDUCE_SUM ? 1.0 / g->reduce.pre_divide : 1.0;
-        FSDP2_CHECK(accumulate(r, g, src, g->pdtype, scale));
+        FSDP2_CHECK(accumulate(r, g, reduced, dtype, scale));
         if (g->grad_buffer == 2) {
             g->accumulator_dirty = 0;
             FSDP2_CHECK(fsdp2_event_record(g->accumulator_free, r->rs));

@@ -8,7 +8,9 @@
 #   - --val-every 0 trains on a corpus too short for validation;
 #   - --json writes the model's name as a JSON string whatever it holds;
 #   - "saved DIR (step N)" reaches the log at once (a killed run's log names its last
-#     checkpoint).
+#     checkpoint);
+#   - --no-shard under bf16 gives FSDP's losses and gradient norms at 2 ranks;
+#   - a rank bound to one CPU runs 1 GEMM thread.
 # usage: lm_cli_check.sh FSDP2RUN LM TESTS_EXAMPLES_DIR
 set -euo pipefail
 run=$1 lm=$2 here=$3
@@ -88,3 +90,34 @@ kill -9 "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 grep -q "^saved .* (step 2)" "$work/save.log" || { cat "$work/save.log"; fail "no saved line after 60 s"; }
 echo "--save: the saved lines reach the log at once"
+
+# --no-shard (a [2, 1] mesh) reduces bf16 gradients in f32 as FSDP does: the same losses
+# and gradient norms, to the digits --json writes
+for layout in fsdp no-shard; do
+    flag=()
+    [ "$layout" = fsdp ] || flag=(--no-shard)
+    "$run" --nproc-per-node 2 "$lm" --preset tiny --data "$corpus" --steps 3 --log-every 1 \
+        --val-every 0 --param-dtype bf16 "${flag[@]}" --json "$work/$layout.json" \
+        >"$work/$layout.log" 2>&1 || { cat "$work/$layout.log"; fail "bf16 $layout"; }
+done
+python3 - "$work/fsdp.json" "$work/no-shard.json" <<'PY' || fail "--no-shard differs from FSDP under bf16"
+import json, sys
+fsdp, ddp = ([(r["train_loss"], r["grad_norm"]) for r in json.load(open(p))["records"]]
+             for p in sys.argv[1:])
+assert len(fsdp) == 3 and fsdp == ddp, (fsdp, ddp)
+print("--no-shard under bf16: the losses and norms of FSDP", ddp)
+PY
+
+# GEMM threads: a rank bound to fewer CPUs than are online (as a launcher binds it) uses
+# those, not the online CPUs' share
+online=$(getconf _NPROCESSORS_ONLN)
+if command -v taskset >/dev/null && [ "$online" -gt 1 ]; then
+    cpu=$(taskset -cp $$ | sed 's/.*: //; s/[-,].*//')
+    taskset -c "$cpu" "$lm" --preset tiny --data "$corpus" --steps 0 --val-every 0 \
+        >"$work/bound.log" 2>&1 || { cat "$work/bound.log"; fail "bound to CPU $cpu"; }
+    grep -q ", 1 GEMM thread per rank" "$work/bound.log" ||
+        { head -1 "$work/bound.log"; fail "bound to 1 of $online CPUs: not 1 GEMM thread"; }
+    echo "bound to CPU $cpu of $online: 1 GEMM thread"
+else
+    echo "GEMM threads of a bound rank: skipped (no taskset, or 1 CPU online)"
+fi

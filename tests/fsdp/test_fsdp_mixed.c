@@ -1,5 +1,6 @@
 /* Mixed precision in fully_shard (fsdp2_mp_policy_t) and the reduce-scatter divide
- * factor, with real processes (1 to 4 ranks on a 1D mesh). A traced step shows the
+ * factor, with real processes (1 to 4 ranks on a 1D mesh, and on a [ws, 1] HSDP mesh,
+ * where the replicas' all-reduce is the whole reduction). A traced step shows the
  * copy-in casts on their own stream, each done before the all-gather that sends it.
  *
  * Under param_dtype = bf16 the test is the application: it reads the whole parameters as
@@ -551,7 +552,8 @@ static int check_copy_in_trace(rank_ctx_t *c, const char *path)
 /* Steps under {bf16, reduce}, each compared bitwise with the emulating reference; with
  * memory, the plan against the closed form and the f32 plan, and no allocation inside
  * a step. */
-static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
+static int mixed_training_on(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory,
+                             int replicas)
 {
     fsdp2_memory_plan_t f32 = {0};
     int fails = memory ? f32_plan(c, &f32) : 0;
@@ -560,7 +562,7 @@ static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
     ref_model_t *seen = malloc(sizeof(*seen));
     work_t *refwork = malloc(sizeof(*refwork));
     fsdp2_dtype_t reduce = reduce_dtype == FSDP2_DTYPE_COUNT ? FSDP2_BF16 : reduce_dtype;
-    fails += run_open(c, r);
+    fails += replicas > 1 ? run_open_2d(c, r, replicas) : run_open(c, r);
     fsdp2_mp_policy_t mp = {FSDP2_BF16, reduce_dtype, FSDP2_DTYPE_COUNT, 1};
     if (!fails)
         fails += build_mixed(r, mp);
@@ -625,6 +627,11 @@ static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
     free(emu);
     free(r);
     return fails;
+}
+
+static int mixed_training(rank_ctx_t *c, fsdp2_dtype_t reduce_dtype, int memory)
+{
+    return mixed_training_on(c, reduce_dtype, memory, 1);
 }
 
 /* f32, no policy: with a divide factor f each rank's gradient is divided by f and the
@@ -737,6 +744,14 @@ static int body_bf16_reduce_f32(rank_ctx_t *c)
     return mixed_training(c, FSDP2_F32, 0);
 }
 
+/* [ws, 1]: nothing to reduce-scatter, the replicas' all-reduce is the whole reduction,
+ * and it is the same reduction in reduce_dtype (group.h sums every collective in rank
+ * order). */
+static int body_replicated_reduce_f32(rank_ctx_t *c)
+{
+    return mixed_training_on(c, FSDP2_F32, 0, c->size);
+}
+
 static int body_memory(rank_ctx_t *c)
 {
     return mixed_training(c, FSDP2_DTYPE_COUNT, 1) + mixed_training(c, FSDP2_F32, 1);
@@ -753,6 +768,12 @@ END_TEST
 START_TEST(bf16_gradients_reduced_in_f32_are_the_f32_average_of_the_rank_gradients)
 {
     run_case(_i, body_bf16_reduce_f32, "bf16 parameters, f32 reduction");
+}
+END_TEST
+
+START_TEST(bf16_gradients_on_a_ws_x_1_hsdp_mesh_are_reduced_in_f32_as_on_a_1d_mesh)
+{
+    run_case(_i, body_replicated_reduce_f32, "bf16 parameters, f32 reduction, [ws, 1] mesh");
 }
 END_TEST
 
@@ -781,6 +802,8 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, bf16_views_are_the_rounded_f32_masters_and_bf16_reduction_is_exact, 1, 5);
     tcase_add_loop_test(tc, bf16_gradients_reduced_in_f32_are_the_f32_average_of_the_rank_gradients, 1, 5);
+    tcase_add_loop_test(tc, bf16_gradients_on_a_ws_x_1_hsdp_mesh_are_reduced_in_f32_as_on_a_1d_mesh,
+                        2, 5);
     tcase_add_loop_test(tc, the_divide_factor_sums_gradients_divided_by_it, 1, 5);
     tcase_add_loop_test(tc, the_bf16_plan_halves_the_unsharded_buffers_and_no_step_allocates, 1, 5);
     tcase_add_loop_test(tc, a_policy_with_a_non_floating_dtype_is_refused_naming_it, 1, 5);
