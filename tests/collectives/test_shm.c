@@ -21,6 +21,7 @@
 #include "collectives/shm_internal.h"
 #include "collectives/ucx_internal.h"
 #include "core/env_internal.h"
+#include "elements.h"
 #include "ranks.h"
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
@@ -42,17 +43,7 @@ static double pattern(int rank, size_t i)
 
 static void fill(void *p, fsdp2_dtype_t t, int rank, size_t n, size_t base)
 {
-    for (size_t i = 0; i < n; i++) {
-        double v = pattern(rank, base + i);
-        fsdp2_convert((char *)p + i * esize(t), t, &v, FSDP2_F64, 1);
-    }
-}
-
-static double get(const void *p, fsdp2_dtype_t t, size_t i)
-{
-    double v;
-    fsdp2_convert(&v, FSDP2_F64, (const char *)p + i * esize(t), t, 1);
-    return v;
+    FILL_CHUNKED(p, t, n, pattern, rank, base);
 }
 
 static double sum_over_ranks(int size, size_t i)
@@ -93,11 +84,13 @@ static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
     memset(recv, 0xab, n * esize(t) * c->size);
     fails += OK(c, fsdp2_all_gather_async(c->world, send, recv, n, t, c->stream));
     fails += sync_ok(c);
+    elements_t got;
+    elements_init(&got, recv, t, n * (size_t)c->size);
     for (int r = 0; r < c->size && !fails; r++)
         for (size_t i = 0; i < n && !fails; i++)
-            fails += RANK_CHECK(c, get(recv, t, r * n + i) == pattern(r, i),
+            fails += RANK_CHECK(c, element(&got, r * n + i) == pattern(r, i),
                                 "all_gather %s n=%zu rank %d element %zu: %g, want %g",
-                                fsdp2_dtype_name(t), n, r, i, get(recv, t, r * n + i),
+                                fsdp2_dtype_name(t), n, r, i, element(&got, r * n + i),
                                 pattern(r, i));
     free(send);
     free(recv);
@@ -116,17 +109,20 @@ static int check_reduce_scatter(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
         fill(send, t, c->rank, total, 0);
         fails += OK(c, fsdp2_reduce_scatter_async(c->world, send, out, n, t, NULL, c->stream));
         fails += sync_ok(c);
+        elements_t got, sent;
+        elements_init(&got, out, t, n);
+        elements_init(&sent, send, t, total);
         for (size_t i = 0; i < n && !fails; i++)
-            fails += RANK_CHECK(c, get(out, t, i) == sum_over_ranks(c->size, base + i),
+            fails += RANK_CHECK(c, element(&got, i) == sum_over_ranks(c->size, base + i),
                                 "reduce_scatter%s %s n=%zu element %zu: %g, want %g",
                                 in_place ? " in place" : "", fsdp2_dtype_name(t), n, i,
-                                get(out, t, i), sum_over_ranks(c->size, base + i));
+                                element(&got, i), sum_over_ranks(c->size, base + i));
         for (size_t i = 0; in_place && i < total && !fails; i++)
             if (i / n != (size_t)c->rank)
-                fails += RANK_CHECK(c, get(send, t, i) == pattern(c->rank, i),
+                fails += RANK_CHECK(c, element(&sent, i) == pattern(c->rank, i),
                                     "reduce_scatter in place %s n=%zu changed send element "
                                     "%zu: %g, want %g", fsdp2_dtype_name(t), n, i,
-                                    get(send, t, i), pattern(c->rank, i));
+                                    element(&sent, i), pattern(c->rank, i));
     }
     free(send);
     free(recv);
@@ -140,10 +136,12 @@ static int check_all_reduce(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
     fill(buf, t, c->rank, n, 0);
     fails += OK(c, fsdp2_all_reduce_async(c->world, buf, n, t, NULL, c->stream));
     fails += sync_ok(c);
+    elements_t got;
+    elements_init(&got, buf, t, n);
     for (size_t i = 0; i < n && !fails; i++)
-        fails += RANK_CHECK(c, get(buf, t, i) == sum_over_ranks(c->size, i),
+        fails += RANK_CHECK(c, element(&got, i) == sum_over_ranks(c->size, i),
                             "all_reduce %s n=%zu element %zu: %g, want %g", fsdp2_dtype_name(t),
-                            n, i, get(buf, t, i), sum_over_ranks(c->size, i));
+                            n, i, element(&got, i), sum_over_ranks(c->size, i));
     free(buf);
     return fails;
 }
@@ -155,8 +153,10 @@ static int check_broadcast(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
     fill(buf, t, c->rank, n, 0);
     fails += OK(c, fsdp2_broadcast_async(c->world, buf, n, t, root, c->stream));
     fails += sync_ok(c);
+    elements_t got;
+    elements_init(&got, buf, t, n);
     for (size_t i = 0; i < n && !fails; i++)
-        fails += RANK_CHECK(c, get(buf, t, i) == pattern(root, i),
+        fails += RANK_CHECK(c, element(&got, i) == pattern(root, i),
                             "broadcast %s n=%zu element %zu", fsdp2_dtype_name(t), n, i);
     free(buf);
     return fails;
@@ -687,10 +687,7 @@ static int body_same_bits(rank_ctx_t *c)
             fsdp2_dtype_t t = dts[d];
             size_t n = counts[k] * (size_t)c->size, bytes = n * esize(t);
             char *a = malloc(bytes), *b = malloc(bytes), *rs_a = malloc(bytes), *rs_b = malloc(bytes);
-            for (size_t i = 0; i < n; i++) {
-                double v = wavy(c->rank, i);
-                fsdp2_convert(a + i * esize(t), t, &v, FSDP2_F64, 1);
-            }
+            FILL_CHUNKED(a, t, n, wavy, c->rank, 0);
             memcpy(b, a, bytes);
             fails += OK(c, fsdp2_reduce_scatter_async(c->world, a, rs_a, counts[k], t, &avg,
                                                       c->stream));
