@@ -60,6 +60,8 @@ fsdp2_build_progress() { # DIR
 # An existing directory gets the options again (meson configure), so a change of the
 # options in these scripts reaches old build directories too. ninja's output goes to
 # DIR/fsdp2-build.log; the terminal gets its progress, and the log's end if it fails.
+# With FSDP2_BUILD_SUITE=NAME it builds only the programs of that suite's tests (run
+# them with meson test --no-rebuild --suite NAME).
 fsdp2_build() {
     local dir=$1
     shift
@@ -77,8 +79,20 @@ fsdp2_build() {
     elif [ $# -gt 0 ]; then
         meson configure "$dir" "$@" >/dev/null
     fi
-    local log="$dir/fsdp2-build.log" start=$SECONDS
-    if ! ninja -C "$dir" 2>&1 | tee "$log" | fsdp2_build_progress "$dir"; then
+    local log="$dir/fsdp2-build.log" start=$SECONDS targets=()
+    if [ -n "${FSDP2_BUILD_SUITE:-}" ]; then
+        # (python3 comes with meson)
+        mapfile -t targets < <(meson introspect "$dir" --tests | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin):
+    if "libfsdp2:" + sys.argv[2] in t["suite"]:
+        print(os.path.relpath(t["cmd"][0], sys.argv[1]))' "$dir" "$FSDP2_BUILD_SUITE" | sort -u)
+        if [ ${#targets[@]} -eq 0 ]; then
+            echo "error: no test of $dir is in suite $FSDP2_BUILD_SUITE" >&2
+            return 1
+        fi
+    fi
+    if ! ninja -C "$dir" "${targets[@]}" 2>&1 | tee "$log" | fsdp2_build_progress "$dir"; then
         tail -n 40 "$log" >&2
         echo "error: building $dir failed (all of ninja's output: $log)" >&2
         return 1
