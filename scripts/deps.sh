@@ -36,9 +36,33 @@ fsdp2_install_deps() {
         "${missing[@]}" >/dev/null
 }
 
+# Prints ninja's progress ("[done/total] ...", its output on stdin) as one line that
+# counts up on a terminal, or a line at every tenth of the steps otherwise.
+fsdp2_build_progress() { # DIR
+    local tty=0
+    [ -t 1 ] && tty=1
+    awk -v tty="$tty" -v dir="$1" '
+        /^\[[0-9]+\/[0-9]+\] / {
+            split(substr($1, 2, length($1) - 2), a, "/")
+            done = a[1] + 0; total = a[2] + 0
+            if (tty) {
+                printf "\rbuilding %s: %d of %d steps", dir, done, total
+                shown = 1
+            } else if (int(10 * done / total) > tenth) {
+                tenth = int(10 * done / total)
+                printf "building %s: %d of %d steps\n", dir, done, total
+            }
+            fflush()
+        }
+        END { if (shown) printf "\n" }'
+}
+
 # Configures (once) and builds a build directory: fsdp2_build DIR [meson options...]
 # An existing directory gets the options again (meson configure), so a change of the
-# options in these scripts reaches old build directories too.
+# options in these scripts reaches old build directories too. ninja's output goes to
+# DIR/fsdp2-build.log; the terminal gets its progress, and the log's end if it fails.
+# With FSDP2_BUILD_SUITE=NAME it builds only the programs of that suite's tests (run
+# them with meson test --no-rebuild --suite NAME).
 fsdp2_build() {
     local dir=$1
     shift
@@ -56,5 +80,25 @@ fsdp2_build() {
     elif [ $# -gt 0 ]; then
         meson configure "$dir" "$@" >/dev/null
     fi
-    ninja -C "$dir" >/dev/null || ninja -C "$dir"
+    local log="$dir/fsdp2-build.log" start=$SECONDS targets=()
+    if [ -n "${FSDP2_BUILD_SUITE:-}" ]; then
+        # (python3 comes with meson)
+        mapfile -t targets < <(meson introspect "$dir" --tests | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin):
+    if "libfsdp2:" + sys.argv[2] in t["suite"]:
+        print(os.path.relpath(t["cmd"][0], sys.argv[1]))' "$dir" "$FSDP2_BUILD_SUITE" | sort -u)
+        if [ ${#targets[@]} -eq 0 ]; then
+            echo "error: no test of $dir is in suite $FSDP2_BUILD_SUITE" >&2
+            return 1
+        fi
+    fi
+    if ! ninja -C "$dir" "${targets[@]}" 2>&1 | tee "$log" | fsdp2_build_progress "$dir"; then
+        tail -n 40 "$log" >&2
+        echo "error: building $dir failed (all of ninja's output: $log)" >&2
+        return 1
+    fi
+    if ! grep -q "^ninja: no work to do" "$log"; then
+        echo "built $dir in $((SECONDS - start)) s"
+    fi
 }

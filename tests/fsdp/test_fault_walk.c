@@ -18,7 +18,13 @@
  * - the checkpoint directory is absent or whole (fsdp2_checkpoint_verify), with no
  *   "<dir>.partial" left;
  * - no shared-memory segment of an exited rank is left in /dev/shm.
- * It prints the points walked and the outcomes, per world size. */
+ * It prints the points walked and the outcomes, per world size.
+ *
+ * WALK_SAMPLE=P walks a deterministic sample instead: about P points of each kind on
+ * each rank, evenly spaced (every ceil(count / P)-th, offset by the rank), and always
+ * the first and the last. The sanitizer builds walk a sample (tests/fsdp/meson.build):
+ * they look for memory and thread errors on each kind's paths, where the normal build
+ * walks every point. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -300,6 +306,15 @@ typedef struct tally {
     int walked, together, absorbed;
 } tally_t;
 
+/* Whether the walk visits point n (1..count) of one kind on rank victim when it walks
+ * about `sample` points of each kind on each rank (0: every point). */
+static int in_sample(unsigned long long n, unsigned long long count, int victim,
+                     unsigned long long sample)
+{
+    unsigned long long every = sample ? (count + sample - 1) / sample : 1;
+    return every <= 1 || n == 1 || n == count || (n + (unsigned long long)victim) % every == 0;
+}
+
 /* One case: the job, then its checks. */
 static void run_case(int ws, walk_t *w, const char *reference, tally_t *t)
 {
@@ -377,6 +392,10 @@ static void walk(int ws)
                          &counts[r][2], &counts[r][3]) == 4);
     }
     tally_t total = {0};
+    const char *sample_text = getenv("WALK_SAMPLE");
+    unsigned long long sample = sample_text ? strtoull(sample_text, NULL, 10) : 0;
+    if (sample)
+        printf("ws %d: a sample of about %llu points of each kind on each rank\n", ws, sample);
     for (int k = FAULT_ALLOC; k <= FAULT_IO; k++) {
         unsigned long long most = 0;
         for (int r = 0; r < ws; r++)
@@ -392,7 +411,8 @@ static void walk(int ws)
             if (only && (strcmp(only_kind, fsdp2_fault_kind_name((fault_kind_t)k)) || n != only_at))
                 continue;
             for (int victim = 0; victim < ws; victim++) {
-                if (counts[victim][k - 1] < n)
+                if (counts[victim][k - 1] < n ||
+                    !(only || in_sample(n, counts[victim][k - 1], victim, sample)))
                     continue;
                 w.kind = (fault_kind_t)k;
                 w.at = n;
@@ -405,6 +425,8 @@ static void walk(int ws)
             printf(" %llu", counts[r][k - 1]);
         printf("; walked %d: failed together %d, absorbed %d\n", t.walked, t.together,
                t.absorbed);
+        ck_assert_msg(only || most == 0 || t.walked > 0, "ws %d: no %s point walked", ws,
+                      fsdp2_fault_kind_name((fault_kind_t)k));
         total.walked += t.walked;
         total.together += t.together;
         total.absorbed += t.absorbed;
