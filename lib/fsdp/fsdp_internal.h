@@ -101,8 +101,8 @@ typedef struct unsharded_buffer {
 /* A group's fields, by concern. Each sub-struct says what it holds and who writes it;
  * everything else only reads it. */
 
-/* Where the group is sharded. fully_shard writes it (the dry plan for a mesh that need
- * not exist); fixed afterwards. */
+/* Where the group is sharded. fully_shard writes it (or the dry plan, for a mesh that
+ * need not exist); fixed afterwards. */
 typedef struct fsdp_group_comm {
     fsdp2_mesh_t *mesh;
     fsdp2_group_t *pg;        /* the mesh's shard dim (its last) */
@@ -198,11 +198,10 @@ typedef struct fsdp_group_step {
  * demand when gradient sync goes off) and sets encloses_groups; schedule.c takes and
  * gives back the buffers within a backward. */
 typedef struct fsdp_group_grads {
-    int buffer;                /* the gradient buffer its backward holds, or
-                                  FSDP_NO_GRAD_BUFFER */
-    void *accumulator;         /* its own unsharded gradients: no-sync, or encloses groups */
-    int accumulator_dirty;     /* holds gradients not yet reduced */
-    int encloses_groups;       /* other groups' modules lie under its module */
+    int buffer; /* what its backward holds (FSDP_GRAD_ACCUMULATOR, FSDP_NO_GRAD_BUFFER) */
+    void *accumulator;     /* its own unsharded gradients: no-sync, or encloses groups */
+    int accumulator_dirty; /* holds gradients not yet reduced */
+    int encloses_groups;   /* other groups' modules lie under its module */
     fsdp2_event_t *accumulator_free; /* recorded after the last copy out of it */
 } fsdp_group_grads_t;
 
