@@ -325,6 +325,11 @@ static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int e
     set_env_int("MASTER_PORT", master_port);
     if (!getenv("OMP_NUM_THREADS"))
         set_env_int("OMP_NUM_THREADS", omp_threads);
+    /* The layers' OpenMP threads (and oneDNN's) sleep between parallel regions instead of
+     * spinning on cores the rank's stream workers, or other ranks, need; libgomp reads it
+     * once at load, so only the environment can set it. */
+    if (!getenv("OMP_WAIT_POLICY"))
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
 
     /* Under --bind auto binding is a preference: a machine hwloc cannot bind on (a
      * synthetic or XML topology) runs the rank unbound. */

@@ -1,12 +1,33 @@
 /* fully_shard inside the library: the module tree (module.c), parameter groups and their
  * sharded storage (fully_shard.c), the root's planned buffers (plan.c) and the step
- * (schedule.c). */
+ * (schedule.c, unshard.c, group_trace.c; what they share is fsdp/step_internal.h). */
 #ifndef FSDP2_FSDP_INTERNAL_H
 #define FSDP2_FSDP_INTERNAL_H
 
 #include <fsdp2/fsdp.h>
 
 #define FSDP_MAX_RING 8
+
+/* A parameter's unsharded buffers, by index (fsdp2_param.unsharded_view, a group's
+ * step.buffer, its pieces): the ring's buffers 0 .. ring size - 1, then the group's own. */
+enum {
+    FSDP_NO_BUFFER = -1, /* sharded: no buffer held */
+    FSDP_OWN_BUFFER = FSDP_MAX_RING,
+    FSDP_BUFFER_SLOTS = FSDP_MAX_RING + 1,
+};
+
+/* A parameter's unsharded gradient buffers, by index (fsdp2_param.grad_view, a group's
+ * grads.buffer): the root's ring of two, then the group's own accumulator. */
+enum {
+    FSDP_NO_GRAD_BUFFER = -1, /* outside its backward */
+    FSDP_GRAD_RING = 2,
+    FSDP_GRAD_ACCUMULATOR = FSDP_GRAD_RING,
+    FSDP_GRAD_SLOTS = FSDP_GRAD_RING + 1,
+};
+
+/* Most cast send buffers of the copy-in (mixed precision): one being cast while the
+ * previous all-gather sends from the other. */
+#define FSDP_MAX_SENDS 2
 
 typedef struct fsdp_group fsdp_group_t;
 typedef struct fsdp_root fsdp_root_t;
@@ -38,8 +59,8 @@ struct fsdp2_param {
     int64_t pf_shard_offset; /* elements into the group's post-forward shard */
     fsdp2_dtensor_t *sharded;
     fsdp2_dtensor_t *sharded_grad;
-    fsdp2_tensor_t *unsharded_view[FSDP_MAX_RING + 1]; /* per buffer; [ring] = dedicated */
-    fsdp2_tensor_t *grad_view[3];                       /* per grad buffer; [2] = no-sync */
+    fsdp2_tensor_t *unsharded_view[FSDP_BUFFER_SLOTS]; /* per unsharded buffer */
+    fsdp2_tensor_t *grad_view[FSDP_GRAD_SLOTS];        /* per gradient buffer */
     fsdp2_tensor_t *unsharded; /* the current view, NULL while sharded */
     fsdp2_tensor_t *grad;      /* the current view, NULL outside backward */
 };
@@ -77,111 +98,205 @@ typedef struct unsharded_buffer {
     fsdp_group_t *owner; /* NULL when free */
 } unsharded_buffer_t;
 
-struct fsdp_group {
-    fsdp2_module_t *module;
-    fsdp_root_t *root; /* set by the root's lazy init */
+/* A group's fields, by concern. Each sub-struct says what it holds and who writes it;
+ * everything else only reads it. */
+
+/* Where the group is sharded. fully_shard writes it (or the dry plan, for a mesh that
+ * need not exist); fixed afterwards. */
+typedef struct fsdp_group_comm {
     fsdp2_mesh_t *mesh;
-    fsdp2_group_t *pg; /* the mesh's shard dim (its last) */
+    fsdp2_group_t *pg;        /* the mesh's shard dim (its last) */
     fsdp2_group_t *replicate; /* HSDP: the mesh's dim 0 on a 2D mesh, else NULL */
     int replicas;             /* size of that dim (1 without HSDP) */
     int rank, ws;
     fsdp2_device_t device;
+} fsdp_group_comm_t;
+
+/* The flat shards and their sizes. fully_shard lays them out (fsdp_group_geometry) and
+ * allocates the shards (build); fixed afterwards. The optimizer and checkpoints write
+ * the shards' values, the reduce-scatters the gradient shard's. */
+typedef struct fsdp_group_layout {
     fsdp2_dtype_t dtype; /* of every parameter in the group (one dtype per group) */
     size_t elem;
-    fsdp2_dtype_t pdtype, rdtype; /* mixed precision: compute (all-gather), reduce */
-    size_t pe, re;
-    int cast;                     /* pdtype != dtype: a copy-in cast before gathering */
-    fsdp2_dtype_t input_dtype;    /* forward inputs' dtype (cast_forward_inputs), or COUNT */
-    fsdp2_dtype_t output_dtype;   /* forward outputs' dtype (output_dtype), or COUNT */
-    fsdp2_reduce_t reduce;        /* of the reduce-scatter: average, or a divide factor */
-    fsdp2_param_t **params; /* the group's, in registration order */
-    size_t num_params;
     int64_t shard_numel;      /* padded, per rank */
     int64_t grad_shard_numel; /* padded, per rank, requires_grad params only */
     int64_t full_numel;       /* unsharded elements */
     int64_t grad_full_numel;
     fsdp2_tensor_t *shard;      /* flat [shard_numel] */
     fsdp2_tensor_t *grad_shard; /* flat [grad_shard_numel], NULL if none */
-    int requested_unsharded_buffers;
+} fsdp_group_layout_t;
 
-    /* Controls. */
-    int reshard_after_forward;
+/* Mixed precision: the dtypes of the policy (precision.c, at fully_shard); fixed
+ * afterwards. */
+typedef struct fsdp_group_precision {
+    fsdp2_dtype_t pdtype, rdtype; /* compute (all-gather), reduce */
+    size_t pe, re;
+    int cast;                     /* pdtype != dtype: a copy-in cast before gathering */
+    fsdp2_dtype_t input_dtype;    /* forward inputs' dtype (cast_forward_inputs), or COUNT */
+    fsdp2_dtype_t output_dtype;   /* forward outputs' dtype (output_dtype), or COUNT */
+} fsdp_group_precision_t;
+
+/* Modules to prefetch after a hook, as fsdp2_set_modules_to_*_prefetch set them. */
+typedef struct fsdp_prefetch_list {
+    fsdp_group_t **groups;
+    size_t count;
+    int is_set; /* 0: prefetch by the order of the last step */
+} fsdp_prefetch_list_t;
+
+/* The user's controls: fully_shard's options, then the fsdp2_set_* functions
+ * (controls.c); the root's init keeps the root's parameters through forward. */
+typedef struct fsdp_group_controls {
+    int reshard_after_forward; /* 0 or 1; N is pf.ranks */
     int reshard_after_backward;
-    /* reshard_after_forward = N (1 < N < ws): after forward, this rank keeps chunk
-     * (rank % N) of the N-way split of the whole parameters (the "post-forward shard"),
-     * and the backward all-gathers them over the N ranks of its block (pf_pg). */
-    int pf_ranks;             /* N, or 0 */
-    int pf_rank;              /* rank % N */
-    fsdp2_group_t *pf_pg;     /* the mesh's block group of N, set by the plan */
-    int64_t pf_shard_numel;   /* padded, per rank, in the compute dtype */
-    void *pf_shard;           /* planned: pf_shard_numel elements */
-    int pf_valid;             /* holds the parameters of this step's forward */
-    fsdp2_event_t *pf_free;   /* recorded after the all-gather that read it */
-    fsdp2_iov_t *pf_pieces[FSDP_MAX_RING + 1]; /* that all-gather's destinations per buffer */
-    size_t *pf_piece_offsets;                  /* N + 1 */
     int requires_gradient_sync;
     int is_last_backward;
-    fsdp_group_t **forward_prefetch;
-    size_t num_forward_prefetch;
-    int explicit_forward_prefetch;
-    fsdp_group_t **backward_prefetch;
-    size_t num_backward_prefetch;
-    int explicit_backward_prefetch;
+    int requested_unsharded_buffers; /* the ring size, read from the root's group */
+    fsdp2_reduce_t reduce;           /* of the reduce-scatter: average, or a divide factor */
+    fsdp_prefetch_list_t forward_prefetch, backward_prefetch;
+} fsdp_group_controls_t;
 
-    /* State. */
+/* reshard_after_forward = N (1 < N < ws): after forward, this rank keeps chunk
+ * (rank % N) of the N-way split of the whole parameters (the "post-forward shard"), and
+ * the backward all-gathers them over the N ranks of its block (pg). fully_shard.c writes
+ * its layout (ranks, rank, shard_numel), plan.c its memory, events and pieces, and
+ * schedule.c `valid`. */
+typedef struct fsdp_group_post_forward {
+    int ranks;                /* N, or 0 */
+    int rank;                 /* rank % N */
+    fsdp2_group_t *pg;        /* the mesh's block group of N */
+    int64_t shard_numel;      /* padded, per rank, in the compute dtype */
+    void *shard;              /* planned: shard_numel elements */
+    int valid;                /* holds the parameters of this step's forward */
+    fsdp2_event_t *free;      /* recorded after the all-gather that read it */
+    fsdp2_iov_t *pieces[FSDP_BUFFER_SLOTS]; /* that all-gather's destinations per buffer */
+    size_t *piece_offsets;                  /* N + 1 */
+} fsdp_group_post_forward_t;
+
+/* Where the group's parameters are gathered: plan.c binds it to the root's ring or
+ * gives it a buffer of its own (the root's init, or fsdp2_set_reshard_after_forward);
+ * fully_shard creates `gathered`, the schedule records it. */
+typedef struct fsdp_group_unsharded {
+    int dedicated; /* keeps its own unsharded buffer */
+    int alias;     /* ws == 1: the shard is the whole parameter, own buffer = shard */
+    unsharded_buffer_t own;
+    fsdp2_iov_t *pieces[FSDP_BUFFER_SLOTS]; /* all-gather destinations per buffer */
+    size_t *piece_offsets;                  /* ws + 1, the same for every buffer */
+    fsdp2_event_t *gathered;                /* recorded on the all-gather stream */
+} fsdp_group_unsharded_t;
+
+/* Where the group is in the current step: the step's alone (schedule.c, unshard.c);
+ * controls.c reads it to refuse changes between hooks. */
+typedef struct fsdp_group_step {
     fsdp2_training_state_t training_state;
     int forward_done; /* its forward ran in this step */
     int pinned;       /* unsharded by fsdp2_unshard: no prefetch may take its buffer */
     fsdp2_unshard_state_t unshard_state;
-    int buffer;    /* index into root->buffers, FSDP_MAX_RING for own, -1 when sharded */
-    int dedicated; /* keeps its own unsharded buffer */
-    int alias;     /* ws == 1: the shard is the whole parameter, own buffer = shard */
-    unsharded_buffer_t own;
-    int grad_buffer; /* index into root->grad_buffers, 2 = no-sync accumulator, -1 none */
-    void *accumulator;           /* its own unsharded gradients: no-sync, or encloses groups */
-    int accumulator_dirty;       /* holds gradients not yet reduced */
-    int encloses_groups;         /* other groups' modules lie under its module */
+    int buffer; /* the unsharded buffer it holds (FSDP_OWN_BUFFER, FSDP_NO_BUFFER) */
+} fsdp_group_step_t;
+
+/* Its unsharded gradients. plan.c creates the accumulator (at the root's init, or on
+ * demand when gradient sync goes off) and sets encloses_groups; schedule.c takes and
+ * gives back the buffers within a backward. */
+typedef struct fsdp_group_grads {
+    int buffer; /* what its backward holds (FSDP_GRAD_ACCUMULATOR, FSDP_NO_GRAD_BUFFER) */
+    void *accumulator;     /* its own unsharded gradients: no-sync, or encloses groups */
+    int accumulator_dirty; /* holds gradients not yet reduced */
+    int encloses_groups;   /* other groups' modules lie under its module */
     fsdp2_event_t *accumulator_free; /* recorded after the last copy out of it */
-    fsdp2_event_t *gathered;     /* recorded on the all-gather stream */
+} fsdp_group_grads_t;
+
+/* Collectives issued, for fsdp2_module_state; the step's (unshard.c, schedule.c). */
+typedef struct fsdp_group_stats {
     uint64_t all_gathers, reduce_scatters;
-    fsdp2_iov_t *pieces[FSDP_MAX_RING + 1]; /* all-gather destinations per buffer */
-    /* Trace tokens (-1: none): its forward or backward on compute, its hold of an
-     * unsharded parameter buffer and of a gradient buffer. */
-    int64_t trace_slice, trace_hold, trace_grad_hold, trace_pf_hold;
-    size_t *piece_offsets;                  /* ws + 1, the same for every buffer */
+} fsdp_group_stats_t;
+
+/* Trace tokens of what the group has open now (TRACE_NO_TOKEN: none): its forward or
+ * backward on compute, its hold of an unsharded parameter buffer, of a gradient buffer,
+ * of its post-forward shard. The step's (unshard.c, schedule.c). */
+typedef struct fsdp_group_trace {
+    int64_t slice, hold, grad_hold, pf_hold;
+} fsdp_group_trace_t;
+
+/* One module's parameters, sharded as one flat buffer per rank. The module, root and
+ * parameter list are set by fully_shard (root: by the root's lazy init). */
+struct fsdp_group {
+    fsdp2_module_t *module;
+    fsdp_root_t *root;
+    fsdp2_param_t **params; /* the group's, in registration order */
+    size_t num_params;
+    fsdp_group_comm_t comm;
+    fsdp_group_layout_t layout;
+    fsdp_group_precision_t mp;
+    fsdp_group_controls_t controls;
+    fsdp_group_post_forward_t pf;
+    fsdp_group_unsharded_t unsharded;
+    fsdp_group_step_t step;
+    fsdp_group_grads_t grads;
+    fsdp_group_stats_t stats;
+    fsdp_group_trace_t trace;
 };
 
-struct fsdp_root {
-    fsdp_group_t *group; /* the root's own */
-    fsdp_group_t **groups; /* every group of the tree, in tree (pre-)order */
-    size_t num_groups;
-    fsdp2_device_t device;
-    fsdp2_stream_t *compute;  /* the current stream of the hooks' thread */
+/* The root's fields, by concern; plan.c writes everything at the root's init but what
+ * each sub-struct says otherwise. */
+
+/* The streams of a step and the events that order them (schedule.c's header lists each
+ * event's ordering). ag_copy_in exists only with a cast and ws > 1. */
+typedef struct fsdp_root_streams {
+    fsdp2_stream_t *compute;    /* the current stream of the hooks' thread */
     fsdp2_stream_t *ag_copy_in; /* the casts into the send buffers (mixed precision) */
-    fsdp2_stream_t *ag;       /* all-gathers */
-    fsdp2_stream_t *rs;       /* reduce-scatters */
+    fsdp2_stream_t *ag;         /* all-gathers */
+    fsdp2_stream_t *rs;         /* reduce-scatters */
     fsdp2_event_t *compute_mark; /* re-recorded whenever a side stream must wait */
     fsdp2_event_t *rs_done;
     fsdp2_event_t *ag_done;
     fsdp2_event_t *grad_ready;
-    int ring_size;
+} fsdp_root_streams_t;
+
+/* The ring of unsharded parameter buffers; the schedule moves `next` and the owners. */
+typedef struct fsdp_root_ring {
+    int size;
     unsharded_buffer_t buffers[FSDP_MAX_RING];
-    int next_buffer;
-    void *grad_buffers[2];
-    fsdp2_event_t *grad_free[2];
-    fsdp_group_t *grad_owner[2]; /* the group whose backward holds each gradient buffer */
-    int next_grad_buffer;
-    /* Copy-in (mixed precision): `sends` (two with a ring of two or more, else one) send
-     * buffers of the largest cast shard, so the cast of the next all-gather (on
-     * ag_copy_in) runs while the previous all-gather sends. */
-    void *send[2];
-    int sends;
-    fsdp2_event_t *send_free[2]; /* recorded on ag after the all-gather that sent it */
-    fsdp2_event_t *copied[2];    /* recorded on ci after the cast into it */
-    int next_send;
-    void *rs_input; /* ws x the largest padded gradient shard; the result in place */
-    size_t rs_input_bytes;
-    fsdp2_memory_plan_t plan;
+    int next;
+} fsdp_root_ring_t;
+
+/* One unsharded gradient buffer of the ring. */
+typedef struct fsdp_grad_slot {
+    void *data;
+    fsdp2_event_t *free;  /* recorded on rs after the copy out of it */
+    fsdp_group_t *owner;  /* the group whose backward holds it, NULL when free */
+} fsdp_grad_slot_t;
+
+/* The ring of two gradient buffers; the schedule moves `next` and the owners. */
+typedef struct fsdp_root_grad_ring {
+    fsdp_grad_slot_t slots[FSDP_GRAD_RING];
+    int next;
+} fsdp_root_grad_ring_t;
+
+/* One send buffer of the copy-in (mixed precision): the largest cast shard. */
+typedef struct fsdp_send_slot {
+    void *data;
+    fsdp2_event_t *free;   /* recorded on ag after the all-gather that sent it */
+    fsdp2_event_t *copied; /* recorded on ag_copy_in after the cast into it */
+} fsdp_send_slot_t;
+
+/* Copy-in (mixed precision): `count` send buffers (two with a ring of two or more, else
+ * one), so the cast of the next all-gather (on ag_copy_in) runs while the previous
+ * all-gather sends. The schedule moves `next`. */
+typedef struct fsdp_root_sends {
+    fsdp_send_slot_t slots[FSDP_MAX_SENDS];
+    int count;
+    int next;
+} fsdp_root_sends_t;
+
+/* The reduce-scatter staging: ws x the largest padded gradient shard; the result in
+ * place. */
+typedef struct fsdp_root_staging {
+    void *data;
+    size_t bytes;
+} fsdp_root_staging_t;
+
+/* The step as a whole; schedule.c's alone. */
+typedef struct fsdp_root_step {
     /* The forward order of the current and the previous step. */
     fsdp_group_t **order, **last_order;
     size_t order_len, last_order_len;
@@ -194,14 +309,32 @@ struct fsdp_root {
      * event): the hook that caused it returns it. */
     fsdp2_status_t deferred;
     char deferred_message[512];
-    /* Gradient clipping's scratch, allocated with the plan so that clipping allocates
-     * nothing inside a step: the tree's parameters and their local gradient shards
-     * (clip_capacity of each), and one double per rank of the largest mesh dim. */
-    fsdp2_param_t **clip_params;
-    fsdp2_tensor_t **clip_grads;
-    size_t clip_capacity;
-    double *clip_all;
-    int clip_all_len;
+} fsdp_root_step_t;
+
+/* Gradient clipping's scratch, allocated with the plan so that clipping (lib/optim)
+ * allocates nothing inside a step: the tree's parameters and their local gradient
+ * shards (capacity of each), and one double per rank of the largest mesh dim. */
+typedef struct fsdp_root_clip {
+    fsdp2_param_t **params;
+    fsdp2_tensor_t **grads;
+    size_t capacity;
+    double *all;
+    int all_len;
+} fsdp_root_clip_t;
+
+struct fsdp_root {
+    fsdp_group_t *group; /* the root's own */
+    fsdp_group_t **groups; /* every group of the tree, in tree (pre-)order */
+    size_t num_groups;
+    fsdp2_device_t device;
+    fsdp_root_streams_t streams;
+    fsdp_root_ring_t ring;
+    fsdp_root_grad_ring_t grad_ring;
+    fsdp_root_sends_t sends;
+    fsdp_root_staging_t staging;
+    fsdp2_memory_plan_t plan;
+    fsdp_root_step_t step;
+    fsdp_root_clip_t clip;
 };
 
 /* module.c */
@@ -249,6 +382,9 @@ fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m);
 /* precision.c: the group's dtypes from its mixed precision policy. */
 fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t *mp,
                                         const char *fqn);
+
+/* unshard.c: whether g is between its pre and post hooks. */
+int fsdp_group_in_use(const fsdp_group_t *g);
 
 /* schedule.c: FSDP2_ERR_INVALID_STATE naming `what` when m's tree is in a backward that
  * fsdp2_backward_finish has not closed; success for trees that are not sharded or not
@@ -314,7 +450,7 @@ fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g);
 void fsdp_group_post_forward_free(fsdp_group_t *g);
 /* Creates (once) g's no-sync gradient accumulator. */
 fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g);
-/* The unsharded buffer with index i of g (ring index, or FSDP_MAX_RING for its own). */
+/* The unsharded buffer with index i of g (ring index, or FSDP_OWN_BUFFER). */
 unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i);
 
 #endif

@@ -33,20 +33,20 @@ fsdp2_module_t *fsdp_root_module(fsdp2_module_t *m)
 
 void fsdp_group_free(fsdp_group_t *g)
 {
-    if (g->shard)
-        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, -(int64_t)g->shard->nbytes);
-    if (g->grad_shard)
-        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, -(int64_t)g->grad_shard->nbytes);
-    fsdp2_tensor_release(g->shard);
-    fsdp2_tensor_release(g->grad_shard);
-    fsdp2_event_destroy(g->gathered);
-    for (int i = 0; i <= FSDP_MAX_RING; i++)
-        free(g->pieces[i]);
+    if (g->layout.shard)
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, -(int64_t)g->layout.shard->nbytes);
+    if (g->layout.grad_shard)
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, -(int64_t)g->layout.grad_shard->nbytes);
+    fsdp2_tensor_release(g->layout.shard);
+    fsdp2_tensor_release(g->layout.grad_shard);
+    fsdp2_event_destroy(g->unsharded.gathered);
+    for (int i = 0; i < FSDP_BUFFER_SLOTS; i++)
+        free(g->unsharded.pieces[i]);
     fsdp_group_post_forward_free(g); /* the pieces (the root gave the shard back) */
-    free(g->piece_offsets);
+    free(g->unsharded.piece_offsets);
     free(g->params);
-    free(g->forward_prefetch);
-    free(g->backward_prefetch);
+    free(g->controls.forward_prefetch.groups);
+    free(g->controls.backward_prefetch.groups);
     free(g);
 }
 
@@ -174,31 +174,35 @@ static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
                         "it as [1])",
                         fqn, pfqn);
         if (i == 0)
-            g->dtype = p->dtype;
-        if (p->dtype != g->dtype)
+            g->layout.dtype = p->dtype;
+        if (p->dtype != g->layout.dtype)
             return fsdp2_error(FSDP2_ERR_DTYPE_MISMATCH,
                                "fully_shard '%s': parameter '%s' is %s but '%s' is %s; one group "
                                "all-gathers one dtype",
                                fqn, pfqn, fsdp2_dtype_name(p->dtype), g->params[0]->name,
-                               fsdp2_dtype_name(g->dtype));
+                               fsdp2_dtype_name(g->layout.dtype));
         p->rows = p->shape[0];
         p->row_numel = 1;
         for (int d = 1; d < p->ndim; d++)
             p->row_numel *= p->shape[d];
-        p->chunk_rows = p->rows / g->ws + (p->rows % g->ws != 0);
-        FSDP2_CHECK(fsdp2_chunk_range(p->rows, g->ws, g->rank, &p->offset_rows, &p->local_rows));
+        p->chunk_rows = p->rows / g->comm.ws + (p->rows % g->comm.ws != 0);
+        FSDP2_CHECK(
+            fsdp2_chunk_range(p->rows, g->comm.ws, g->comm.rank, &p->offset_rows, &p->local_rows));
         /* rows x row_numel is a tensor's numel (checked when it was made); the sums of
          * a group's parameters are not */
         int64_t chunk = p->chunk_rows * p->row_numel, whole = p->rows * p->row_numel;
-        p->shard_offset = g->shard_numel;
-        p->full_offset = g->full_numel;
-        int over = __builtin_add_overflow(g->shard_numel, chunk, &g->shard_numel) ||
-                   __builtin_add_overflow(g->full_numel, whole, &g->full_numel);
+        p->shard_offset = g->layout.shard_numel;
+        p->full_offset = g->layout.full_numel;
+        int over = __builtin_add_overflow(g->layout.shard_numel, chunk, &g->layout.shard_numel) ||
+                   __builtin_add_overflow(g->layout.full_numel, whole, &g->layout.full_numel);
         if (p->requires_grad) {
-            p->grad_offset = g->grad_shard_numel;
-            p->grad_full_offset = g->grad_full_numel;
-            over = over || __builtin_add_overflow(g->grad_shard_numel, chunk, &g->grad_shard_numel) ||
-                   __builtin_add_overflow(g->grad_full_numel, whole, &g->grad_full_numel);
+            p->grad_offset = g->layout.grad_shard_numel;
+            p->grad_full_offset = g->layout.grad_full_numel;
+            over = over ||
+                   __builtin_add_overflow(g->layout.grad_shard_numel, chunk,
+                                          &g->layout.grad_shard_numel) ||
+                   __builtin_add_overflow(g->layout.grad_full_numel, whole,
+                                          &g->layout.grad_full_numel);
         }
         if (over)
             return fsdp2_error(FSDP2_ERR_OVERFLOW,
@@ -209,14 +213,15 @@ static fsdp2_status_t lay_out(fsdp_group_t *g, const char *fqn)
     /* Every byte count made of these (ws chunks of up to 8-byte elements, buffers of them)
      * must fit too. */
     int64_t gathered;
-    if (__builtin_mul_overflow(g->shard_numel, (int64_t)g->ws * 8, &gathered) ||
-        __builtin_mul_overflow(g->full_numel, (int64_t)8, &gathered))
+    if (__builtin_mul_overflow(g->layout.shard_numel, (int64_t)g->comm.ws * 8, &gathered) ||
+        __builtin_mul_overflow(g->layout.full_numel, (int64_t)8, &gathered))
         return fsdp2_error(FSDP2_ERR_OVERFLOW,
                            "fully_shard '%s': %d ranks x a shard of %lld elements (%lld whole) "
                            "overflow 64-bit byte counts",
-                           fqn, g->ws, (long long)g->shard_numel, (long long)g->full_numel);
+                           fqn, g->comm.ws, (long long)g->layout.shard_numel,
+                           (long long)g->layout.full_numel);
     if (g->num_params)
-        FSDP2_CHECK(fsdp2_dtype_size(g->dtype, &g->elem));
+        FSDP2_CHECK(fsdp2_dtype_size(g->layout.dtype, &g->layout.elem));
     return FSDP2_SUCCESS;
 }
 
@@ -242,8 +247,8 @@ static fsdp2_status_t make_dtensor(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_tens
     fsdp2_placement_t hsdp[2] = {FSDP2_REPLICATE_INIT, FSDP2_SHARD_INIT(0)};
     fsdp2_tensor_t *local;
     FSDP2_CHECK(fsdp_param_view(p, flat, at, p->local_rows, &local));
-    fsdp2_status_t status = fsdp2_dtensor_from_local(local, g->mesh, g->replicate ? hsdp : fsdp,
-                                                     p->ndim, p->shape, 0, NULL, out);
+    fsdp2_status_t status = fsdp2_dtensor_from_local(
+        local, g->comm.mesh, g->comm.replicate ? hsdp : fsdp, p->ndim, p->shape, 0, NULL, out);
     fsdp2_tensor_release(local);
     return status;
 }
@@ -255,8 +260,9 @@ static fsdp2_status_t take_value(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_stream
     p->value = NULL;
     fsdp2_status_t status = FSDP2_SUCCESS;
     if (value->device.type != FSDP2_DEVICE_META && p->local_rows > 0) {
-        size_t row_bytes = (size_t)p->row_numel * g->elem;
-        status = fsdp2_memcpy_async((char *)g->shard->data + (size_t)p->shard_offset * g->elem,
+        size_t row_bytes = (size_t)p->row_numel * g->layout.elem;
+        status = fsdp2_memcpy_async((char *)g->layout.shard->data +
+                                        (size_t)p->shard_offset * g->layout.elem,
                                     (const char *)value->data + (size_t)p->offset_rows * row_bytes,
                                     (size_t)p->local_rows * row_bytes, stream);
     }
@@ -268,22 +274,23 @@ static fsdp2_status_t take_value(fsdp_group_t *g, fsdp2_param_t *p, fsdp2_stream
  * declared values' rows copied in. */
 static fsdp2_status_t build(fsdp_group_t *g)
 {
-    FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->shard_numel, &g->shard));
-    fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, (int64_t)g->shard->nbytes);
-    if (g->grad_shard_numel) {
-        FSDP2_CHECK(fsdp2_tensor_zeros(g->device, g->dtype, 1, &g->grad_shard_numel,
-                                       &g->grad_shard));
-        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, (int64_t)g->grad_shard->nbytes);
+    FSDP2_CHECK(fsdp2_tensor_zeros(g->comm.device, g->layout.dtype, 1, &g->layout.shard_numel,
+                                   &g->layout.shard));
+    fsdp2_trace_mem_static(TRACE_MEM_SHARDED_PARAMS, (int64_t)g->layout.shard->nbytes);
+    if (g->layout.grad_shard_numel) {
+        FSDP2_CHECK(fsdp2_tensor_zeros(g->comm.device, g->layout.dtype, 1,
+                                       &g->layout.grad_shard_numel, &g->layout.grad_shard));
+        fsdp2_trace_mem_static(TRACE_MEM_SHARDED_GRADS, (int64_t)g->layout.grad_shard->nbytes);
     }
     fsdp2_stream_t *stream;
-    FSDP2_CHECK(fsdp2_stream_current(g->device, &stream));
+    FSDP2_CHECK(fsdp2_stream_current(g->comm.device, &stream));
     for (size_t i = 0; i < g->num_params; i++) {
         fsdp2_param_t *p = g->params[i];
-        FSDP2_CHECK(make_dtensor(g, p, g->shard, p->shard_offset, &p->sharded));
+        FSDP2_CHECK(make_dtensor(g, p, g->layout.shard, p->shard_offset, &p->sharded));
         if (p->requires_grad)
-            FSDP2_CHECK(make_dtensor(g, p, g->grad_shard, p->grad_offset, &p->sharded_grad));
+            FSDP2_CHECK(make_dtensor(g, p, g->layout.grad_shard, p->grad_offset, &p->sharded_grad));
     }
-    FSDP2_CHECK(fsdp2_event_create(g->device, &g->gathered));
+    FSDP2_CHECK(fsdp2_event_create(g->comm.device, &g->unsharded.gathered));
     /* Only now that nothing can fail but the copies are the declared values taken. */
     for (size_t i = 0; i < g->num_params; i++)
         FSDP2_CHECK(take_value(g, g->params[i], stream));
@@ -295,13 +302,13 @@ static fsdp2_status_t build(fsdp_group_t *g)
 
 static fsdp2_status_t check_reshard_value(const fsdp_group_t *g, int value, const char *what)
 {
-    if (value < 0 || value > g->ws || (value > 1 && g->ws % value != 0)) {
+    if (value < 0 || value > g->comm.ws || (value > 1 && g->comm.ws % value != 0)) {
         char fqn[FSDP2_FQN_MAX];
         fsdp_module_fqn(g->module, fqn, sizeof(fqn));
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
                            "%s '%s': reshard_after_forward %d is not 0 (keep whole), 1 (reshard "
                            "over all %d ranks of the shard dim) or a divisor of %d",
-                           what, fqn[0] ? fqn : "(root)", value, g->ws, g->ws);
+                           what, fqn[0] ? fqn : "(root)", value, g->comm.ws, g->comm.ws);
     }
     return FSDP2_SUCCESS;
 }
@@ -309,37 +316,38 @@ static fsdp2_status_t check_reshard_value(const fsdp_group_t *g, int value, cons
 fsdp2_status_t fsdp_group_set_reshard_after_forward(fsdp_group_t *g, int value, const char *what)
 {
     FSDP2_CHECK(check_reshard_value(g, value, what));
-    int n = value > 1 && value < g->ws ? value : 0;
-    if (n != g->pf_ranks) {
+    int n = value > 1 && value < g->comm.ws ? value : 0;
+    if (n != g->pf.ranks) {
         fsdp_group_post_forward_free(g); /* planned for the old N */
         /* The post-forward layout: each parameter in ceil(rows / N) row chunks, rank
          * (rank % N) keeping its chunk, padded like the shards. */
-        g->pf_shard_numel = 0;
+        g->pf.shard_numel = 0;
         for (size_t i = 0; i < g->num_params && n; i++) {
             fsdp2_param_t *p = g->params[i];
             p->pf_chunk_rows = p->rows / n + (p->rows % n != 0);
-            p->pf_shard_offset = g->pf_shard_numel;
-            g->pf_shard_numel += p->pf_chunk_rows * p->row_numel;
+            p->pf_shard_offset = g->pf.shard_numel;
+            g->pf.shard_numel += p->pf_chunk_rows * p->row_numel;
         }
-        g->pf_ranks = n;
-        g->pf_rank = n ? g->rank % n : 0;
+        g->pf.ranks = n;
+        g->pf.rank = n ? g->comm.rank % n : 0;
     }
-    g->reshard_after_forward = value != 0;
+    g->controls.reshard_after_forward = value != 0;
     return FSDP2_SUCCESS;
 }
 
 void fsdp_group_init(fsdp_group_t *g, fsdp2_module_t *m, const fsdp2_shard_options_t *o)
 {
     g->module = m;
-    g->trace_slice = g->trace_hold = g->trace_grad_hold = g->trace_pf_hold = TRACE_NO_TOKEN;
-    g->device = o->device;
-    g->reshard_after_backward = 1;
-    g->requires_gradient_sync = 1;
-    g->is_last_backward = 1;
-    g->requested_unsharded_buffers = o->unsharded_buffers;
-    g->buffer = -1;
-    g->grad_buffer = -1;
-    g->replicas = 1;
+    g->trace.slice = g->trace.hold = g->trace.grad_hold = g->trace.pf_hold = TRACE_NO_TOKEN;
+    g->comm.device = o->device;
+    g->controls.reshard_after_backward = 1;
+    g->controls.requires_gradient_sync = 1;
+    g->controls.is_last_backward = 1;
+    g->controls.requested_unsharded_buffers = o->unsharded_buffers;
+    g->step.buffer = FSDP_NO_BUFFER;
+    g->grads.buffer = FSDP_NO_GRAD_BUFFER;
+    g->controls.reduce = (fsdp2_reduce_t)FSDP2_REDUCE_AVG_INIT;
+    g->comm.replicas = 1;
 }
 
 fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t *o,
@@ -350,8 +358,8 @@ fsdp2_status_t fsdp_group_geometry(fsdp_group_t *g, const fsdp2_shard_options_t 
     FSDP2_CHECK(check_ties(g, g->module));
     FSDP2_CHECK(lay_out(g, fqn));
     if (!g->num_params) {
-        g->dtype = FSDP2_F32;
-        g->elem = sizeof(float);
+        g->layout.dtype = FSDP2_F32;
+        g->layout.elem = sizeof(float);
     }
     FSDP2_CHECK(fsdp_group_set_precision(g, &o->mp, fqn));
     return fsdp_group_set_reshard_after_forward(g, o->reshard_after_forward, "fully_shard");
@@ -425,17 +433,17 @@ fsdp2_status_t fsdp2_fully_shard(fsdp2_module_t *m, const fsdp2_shard_options_t 
     if (!g)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fully_shard '%s'", fqn);
     fsdp_group_init(g, m, o);
-    g->mesh = mesh;
-    fsdp2_status_t status = fsdp2_mesh_group(mesh, ndim - 1, &g->pg);
+    g->comm.mesh = mesh;
+    fsdp2_status_t status = fsdp2_mesh_group(mesh, ndim - 1, &g->comm.pg);
     if (status == FSDP2_SUCCESS && ndim == 2) {
-        status = fsdp2_mesh_group(mesh, 0, &g->replicate);
+        status = fsdp2_mesh_group(mesh, 0, &g->comm.replicate);
         if (status == FSDP2_SUCCESS)
-            status = fsdp2_group_size(g->replicate, &g->replicas);
+            status = fsdp2_group_size(g->comm.replicate, &g->comm.replicas);
     }
     if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_rank(g->pg, &g->rank);
+        status = fsdp2_group_rank(g->comm.pg, &g->comm.rank);
     if (status == FSDP2_SUCCESS)
-        status = fsdp2_group_size(g->pg, &g->ws);
+        status = fsdp2_group_size(g->comm.pg, &g->comm.ws);
     if (status == FSDP2_SUCCESS) /* before build takes the declared values */
         status = fsdp_group_geometry(g, o, fqn);
     if (status == FSDP2_SUCCESS)

@@ -199,9 +199,9 @@ static void param_free(fsdp2_param_t *p)
     fsdp2_tensor_release(p->value);
     fsdp2_dtensor_release(p->sharded);
     fsdp2_dtensor_release(p->sharded_grad);
-    for (int i = 0; i <= FSDP_MAX_RING; i++)
+    for (int i = 0; i < FSDP_BUFFER_SLOTS; i++)
         fsdp2_tensor_release(p->unsharded_view[i]);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < FSDP_GRAD_SLOTS; i++)
         fsdp2_tensor_release(p->grad_view[i]);
     free(p);
 }

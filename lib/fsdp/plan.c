@@ -31,15 +31,15 @@
 
 unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i)
 {
-    return i == FSDP_MAX_RING ? &g->own : &g->root->buffers[i];
+    return i == FSDP_OWN_BUFFER ? &g->unsharded.own : &g->root->ring.buffers[i];
 }
 
 /* A parameter-shaped tensor on memory the plan owns (no reference counting). */
 static fsdp2_status_t view_at(const fsdp2_param_t *p, const fsdp_group_t *g, void *base,
                               int64_t offset, fsdp2_tensor_t **out)
 {
-    return fsdp2_tensor_from_blob((char *)base + (size_t)offset * g->pe, g->device, g->pdtype,
-                                  p->ndim, p->shape, NULL, NULL, out);
+    return fsdp2_tensor_from_blob((char *)base + (size_t)offset * g->mp.pe, g->comm.device,
+                                  g->mp.pdtype, p->ndim, p->shape, NULL, NULL, out);
 }
 
 static fsdp2_status_t alloc(fsdp_root_t *r, size_t bytes, void **ptr, uint64_t *category)
@@ -69,17 +69,18 @@ static fsdp2_status_t make_pieces_for(fsdp_group_t *g, int n, int post_forward, 
         }
     }
     char *at = base;
-    size_t k = 0, pad_cursor = (size_t)g->full_numel * g->pe;
+    size_t k = 0, pad_cursor = (size_t)g->layout.full_numel * g->mp.pe;
     for (int r = 0; r < n; r++) {
         (*offsets)[r] = k;
         for (size_t i = 0; i < g->num_params; i++) {
             const fsdp2_param_t *p = g->params[i];
             int64_t off, len, chunk = post_forward ? p->pf_chunk_rows : p->chunk_rows;
             fsdp2_chunk_range(p->rows, n, r, &off, &len);
-            size_t row_bytes = (size_t)p->row_numel * g->pe;
+            size_t row_bytes = (size_t)p->row_numel * g->mp.pe;
             size_t valid = (size_t)len * row_bytes, pad = (size_t)(chunk - len) * row_bytes;
             if (valid)
-                pieces[k++] = (fsdp2_iov_t){at + ((size_t)p->full_offset * g->pe + (size_t)off * row_bytes), valid};
+                pieces[k++] = (fsdp2_iov_t){
+                    at + ((size_t)p->full_offset * g->mp.pe + (size_t)off * row_bytes), valid};
             if (pad) {
                 pieces[k++] = (fsdp2_iov_t){at + pad_cursor, pad};
                 pad_cursor += pad;
@@ -94,16 +95,17 @@ static fsdp2_status_t make_pieces_for(fsdp_group_t *g, int n, int post_forward, 
 
 static fsdp2_status_t make_pieces(fsdp_group_t *g, int b, void *base)
 {
-    FSDP2_CHECK(make_pieces_for(g, g->ws, 0, base, &g->pieces[b], &g->piece_offsets));
-    if (g->pf_shard)
-        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, base, &g->pf_pieces[b],
-                                    &g->pf_piece_offsets));
+    FSDP2_CHECK(make_pieces_for(g, g->comm.ws, 0, base, &g->unsharded.pieces[b],
+                                &g->unsharded.piece_offsets));
+    if (g->pf.shard)
+        FSDP2_CHECK(
+            make_pieces_for(g, g->pf.ranks, 1, base, &g->pf.pieces[b], &g->pf.piece_offsets));
     return FSDP2_SUCCESS;
 }
 
 static size_t gathered_bytes(const fsdp_group_t *g)
 {
-    return (size_t)g->ws * (size_t)g->shard_numel * g->pe;
+    return (size_t)g->comm.ws * (size_t)g->layout.shard_numel * g->mp.pe;
 }
 
 /* What bind_groups gives a group beyond the shared buffers, decided once here so that
@@ -113,17 +115,17 @@ static size_t gathered_bytes(const fsdp_group_t *g)
  * its shard is its parameters). */
 static int wants_accumulator(const fsdp_group_t *g)
 {
-    return g->encloses_groups || !g->requires_gradient_sync;
+    return g->grads.encloses_groups || !g->controls.requires_gradient_sync;
 }
 
 static int wants_post_forward(const fsdp_group_t *g)
 {
-    return g->reshard_after_forward != 0;
+    return g->controls.reshard_after_forward != 0;
 }
 
 static uint64_t own_buffer_bytes(const fsdp_group_t *g)
 {
-    return g->ws == 1 && !g->cast ? 0 : gathered_bytes(g);
+    return g->comm.ws == 1 && !g->mp.cast ? 0 : gathered_bytes(g);
 }
 
 /* Points buffer b's pieces and parameter views of g at that buffer's memory. */
@@ -142,80 +144,82 @@ static fsdp2_status_t bind_buffer(fsdp_group_t *g, int b)
 
 fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g)
 {
-    if (g->own.data || !g->root)
+    if (g->unsharded.own.data || !g->root)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = g->root;
-    if (g->ws == 1 && !g->cast) {
+    if (g->comm.ws == 1 && !g->mp.cast) {
         /* One rank: no padding, the flat shard is every parameter whole. */
-        g->alias = 1;
-        g->own.data = g->shard->data;
-        g->own.bytes = 0;
-        FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
-        g->dedicated = 1;
-        return bind_buffer(g, FSDP_MAX_RING);
+        g->unsharded.alias = 1;
+        g->unsharded.own.data = g->layout.shard->data;
+        g->unsharded.own.bytes = 0;
+        FSDP2_CHECK(fsdp2_event_create(r->device, &g->unsharded.own.free));
+        g->unsharded.dedicated = 1;
+        return bind_buffer(g, FSDP_OWN_BUFFER);
     }
-    g->own.bytes = own_buffer_bytes(g);
-    FSDP2_CHECK(alloc(r, g->own.bytes, &g->own.data, &r->plan.unsharded_params));
-    FSDP2_CHECK(fsdp2_event_create(r->device, &g->own.free));
-    g->dedicated = 1;
-    return bind_buffer(g, FSDP_MAX_RING);
+    g->unsharded.own.bytes = own_buffer_bytes(g);
+    FSDP2_CHECK(
+        alloc(r, g->unsharded.own.bytes, &g->unsharded.own.data, &r->plan.unsharded_params));
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->unsharded.own.free));
+    g->unsharded.dedicated = 1;
+    return bind_buffer(g, FSDP_OWN_BUFFER);
 }
 
 fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g)
 {
     fsdp_root_t *r = g->root;
-    if (!r || !g->pf_ranks || g->pf_shard || g == r->group || !g->shard_numel)
+    if (!r || !g->pf.ranks || g->pf.shard || g == r->group || !g->layout.shard_numel)
         return FSDP2_SUCCESS;
     /* The pieces are made only once the group is bound to its buffers (bind_groups);
      * afterwards (a control changed later) for every buffer it may gather into. */
-    FSDP2_CHECK(fsdp2_mesh_block_group(g->mesh, g->pf_ranks, &g->pf_pg));
-    size_t bytes = (size_t)g->pf_shard_numel * g->pe;
-    FSDP2_CHECK(alloc(r, bytes, &g->pf_shard, &r->plan.post_forward_params));
-    FSDP2_CHECK(fsdp2_event_create(r->device, &g->pf_free));
-    for (int b = 0; b < r->ring_size && g->pieces[b]; b++)
-        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, r->buffers[b].data, &g->pf_pieces[b],
-                                    &g->pf_piece_offsets));
-    if (g->own.data && g->pieces[FSDP_MAX_RING])
-        FSDP2_CHECK(make_pieces_for(g, g->pf_ranks, 1, g->own.data, &g->pf_pieces[FSDP_MAX_RING],
-                                    &g->pf_piece_offsets));
+    FSDP2_CHECK(fsdp2_mesh_block_group(g->comm.mesh, g->pf.ranks, &g->pf.pg));
+    size_t bytes = (size_t)g->pf.shard_numel * g->mp.pe;
+    FSDP2_CHECK(alloc(r, bytes, &g->pf.shard, &r->plan.post_forward_params));
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->pf.free));
+    for (int b = 0; b < r->ring.size && g->unsharded.pieces[b]; b++)
+        FSDP2_CHECK(make_pieces_for(g, g->pf.ranks, 1, r->ring.buffers[b].data, &g->pf.pieces[b],
+                                    &g->pf.piece_offsets));
+    if (g->unsharded.own.data && g->unsharded.pieces[FSDP_OWN_BUFFER])
+        FSDP2_CHECK(make_pieces_for(g, g->pf.ranks, 1, g->unsharded.own.data,
+                                    &g->pf.pieces[FSDP_OWN_BUFFER], &g->pf.piece_offsets));
     return FSDP2_SUCCESS;
 }
 
 void fsdp_group_post_forward_free(fsdp_group_t *g)
 {
     fsdp_root_t *r = g->root;
-    if (r && g->pf_shard) {
-        uint64_t bytes = (uint64_t)g->pf_shard_numel * g->pe;
+    if (r && g->pf.shard) {
+        uint64_t bytes = (uint64_t)g->pf.shard_numel * g->mp.pe;
         r->plan.post_forward_params -= bytes;
         r->plan.total -= bytes;
-        fsdp2_device_free(r->device, g->pf_shard);
+        fsdp2_device_free(r->device, g->pf.shard);
     }
-    fsdp2_event_destroy(g->pf_free);
-    for (int b = 0; b <= FSDP_MAX_RING; b++) {
-        free(g->pf_pieces[b]);
-        g->pf_pieces[b] = NULL;
+    fsdp2_event_destroy(g->pf.free);
+    for (int b = 0; b < FSDP_BUFFER_SLOTS; b++) {
+        free(g->pf.pieces[b]);
+        g->pf.pieces[b] = NULL;
     }
-    free(g->pf_piece_offsets);
-    g->pf_piece_offsets = NULL;
-    g->pf_shard = NULL;
-    g->pf_free = NULL;
-    g->pf_pg = NULL;
-    g->pf_valid = 0;
+    free(g->pf.piece_offsets);
+    g->pf.piece_offsets = NULL;
+    g->pf.shard = NULL;
+    g->pf.free = NULL;
+    g->pf.pg = NULL;
+    g->pf.valid = 0;
 }
 
 fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g)
 {
-    if (g->accumulator || !g->root || !g->grad_full_numel)
+    if (g->grads.accumulator || !g->root || !g->layout.grad_full_numel)
         return FSDP2_SUCCESS;
     fsdp_root_t *r = g->root;
-    size_t bytes = (size_t)g->grad_full_numel * g->pe;
-    FSDP2_CHECK(alloc(r, bytes, &g->accumulator, &r->plan.unsharded_grads));
-    FSDP2_CHECK(fsdp2_event_create(r->device, &g->accumulator_free));
-    g->accumulator_dirty = 0; /* zeroed in stream order by the next pre_backward */
+    size_t bytes = (size_t)g->layout.grad_full_numel * g->mp.pe;
+    FSDP2_CHECK(alloc(r, bytes, &g->grads.accumulator, &r->plan.unsharded_grads));
+    FSDP2_CHECK(fsdp2_event_create(r->device, &g->grads.accumulator_free));
+    g->grads.accumulator_dirty = 0; /* zeroed in stream order by the next pre_backward */
     for (size_t i = 0; i < g->num_params; i++) {
         fsdp2_param_t *p = g->params[i];
         if (p->requires_grad)
-            FSDP2_CHECK(view_at(p, g, g->accumulator, p->grad_full_offset, &p->grad_view[2]));
+            FSDP2_CHECK(view_at(p, g, g->grads.accumulator, p->grad_full_offset,
+                                &p->grad_view[FSDP_GRAD_ACCUMULATOR]));
     }
     return FSDP2_SUCCESS;
 }
@@ -232,11 +236,12 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
     r->groups[r->num_groups++] = m->group;
     char fqn[FSDP2_FQN_MAX];
     fsdp_module_fqn(m, fqn, sizeof(fqn));
-    if (m->group->device.type != r->device.type || m->group->device.index != r->device.index)
+    if (m->group->comm.device.type != r->device.type ||
+        m->group->comm.device.index != r->device.index)
         return fsdp2_error(FSDP2_ERR_DEVICE_MISMATCH,
                            "module '%s' keeps its shards on another device than the root", fqn);
     /* The root's buffers are sized for its mesh: one mesh per tree. */
-    if (m->group->mesh != r->groups[0]->mesh)
+    if (m->group->comm.mesh != r->groups[0]->comm.mesh)
         return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
                            "module '%s' is sharded over another mesh than the root's; one tree "
                            "shards over one mesh",
@@ -246,14 +251,19 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
 
 static fsdp2_status_t make_streams(fsdp_root_t *r)
 {
-    FSDP2_CHECK(fsdp2_stream_current(r->device, &r->compute));
-    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather", &r->ag));
-    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-reduce-scatter", &r->rs));
-    fsdp2_event_t **events[] = {&r->compute_mark, &r->rs_done, &r->ag_done, &r->grad_ready,
-                                &r->grad_free[0], &r->grad_free[1], &r->send_free[0],
-                                &r->send_free[1], &r->copied[0], &r->copied[1]};
+    FSDP2_CHECK(fsdp2_stream_current(r->device, &r->streams.compute));
+    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather", &r->streams.ag));
+    FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-reduce-scatter", &r->streams.rs));
+    fsdp_root_streams_t *s = &r->streams;
+    fsdp2_event_t **events[] = {&s->compute_mark, &s->rs_done, &s->ag_done, &s->grad_ready};
     for (size_t i = 0; i < sizeof(events) / sizeof(events[0]); i++)
         FSDP2_CHECK(fsdp2_event_create(r->device, events[i]));
+    for (int k = 0; k < FSDP_GRAD_RING; k++)
+        FSDP2_CHECK(fsdp2_event_create(r->device, &r->grad_ring.slots[k].free));
+    for (int k = 0; k < FSDP_MAX_SENDS; k++) {
+        FSDP2_CHECK(fsdp2_event_create(r->device, &r->sends.slots[k].free));
+        FSDP2_CHECK(fsdp2_event_create(r->device, &r->sends.slots[k].copied));
+    }
     return FSDP2_SUCCESS;
 }
 
@@ -271,8 +281,8 @@ static void mark_enclosing(fsdp_root_t *r)
 {
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
-        for (size_t j = 0; j < r->num_groups && !g->encloses_groups; j++)
-            g->encloses_groups = is_under(r->groups[j]->module, g->module);
+        for (size_t j = 0; j < r->num_groups && !g->grads.encloses_groups; j++)
+            g->grads.encloses_groups = is_under(r->groups[j]->module, g->module);
     }
 }
 
@@ -282,37 +292,39 @@ void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s)
     s->plan.size = sizeof(s->plan);
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
-        if (g->ws == 1)
-            g->dedicated = 1; /* its shard (or its cast) is its unsharded buffer */
-        if (!g->dedicated && gathered_bytes(g) > s->ring_bytes)
+        if (g->comm.ws == 1)
+            g->unsharded.dedicated = 1; /* its shard (or its cast) is its unsharded buffer */
+        if (!g->unsharded.dedicated && gathered_bytes(g) > s->ring_bytes)
             s->ring_bytes = gathered_bytes(g);
-        size_t gb = (size_t)g->grad_full_numel * g->pe;
+        size_t gb = (size_t)g->layout.grad_full_numel * g->mp.pe;
         /* one rank of the shard dim needs staging only to cast for HSDP's all-reduce */
-        int staged = g->ws > 1 || (g->replicas > 1 && g->rdtype != g->pdtype);
-        size_t sb = staged ? (size_t)g->grad_shard_numel * g->re : 0;
-        size_t cb = g->ws > 1 && g->cast ? (size_t)g->shard_numel * g->pe : 0;
+        int staged = g->comm.ws > 1 || (g->comm.replicas > 1 && g->mp.rdtype != g->mp.pdtype);
+        size_t sb = staged ? (size_t)g->layout.grad_shard_numel * g->mp.re : 0;
+        size_t cb = g->comm.ws > 1 && g->mp.cast ? (size_t)g->layout.shard_numel * g->mp.pe : 0;
         s->grad_bytes = gb > s->grad_bytes ? gb : s->grad_bytes;
         s->rs_bytes = sb > s->rs_bytes ? sb : s->rs_bytes;
         s->send_bytes = cb > s->send_bytes ? cb : s->send_bytes;
-        s->plan.sharded_params += (uint64_t)g->shard_numel * g->elem;
-        s->plan.sharded_grads += (uint64_t)g->grad_shard_numel * g->elem;
+        s->plan.sharded_params += (uint64_t)g->layout.shard_numel * g->layout.elem;
+        s->plan.sharded_grads += (uint64_t)g->layout.grad_shard_numel * g->layout.elem;
     }
     mark_enclosing(r);
-    s->ring_size = s->ring_bytes ? r->group->requested_unsharded_buffers : 0;
-    s->sends = s->send_bytes ? (s->ring_size >= 2 ? 2 : 1) : 0;
+    s->ring_size = s->ring_bytes ? r->group->controls.requested_unsharded_buffers : 0;
+    s->sends = s->send_bytes ? (s->ring_size >= FSDP_MAX_SENDS ? FSDP_MAX_SENDS : 1) : 0;
     s->plan.unsharded_params = (uint64_t)s->ring_size * s->ring_bytes +
                                (uint64_t)s->sends * s->send_bytes;
-    s->plan.unsharded_grads = s->grad_bytes ? 2 * (uint64_t)s->grad_bytes : 0;
-    s->plan.reduce_scatter = s->rs_bytes ? (uint64_t)r->group->ws * s->rs_bytes : 0;
+    s->plan.unsharded_grads = s->grad_bytes ? FSDP_GRAD_RING * (uint64_t)s->grad_bytes : 0;
+    s->plan.reduce_scatter = s->rs_bytes ? (uint64_t)r->group->comm.ws * s->rs_bytes : 0;
     /* What each group gets beyond the shared buffers (bind_groups; each allocator's own
      * conditions besides: nothing to hold, the root). */
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
-        uint64_t acc = wants_accumulator(g) && g->grad_full_numel
-                           ? (uint64_t)g->grad_full_numel * g->pe : 0;
-        uint64_t pf = wants_post_forward(g) && g->pf_ranks && g != r->group && g->shard_numel
-                          ? (uint64_t)g->pf_shard_numel * g->pe : 0;
-        uint64_t own = g->dedicated ? own_buffer_bytes(g) : 0;
+        uint64_t acc = wants_accumulator(g) && g->layout.grad_full_numel
+                           ? (uint64_t)g->layout.grad_full_numel * g->mp.pe
+                           : 0;
+        uint64_t pf = wants_post_forward(g) && g->pf.ranks && g != r->group && g->layout.shard_numel
+                          ? (uint64_t)g->pf.shard_numel * g->mp.pe
+                          : 0;
+        uint64_t own = g->unsharded.dedicated ? own_buffer_bytes(g) : 0;
         s->plan.unsharded_grads += acc;
         s->plan.post_forward_params += pf;
         s->plan.unsharded_params += own;
@@ -331,7 +343,7 @@ static fsdp2_status_t allocate(fsdp_root_t *r, const fsdp_plan_sizes_t *s)
     r->plan.sharded_params = s->plan.sharded_params;
     r->plan.sharded_grads = s->plan.sharded_grads;
     r->plan.total = r->plan.sharded_params + r->plan.sharded_grads;
-    r->ring_size = s->ring_size;
+    r->ring.size = s->ring_size;
     /* Everything below, refused at once when it cannot fit the device's limit. */
     uint64_t need = s->plan.total - r->plan.total;
     char what[224];
@@ -339,27 +351,28 @@ static fsdp2_status_t allocate(fsdp_root_t *r, const fsdp_plan_sizes_t *s)
              "the FSDP plan (%d unsharded buffers of %zu bytes, 2 gradient buffers of %zu, "
              "%d cast buffers of %zu, reduce-scatter staging of %zu, %llu in the groups' own "
              "buffers and accumulators)",
-             r->ring_size, ring_bytes, grad_bytes, s->sends, send_bytes,
-             (size_t)r->group->ws * rs_bytes, (unsigned long long)s->group_bytes);
+             r->ring.size, ring_bytes, grad_bytes, s->sends, send_bytes,
+             (size_t)r->group->comm.ws * rs_bytes, (unsigned long long)s->group_bytes);
     FSDP2_CHECK(fsdp_memory_check_fits(r->device, need, what));
-    for (int b = 0; b < r->ring_size; b++) {
-        r->buffers[b].bytes = ring_bytes;
-        FSDP2_CHECK(alloc(r, ring_bytes, &r->buffers[b].data, &r->plan.unsharded_params));
-        FSDP2_CHECK(fsdp2_event_create(r->device, &r->buffers[b].free));
+    for (int b = 0; b < r->ring.size; b++) {
+        r->ring.buffers[b].bytes = ring_bytes;
+        FSDP2_CHECK(alloc(r, ring_bytes, &r->ring.buffers[b].data, &r->plan.unsharded_params));
+        FSDP2_CHECK(fsdp2_event_create(r->device, &r->ring.buffers[b].free));
     }
-    for (int k = 0; k < 2 && grad_bytes; k++)
-        FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_buffers[k], &r->plan.unsharded_grads));
+    for (int k = 0; k < FSDP_GRAD_RING && grad_bytes; k++)
+        FSDP2_CHECK(alloc(r, grad_bytes, &r->grad_ring.slots[k].data, &r->plan.unsharded_grads));
     /* Mixed precision: the cast shards sent, two when a prefetch can overlap a cast with
      * the all-gather before it; the copy-in stream only then. */
-    r->sends = s->sends;
-    for (int k = 0; k < r->sends; k++)
-        FSDP2_CHECK(alloc(r, send_bytes, &r->send[k], &r->plan.unsharded_params));
+    r->sends.count = s->sends;
+    for (int k = 0; k < r->sends.count; k++)
+        FSDP2_CHECK(alloc(r, send_bytes, &r->sends.slots[k].data, &r->plan.unsharded_params));
     if (send_bytes)
-        FSDP2_CHECK(fsdp2_stream_create(r->device, "fsdp-all-gather-copy-in", &r->ag_copy_in));
-    int ws = r->group->ws;
+        FSDP2_CHECK(
+            fsdp2_stream_create(r->device, "fsdp-all-gather-copy-in", &r->streams.ag_copy_in));
+    int ws = r->group->comm.ws;
     if (rs_bytes) {
-        r->rs_input_bytes = (size_t)ws * rs_bytes;
-        FSDP2_CHECK(alloc(r, r->rs_input_bytes, &r->rs_input, &r->plan.reduce_scatter));
+        r->staging.bytes = (size_t)ws * rs_bytes;
+        FSDP2_CHECK(alloc(r, r->staging.bytes, &r->staging.data, &r->plan.reduce_scatter));
     }
     return FSDP2_SUCCESS;
 }
@@ -375,17 +388,17 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
             FSDP2_CHECK(fsdp_group_accumulator(g));
         if (wants_post_forward(g))
             FSDP2_CHECK(fsdp_group_post_forward(g));
-        if (g->dedicated) {
-            g->dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */
+        if (g->unsharded.dedicated) {
+            g->unsharded.dedicated = 0; /* fsdp_group_own_buffer sets it once the buffer exists */
             FSDP2_CHECK(fsdp_group_own_buffer(g));
         }
-        for (int b = 0; b < r->ring_size && !g->dedicated; b++)
+        for (int b = 0; b < r->ring.size && !g->unsharded.dedicated; b++)
             FSDP2_CHECK(bind_buffer(g, b));
-        for (int k = 0; k < 2; k++) {
-            for (size_t j = 0; j < g->num_params && r->grad_buffers[k]; j++) {
+        for (int k = 0; k < FSDP_GRAD_RING; k++) {
+            for (size_t j = 0; j < g->num_params && r->grad_ring.slots[k].data; j++) {
                 fsdp2_param_t *p = g->params[j];
                 if (p->requires_grad)
-                    FSDP2_CHECK(view_at(p, g, r->grad_buffers[k], p->grad_full_offset,
+                    FSDP2_CHECK(view_at(p, g, r->grad_ring.slots[k].data, p->grad_full_offset,
                                         &p->grad_view[k]));
             }
         }
@@ -396,41 +409,41 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
 static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
 {
     r->group = rootm->group;
-    r->device = rootm->group->device;
+    r->device = rootm->group->comm.device;
     r->plan.size = sizeof(r->plan);
     FSDP2_CHECK(fsdp_module_walk(rootm, collect_group, r));
     for (size_t i = 0; i < r->num_groups; i++)
         r->groups[i]->root = r;
     /* FSDP2: the root keeps its parameters from forward to backward. */
-    r->group->reshard_after_forward = 0;
+    r->group->controls.reshard_after_forward = 0;
     for (size_t i = 0; i < r->num_groups; i++)
-        r->groups[i]->dedicated = !r->groups[i]->reshard_after_forward;
-    r->order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->order));
-    r->last_order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->last_order));
-    if (!r->order || !r->last_order)
+        r->groups[i]->unsharded.dedicated = !r->groups[i]->controls.reshard_after_forward;
+    r->step.order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->step.order));
+    r->step.last_order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->step.last_order));
+    if (!r->step.order || !r->step.last_order)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root");
-    FSDP2_CHECK(fsdp2_module_params(rootm, NULL, 0, &r->clip_capacity));
+    FSDP2_CHECK(fsdp2_module_params(rootm, NULL, 0, &r->clip.capacity));
     int most = 1;
     for (size_t i = 0; i < r->num_groups; i++) {
-        most = r->groups[i]->ws > most ? r->groups[i]->ws : most;
-        most = r->groups[i]->replicas > most ? r->groups[i]->replicas : most;
+        most = r->groups[i]->comm.ws > most ? r->groups[i]->comm.ws : most;
+        most = r->groups[i]->comm.replicas > most ? r->groups[i]->comm.replicas : most;
     }
-    r->clip_params = calloc(r->clip_capacity ? r->clip_capacity : 1, sizeof(*r->clip_params));
-    r->clip_grads = calloc(r->clip_capacity ? r->clip_capacity : 1, sizeof(*r->clip_grads));
-    r->clip_all = calloc((size_t)most, sizeof(*r->clip_all));
-    r->clip_all_len = most;
-    if (!r->clip_params || !r->clip_grads || !r->clip_all)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "fsdp root: clipping scratch for %zu "
-                           "parameters", r->clip_capacity);
+    r->clip.params = calloc(r->clip.capacity ? r->clip.capacity : 1, sizeof(*r->clip.params));
+    r->clip.grads = calloc(r->clip.capacity ? r->clip.capacity : 1, sizeof(*r->clip.grads));
+    r->clip.all = calloc((size_t)most, sizeof(*r->clip.all));
+    r->clip.all_len = most;
+    if (!r->clip.params || !r->clip.grads || !r->clip.all)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY,
+                           "fsdp root: clipping scratch for %zu parameters", r->clip.capacity);
     /* Before any forward, the predicted order is the tree's. */
-    memcpy(r->last_order, r->groups, r->num_groups * sizeof(*r->groups));
-    r->last_order_len = r->num_groups;
+    memcpy(r->step.last_order, r->groups, r->num_groups * sizeof(*r->groups));
+    r->step.last_order_len = r->num_groups;
     FSDP2_CHECK(make_streams(r));
     fsdp_plan_sizes_t sizes;
     fsdp_plan_sizes(r, &sizes);
     FSDP2_CHECK(allocate(r, &sizes));
     FSDP2_CHECK(bind_groups(r));
-    r->plan.ring_buffers = r->ring_size;
+    r->plan.ring_buffers = r->ring.size;
     r->plan.groups = (int)r->num_groups;
     /* The sizes are the plan that fsdp2_plan_model reports without a mesh: what was
      * allocated must be them, to the byte. */
@@ -500,59 +513,59 @@ void fsdp_root_free(fsdp_root_t *r)
 {
     if (!r)
         return;
-    fsdp2_stream_destroy(r->ag_copy_in);
-    fsdp2_stream_destroy(r->ag);
-    fsdp2_stream_destroy(r->rs);
+    fsdp2_stream_destroy(r->streams.ag_copy_in);
+    fsdp2_stream_destroy(r->streams.ag);
+    fsdp2_stream_destroy(r->streams.rs);
     for (size_t i = 0; i < r->num_groups; i++) {
         fsdp_group_t *g = r->groups[i];
         for (size_t j = 0; j < g->num_params; j++) {
             fsdp2_param_t *p = g->params[j];
-            for (int b = 0; b <= FSDP_MAX_RING; b++) {
+            for (int b = 0; b < FSDP_BUFFER_SLOTS; b++) {
                 fsdp2_tensor_release(p->unsharded_view[b]);
                 p->unsharded_view[b] = NULL;
             }
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < FSDP_GRAD_SLOTS; k++) {
                 fsdp2_tensor_release(p->grad_view[k]);
                 p->grad_view[k] = NULL;
             }
             p->unsharded = p->grad = NULL;
         }
-        if (!g->alias)
-            fsdp2_device_free(r->device, g->own.data);
-        g->alias = 0;
-        fsdp2_event_destroy(g->own.free);
-        fsdp2_device_free(r->device, g->accumulator);
-        fsdp2_event_destroy(g->accumulator_free);
+        if (!g->unsharded.alias)
+            fsdp2_device_free(r->device, g->unsharded.own.data);
+        g->unsharded.alias = 0;
+        fsdp2_event_destroy(g->unsharded.own.free);
+        fsdp2_device_free(r->device, g->grads.accumulator);
+        fsdp2_event_destroy(g->grads.accumulator_free);
         fsdp_group_post_forward_free(g);
-        g->accumulator_free = NULL;
-        memset(&g->own, 0, sizeof(g->own));
-        g->accumulator = NULL;
+        g->grads.accumulator_free = NULL;
+        memset(&g->unsharded.own, 0, sizeof(g->unsharded.own));
+        g->grads.accumulator = NULL;
         g->root = NULL;
     }
-    for (int b = 0; b < r->ring_size; b++) {
-        fsdp2_device_free(r->device, r->buffers[b].data);
-        fsdp2_event_destroy(r->buffers[b].free);
+    for (int b = 0; b < r->ring.size; b++) {
+        fsdp2_device_free(r->device, r->ring.buffers[b].data);
+        fsdp2_event_destroy(r->ring.buffers[b].free);
     }
-    for (int k = 0; k < 2; k++) {
-        fsdp2_device_free(r->device, r->grad_buffers[k]);
-        fsdp2_event_destroy(r->grad_free[k]);
+    for (int k = 0; k < FSDP_GRAD_RING; k++) {
+        fsdp2_device_free(r->device, r->grad_ring.slots[k].data);
+        fsdp2_event_destroy(r->grad_ring.slots[k].free);
     }
-    for (int k = 0; k < 2; k++) {
-        fsdp2_device_free(r->device, r->send[k]);
-        fsdp2_event_destroy(r->send_free[k]);
-        fsdp2_event_destroy(r->copied[k]);
+    for (int k = 0; k < FSDP_MAX_SENDS; k++) {
+        fsdp2_device_free(r->device, r->sends.slots[k].data);
+        fsdp2_event_destroy(r->sends.slots[k].free);
+        fsdp2_event_destroy(r->sends.slots[k].copied);
     }
-    fsdp2_device_free(r->device, r->rs_input);
-    fsdp2_event_destroy(r->compute_mark);
-    fsdp2_event_destroy(r->rs_done);
-    fsdp2_event_destroy(r->ag_done);
-    fsdp2_event_destroy(r->grad_ready);
+    fsdp2_device_free(r->device, r->staging.data);
+    fsdp2_event_destroy(r->streams.compute_mark);
+    fsdp2_event_destroy(r->streams.rs_done);
+    fsdp2_event_destroy(r->streams.ag_done);
+    fsdp2_event_destroy(r->streams.grad_ready);
     free(r->groups);
-    free(r->order);
-    free(r->last_order);
-    free(r->clip_params);
-    free(r->clip_grads);
-    free(r->clip_all);
+    free(r->step.order);
+    free(r->step.last_order);
+    free(r->clip.params);
+    free(r->clip.grads);
+    free(r->clip.all);
     free(r);
 }
 
@@ -602,9 +615,9 @@ static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
     }
     const fsdp2_shard_options_t *so = &unit;
     fsdp_group_init(g, m, so);
-    g->ws = d->o->shard;
-    g->rank = d->o->rank;
-    g->replicas = d->o->replicas;
+    g->comm.ws = d->o->shard;
+    g->comm.rank = d->o->rank;
+    g->comm.replicas = d->o->replicas;
     fsdp2_status_t status = fsdp_group_geometry(g, so, fqn);
     if (status != FSDP2_SUCCESS) {
         fsdp_group_free(g);
@@ -683,26 +696,27 @@ static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
 {
     for (size_t i = 0; i < r->num_groups; i++) {
         const fsdp_group_t *g = r->groups[i];
-        int ws = g->ws;
-        if (ws > 1 && g->shard_numel) {
-            uint64_t gathered = (uint64_t)ws * (uint64_t)g->shard_numel * g->pe;
+        int ws = g->comm.ws;
+        if (ws > 1 && g->layout.shard_numel) {
+            uint64_t gathered = (uint64_t)ws * (uint64_t)g->layout.shard_numel * g->mp.pe;
             count(&out->all_gather, gathered, ws, 0); /* forward */
-            if (g != r->group && g->reshard_after_forward) { /* the backward's re-gather */
-                if (g->pf_ranks)
+            if (g != r->group && g->controls.reshard_after_forward) { /* the backward's re-gather */
+                if (g->pf.ranks)
                     count(&out->block_all_gather,
-                          (uint64_t)g->pf_ranks * (uint64_t)g->pf_shard_numel * g->pe,
-                          g->pf_ranks, 0);
+                          (uint64_t)g->pf.ranks * (uint64_t)g->pf.shard_numel * g->mp.pe,
+                          g->pf.ranks, 0);
                 else
                     count(&out->all_gather, gathered, ws, 0);
             }
         }
-        if (!g->grad_shard_numel)
+        if (!g->layout.grad_shard_numel)
             continue;
         if (ws > 1)
-            count(&out->reduce_scatter, (uint64_t)ws * (uint64_t)g->grad_shard_numel * g->re,
-                  ws, 0);
-        if (g->replicas > 1)
-            count(&out->all_reduce, (uint64_t)g->grad_shard_numel * g->re, g->replicas, 1);
+            count(&out->reduce_scatter,
+                  (uint64_t)ws * (uint64_t)g->layout.grad_shard_numel * g->mp.re, ws, 0);
+        if (g->comm.replicas > 1)
+            count(&out->all_reduce, (uint64_t)g->layout.grad_shard_numel * g->mp.re,
+                  g->comm.replicas, 1);
     }
 }
 
@@ -726,9 +740,9 @@ fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
     if (status == FSDP2_SUCCESS) {
         /* As the root's init: it keeps its parameters from forward to backward. */
         r.group = root->group;
-        r.group->reshard_after_forward = 0;
+        r.group->controls.reshard_after_forward = 0;
         for (size_t i = 0; i < r.num_groups; i++)
-            r.groups[i]->dedicated = !r.groups[i]->reshard_after_forward;
+            r.groups[i]->unsharded.dedicated = !r.groups[i]->controls.reshard_after_forward;
         fsdp_plan_sizes_t sizes;
         fsdp_plan_sizes(&r, &sizes);
         out->memory = sizes.plan;
@@ -743,8 +757,8 @@ fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
                 if (!p->requires_grad)
                     continue;
                 out->trained_numel += numel;
-                out->local_trained_bytes += (uint64_t)p->local_rows * (uint64_t)p->row_numel *
-                                            g->elem;
+                out->local_trained_bytes +=
+                    (uint64_t)p->local_rows * (uint64_t)p->row_numel * g->layout.elem;
             }
         }
     }

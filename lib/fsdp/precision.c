@@ -33,15 +33,14 @@ fsdp2_status_t fsdp_group_set_precision(fsdp_group_t *g, const fsdp2_mp_policy_t
     FSDP2_ARG_CHECK(mp->cast_forward_inputs == 0 || mp->cast_forward_inputs == 1,
                     "fully_shard '%s': mixed precision cast_forward_inputs %d is not 0 or 1", fqn,
                     mp->cast_forward_inputs);
-    g->pdtype = mp->param_dtype == FSDP2_DTYPE_COUNT ? g->dtype : mp->param_dtype;
-    g->rdtype = mp->reduce_dtype == FSDP2_DTYPE_COUNT ? g->pdtype : mp->reduce_dtype;
-    g->cast = g->pdtype != g->dtype;
+    g->mp.pdtype = mp->param_dtype == FSDP2_DTYPE_COUNT ? g->layout.dtype : mp->param_dtype;
+    g->mp.rdtype = mp->reduce_dtype == FSDP2_DTYPE_COUNT ? g->mp.pdtype : mp->reduce_dtype;
+    g->mp.cast = g->mp.pdtype != g->layout.dtype;
     /* As FSDP2: inputs are cast only to a param_dtype the policy names. */
-    g->input_dtype = mp->cast_forward_inputs ? mp->param_dtype : FSDP2_DTYPE_COUNT;
-    g->output_dtype = mp->output_dtype;
-    FSDP2_CHECK(fsdp2_dtype_size(g->pdtype, &g->pe));
-    FSDP2_CHECK(fsdp2_dtype_size(g->rdtype, &g->re));
-    g->reduce = (fsdp2_reduce_t)FSDP2_REDUCE_AVG_INIT;
+    g->mp.input_dtype = mp->cast_forward_inputs ? mp->param_dtype : FSDP2_DTYPE_COUNT;
+    g->mp.output_dtype = mp->output_dtype;
+    FSDP2_CHECK(fsdp2_dtype_size(g->mp.pdtype, &g->mp.pe));
+    FSDP2_CHECK(fsdp2_dtype_size(g->mp.rdtype, &g->mp.re));
     return FSDP2_SUCCESS;
 }
 
@@ -62,7 +61,7 @@ fsdp2_status_t fsdp2_forward_input_dtype(const fsdp2_module_t *m, fsdp2_dtype_t 
                                          fsdp2_dtype_t *input)
 {
     FSDP2_ARG_CHECK(m && input, "forward_input_dtype: module or result pointer is NULL");
-    return boundary_dtype(m->group ? m->group->input_dtype : FSDP2_DTYPE_COUNT, dtype, input,
+    return boundary_dtype(m->group ? m->group->mp.input_dtype : FSDP2_DTYPE_COUNT, dtype, input,
                           "forward_input_dtype");
 }
 
@@ -70,7 +69,7 @@ fsdp2_status_t fsdp2_forward_output_dtype(const fsdp2_module_t *m, fsdp2_dtype_t
                                           fsdp2_dtype_t *output)
 {
     FSDP2_ARG_CHECK(m && output, "forward_output_dtype: module or result pointer is NULL");
-    return boundary_dtype(m->group ? m->group->output_dtype : FSDP2_DTYPE_COUNT, dtype, output,
+    return boundary_dtype(m->group ? m->group->mp.output_dtype : FSDP2_DTYPE_COUNT, dtype, output,
                           "forward_output_dtype");
 }
 
@@ -110,13 +109,13 @@ static fsdp2_status_t cast_boundary(const fsdp2_module_t *m, fsdp2_dtype_t targe
 fsdp2_status_t fsdp2_cast_forward_input(const fsdp2_module_t *m, const fsdp2_tensor_t *src,
                                         fsdp2_tensor_t *dst)
 {
-    return cast_boundary(m, m && m->group ? m->group->input_dtype : FSDP2_DTYPE_COUNT, src, dst,
+    return cast_boundary(m, m && m->group ? m->group->mp.input_dtype : FSDP2_DTYPE_COUNT, src, dst,
                          "cast_forward_input");
 }
 
 fsdp2_status_t fsdp2_cast_forward_output(const fsdp2_module_t *m, const fsdp2_tensor_t *src,
                                          fsdp2_tensor_t *dst)
 {
-    return cast_boundary(m, m && m->group ? m->group->output_dtype : FSDP2_DTYPE_COUNT, src, dst,
+    return cast_boundary(m, m && m->group ? m->group->mp.output_dtype : FSDP2_DTYPE_COUNT, src, dst,
                          "cast_forward_output");
 }

@@ -111,11 +111,11 @@ static fsdp2_status_t take_scratch(fsdp2_module_t *root, size_t count, clip_set_
 {
     fsdp2_module_t *top = fsdp_root_module(root);
     fsdp_root_t *r = NULL;
-    if (top && fsdp_root_get(top, &r) == FSDP2_SUCCESS && count <= r->clip_capacity) {
-        set->params = r->clip_params;
-        set->grads = r->clip_grads;
-        set->all = r->clip_all;
-        set->all_len = r->clip_all_len;
+    if (top && fsdp_root_get(top, &r) == FSDP2_SUCCESS && count <= r->clip.capacity) {
+        set->params = r->clip.params;
+        set->grads = r->clip.grads;
+        set->all = r->clip.all;
+        set->all_len = r->clip.all_len;
         return FSDP2_SUCCESS;
     }
     /* No planned root (a tree that cannot be planned, which add_grad then names): the

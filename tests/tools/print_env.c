@@ -8,6 +8,8 @@
  *                       through stdio's full buffering, so the pipe sees lines cut anywhere
  *   --tail              finally write "tail-RANK" to stdout without a newline
  *   --secret            also print "secret RANK=r VALUE=v" (FSDP2_STORE_SECRET)
+ *   --omp               also print "omp RANK=r THREADS=t WAIT=w" (OMP_NUM_THREADS,
+ *                       OMP_WAIT_POLICY)
  *   --report FIFO DIR   write "RANK PID PGID SID" to FIFO in one write, then wait for
  *                       signals: SIGUSR1 exits with the --usr1-exit code (default 3);
  *                       SIGTERM, SIGINT, SIGHUP create DIR/<term|int|hup>.RANK and then
@@ -120,7 +122,7 @@ int main(int argc, char **argv)
 {
     int rank = atoi(env("RANK"));
     int affinity = 0, pid = 0, lines = 0, width = 0, usr1_exit = 3, ignore_term = 0;
-    int tail = 0, secret = 0;
+    int tail = 0, secret = 0, omp = 0;
     const char *fifo = NULL, *dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--affinity") == 0) {
@@ -134,6 +136,8 @@ int main(int argc, char **argv)
             tail = 1;
         } else if (strcmp(argv[i], "--secret") == 0) {
             secret = 1;
+        } else if (strcmp(argv[i], "--omp") == 0) {
+            omp = 1;
         } else if (strcmp(argv[i], "--report") == 0 && i + 2 < argc) {
             fifo = argv[++i];
             dir = argv[++i];
@@ -156,6 +160,9 @@ int main(int argc, char **argv)
         printf("pid RANK=%d PID=%d\n", rank, (int)getpid());
     if (secret)
         printf("secret RANK=%d VALUE=%s\n", rank, env("FSDP2_STORE_SECRET"));
+    if (omp)
+        printf("omp RANK=%d THREADS=%s WAIT=%s\n", rank, env("OMP_NUM_THREADS"),
+               env("OMP_WAIT_POLICY"));
     if (lines > 0) {
         /* stderr is unbuffered by default: one write per byte would be slow. */
         static char buf[4096];

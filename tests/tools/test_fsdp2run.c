@@ -77,6 +77,29 @@ START_TEST(each_rank_sees_its_rank_world_and_master)
 }
 END_TEST
 
+/* OpenMP's threads sleep between regions unless the user asks otherwise: fsdp2run sets
+ * OMP_WAIT_POLICY=PASSIVE when unset and passes a given one on, as OMP_NUM_THREADS. */
+START_TEST(ranks_get_a_passive_openmp_wait_policy_unless_one_is_given)
+{
+    ck_assert_int_eq(unsetenv("OMP_WAIT_POLICY"), 0);
+    const char *args[] = {"--nproc-per-node", "2", path_of("PRINT_ENV"), "--omp", NULL};
+    ck_assert_int_eq(run(args), 0);
+    char *text = slurp(out_path);
+    ck_assert_msg(strstr(text, "omp RANK=0 THREADS=") && strstr(text, "omp RANK=1 THREADS="),
+                  "no omp lines in:\n%s", text);
+    ck_assert_msg(strstr(text, "WAIT=PASSIVE") && !strstr(text, "WAIT=(unset)"), "%s", text);
+    free(text);
+    ck_assert_int_eq(setenv("OMP_WAIT_POLICY", "ACTIVE", 1), 0);
+    ck_assert_int_eq(run(args), 0);
+    text = slurp(out_path);
+    ck_assert_msg(strstr(text, "omp RANK=1 THREADS=") && strstr(text, "WAIT=ACTIVE") &&
+                      !strstr(text, "WAIT=PASSIVE"),
+                  "%s", text);
+    free(text);
+    ck_assert_int_eq(unsetenv("OMP_WAIT_POLICY"), 0);
+}
+END_TEST
+
 /* Each rank gets the same fresh store secret (64 hex digits), different for each job;
  * a secret the user set is passed on as it is. */
 START_TEST(ranks_share_a_fresh_store_secret_unless_one_is_given)
@@ -506,6 +529,7 @@ static Suite *fsdp2run_suite(void)
     tcase_add_loop_test(env, each_rank_sees_its_rank_world_and_master, 1, 5);
     tcase_add_test(env, given_master_addr_and_port_are_passed_on);
     tcase_add_test(env, ranks_share_a_fresh_store_secret_unless_one_is_given);
+    tcase_add_test(env, ranks_get_a_passive_openmp_wait_policy_unless_one_is_given);
     tcase_add_test(env, two_nodes_on_loopback_give_global_ranks_0_to_3);
     suite_add_tcase(s, env);
 
