@@ -49,6 +49,7 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
     }
 }
 
+/* A product with m, n, k > 0 and alpha != 0, on the build's engine. */
 static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float *a, int64_t lda, const float *b,
                                    int64_t ldb, float beta, float *c, int64_t ldc);
@@ -69,6 +70,12 @@ fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc)
 {
+    if (m == 0 || n == 0)
+        return FSDP2_SUCCESS;
+    if (k == 0 || alpha == 0.0f) { /* neither engine takes these */
+        scale_c(m, n, beta, c, ldc);
+        return FSDP2_SUCCESS;
+    }
     int64_t t0 = now_ns();
     fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                                     ldc);
@@ -285,12 +292,6 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
                                    float alpha, const float *a, int64_t lda, const float *b,
                                    int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
-        return FSDP2_SUCCESS;
-    if (k == 0 || alpha == 0.0f) {
-        scale_c(m, n, beta, c, ldc);
-        return FSDP2_SUCCESS;
-    }
     pthread_once(&g.once, gemm_init);
     if (g.init_status != dnnl_success)
         return dnnl_fail(g.init_status, "engine creation");
@@ -346,12 +347,6 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
                                    float alpha, const float *a, int64_t lda, const float *b,
                                    int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
-        return FSDP2_SUCCESS;
-    if (k == 0 || alpha == 0.0f) {
-        scale_c(m, n, beta, c, ldc);
-        return FSDP2_SUCCESS;
-    }
     pthread_once(&blas_once, blas_check);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
