@@ -105,6 +105,7 @@ fsdp2_status_t fsdp2_nn_rope_forward(const float *x, const float *table, int64_t
     FSDP2_CHECK(check_rope(x, y, batch, seq, heads, head_dim, table, positions));
     int64_t half = head_dim / 2;
     int64_t elements = batch * seq * heads * head_dim;
+    (void)elements; /* read by the directive alone, which a build without OpenMP drops */
     FSDP2_OMP("omp parallel for schedule(static) if(elements > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < batch * seq; r++) {
         const float *cs = table + (r % seq) * head_dim, *sn = cs + half;
@@ -129,6 +130,7 @@ fsdp2_status_t fsdp2_nn_rope_backward(const float *dy, const float *table, int64
     int64_t half = head_dim / 2;
     int in_place = dx == dy; /* then written, not added */
     int64_t elements = batch * seq * heads * head_dim;
+    (void)elements; /* read by the directive alone, which a build without OpenMP drops */
     FSDP2_OMP("omp parallel for schedule(static) if(elements > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < batch * seq; r++) {
         const float *cs = table + (r % seq) * head_dim, *sn = cs + half;
