@@ -107,9 +107,9 @@ typedef struct gemm_key {
     float alpha, beta;
 } gemm_key_t;
 
+/* Entries live on the heap and never move: a GEMM reads its entry without the lock. */
 typedef struct gemm_entry {
     gemm_key_t key;
-    int used;
     dnnl_primitive_t prim; /* NULL: matmul does not implement this shape (use sgemm) */
     dnnl_memory_desc_t a, b, c;
 } gemm_entry_t;
@@ -120,9 +120,8 @@ static struct {
     dnnl_engine_t engine;
     pthread_key_t stream_key;
     pthread_mutex_t lock;
-    gemm_entry_t *table;
+    gemm_entry_t **table; /* open addressing, at most half full */
     size_t cap, count;
-    int64_t created;
 } g = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void destroy_stream(void *s)
@@ -169,10 +168,10 @@ static uint64_t key_hash(const gemm_key_t *k)
     return h;
 }
 
-static gemm_entry_t *slot_for(gemm_entry_t *table, size_t cap, const gemm_key_t *k)
+static gemm_entry_t **slot_for(gemm_entry_t **table, size_t cap, const gemm_key_t *k)
 {
     size_t i = (size_t)key_hash(k) & (cap - 1);
-    while (table[i].used && memcmp(&table[i].key, k, sizeof(*k)) != 0)
+    while (table[i] && memcmp(&table[i]->key, k, sizeof(*k)) != 0)
         i = (i + 1) & (cap - 1);
     return &table[i];
 }
@@ -183,12 +182,12 @@ static fsdp2_status_t grow(void)
     if (2 * (g.count + 1) <= g.cap)
         return FSDP2_SUCCESS;
     size_t cap = g.cap ? 2 * g.cap : 64;
-    gemm_entry_t *t = calloc(cap, sizeof(*t));
+    gemm_entry_t **t = calloc(cap, sizeof(*t));
     if (!t)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for %zu GEMM primitives", cap);
     for (size_t i = 0; i < g.cap; i++)
-        if (g.table[i].used)
-            *slot_for(t, cap, &g.table[i].key) = g.table[i];
+        if (g.table[i])
+            *slot_for(t, cap, &g.table[i]->key) = g.table[i];
     free(g.table);
     g.table = t;
     g.cap = cap;
@@ -243,24 +242,29 @@ done:
 }
 
 /* The entry for key, created on its first use. */
-static fsdp2_status_t lookup(const gemm_key_t *k, gemm_entry_t *out)
+static fsdp2_status_t lookup(const gemm_key_t *k, const gemm_entry_t **out)
 {
     fsdp2_status_t st = FSDP2_SUCCESS;
+    gemm_entry_t *fresh = NULL;
     pthread_mutex_lock(&g.lock);
-    gemm_entry_t *e = g.cap ? slot_for(g.table, g.cap, k) : NULL;
-    if (!e || !e->used) {
-        gemm_entry_t fresh;
+    gemm_entry_t **slot = g.cap ? slot_for(g.table, g.cap, k) : NULL;
+    if (!slot || !*slot) {
         FSDP2_CHECK_GOTO(grow(), st, done);
-        FSDP2_CHECK_GOTO(create_entry(k, &fresh), st, done);
-        fresh.used = 1;
-        e = slot_for(g.table, g.cap, k);
-        *e = fresh;
+        fresh = malloc(sizeof(*fresh));
+        if (!fresh) {
+            st = fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a GEMM primitive");
+            goto done;
+        }
+        FSDP2_CHECK_GOTO(create_entry(k, fresh), st, done);
+        slot = slot_for(g.table, g.cap, k);
+        *slot = fresh;
+        fresh = NULL;
         g.count++;
-        g.created++;
     }
-    *out = *e;
+    *out = *slot;
 done:
     pthread_mutex_unlock(&g.lock);
+    free(fresh);
     return st;
 }
 
@@ -300,10 +304,10 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
                       .threads = nn_threads(),
                       .alpha = alpha, .beta = beta};
-    gemm_entry_t e;
+    const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e));
-    if (e.prim)
-        return run_matmul(&e, a, b, c);
+    if (e->prim)
+        return run_matmul(e, a, b, c);
     dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
                                  lda, b, ldb, beta, c, ldc);
     return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "sgemm");
@@ -317,7 +321,7 @@ const char *nn_gemm_engine(void)
 int64_t nn_gemm_primitives(void)
 {
     pthread_mutex_lock(&g.lock);
-    int64_t n = g.created;
+    int64_t n = (int64_t)g.count;
     pthread_mutex_unlock(&g.lock);
     return n;
 }
