@@ -1,7 +1,7 @@
 /* 2-D convolution (no padding, stride 1) as GEMMs over im2col matrices of CONV_CHUNK
  * samples at a time, and 2x2 max pooling. A chunk's GEMM has chunk * (h-k+1) * (w-k+1)
  * columns: several samples make the weight gradient's GEMM large enough to run near
- * OpenBLAS's peak while the im2col matrix of a 28x28 image stays in the caches. */
+ * the GEMM engine's peak while the im2col matrix of a 28x28 image stays in the caches. */
 #include <string.h>
 
 #include "gemm.h"

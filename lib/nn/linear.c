@@ -1,4 +1,4 @@
-/* Linear layer: y = x W^T + b with OpenBLAS. An f32 weight and an f32 gradient go to sgemm
+/* Linear layer: y = x W^T + b through nn_sgemm. An f32 weight and an f32 gradient go to it
  * directly; a bf16 one is converted (or accumulated) in blocks of rows of about 1 MiB of
  * f32, so the workspace stays small whatever the layer's size. */
 #include <string.h>
