@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/remove_tree.h"
 #include "ckpt_model.h"
 
 /* One test's paths and settings, handed to every rank as rank_ctx_t.arg. */
@@ -23,7 +24,6 @@ typedef struct job {
 
 /* Zeroes job and makes job->root, a fresh directory under $TMPDIR (or /tmp). */
 void make_scratch(job_t *job);
-void remove_tree(const char *path);
 
 /* Runs body on ws ranks with job as their argument; fails the test, naming `what` and
  * where the files were left, unless every rank passes. */

@@ -39,29 +39,6 @@ const char *in_scratch(const char *name)
     return p;
 }
 
-void remove_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d == NULL) {
-        unlink(path);
-        return;
-    }
-    struct dirent *e;
-    char child[1024];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(child, sizeof(child), "%s/%s", path, e->d_name);
-        struct stat st;
-        if (lstat(child, &st) == 0 && S_ISDIR(st.st_mode))
-            remove_tree(child);
-        else
-            unlink(child);
-    }
-    closedir(d);
-    rmdir(path);
-}
-
 void scratch_setup(void)
 {
     const char *tmp = getenv("TMPDIR");

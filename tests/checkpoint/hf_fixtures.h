@@ -11,6 +11,8 @@
 
 #include <fsdp2/status.h>
 
+#include "../core/remove_tree.h"
+
 #define ASSERT_OK(call)                                                                      \
     do {                                                                                     \
         fsdp2_status_t assert_ok_s_ = (call);                                                \
@@ -34,7 +36,6 @@ const char *fixture(const char *name);
 const char *in_scratch(const char *name);
 void scratch_setup(void);
 void scratch_teardown(void);
-void remove_tree(const char *path);
 /* Entries of a directory besides . and .. (-1: not a directory). */
 int count_entries(const char *dir);
 /* A copy of a fixture directory in the scratch directory, named as; returns its path. */

@@ -17,6 +17,7 @@
 
 #include "../collectives/ranks.h"
 #include "../core/check_main.h"
+#include "../core/remove_tree.h"
 
 static char dir[256];
 
@@ -123,9 +124,7 @@ START_TEST(mutated_metadata_is_an_error_or_valid_never_a_crash)
     fclose(sink);
     free(buf);
     free(good);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(dir);
 }
 END_TEST
 
@@ -239,9 +238,7 @@ START_TEST(hostile_files_are_refused_naming_the_rule)
     put(path, good, len);
     ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
     free(good);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(dir);
 }
 END_TEST
 
@@ -341,9 +338,7 @@ START_TEST(mesh_and_placements_are_validated_naming_the_bad_value)
     put(path, good, len);
     ck_assert_int_eq(fsdp2_checkpoint_verify(dir, NULL), FSDP2_SUCCESS);
     free(good);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(dir);
 }
 END_TEST
 

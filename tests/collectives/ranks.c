@@ -46,6 +46,7 @@ fsdp2_status_t ranks_value_from(rank_ctx_t *c, int from, const char *key, int64_
     return s == FSDP2_SUCCESS ? fsdp2_store_add(c->store, key, 0, out) : s;
 }
 
+/* group_timeout_ms < 0: no world group or stream (run_ranks_store_only). */
 static int rank_main(int rank, int size, int port_in, int *port_out, int nout, rank_fn fn,
                      void *arg, long group_timeout_ms)
 {
@@ -77,15 +78,17 @@ static int rank_main(int rank, int size, int port_in, int *port_out, int nout, r
                 return 92;
     }
     rank_ctx_t ctx = {rank, size, store, NULL, NULL, arg};
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = group_timeout_ms;
-    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
-    if (fsdp2_group_create(store, "world", rank, size, &go, &ctx.world) != FSDP2_SUCCESS) {
-        fprintf(stderr, "rank %d: group: %s\n", rank, fsdp2_last_error());
-        return 93;
+    if (group_timeout_ms >= 0) {
+        fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+        go.timeout_ms = group_timeout_ms;
+        fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+        if (fsdp2_group_create(store, "world", rank, size, &go, &ctx.world) != FSDP2_SUCCESS) {
+            fprintf(stderr, "rank %d: group: %s\n", rank, fsdp2_last_error());
+            return 93;
+        }
+        if (fsdp2_stream_create(cpu, "coll", &ctx.stream) != FSDP2_SUCCESS)
+            return 94;
     }
-    if (fsdp2_stream_create(cpu, "coll", &ctx.stream) != FSDP2_SUCCESS)
-        return 94;
     int fails = fn(&ctx);
     fsdp2_stream_destroy(ctx.stream);
     fsdp2_group_destroy(ctx.world);
@@ -93,8 +96,8 @@ static int rank_main(int rank, int size, int port_in, int *port_out, int nout, r
     return fails ? (fails > 80 ? 80 : fails) : 0;
 }
 
-int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
-              ranks_result_t *result)
+static int spawn_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
+                       ranks_result_t *result)
 {
     ranks_result_t local;
     if (!result)
@@ -153,4 +156,16 @@ int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadli
         nanosleep(&nap, NULL);
     }
     return failed;
+}
+
+int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
+              ranks_result_t *result)
+{
+    return spawn_ranks(size, fn, arg, group_timeout_ms < 0 ? 0 : group_timeout_ms, deadline_s,
+                       result);
+}
+
+int run_ranks_store_only(int size, rank_fn fn, void *arg, int deadline_s, ranks_result_t *result)
+{
+    return spawn_ranks(size, fn, arg, -1, deadline_s, result);
 }

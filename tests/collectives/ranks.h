@@ -1,5 +1,5 @@
-/* Runs a function as N real processes ("ranks") that share a rendezvous store and a
- * world group, for multi-process tests. Rank 0 serves the store on a free port and
+/* Runs a function as N real processes ("ranks") that share a rendezvous store and (unless
+ * run_ranks_store_only) a world group, for multi-process tests. Rank 0 serves the store on a free port and
  * hands the port to the others through a pipe. Each rank's function returns its number
  * of failures (0 = pass); the rank prints what failed to stderr. The parent waits with a
  * deadline and kills every rank when it passes, so a hung collective fails the test
@@ -14,8 +14,8 @@
 typedef struct rank_ctx {
     int rank, size;
     fsdp2_store_t *store;
-    fsdp2_group_t *world; /* NULL when the runner was asked not to create it */
-    fsdp2_stream_t *stream; /* a cpu side stream for collectives */
+    fsdp2_group_t *world; /* NULL under run_ranks_store_only */
+    fsdp2_stream_t *stream; /* a cpu side stream for collectives; NULL likewise */
     void *arg;
 } rank_ctx_t;
 
@@ -30,6 +30,11 @@ typedef struct ranks_result {
  * Returns 0 when every rank exited 0. */
 int run_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, int deadline_s,
               ranks_result_t *result);
+
+/* As run_ranks, without the world group and its stream (ctx->world and ctx->stream are
+ * NULL): for a short job whose body makes its own groups from ctx->store, where creating
+ * the world as well would be a third of its cost. */
+int run_ranks_store_only(int size, rank_fn fn, void *arg, int deadline_s, ranks_result_t *result);
 
 /* Rank `from` publishes value under key (unset until then); every rank reads it into
  * *out. */

@@ -26,7 +26,9 @@
 
 #define OK(ctx, call) RANK_CHECK(ctx, (call) == FSDP2_SUCCESS, "%s", #call)
 
-static const size_t sizes[] = {0, 1, 5, 1000, 300001};
+/* The last of each spans several slots and reduction segments (scale_for_sanitizers). */
+static size_t sizes[] = {0, 1, 5, 1000, 300001};
+static size_t all_reduce_counts[] = {0, 1, 3, 5, 1001, 600007};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static size_t esize(fsdp2_dtype_t t)
@@ -278,13 +280,12 @@ static int body_all_reduce(rank_ctx_t *c)
 {
     int fails = 0;
     const fsdp2_dtype_t dts[] = {FSDP2_F32, FSDP2_F64, FSDP2_BF16, FSDP2_F16};
-    const size_t counts[] = {0, 1, 3, 5, 1001, 600007};
     for (size_t d = 0; d < COUNT(dts); d++)
-        for (size_t s = 0; s < COUNT(counts); s++)
+        for (size_t s = 0; s < COUNT(all_reduce_counts); s++)
             for (size_t k = 0; k < COUNT(reduce_cases); k++) {
                 fsdp2_dtype_t t = dts[d];
                 const reduce_case_t *rc = &reduce_cases[k];
-                size_t n = counts[s];
+                size_t n = all_reduce_counts[s];
                 char *buf = malloc(n * esize(t) + 1);
                 fill_pattern(buf, t, c->rank, n, 0);
                 fsdp2_reduce_t red = {rc->op, rc->pre, rc->post};
@@ -759,8 +760,30 @@ START_TEST(more_reductions_in_flight_than_scratch_sets_do_not_deadlock)
 }
 END_TEST
 
+/* FSDP2_TEST_SANITIZED=1 (meson sets it in the sanitizer builds): the sanitizers look
+ * for memory and thread errors on the paths, which the large sizes only take more times.
+ * There the shared-memory slots, the one-step thresholds and the UCX reduction segments
+ * are a sixteenth of their defaults, and the large sizes with them: the same steps, ring
+ * wraps and segments on a sixteenth of the bytes. The normal build runs the defaults. */
+static void scale_for_sanitizers(void)
+{
+    static const char *const scaled[][2] = {
+        {"FSDP2_SHM_SLOT_BYTES", "16K"},     /* 256 KiB */
+        {"FSDP2_SHM_ONE_STEP_MAX", "1K"},    /* 16 KiB */
+        {"FSDP2_SHM_ONE_STEP_PAIR_MIN", "12K"}, /* 192 KiB */
+        {"FSDP2_UCX_SEGMENT_BYTES", "64K"}}; /* 1 MiB */
+    const char *v = getenv("FSDP2_TEST_SANITIZED");
+    if (!v || strcmp(v, "1") != 0)
+        return;
+    for (size_t i = 0; i < COUNT(scaled); i++)
+        setenv(scaled[i][0], scaled[i][1], 0);
+    sizes[COUNT(sizes) - 1] /= 16;
+    all_reduce_counts[COUNT(all_reduce_counts) - 1] /= 16;
+}
+
 static Suite *collectives_suite(void)
 {
+    scale_for_sanitizers();
     Suite *s = suite_create("collectives");
     TCase *ok = tcase_create("ucx");
     tcase_set_timeout(ok, 300);

@@ -86,6 +86,28 @@ static int sanitized(void)
     return v && strcmp(v, "1") == 0;
 }
 
+/* A collective is large from 16 MiB: all-reduces fuse (FSDP2_SHM_FUSED_MIN) and outputs
+ * stream (FSDP2_SHM_STREAM_OUTPUT_MIN). Under the sanitizers large_thresholds lowers both
+ * to 1 MiB and large() divides the large cases' counts by 16 with them: the same paths on
+ * a sixteenth of the bytes. */
+#define LARGE_DIV 16
+
+static size_t large(size_t count)
+{
+    return sanitized() ? count / LARGE_DIV : count;
+}
+
+static void large_thresholds(void)
+{
+    if (sanitized()) {
+        setenv("FSDP2_SHM_FUSED_MIN", "1M", 1);
+        setenv("FSDP2_SHM_STREAM_OUTPUT_MIN", "1M", 1);
+    } else {
+        unsetenv("FSDP2_SHM_FUSED_MIN");
+        unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+    }
+}
+
 static int check_all_gather(rank_ctx_t *c, fsdp2_dtype_t t, size_t n)
 {
     int fails = 0;
@@ -302,9 +324,34 @@ static int across_slots(rank_ctx_t *c, size_t large_scale)
     return fails;
 }
 
+/* Runs across_slots(c, scale) on a group of its own, created with the environment as it
+ * is now. */
+static int across_slots_in_group(rank_ctx_t *c, const char *name, size_t scale)
+{
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = 30000;
+    fsdp2_group_t *g = NULL, *world = c->world;
+    int fails = OK(c, fsdp2_group_create(c->store, name, c->rank, c->size, &go, &g));
+    if (!fails) {
+        c->world = g;
+        fails += across_slots(c, scale);
+        c->world = world;
+    }
+    fsdp2_group_destroy(g);
+    return fails;
+}
+
+/* (The sanitizers get large all-reduces of a sixteenth, fused from 1 MiB.) */
 static int body_across_slots(rank_ctx_t *c)
 {
-    return across_slots(c, 1);
+    if (!sanitized())
+        return across_slots(c, 1);
+    large_thresholds();
+    int fails = OK(c, fsdp2_env_reload());
+    fails += fails ? 0 : across_slots_in_group(c, "large-scaled", LARGE_DIV);
+    unsetenv("FSDP2_SHM_FUSED_MIN");
+    unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+    return fails + OK(c, fsdp2_env_reload());
 }
 
 /* Runs body on every world size from lo to hi ranks; each must pass on every rank. */
@@ -333,10 +380,11 @@ END_TEST
  * must never change the steps), slots learned: the slots' way is timed per run and the
  * other way tried on run 2 and then every 8 runs (here with a rank arriving late, which
  * skews the timings; test_shm_stores.c drives the schedule itself), slots by the
- * topology's rule, and both auto (the rule, or learned under a hypervisor); outputs stream from
- * 16 MiB (a 2-3 x 8 MiB all-gather); and outputs streamed by auto from 4 KiB
- * (FSDP2_SHM_STREAM_OUTPUT_MIN) with waits that never poll (FSDP2_SHM_SPIN_US=0). Odd sizes,
- * several slots, an all-reduce past 16 MiB (fused), pieces whose boundaries fall
+ * topology's rule, and both auto (the rule, or learned under a hypervisor); outputs stream
+ * when large (a 2-3 x 8 MiB all-gather; large() under the sanitizers); and outputs
+ * streamed by auto from 4 KiB (FSDP2_SHM_STREAM_OUTPUT_MIN) with waits that never poll
+ * (FSDP2_SHM_SPIN_US=0). Odd sizes, several slots, a large all-reduce (fused), pieces
+ * whose boundaries fall
  * inside slots, a broadcast. (A missing fence would not fail this on x86, where the
  * stream's locked instructions drain the write-combining buffers; the fences are
  * there for the memory model.) */
@@ -358,7 +406,7 @@ static int body_stream_stores(rank_ctx_t *c)
             setenv("FSDP2_SHM_STREAM_OUTPUT_MIN", "4K", 1);
             setenv("FSDP2_SHM_SPIN_US", "0", 1);
         } else {
-            unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+            large_thresholds();
             unsetenv("FSDP2_SHM_SPIN_US");
         }
         fails += OK(c, fsdp2_env_reload());
@@ -377,18 +425,18 @@ static int body_stream_stores(rank_ctx_t *c)
         fails += check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5);
         fails += check_reduce_scatter(c, FSDP2_F32, 5 * SLOT / 4 + 3);
         fails += check_reduce_scatter(c, FSDP2_F16, SLOT / 2 + 1);
-        fails += check_all_reduce(c, FSDP2_F32, (4u << 20) + 5);
+        fails += check_all_reduce(c, FSDP2_F32, large(4u << 20) + 5);
         fails += check_all_reduce(c, FSDP2_F64, SLOT / 8 + 3);
         fails += check_all_gather_pieces(c);
         fails += check_broadcast(c, FSDP2_F64, 2 * SLOT / 8 + 7);
         if (strcmp(modes[m][0], "auto") == 0) {
-            fails += check_all_gather(c, FSDP2_F32, (2u << 20) + 3); /* output >= 16 MiB */
-            /* >= 16 MiB: out of place the results stream, in place they do not */
-            fails += check_reduce_scatter(c, FSDP2_BF16, (8u << 20) + 3);
+            fails += check_all_gather(c, FSDP2_F32, large(2u << 20) + 3); /* output large */
+            /* large: out of place the results stream, in place they do not */
+            fails += check_reduce_scatter(c, FSDP2_BF16, large(8u << 20) + 3);
             if (c->rank == 1)
                 usleep(100 * 1000);
             for (int i = 0; i < 10 && !fails; i++) {
-                fails += check_all_reduce(c, FSDP2_F32, (4u << 20) + 5);
+                fails += check_all_reduce(c, FSDP2_F32, large(4u << 20) + 5);
                 fails += check_all_gather(c, FSDP2_F32, SLOT / 4 + 1);
             }
         }
@@ -398,6 +446,7 @@ static int body_stream_stores(rank_ctx_t *c)
     unsetenv("FSDP2_SHM_STREAM_STORES");
     unsetenv("FSDP2_SHM_STREAM_OUTPUT");
     unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+    unsetenv("FSDP2_SHM_FUSED_MIN");
     unsetenv("FSDP2_SHM_SPIN_US");
     fails += OK(c, fsdp2_env_reload());
     return fails;
@@ -429,20 +478,12 @@ static int set_sizes(rank_ctx_t *c, int on)
 /* Slots of 16 KiB, 2 to a ring, one-step all-reduces up to 4 KiB (and at 2 ranks from
  * 8 KiB up to a slot), fused all-reduces from 256 KiB: every collective of the slot
  * sweep still gives the reference values, across many more steps and ring wraps. (The
- * sanitizers get large all-reduces of 1 MiB, fused still and 64 slots each, not 16.) */
+ * sanitizers get large all-reduces of a sixteenth, 1 MiB: fused still, and 64 slots each,
+ * not 16.) */
 static int body_small_sizes(rank_ctx_t *c)
 {
     int fails = set_sizes(c, 1);
-    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
-    go.timeout_ms = 30000;
-    fsdp2_group_t *g = NULL, *world = c->world;
-    fails += OK(c, fsdp2_group_create(c->store, "small-sizes", c->rank, c->size, &go, &g));
-    if (!fails) {
-        c->world = g;
-        fails += across_slots(c, sanitized() ? 16 : 1);
-        c->world = world;
-    }
-    fsdp2_group_destroy(g);
+    fails += fails ? 0 : across_slots_in_group(c, "small-sizes", sanitized() ? LARGE_DIV : 1);
     return fails + set_sizes(c, 0);
 }
 
@@ -533,12 +574,15 @@ static int create_with_rank0_pinned(rank_ctx_t *c, const char *name, fsdp2_group
 
 /* Ranks may differ in pairing the fused all-reduce's phases (rank 0 pinned when the
  * group is created, rank 1 not: this needs 2 CPUs). The steps are the same either way.
- * (4 Mi + 1) f32 leaves rank 1 nothing in the last piece. */
+ * (4 Mi + 1) f32 leaves rank 1 nothing in the last piece. (Under the sanitizers, large():
+ * a sixteenth, fused from 1 MiB.) */
 static int body_fused_phases_differ(rank_ctx_t *c)
 {
-    static const size_case_t sizes[] = {
-        {FSDP2_F32, (4u << 20) + 5}, {FSDP2_F32, (4u << 20) + 1}, {FSDP2_BF16, 8u << 20}};
-    int fails = 0;
+    const size_case_t sizes[] = {{FSDP2_F32, large(4u << 20) + 5},
+                                 {FSDP2_F32, large(4u << 20) + 1},
+                                 {FSDP2_BF16, large(8u << 20)}};
+    large_thresholds();
+    int fails = OK(c, fsdp2_env_reload());
     cpu_set_t all;
     fails += RANK_CHECK(c, sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
     if (c->rank == 1)
@@ -557,7 +601,9 @@ static int body_fused_phases_differ(rank_ctx_t *c)
     }
     c->world = world;
     fsdp2_group_destroy(g);
-    return fails;
+    unsetenv("FSDP2_SHM_FUSED_MIN");
+    unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
+    return fails + OK(c, fsdp2_env_reload());
 }
 
 START_TEST(fused_all_reduce_ranks_may_pair_its_phases_or_not)
@@ -631,6 +677,7 @@ static int body_part_tries(rank_ctx_t *c)
 {
     int fails = 0;
     setenv("FSDP2_SHM_STREAM_STORES", "learn", 1);
+    large_thresholds();
     fails += OK(c, fsdp2_env_reload());
     fsdp2_group_t *g = NULL, *world = c->world;
     /* rank 0 keeps the fused all-reduce's phases apart, rank 1 pairs them (2 CPUs) */
@@ -653,9 +700,9 @@ static int body_part_tries(rank_ctx_t *c)
         PART_TRY(1, check_all_gather(c, FSDP2_F32, SLOT + 1));
         PART_TRY(1, check_all_gather(c, FSDP2_BF16, 3 * SLOT / 2 + 5));
         PART_TRY(1, check_reduce_scatter(c, FSDP2_F32, 5 * SLOT / 4 + 3)); /* and in place */
-        PART_TRY(1, check_reduce_scatter(c, FSDP2_BF16, (8u << 20) + 3));
+        PART_TRY(1, check_reduce_scatter(c, FSDP2_BF16, large(8u << 20) + 3));
         PART_TRY(1, check_all_reduce(c, FSDP2_F64, SLOT + 3));
-        PART_TRY(1, check_all_reduce(c, FSDP2_F32, (4u << 20) + 5)); /* fused */
+        PART_TRY(1, check_all_reduce(c, FSDP2_F32, large(4u << 20) + 5)); /* fused */
         PART_TRY(1, check_all_gather_pieces(c));
         PART_TRY(c->rank == c->size - 1, check_broadcast(c, FSDP2_F64, SLOT / 2 + 7));
     }
@@ -663,6 +710,8 @@ static int body_part_tries(rank_ctx_t *c)
     c->world = world;
     fsdp2_group_destroy(g);
     unsetenv("FSDP2_SHM_STREAM_STORES");
+    unsetenv("FSDP2_SHM_FUSED_MIN");
+    unsetenv("FSDP2_SHM_STREAM_OUTPUT_MIN");
     fails += OK(c, fsdp2_env_reload());
     return fails;
 }

@@ -17,6 +17,7 @@
 #include <fsdp2/fsdp2.h>
 
 #include "check_main.h"
+#include "remove_tree.h"
 #include "core/env_internal.h"
 #include "core/trace_internal.h"
 
@@ -31,9 +32,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    char cmd[160];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(dir);
 }
 
 static char *path_in(const char *name)

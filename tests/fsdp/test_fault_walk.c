@@ -43,6 +43,7 @@
 
 #include "../collectives/ranks.h"
 #include "../core/check_main.h"
+#include "../core/remove_tree.h"
 #include "core/error.h"
 #include "core/fault.h"
 
@@ -276,12 +277,13 @@ static int read_text(const char *path, char *buf, size_t len)
     return 1;
 }
 
-static void remove_tree(const char *dir)
+/* The checkpoint directory and its "<dir>.partial". */
+static void remove_checkpoint(const char *dir)
 {
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s.partial'", dir, dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    char partial[300];
+    snprintf(partial, sizeof(partial), "%s.partial", dir);
+    remove_tree(dir);
+    remove_tree(partial);
 }
 
 /* Segments of ours in /dev/shm whose creator has exited ("fsdp2-<pid>-..."; they are
@@ -318,7 +320,7 @@ static int in_sample(unsigned long long n, unsigned long long count, int victim,
 /* One case: the job, then its checks. */
 static void run_case(int ws, walk_t *w, const char *reference, tally_t *t)
 {
-    remove_tree(w->dir);
+    remove_checkpoint(w->dir);
     for (int r = 0; r < ws; r++) {
         char path[320];
         snprintf(path, sizeof(path), "%s/digest.%d", w->files, r);
@@ -326,7 +328,7 @@ static void run_case(int ws, walk_t *w, const char *reference, tally_t *t)
     }
     int before = shm_leftovers();
     ranks_result_t res;
-    run_ranks(ws, body, w, GROUP_TIMEOUT_MS, DEADLINE_S, &res);
+    run_ranks_store_only(ws, body, w, DEADLINE_S, &res);
     char what[128];
     snprintf(what, sizeof(what), "ws %d, %s point %llu on rank %d", ws,
              fsdp2_fault_kind_name(w->kind), (unsigned long long)w->at, w->victim);
@@ -377,8 +379,8 @@ static void walk(int ws)
     snprintf(w.dir, sizeof(w.dir), "%s/ckpt", base);
     /* The counting run: nothing fails; its digest is the reference. */
     ranks_result_t res;
-    remove_tree(w.dir);
-    int bad = run_ranks(ws, body, &w, GROUP_TIMEOUT_MS, DEADLINE_S, &res);
+    remove_checkpoint(w.dir);
+    int bad = run_ranks_store_only(ws, body, &w, DEADLINE_S, &res);
     ck_assert_msg(bad == 0 && !res.timed_out, "ws %d: the step without faults failed: %d %d %d",
                   ws, res.status[0], res.status[1], res.status[2]);
     char reference[64] = "", path[320], text[256];
@@ -435,7 +437,7 @@ static void walk(int ws)
            "succeeded with the reference parameters in %d\n",
            ws, total.walked, FAIL_WITHIN_S, total.together, total.absorbed);
     fflush(stdout);
-    remove_tree(w.dir);
+    remove_checkpoint(w.dir);
     for (int r = 0; r < ws; r++) {
         snprintf(path, sizeof(path), "%s/counts.%d", w.files, r);
         unlink(path);

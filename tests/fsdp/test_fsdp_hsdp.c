@@ -15,7 +15,6 @@
 #include <check.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +24,7 @@
 #include <fsdp2/fsdp.h>
 
 #include "../core/check_main.h"
+#include "../core/remove_tree.h"
 #include "mlp_model.h"
 
 typedef struct mesh_shape {
@@ -537,18 +537,9 @@ static void job_init(hsdp_job_t *job, mesh_shape_t m)
     snprintf(job->expected, sizeof(job->expected), "%s/expected.bin", job->root);
 }
 
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    remove(path);
-    return 0;
-}
-
 static void job_done(hsdp_job_t *job)
 {
-    nftw(job->root, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+    remove_tree(job->root);
 }
 
 static void run_job(int ws, rank_fn body, hsdp_job_t *job, const char *what)

@@ -24,6 +24,7 @@
 #include <fsdp2/trace.h>
 
 #include "../core/check_main.h"
+#include "../core/remove_tree.h"
 #include "mlp_model.h"
 
 #define TRACED_FROM 1
@@ -329,9 +330,7 @@ static void traced_run(int ws, int n, const char *what)
     ck_assert_int_eq(mkdir(dir, 0700), 0);
     block = n;
     run_case(ws, body_trace, what);
-    char cmd[320];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    remove_tree(dir);
 }
 
 START_TEST(a_traced_step_shows_each_layers_work_with_its_bytes_on_every_rank)
