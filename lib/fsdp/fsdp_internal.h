@@ -406,6 +406,29 @@ typedef struct fsdp_plan_sizes {
  * init sets them. Sets dedicated for groups of one rank and encloses_groups: the same
  * decisions the allocation then follows. */
 void fsdp_plan_sizes(fsdp_root_t *r, fsdp_plan_sizes_t *s);
+/* r->groups: the groups of rootm's tree in pre-order, each checked to keep its shards on
+ * r->device (set by the caller) and to share one mesh; r->group: rootm's, which keeps its
+ * parameters from forward to backward; each group's dedicated flag as the plan then
+ * follows it. For the root's init and the dry plan alike. */
+fsdp2_status_t fsdp_root_collect_groups(fsdp_root_t *r, fsdp2_module_t *rootm);
+
+/* Plans and allocates the root's buffers on first use; *out is the root. */
+fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);
+void fsdp_root_free(fsdp_root_t *r);
+/* Creates (once) g's own unsharded buffer, for groups that keep parameters whole. */
+fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g);
+/* Creates (once) g's post-forward shard, its block group and all-gather pieces, for a
+ * group that reshards to N ranks after forward. */
+fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g);
+/* Gives back g's post-forward shard and pieces (its N changed); the block group stays
+ * the mesh's. */
+void fsdp_group_post_forward_free(fsdp_group_t *g);
+/* Creates (once) g's no-sync gradient accumulator. */
+fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g);
+/* The unsharded buffer with index i of g (ring index, or FSDP_OWN_BUFFER). */
+unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i);
+
+/* plan_dry.c */
 /* The dry plan behind fsdp2_plan_model (include/fsdp2/plan.h, lib/optim), but the
  * optimizer: units chosen and laid out as fsdp2_fully_shard_tree would on one rank of a
  * [replicas, shard] mesh, sized by fsdp_plan_sizes, then detached again. */
@@ -437,20 +460,5 @@ typedef struct fsdp_dry_report {
 } fsdp_dry_report_t;
 fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
                              fsdp_dry_report_t *out);
-/* Plans and allocates the root's buffers on first use; *out is the root. */
-fsdp2_status_t fsdp_root_get(fsdp2_module_t *m, fsdp_root_t **out);
-void fsdp_root_free(fsdp_root_t *r);
-/* Creates (once) g's own unsharded buffer, for groups that keep parameters whole. */
-fsdp2_status_t fsdp_group_own_buffer(fsdp_group_t *g);
-/* Creates (once) g's post-forward shard, its block group and all-gather pieces, for a
- * group that reshards to N ranks after forward. */
-fsdp2_status_t fsdp_group_post_forward(fsdp_group_t *g);
-/* Gives back g's post-forward shard and pieces (its N changed); the block group stays
- * the mesh's. */
-void fsdp_group_post_forward_free(fsdp_group_t *g);
-/* Creates (once) g's no-sync gradient accumulator. */
-fsdp2_status_t fsdp_group_accumulator(fsdp_group_t *g);
-/* The unsharded buffer with index i of g (ring index, or FSDP_OWN_BUFFER). */
-unsharded_buffer_t *fsdp_buffer(fsdp_group_t *g, int i);
 
 #endif

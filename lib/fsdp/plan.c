@@ -1,5 +1,7 @@
-/* The root's plan: every buffer a step needs, sized from the groups and allocated once,
- * before the first step.
+/* The root's memory plan: every buffer a step needs, sized from the groups and allocated
+ * once, before the first step, and freed with the root. The sizing (fsdp_plan_sizes) is
+ * shared with the dry plan (plan_dry.c), which sizes a mesh that need not exist and makes
+ * nothing; so is the collection of the root's groups (fsdp_root_collect_groups).
  *
  * - A ring of unsharded parameter buffers (2 by default), each as big as the largest
  *   all-gather output (ws x padded shard) of the groups that reshard after forward. The
@@ -249,6 +251,17 @@ static fsdp2_status_t collect_group(fsdp2_module_t *m, void *arg)
     return FSDP2_SUCCESS;
 }
 
+fsdp2_status_t fsdp_root_collect_groups(fsdp_root_t *r, fsdp2_module_t *rootm)
+{
+    r->group = rootm->group;
+    FSDP2_CHECK(fsdp_module_walk(rootm, collect_group, r));
+    /* FSDP2: the root keeps its parameters from forward to backward. */
+    r->group->controls.reshard_after_forward = 0;
+    for (size_t i = 0; i < r->num_groups; i++)
+        r->groups[i]->unsharded.dedicated = !r->groups[i]->controls.reshard_after_forward;
+    return FSDP2_SUCCESS;
+}
+
 static fsdp2_status_t make_streams(fsdp_root_t *r)
 {
     FSDP2_CHECK(fsdp2_stream_current(r->device, &r->streams.compute));
@@ -408,16 +421,11 @@ static fsdp2_status_t bind_groups(fsdp_root_t *r)
 
 static fsdp2_status_t root_init(fsdp2_module_t *rootm, fsdp_root_t *r)
 {
-    r->group = rootm->group;
     r->device = rootm->group->comm.device;
     r->plan.size = sizeof(r->plan);
-    FSDP2_CHECK(fsdp_module_walk(rootm, collect_group, r));
+    FSDP2_CHECK(fsdp_root_collect_groups(r, rootm));
     for (size_t i = 0; i < r->num_groups; i++)
         r->groups[i]->root = r;
-    /* FSDP2: the root keeps its parameters from forward to backward. */
-    r->group->controls.reshard_after_forward = 0;
-    for (size_t i = 0; i < r->num_groups; i++)
-        r->groups[i]->unsharded.dedicated = !r->groups[i]->controls.reshard_after_forward;
     r->step.order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->step.order));
     r->step.last_order = calloc(r->num_groups ? r->num_groups : 1, sizeof(*r->step.last_order));
     if (!r->step.order || !r->step.last_order)
@@ -580,189 +588,4 @@ fsdp2_status_t fsdp2_memory_plan(fsdp2_module_t *m, fsdp2_memory_plan_t *plan)
     *plan = r->plan;
     plan->size = sizeof(*plan);
     return FSDP2_SUCCESS;
-}
-
-/* ---- the dry plan: a rank of a mesh that need not exist ---- */
-
-typedef struct dry {
-    const fsdp_dry_options_t *o;
-    fsdp_group_t **made; /* every dry group, to undo */
-    size_t count;
-} dry_t;
-
-/* A group for m laid out as fully_shard would on that rank, attached to the tree as a
- * real one is (so that nested groups' parameters are skipped), until dry_undo. */
-static fsdp2_status_t dry_unit(dry_t *d, fsdp2_module_t *m)
-{
-    char fqn[FSDP2_FQN_MAX];
-    fsdp_module_fqn(m, fqn, sizeof(fqn));
-    fsdp_group_t **bigger = realloc(d->made, (d->count + 1) * sizeof(*bigger));
-    if (!bigger)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "plan_model: unit '%s'", fqn);
-    d->made = bigger;
-    fsdp_group_t *g = calloc(1, sizeof(*g));
-    if (!g)
-        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "plan_model: unit '%s'", fqn);
-    fsdp2_shard_options_t unit = d->o->shard_options;
-    if (d->o->unit_options) {
-        d->o->unit_options(m, &unit, d->o->unit_options_ctx);
-        unit.size = sizeof(unit);
-        fsdp2_status_t checked = fsdp_check_shard_options(&unit, fqn);
-        if (checked != FSDP2_SUCCESS) {
-            free(g);
-            return checked;
-        }
-    }
-    const fsdp2_shard_options_t *so = &unit;
-    fsdp_group_init(g, m, so);
-    g->comm.ws = d->o->shard;
-    g->comm.rank = d->o->rank;
-    g->comm.replicas = d->o->replicas;
-    fsdp2_status_t status = fsdp_group_geometry(g, so, fqn);
-    if (status != FSDP2_SUCCESS) {
-        fsdp_group_free(g);
-        return status;
-    }
-    for (size_t i = 0; i < g->num_params; i++)
-        g->params[i]->group = g;
-    m->group = g;
-    d->made[d->count++] = g;
-    return FSDP2_SUCCESS;
-}
-
-static fsdp2_status_t dry_below(dry_t *d, fsdp2_module_t *m)
-{
-    for (size_t i = 0; i < m->num_children; i++) {
-        fsdp2_module_t *c = m->children[i];
-        FSDP2_CHECK(dry_below(d, c));
-        if (c->group)
-            continue;
-        int64_t n = fsdp_unowned_numel(c);
-        int take = d->o->policy ? d->o->policy(c, d->o->policy_ctx)
-                                : n > 0 && n >= d->o->min_params;
-        if (take)
-            FSDP2_CHECK(dry_unit(d, c));
-    }
-    return FSDP2_SUCCESS;
-}
-
-static void dry_undo(dry_t *d)
-{
-    for (size_t i = 0; i < d->count; i++) {
-        fsdp_group_t *g = d->made[i];
-        for (size_t j = 0; j < g->num_params; j++)
-            g->params[j]->group = NULL;
-        g->module->group = NULL;
-        fsdp_group_free(g);
-    }
-    free(d->made);
-}
-
-/* Whether m, a module under it, or one above it is sharded. */
-static int sharded_above(const fsdp2_module_t *m)
-{
-    for (const fsdp2_module_t *x = m->parent; x; x = x->parent) {
-        if (x->group)
-            return 1;
-    }
-    return 0;
-}
-
-static int any_group(const fsdp2_module_t *m)
-{
-    if (m->group)
-        return 1;
-    for (size_t i = 0; i < m->num_children; i++) {
-        if (any_group(m->children[i]))
-            return 1;
-    }
-    return 0;
-}
-
-/* One collective of payload `bytes` over n ranks; this rank sends (n - 1) / n of it, or
- * 2 (n - 1) / n for an all-reduce (rounded down; written so that nothing overflows where
- * the payload fits). */
-static void count(fsdp_dry_collective_t *c, uint64_t bytes, int n, int all_reduce)
-{
-    uint64_t m = (uint64_t)n, share = bytes / m * (m - 1) + bytes % m * (m - 1) / m;
-    c->calls++;
-    c->bytes += bytes;
-    c->sent += all_reduce ? 2 * share : share;
-    c->ranks = n > c->ranks ? n : c->ranks;
-}
-
-/* What one step communicates (the schedule's collectives: schedule.c). */
-static void dry_collectives(const fsdp_root_t *r, fsdp_dry_report_t *out)
-{
-    for (size_t i = 0; i < r->num_groups; i++) {
-        const fsdp_group_t *g = r->groups[i];
-        int ws = g->comm.ws;
-        if (ws > 1 && g->layout.shard_numel) {
-            uint64_t gathered = (uint64_t)ws * (uint64_t)g->layout.shard_numel * g->mp.pe;
-            count(&out->all_gather, gathered, ws, 0); /* forward */
-            if (g != r->group && g->controls.reshard_after_forward) { /* the backward's re-gather */
-                if (g->pf.ranks)
-                    count(&out->block_all_gather,
-                          (uint64_t)g->pf.ranks * (uint64_t)g->pf.shard_numel * g->mp.pe,
-                          g->pf.ranks, 0);
-                else
-                    count(&out->all_gather, gathered, ws, 0);
-            }
-        }
-        if (!g->layout.grad_shard_numel)
-            continue;
-        if (ws > 1)
-            count(&out->reduce_scatter,
-                  (uint64_t)ws * (uint64_t)g->layout.grad_shard_numel * g->mp.re, ws, 0);
-        if (g->comm.replicas > 1)
-            count(&out->all_reduce, (uint64_t)g->layout.grad_shard_numel * g->mp.re,
-                  g->comm.replicas, 1);
-    }
-}
-
-fsdp2_status_t fsdp_plan_dry(fsdp2_module_t *root, const fsdp_dry_options_t *o,
-                             fsdp_dry_report_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (any_group(root) || sharded_above(root))
-        return fsdp2_error(FSDP2_ERR_INVALID_STATE,
-                           "plan_model: the tree is sharded already (plan it before "
-                           "fully_shard, or read fsdp2_memory_plan)");
-    dry_t d = {o, NULL, 0};
-    fsdp2_status_t status = dry_below(&d, root);
-    if (status == FSDP2_SUCCESS && !root->group)
-        status = dry_unit(&d, root);
-    fsdp_root_t r;
-    memset(&r, 0, sizeof(r));
-    r.device = o->shard_options.device;
-    if (status == FSDP2_SUCCESS)
-        status = fsdp_module_walk(root, collect_group, &r);
-    if (status == FSDP2_SUCCESS) {
-        /* As the root's init: it keeps its parameters from forward to backward. */
-        r.group = root->group;
-        r.group->controls.reshard_after_forward = 0;
-        for (size_t i = 0; i < r.num_groups; i++)
-            r.groups[i]->unsharded.dedicated = !r.groups[i]->controls.reshard_after_forward;
-        fsdp_plan_sizes_t sizes;
-        fsdp_plan_sizes(&r, &sizes);
-        out->memory = sizes.plan;
-        out->units = (int)r.num_groups;
-        dry_collectives(&r, out);
-        for (size_t i = 0; i < r.num_groups; i++) {
-            const fsdp_group_t *g = r.groups[i];
-            for (size_t j = 0; j < g->num_params; j++) {
-                const fsdp2_param_t *p = g->params[j];
-                int64_t numel = p->rows * p->row_numel;
-                out->param_numel += numel;
-                if (!p->requires_grad)
-                    continue;
-                out->trained_numel += numel;
-                out->local_trained_bytes +=
-                    (uint64_t)p->local_rows * (uint64_t)p->row_numel * g->layout.elem;
-            }
-        }
-    }
-    free(r.groups);
-    dry_undo(&d);
-    return status;
 }
