@@ -73,6 +73,7 @@ struct fsdp2_store_server {
     pthread_t thread;
     atomic_int stop_requested;
     atomic_long stop_timeout_ms;
+    atomic_long auth_timeout_ms; /* STORE_AUTH_TIMEOUT_MS; tests shorten it */
     atomic_int stat_connections, stat_parked;
     atomic_long stat_keys;
     store_map_t map;
@@ -596,9 +597,10 @@ static void server_expire(fsdp2_store_server_t *s, int64_t now)
 {
     for (size_t i = 0; i < s->nconns; i++) {
         conn_t *c = s->conns[i];
-        if (c->rank < 0 && !c->dead && !c->out && now >= c->opened_ms + STORE_AUTH_TIMEOUT_MS) {
-            conn_fail(c, "no %s within %.0f s of connecting", c->claim >= 0 ? "AUTH" : "HELLO",
-                      STORE_AUTH_TIMEOUT_MS / 1000.0);
+        long auth_ms = atomic_load(&s->auth_timeout_ms);
+        if (c->rank < 0 && !c->dead && !c->out && now >= c->opened_ms + auth_ms) {
+            conn_fail(c, "no %s within %.1f s of connecting", c->claim >= 0 ? "AUTH" : "HELLO",
+                      auth_ms / 1000.0);
             continue;
         }
         if (!c->parked || c->dead || c->park_deadline > now)
@@ -733,7 +735,7 @@ static int server_poll_timeout(const fsdp2_store_server_t *s, int64_t now, int64
         const conn_t *c = s->conns[i];
         if (c->parked && (next < 0 || c->park_deadline < next))
             next = c->park_deadline;
-        int64_t auth_by = c->opened_ms + STORE_AUTH_TIMEOUT_MS;
+        int64_t auth_by = c->opened_ms + atomic_load(&s->auth_timeout_ms);
         if (c->rank < 0 && (next < 0 || auth_by < next))
             next = auth_by;
     }
@@ -940,6 +942,7 @@ fsdp2_status_t fsdp2_store_server_start(const char *bind_host, int port, int wor
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "store server");
     s->listen_fd = s->wake_rd = s->wake_wr = -1;
     s->world_size = world_size;
+    atomic_init(&s->auth_timeout_ms, STORE_AUTH_TIMEOUT_MS);
     FSDP2_ARG_CHECK(secret_len <= sizeof(s->secret), "store secret of %zu bytes", secret_len);
     if (secret_len)
         memcpy(s->secret, secret, secret_len);
@@ -996,6 +999,11 @@ void fsdp2_store_server_stop(fsdp2_store_server_t *server, long timeout_ms)
     while (rc < 0 && errno == EINTR);
     pthread_join(server->thread, NULL);
     server_free(server);
+}
+
+void fsdp2_store_server_set_auth_timeout(fsdp2_store_server_t *server, long timeout_ms)
+{
+    atomic_store(&server->auth_timeout_ms, timeout_ms);
 }
 
 void fsdp2_store_server_stats(const fsdp2_store_server_t *server,

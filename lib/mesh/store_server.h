@@ -42,6 +42,10 @@ typedef struct fsdp2_store_server_stats {
 void fsdp2_store_server_stats(const fsdp2_store_server_t *server,
                               fsdp2_store_server_stats_t *stats);
 
+/* Sets how long a connection may take to authenticate (STORE_AUTH_TIMEOUT_MS), for tests
+ * that wait for that to pass. */
+void fsdp2_store_server_set_auth_timeout(fsdp2_store_server_t *server, long timeout_ms);
+
 /* The server a store handle runs (NULL on the ranks that do not serve), for tests. */
 fsdp2_store_server_t *fsdp2_store_server_of(fsdp2_store_t *store);
 
