@@ -17,6 +17,14 @@
 static fsdp2_device_t dut = {FSDP2_DEVICE_CUDA, 0};
 static const fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
 
+/* Elements of the kernels' large cases (odd, past several of the cpu backend's 16384-
+ * element parts) and of the event test's buffers (long enough on a GPU that a stream that
+ * did not wait would be caught). Under the sanitizers (FSDP2_TEST_SANITIZED=1, set by
+ * meson), which look for memory and thread errors on the paths, both are smaller: the
+ * same parts and orderings on fewer bytes. */
+static size_t large_n = 100003;
+static size_t event_n = (size_t)16 << 20;
+
 /* ---- devices and memory -------------------------------------------------------- */
 
 static void test_device_check_accepts_cuda0_rejects_missing_ordinal(void)
@@ -97,7 +105,7 @@ static void test_current_stream_is_shared_and_cannot_be_destroyed(void)
  * X holds 1 before, so Y would show 1s if B did not wait. */
 static void test_event_orders_work_across_streams(void)
 {
-    const size_t n = (size_t)16 << 20;
+    const size_t n = event_n;
     fsdp2_stream_t *sa, *sb;
     fsdp2_event_t *ev, *never;
     float *x = NULL;
@@ -317,14 +325,14 @@ static void test_cast_and_chunk_copy_match_cpu_for_every_dtype_pair(kernel_bench
         for (int s = 0; s < FSDP2_DTYPE_COUNT; s++) {
             fsdp2_dtype_t dt = (fsdp2_dtype_t)d, st = (fsdp2_dtype_t)s;
             int before = failures;
-            check_chunk_copy(kb, dt, st, 1, 100003, 100003, 100003); /* flat cast */
+            check_chunk_copy(kb, dt, st, 1, large_n, large_n, large_n); /* flat cast */
             check_chunk_copy(kb, dt, st, 1, 5, 5, 5);                /* tiny */
             check_chunk_copy(kb, dt, st, 37, 1001, 1024, 1013);     /* strided rows */
             check_chunk_copy(kb, dt, st, 64, 128, 128, 128);        /* contiguous 2D */
             /* Starts off the vector alignment: the same head on both sides (vector
              * body, scalar head and tail), different heads (scalar), and rows whose
              * strides keep every row's head the same. */
-            check_chunk_copy_at(kb, dt, st, 1, 100003, 100003, 100003, 3, 3);
+            check_chunk_copy_at(kb, dt, st, 1, large_n, large_n, large_n, 3, 3);
             check_chunk_copy_at(kb, dt, st, 1, 4099, 4099, 4099, 1, 6);
             check_chunk_copy_at(kb, dt, st, 9, 77, 96, 80, 5, 5);
             check_chunk_copy_at(kb, dt, st, 1, 13, 13, 13, 7, 7);
@@ -384,9 +392,9 @@ static void test_accumulate_matches_cpu_for_every_float_pair(kernel_bench_t *kb)
     for (size_t a = 0; a < sizeof alphas / sizeof alphas[0]; a++)
         for (int yi = 0; yi < 4; yi++)
             for (int xi = 0; xi < 4; xi++) {
-                check_accumulate(kb, floats[yi], floats[xi], 100003, alphas[a]);
+                check_accumulate(kb, floats[yi], floats[xi], large_n, alphas[a]);
                 check_accumulate(kb, floats[yi], floats[xi], 3, alphas[a]);
-                check_accumulate_at(kb, floats[yi], floats[xi], 100003, alphas[a], 5, 5);
+                check_accumulate_at(kb, floats[yi], floats[xi], large_n, alphas[a], 5, 5);
                 check_accumulate_at(kb, floats[yi], floats[xi], 4099, alphas[a], 1, 2);
             }
 }
@@ -395,7 +403,7 @@ static void test_fill_matches_cpu_for_every_dtype(kernel_bench_t *kb)
 {
     const double values[] = {0.0, -0.0, 1.0, -2.5, 3.14159, 1e10, -1e10, 300.7, 255.5,
                              65520.0, 1e-8, 1e-40, 9.3e18, NAN, -NAN, INFINITY, -INFINITY};
-    const size_t sizes[] = {1, 7, 100003};
+    const size_t sizes[] = {1, 7, large_n};
     for (int d = 0; d < FSDP2_DTYPE_COUNT; d++) {
         fsdp2_dtype_t t = (fsdp2_dtype_t)d;
         for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
@@ -461,6 +469,11 @@ int main(void)
     if (env && fsdp2_device_parse(env, &dut) != FSDP2_SUCCESS) {
         fprintf(stderr, "FSDP2_TEST_DEVICE: %s\n", fsdp2_last_error());
         return 1;
+    }
+    const char *sanitized = getenv("FSDP2_TEST_SANITIZED");
+    if (sanitized && strcmp(sanitized, "1") == 0) {
+        large_n = 40009;
+        event_n = (size_t)1 << 20;
     }
     int count = 0, on_cuda = dut.type == FSDP2_DEVICE_CUDA;
     if (on_cuda && (fsdp2_cuda_device_count(&count) != FSDP2_SUCCESS || count <= dut.index)) {
