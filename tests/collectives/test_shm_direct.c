@@ -118,11 +118,33 @@ typedef struct shape {
 } shape_t;
 
 /* Not multiples of the ranks, of a cache line or of the 64 KiB blocks, and one that is
- * just the smallest buffer the arena takes. */
-static const shape_t shapes[] = {
-    {FSDP2_F32, (64u << 10) / 4}, {FSDP2_F32, 300007}, {FSDP2_BF16, 180001},
-    {FSDP2_F16, 70003},           {FSDP2_F64, 90011},
+ * just the smallest buffer the arena takes (ARENA_MIN). */
+#define ARENA_MIN (64u << 10)
+static shape_t shapes[] = {
+    {FSDP2_F32, ARENA_MIN / 4}, {FSDP2_F32, 300007}, {FSDP2_BF16, 180001},
+    {FSDP2_F16, 70003},         {FSDP2_F64, 90011},
 };
+
+/* FSDP2_TEST_SANITIZED=1 (meson sets it in the sanitizer builds): the sanitizers look for
+ * memory and thread errors on the paths, which the larger shapes only take more times.
+ * There the blocks, copies and pair chunks are a quarter of their defaults and the
+ * shapes with them (never under ARENA_MIN, which the arena would not take): the same
+ * pieces on a quarter of the bytes. */
+static void scale_for_sanitizers(void)
+{
+    static const char *const scaled[][2] = {{"FSDP2_SHM_DIRECT_BLOCK", "16K"},  /* 64 KiB */
+                                            {"FSDP2_SHM_DIRECT_COPY", "64K"},   /* 256 KiB */
+                                            {"FSDP2_SHM_PAIR_CHUNK", "4K"}};    /* 16 KiB */
+    const char *v = getenv("FSDP2_TEST_SANITIZED");
+    if (!v || strcmp(v, "1") != 0)
+        return;
+    for (size_t i = 0; i < sizeof(scaled) / sizeof(scaled[0]); i++)
+        setenv(scaled[i][0], scaled[i][1], 0);
+    for (size_t k = 1; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        size_t least = ARENA_MIN / esize(shapes[k].dtype) + 3;
+        shapes[k].count = shapes[k].count / 4 > least ? shapes[k].count / 4 : least;
+    }
+}
 
 static int run_all_reduce(rank_ctx_t *c, fsdp2_group_t *g, shape_t s, const fsdp2_reduce_t *red,
                           int shareable)
@@ -498,6 +520,7 @@ END_TEST
 
 static Suite *shm_direct_suite(void)
 {
+    scale_for_sanitizers();
     Suite *s = suite_create("shm_direct");
     TCase *tc = tcase_create("single_copy");
     tcase_set_timeout(tc, 600);
