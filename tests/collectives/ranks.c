@@ -120,6 +120,7 @@ static int spawn_ranks(int size, rank_fn fn, void *arg, long group_timeout_ms, i
             fflush(NULL);
             _exit(code);
         }
+        result->pid[r] = (int)pids[r];
     }
     for (int r = 1; r < size; r++) {
         close(pipes[r][0]);

@@ -23,6 +23,7 @@ typedef int (*rank_fn)(rank_ctx_t *ctx);
 
 typedef struct ranks_result {
     int status[16];  /* each rank's exit code, or 128 + signal */
+    int pid[16];     /* each rank's process id (reaped when run_ranks returns) */
     int timed_out;   /* the deadline passed and the ranks were killed */
 } ranks_result_t;
 
