@@ -24,6 +24,13 @@ fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc);
 
+/* C = op(A) op(B) + bias, bias (NULL: none) a vector of n floats added to every row of C:
+ * oneDNN's matmul adds it in its kernel, so C is written once; the BLAS and oneDNN's
+ * sgemm get C filled with the bias and beta 1. */
+fsdp2_status_t nn_sgemm_bias(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             const float *a, int64_t lda, const float *b, int64_t ldb,
+                             const float *bias, float *c, int64_t ldc);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 

@@ -101,30 +101,14 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
     int64_t rb = block_rows(in, out);
     float *wblk = staged ? nn_carve_floats(&c, weight_block_floats(in, out)) : NULL;
     float *b32 = staged ? nn_carve_floats(&c, out) : NULL;
-    float beta = 0.0f;
-    if (in == 0) { /* an empty product: y is the bias (BLAS refuses a leading dim of 0) */
-        for (int64_t r = 0; r < rows; r++) {
-            if (bias)
-                memcpy(y + r * out, nn_as_f32(bias, b32), sizeof(float) * (size_t)out);
-            else
-                memset(y + r * out, 0, sizeof(float) * (size_t)out);
-        }
-        return FSDP2_SUCCESS;
-    }
-    if (bias) {
-        const float *b = nn_as_f32(bias, b32);
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(y + r * out, b, sizeof(float) * (size_t)out);
-        beta = 1.0f;
-    }
-    if (weight->dtype == FSDP2_F32) {
-        FSDP2_CHECK(nn_sgemm(0, 1, rows, out, in, 1.0f, x, in, weight->data, in, beta, y, out));
-        return FSDP2_SUCCESS;
-    }
+    const float *b = bias ? nn_as_f32(bias, b32) : NULL;
+    if (weight->dtype == FSDP2_F32) /* in 0: y is the bias, with no GEMM */
+        return nn_sgemm_bias(0, 1, rows, out, in, x, in, weight->data, in, b, y, out);
     for (int64_t r0 = 0; r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
         nn_load(wblk, weight, r0 * in, n * in);
-        FSDP2_CHECK(nn_sgemm(0, 1, rows, n, in, 1.0f, x, in, wblk, in, beta, y + r0, out));
+        FSDP2_CHECK(nn_sgemm_bias(0, 1, rows, n, in, x, in, wblk, in, b ? b + r0 : NULL, y + r0,
+                                  out));
     }
     return FSDP2_SUCCESS;
 }
