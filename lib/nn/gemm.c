@@ -131,25 +131,51 @@ typedef struct gemm_entry {
     dnnl_memory_desc_t a, b, c, bias; /* bias: zero without one */
 } gemm_entry_t;
 
+/* A thread's memory objects of one entry (A, B, C and the bias, NULL without one), made
+ * on the thread's first call of that shape; each call only sets their data handles. */
+typedef struct thread_memories {
+    const gemm_entry_t *entry;
+    dnnl_memory_t mem[4];
+} thread_memories_t;
+
+/* What a thread keeps: its stream (oneDNN streams are not shared between threads) and its
+ * memory objects, found by entry (open addressing, at most half full). Freed when the
+ * thread exits. */
+typedef struct thread_state {
+    dnnl_stream_t stream;
+    thread_memories_t *slots;
+    size_t cap, count;
+} thread_state_t;
+
 static struct {
     pthread_once_t once;
     dnnl_status_t init_status;
     dnnl_engine_t engine;
-    pthread_key_t stream_key;
+    pthread_key_t thread_key;
     pthread_mutex_t lock;
     gemm_entry_t **table; /* open addressing, at most half full */
     size_t cap, count;
+    int64_t memories; /* memory objects created, for the tests */
 } g = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void destroy_stream(void *s)
+static void destroy_thread_state(void *p)
 {
-    dnnl_stream_destroy(s);
+    thread_state_t *ts = p;
+    for (size_t i = 0; i < ts->cap; i++)
+        for (int j = 0; ts->slots[i].entry && j < 4; j++)
+            if (ts->slots[i].mem[j])
+                dnnl_memory_destroy(ts->slots[i].mem[j]);
+    free(ts->slots);
+    if (ts->stream)
+        dnnl_stream_destroy(ts->stream);
+    free(ts);
 }
 
 static void gemm_init(void)
 {
     g.init_status = dnnl_engine_create(&g.engine, dnnl_cpu, 0);
-    if (g.init_status == dnnl_success && pthread_key_create(&g.stream_key, destroy_stream) != 0)
+    if (g.init_status == dnnl_success &&
+        pthread_key_create(&g.thread_key, destroy_thread_state) != 0)
         g.init_status = dnnl_out_of_memory;
 }
 
@@ -159,20 +185,75 @@ static fsdp2_status_t dnnl_fail(dnnl_status_t s, const char *what)
                        "oneDNN %s failed: %s", what, dnnl_status2str(s));
 }
 
-/* This thread's stream (oneDNN streams are not shared between threads). */
-static fsdp2_status_t thread_stream(dnnl_stream_t *out)
+/* This thread's state, its stream created on its first GEMM. */
+static fsdp2_status_t thread_state(thread_state_t **out)
 {
-    dnnl_stream_t s = pthread_getspecific(g.stream_key);
-    if (!s) {
-        dnnl_status_t st = dnnl_stream_create(&s, g.engine, dnnl_stream_default_flags);
-        if (st != dnnl_success)
+    thread_state_t *ts = pthread_getspecific(g.thread_key);
+    if (!ts) {
+        ts = calloc(1, sizeof(*ts));
+        if (!ts)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a GEMM thread's state");
+        dnnl_status_t st = dnnl_stream_create(&ts->stream, g.engine, dnnl_stream_default_flags);
+        if (st != dnnl_success) {
+            free(ts);
             return dnnl_fail(st, "stream creation");
-        if (pthread_setspecific(g.stream_key, s) != 0) {
-            dnnl_stream_destroy(s);
-            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a oneDNN stream");
+        }
+        if (pthread_setspecific(g.thread_key, ts) != 0) {
+            destroy_thread_state(ts);
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a GEMM thread's state");
         }
     }
-    *out = s;
+    *out = ts;
+    return FSDP2_SUCCESS;
+}
+
+static thread_memories_t *memories_slot(thread_memories_t *slots, size_t cap,
+                                        const gemm_entry_t *e)
+{
+    size_t i = (size_t)(((uintptr_t)e >> 4) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+    while (slots[i].entry && slots[i].entry != e)
+        i = (i + 1) & (cap - 1);
+    return &slots[i];
+}
+
+/* The thread's memory objects of entry e, made on its first use here. */
+static fsdp2_status_t thread_memories(thread_state_t *ts, const gemm_entry_t *e,
+                                      thread_memories_t **out)
+{
+    thread_memories_t *m = ts->cap ? memories_slot(ts->slots, ts->cap, e) : NULL;
+    if (m && m->entry) {
+        *out = m;
+        return FSDP2_SUCCESS;
+    }
+    if (2 * (ts->count + 1) > ts->cap) {
+        size_t cap = ts->cap ? 2 * ts->cap : 64;
+        thread_memories_t *t = calloc(cap, sizeof(*t));
+        if (!t)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for %zu GEMM memory sets", cap);
+        for (size_t i = 0; i < ts->cap; i++)
+            if (ts->slots[i].entry)
+                *memories_slot(t, cap, ts->slots[i].entry) = ts->slots[i];
+        free(ts->slots);
+        ts->slots = t;
+        ts->cap = cap;
+    }
+    thread_memories_t fresh = {.entry = e};
+    const dnnl_memory_desc_t *mds[4] = {&e->a, &e->b, &e->c, e->key.bias ? &e->bias : NULL};
+    dnnl_status_t s = dnnl_success;
+    for (int j = 0; j < 4 && s == dnnl_success; j++)
+        if (mds[j])
+            s = dnnl_memory_create(&fresh.mem[j], mds[j], g.engine, DNNL_MEMORY_NONE);
+    if (s != dnnl_success) {
+        for (int j = 0; j < 4; j++)
+            if (fresh.mem[j])
+                dnnl_memory_destroy(fresh.mem[j]);
+        return dnnl_fail(s, "memory creation");
+    }
+    __atomic_fetch_add(&g.memories, 3 + (mds[3] != NULL), __ATOMIC_RELAXED);
+    m = memories_slot(ts->slots, ts->cap, e);
+    *m = fresh;
+    ts->count++;
+    *out = m;
     return FSDP2_SUCCESS;
 }
 
@@ -291,31 +372,24 @@ done:
 static fsdp2_status_t run_matmul(const gemm_entry_t *e, const float *a, const float *b,
                                  const float *bias, float *c)
 {
-    dnnl_stream_t stream = NULL;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, mbias = NULL;
-    FSDP2_CHECK(thread_stream(&stream));
-    dnnl_status_t s;
-    if ((s = dnnl_memory_create(&ma, &e->a, g.engine, (void *)a)) == dnnl_success &&
-        (s = dnnl_memory_create(&mb, &e->b, g.engine, (void *)b)) == dnnl_success &&
-        (s = dnnl_memory_create(&mc, &e->c, g.engine, c)) == dnnl_success &&
-        (!bias || (s = dnnl_memory_create(&mbias, &e->bias, g.engine, (void *)bias)) ==
-                      dnnl_success)) {
-        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma},
-                                   {DNNL_ARG_WEIGHTS, mb},
-                                   {DNNL_ARG_DST, mc},
-                                   {DNNL_ARG_BIAS, mbias}};
-        s = dnnl_primitive_execute(e->prim, stream, bias ? 4 : 3, args);
+    thread_state_t *ts = NULL;
+    thread_memories_t *m = NULL;
+    FSDP2_CHECK(thread_state(&ts));
+    FSDP2_CHECK(thread_memories(ts, e, &m));
+    void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
+    dnnl_status_t s = dnnl_success;
+    for (int j = 0; j < 4 && s == dnnl_success; j++)
+        if (m->mem[j])
+            s = dnnl_memory_set_data_handle(m->mem[j], data[j]);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m->mem[0]},
+                                   {DNNL_ARG_WEIGHTS, m->mem[1]},
+                                   {DNNL_ARG_DST, m->mem[2]},
+                                   {DNNL_ARG_BIAS, m->mem[3]}};
+        s = dnnl_primitive_execute(e->prim, ts->stream, bias ? 4 : 3, args);
         if (s == dnnl_success)
-            s = dnnl_stream_wait(stream);
+            s = dnnl_stream_wait(ts->stream);
     }
-    if (ma)
-        dnnl_memory_destroy(ma);
-    if (mb)
-        dnnl_memory_destroy(mb);
-    if (mc)
-        dnnl_memory_destroy(mc);
-    if (mbias)
-        dnnl_memory_destroy(mbias);
     return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "matmul");
 }
 
@@ -356,6 +430,11 @@ int64_t nn_gemm_primitives(void)
     int64_t n = (int64_t)g.count;
     pthread_mutex_unlock(&g.lock);
     return n;
+}
+
+int64_t nn_gemm_memory_objects(void)
+{
+    return __atomic_load_n(&g.memories, __ATOMIC_RELAXED);
 }
 
 #else /* the BLAS */
@@ -401,6 +480,11 @@ const char *nn_gemm_engine(void)
 }
 
 int64_t nn_gemm_primitives(void)
+{
+    return 0;
+}
+
+int64_t nn_gemm_memory_objects(void)
 {
     return 0;
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "nn/gemm.h"
+#include "nn/nn_common.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -171,12 +172,14 @@ START_TEST(a_shape_creates_one_primitive_and_the_counters_add_its_flops)
     fsdp2_nn_gemm_stats_t before, after;
     ck_assert_int_eq(fsdp2_nn_gemm_stats(&before), FSDP2_SUCCESS);
     ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
-    int64_t made = nn_gemm_primitives();
+    int64_t made = nn_gemm_primitives(), memories = nn_gemm_memory_objects();
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
     ck_assert_int_eq(nn_gemm_primitives(), made); /* looked up, not created again */
+    ck_assert_int_eq(nn_gemm_memory_objects(), memories); /* nor its memory objects */
     if (strcmp(nn_gemm_engine(), "onednn") == 0) {
         ck_assert_int_ge(made, 1);
+        ck_assert_int_ge(memories, 3);
         /* another beta is another primitive */
         ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n), FSDP2_SUCCESS);
         ck_assert_int_eq(nn_gemm_primitives(), made + 1);
@@ -193,6 +196,45 @@ START_TEST(a_shape_creates_one_primitive_and_the_counters_add_its_flops)
     free(a);
     free(b);
     free(c);
+}
+END_TEST
+
+/* Each thread makes its own memory objects of a shape once: a second round of GEMMs on the
+ * same threads makes none, and each thread's C gets its own product. */
+START_TEST(threads_make_their_memory_objects_of_a_shape_once)
+{
+    enum { SLOTS = 4 };
+    int64_t m = 20, n = 12, k = 7;
+    float *a = random_f32(SLOTS * m * k), *b = random_f32(k * n), *c = f32_array(SLOTS * m * n);
+    double *want = malloc(sizeof(double) * (size_t)(m * n));
+    for (int round = 0; round < 2; round++) {
+        int64_t before = nn_gemm_memory_objects();
+        nn_par_status_t par = {FSDP2_SUCCESS, ""};
+        ck_assert_int_eq(fsdp2_nn_set_threads(2), FSDP2_SUCCESS);
+        FSDP2_OMP("omp parallel for schedule(static, 1)")
+        for (int i = 0; i < SLOTS; i++) {
+            fsdp2_status_t st = nn_sgemm(0, 0, m, n, k, 1.0f, a + i * m * k, k, b, n, 0.0f,
+                                         c + i * m * n, n);
+            if (st != FSDP2_SUCCESS)
+                nn_par_fail(&par, st);
+        }
+        ck_assert_int_eq(nn_par_result(&par), FSDP2_SUCCESS);
+        if (round == 1 || strcmp(nn_gemm_engine(), "onednn") != 0)
+            ck_assert_int_eq(nn_gemm_memory_objects(), before);
+        else
+            ck_assert_int_ge(nn_gemm_memory_objects(), before + 3);
+        for (int i = 0; i < SLOTS; i++) {
+            reference(0, 0, m, n, k, 1.0, a + i * m * k, k, b, n, 0.0, NULL, n, want);
+            for (int64_t j = 0; j < m * n; j++)
+                ck_assert_msg(fabs(c[i * m * n + j] - want[j]) <= 1e-5 * (1 + fabs(want[j])),
+                              "round %d slot %d: C[%lld] = %.9g, want %.9g", round, i,
+                              (long long)j, c[i * m * n + j], want[j]);
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(want);
 }
 END_TEST
 
@@ -355,6 +397,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, sgemm_bias_matches_a_float64_loop_with_and_without_a_bias);
     tcase_add_test(tc, sgemm_with_k_or_alpha_zero_scales_c_and_empty_sizes_write_nothing);
     tcase_add_test(tc, a_shape_creates_one_primitive_and_the_counters_add_its_flops);
+    tcase_add_test(tc, threads_make_their_memory_objects_of_a_shape_once);
     tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
