@@ -39,20 +39,23 @@ const char *nn_blas_coretype_advice(const char *corename, int has_avx2, int has_
     return NULL;
 }
 
-/* Degenerate products, which neither engine takes: C = beta C when k is 0. */
-static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+/* C = beta C + bias (bias NULL: none): the degenerate products, which neither engine
+ * takes, and a bias for an engine that does not add it itself (then beta 1 follows). */
+static void scale_c(int64_t m, int64_t n, float beta, const float *bias, float *c, int64_t ldc)
 {
     for (int64_t i = 0; i < m; i++) {
         float *row = c + i * ldc;
         for (int64_t j = 0; j < n; j++)
-            row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+            row[j] = (beta == 0.0f ? 0.0f : beta * row[j]) + (bias ? bias[j] : 0.0f);
     }
 }
 
-/* A product with m, n, k > 0 and alpha != 0, on the build's engine. */
+/* A product with m, n, k > 0 and alpha != 0, on the build's engine; bias NULL or with
+ * alpha 1. */
 static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float *a, int64_t lda, const float *b,
-                                   int64_t ldb, float beta, float *c, int64_t ldc);
+                                   int64_t ldb, float beta, const float *bias, float *c,
+                                   int64_t ldc);
 
 /* The counters of fsdp2_nn_gemm_stats: nanoseconds scaled by the region's threads. */
 static struct {
@@ -66,24 +69,38 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                        float *c, int64_t ldc)
+static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           const float *bias, float *c, int64_t ldc)
 {
     if (m == 0 || n == 0)
         return FSDP2_SUCCESS;
     if (k == 0 || alpha == 0.0f) { /* neither engine takes these */
-        scale_c(m, n, beta, c, ldc);
+        scale_c(m, n, beta, bias, c, ldc);
         return FSDP2_SUCCESS;
     }
     int64_t t0 = now_ns();
-    fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                                    ldc);
+    fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias,
+                                    c, ldc);
     int64_t ns = now_ns() - t0, share = nn_region_threads();
     __atomic_fetch_add(&counters.calls, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&counters.flops, 2 * m * n * k, __ATOMIC_RELAXED);
     __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
     return s;
+}
+
+fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc)
+{
+    return gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, NULL, c, ldc);
+}
+
+fsdp2_status_t nn_sgemm_bias(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             const float *a, int64_t lda, const float *b, int64_t ldb,
+                             const float *bias, float *c, int64_t ldc)
+{
+    return gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, bias, c, ldc);
 }
 
 fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats)
@@ -103,7 +120,7 @@ fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats)
 /* A primitive's shape: everything oneDNN fixes when it creates one. */
 typedef struct gemm_key {
     int64_t m, n, k, lda, ldb, ldc;
-    int32_t trans_a, trans_b, threads, zero; /* zero: no padding bytes in the key */
+    int32_t trans_a, trans_b, threads, bias; /* four: no padding bytes in the key */
     float alpha, beta;
 } gemm_key_t;
 
@@ -111,28 +128,54 @@ typedef struct gemm_key {
 typedef struct gemm_entry {
     gemm_key_t key;
     dnnl_primitive_t prim; /* NULL: matmul does not implement this shape (use sgemm) */
-    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_desc_t a, b, c, bias; /* bias: zero without one */
 } gemm_entry_t;
+
+/* A thread's memory objects of one entry (A, B, C and the bias, NULL without one), made
+ * on the thread's first call of that shape; each call only sets their data handles. */
+typedef struct thread_memories {
+    const gemm_entry_t *entry;
+    dnnl_memory_t mem[4];
+} thread_memories_t;
+
+/* What a thread keeps: its stream (oneDNN streams are not shared between threads) and its
+ * memory objects, found by entry (open addressing, at most half full). Freed when the
+ * thread exits. */
+typedef struct thread_state {
+    dnnl_stream_t stream;
+    thread_memories_t *slots;
+    size_t cap, count;
+} thread_state_t;
 
 static struct {
     pthread_once_t once;
     dnnl_status_t init_status;
     dnnl_engine_t engine;
-    pthread_key_t stream_key;
+    pthread_key_t thread_key;
     pthread_mutex_t lock;
     gemm_entry_t **table; /* open addressing, at most half full */
     size_t cap, count;
+    int64_t memories; /* memory objects created, for the tests */
 } g = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void destroy_stream(void *s)
+static void destroy_thread_state(void *p)
 {
-    dnnl_stream_destroy(s);
+    thread_state_t *ts = p;
+    for (size_t i = 0; i < ts->cap; i++)
+        for (int j = 0; ts->slots[i].entry && j < 4; j++)
+            if (ts->slots[i].mem[j])
+                dnnl_memory_destroy(ts->slots[i].mem[j]);
+    free(ts->slots);
+    if (ts->stream)
+        dnnl_stream_destroy(ts->stream);
+    free(ts);
 }
 
 static void gemm_init(void)
 {
     g.init_status = dnnl_engine_create(&g.engine, dnnl_cpu, 0);
-    if (g.init_status == dnnl_success && pthread_key_create(&g.stream_key, destroy_stream) != 0)
+    if (g.init_status == dnnl_success &&
+        pthread_key_create(&g.thread_key, destroy_thread_state) != 0)
         g.init_status = dnnl_out_of_memory;
 }
 
@@ -142,20 +185,75 @@ static fsdp2_status_t dnnl_fail(dnnl_status_t s, const char *what)
                        "oneDNN %s failed: %s", what, dnnl_status2str(s));
 }
 
-/* This thread's stream (oneDNN streams are not shared between threads). */
-static fsdp2_status_t thread_stream(dnnl_stream_t *out)
+/* This thread's state, its stream created on its first GEMM. */
+static fsdp2_status_t thread_state(thread_state_t **out)
 {
-    dnnl_stream_t s = pthread_getspecific(g.stream_key);
-    if (!s) {
-        dnnl_status_t st = dnnl_stream_create(&s, g.engine, dnnl_stream_default_flags);
-        if (st != dnnl_success)
+    thread_state_t *ts = pthread_getspecific(g.thread_key);
+    if (!ts) {
+        ts = calloc(1, sizeof(*ts));
+        if (!ts)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a GEMM thread's state");
+        dnnl_status_t st = dnnl_stream_create(&ts->stream, g.engine, dnnl_stream_default_flags);
+        if (st != dnnl_success) {
+            free(ts);
             return dnnl_fail(st, "stream creation");
-        if (pthread_setspecific(g.stream_key, s) != 0) {
-            dnnl_stream_destroy(s);
-            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a oneDNN stream");
+        }
+        if (pthread_setspecific(g.thread_key, ts) != 0) {
+            destroy_thread_state(ts);
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for a GEMM thread's state");
         }
     }
-    *out = s;
+    *out = ts;
+    return FSDP2_SUCCESS;
+}
+
+static thread_memories_t *memories_slot(thread_memories_t *slots, size_t cap,
+                                        const gemm_entry_t *e)
+{
+    size_t i = (size_t)(((uintptr_t)e >> 4) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+    while (slots[i].entry && slots[i].entry != e)
+        i = (i + 1) & (cap - 1);
+    return &slots[i];
+}
+
+/* The thread's memory objects of entry e, made on its first use here. */
+static fsdp2_status_t thread_memories(thread_state_t *ts, const gemm_entry_t *e,
+                                      thread_memories_t **out)
+{
+    thread_memories_t *m = ts->cap ? memories_slot(ts->slots, ts->cap, e) : NULL;
+    if (m && m->entry) {
+        *out = m;
+        return FSDP2_SUCCESS;
+    }
+    if (2 * (ts->count + 1) > ts->cap) {
+        size_t cap = ts->cap ? 2 * ts->cap : 64;
+        thread_memories_t *t = calloc(cap, sizeof(*t));
+        if (!t)
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for %zu GEMM memory sets", cap);
+        for (size_t i = 0; i < ts->cap; i++)
+            if (ts->slots[i].entry)
+                *memories_slot(t, cap, ts->slots[i].entry) = ts->slots[i];
+        free(ts->slots);
+        ts->slots = t;
+        ts->cap = cap;
+    }
+    thread_memories_t fresh = {.entry = e};
+    const dnnl_memory_desc_t *mds[4] = {&e->a, &e->b, &e->c, e->key.bias ? &e->bias : NULL};
+    dnnl_status_t s = dnnl_success;
+    for (int j = 0; j < 4 && s == dnnl_success; j++)
+        if (mds[j])
+            s = dnnl_memory_create(&fresh.mem[j], mds[j], g.engine, DNNL_MEMORY_NONE);
+    if (s != dnnl_success) {
+        for (int j = 0; j < 4; j++)
+            if (fresh.mem[j])
+                dnnl_memory_destroy(fresh.mem[j]);
+        return dnnl_fail(s, "memory creation");
+    }
+    __atomic_fetch_add(&g.memories, 3 + (mds[3] != NULL), __ATOMIC_RELAXED);
+    m = memories_slot(ts->slots, ts->cap, e);
+    *m = fresh;
+    ts->count++;
+    *out = m;
     return FSDP2_SUCCESS;
 }
 
@@ -194,14 +292,15 @@ static fsdp2_status_t grow(void)
     return FSDP2_SUCCESS;
 }
 
-/* The matmul for key: A [m, k], B [k, n], C [m, n] with the caller's strides; alpha as the
- * output scale, beta as a sum post-op. Unimplemented leaves e->prim NULL. */
+/* The matmul for key: A [m, k], B [k, n], C [m, n] with the caller's strides, the bias
+ * [1, n] when there is one; alpha as the output scale (1 with a bias), beta as a sum
+ * post-op. Unimplemented leaves e->prim NULL. */
 static fsdp2_status_t create_entry(const gemm_key_t *k, gemm_entry_t *e)
 {
     dnnl_dims_t ad = {k->m, k->k}, bd = {k->k, k->n}, cd = {k->m, k->n};
     dnnl_dims_t as = {k->trans_a ? 1 : k->lda, k->trans_a ? k->lda : 1};
     dnnl_dims_t bs = {k->trans_b ? 1 : k->ldb, k->trans_b ? k->ldb : 1};
-    dnnl_dims_t cs = {k->ldc, 1};
+    dnnl_dims_t cs = {k->ldc, 1}, biasd = {1, k->n};
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_primitive_desc_t pd = NULL;
@@ -209,10 +308,12 @@ static fsdp2_status_t create_entry(const gemm_key_t *k, gemm_entry_t *e)
     dnnl_status_t s;
     e->key = *k;
     e->prim = NULL;
+    memset(&e->bias, 0, sizeof(e->bias));
     if ((s = dnnl_memory_desc_init_by_strides(&e->a, 2, ad, dnnl_f32, as)) ||
         (s = dnnl_memory_desc_init_by_strides(&e->b, 2, bd, dnnl_f32, bs)) ||
         (s = dnnl_memory_desc_init_by_strides(&e->c, 2, cd, dnnl_f32, cs)) ||
-        (s = dnnl_matmul_desc_init(&md, &e->a, &e->b, NULL, &e->c)) ||
+        (k->bias && (s = dnnl_memory_desc_init_by_tag(&e->bias, 2, biasd, dnnl_f32, dnnl_ab))) ||
+        (s = dnnl_matmul_desc_init(&md, &e->a, &e->b, k->bias ? &e->bias : NULL, &e->c)) ||
         (s = dnnl_primitive_attr_create(&attr)))
         goto done;
     if (k->alpha != 1.0f && (s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha)))
@@ -268,33 +369,34 @@ done:
     return st;
 }
 
-static fsdp2_status_t run_matmul(const gemm_entry_t *e, const float *a, const float *b, float *c)
+static fsdp2_status_t run_matmul(const gemm_entry_t *e, const float *a, const float *b,
+                                 const float *bias, float *c)
 {
-    dnnl_stream_t stream = NULL;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
-    FSDP2_CHECK(thread_stream(&stream));
-    dnnl_status_t s;
-    if ((s = dnnl_memory_create(&ma, &e->a, g.engine, (void *)a)) == dnnl_success &&
-        (s = dnnl_memory_create(&mb, &e->b, g.engine, (void *)b)) == dnnl_success &&
-        (s = dnnl_memory_create(&mc, &e->c, g.engine, c)) == dnnl_success) {
-        dnnl_exec_arg_t args[3] = {
-            {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        s = dnnl_primitive_execute(e->prim, stream, 3, args);
+    thread_state_t *ts = NULL;
+    thread_memories_t *m = NULL;
+    FSDP2_CHECK(thread_state(&ts));
+    FSDP2_CHECK(thread_memories(ts, e, &m));
+    void *data[4] = {(void *)a, (void *)b, c, (void *)bias};
+    dnnl_status_t s = dnnl_success;
+    for (int j = 0; j < 4 && s == dnnl_success; j++)
+        if (m->mem[j])
+            s = dnnl_memory_set_data_handle(m->mem[j], data[j]);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m->mem[0]},
+                                   {DNNL_ARG_WEIGHTS, m->mem[1]},
+                                   {DNNL_ARG_DST, m->mem[2]},
+                                   {DNNL_ARG_BIAS, m->mem[3]}};
+        s = dnnl_primitive_execute(e->prim, ts->stream, bias ? 4 : 3, args);
         if (s == dnnl_success)
-            s = dnnl_stream_wait(stream);
+            s = dnnl_stream_wait(ts->stream);
     }
-    if (ma)
-        dnnl_memory_destroy(ma);
-    if (mb)
-        dnnl_memory_destroy(mb);
-    if (mc)
-        dnnl_memory_destroy(mc);
     return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "matmul");
 }
 
 static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float *a, int64_t lda, const float *b,
-                                   int64_t ldb, float beta, float *c, int64_t ldc)
+                                   int64_t ldb, float beta, const float *bias, float *c,
+                                   int64_t ldc)
 {
     pthread_once(&g.once, gemm_init);
     if (g.init_status != dnnl_success)
@@ -302,12 +404,16 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
     /* inside a parallel region oneDNN runs on the calling thread alone */
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
-                      .threads = nn_threads(),
+                      .threads = nn_threads(), .bias = bias != NULL,
                       .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e));
     if (e->prim)
-        return run_matmul(e, a, b, c);
+        return run_matmul(e, a, b, bias, c);
+    if (bias) { /* oneDNN's sgemm has no bias: C = beta C + bias, then beta 1 */
+        scale_c(m, n, beta, bias, c, ldc);
+        beta = 1.0f;
+    }
     dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
                                  lda, b, ldb, beta, c, ldc);
     return s == dnnl_success ? FSDP2_SUCCESS : dnnl_fail(s, "sgemm");
@@ -324,6 +430,11 @@ int64_t nn_gemm_primitives(void)
     int64_t n = (int64_t)g.count;
     pthread_mutex_unlock(&g.lock);
     return n;
+}
+
+int64_t nn_gemm_memory_objects(void)
+{
+    return __atomic_load_n(&g.memories, __ATOMIC_RELAXED);
 }
 
 #else /* the BLAS */
@@ -349,9 +460,14 @@ static void blas_check(void)
 
 static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float *a, int64_t lda, const float *b,
-                                   int64_t ldb, float beta, float *c, int64_t ldc)
+                                   int64_t ldb, float beta, const float *bias, float *c,
+                                   int64_t ldc)
 {
     pthread_once(&blas_once, blas_check);
+    if (bias) { /* C = beta C + bias, then beta 1 */
+        scale_c(m, n, beta, bias, c, ldc);
+        beta = 1.0f;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
                 (int)ldb, beta, c, (int)ldc);
@@ -364,6 +480,11 @@ const char *nn_gemm_engine(void)
 }
 
 int64_t nn_gemm_primitives(void)
+{
+    return 0;
+}
+
+int64_t nn_gemm_memory_objects(void)
 {
     return 0;
 }

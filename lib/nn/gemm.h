@@ -2,9 +2,10 @@
  *
  * With oneDNN at build time (FSDP2_HAVE_ONEDNN) it runs oneDNN's matmul primitive, which
  * picks its kernels from the CPU's feature flags (AVX2, AVX-512, AMX), not from its model
- * name. A primitive is created once per shape (sizes, strides, transposes, alpha, beta and
- * the thread count) and kept for the life of the process; later calls of that shape only
- * look it up. A shape oneDNN's matmul does not implement goes to oneDNN's sgemm. Without
+ * name. A primitive is created once per shape (sizes, strides, transposes, alpha, beta,
+ * whether there is a bias, and the thread count) and kept for the life of the process;
+ * later calls of that shape only look it up. Each thread creates the memory objects of a
+ * shape on its first call of it and then only sets their data handles. A shape oneDNN's matmul does not implement goes to oneDNN's sgemm. Without
  * oneDNN the GEMMs go to the BLAS (OpenBLAS), which is checked once: generic kernels on a
  * CPU with AVX2 or AVX-512 get a warning naming the variable that fixes it.
  *
@@ -24,12 +25,23 @@ fsdp2_status_t nn_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t 
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc);
 
+/* C = op(A) op(B) + bias, bias (NULL: none) a vector of n floats added to every row of C:
+ * oneDNN's matmul adds it in its kernel, so C is written once; the BLAS and oneDNN's
+ * sgemm get C filled with the bias and beta 1. */
+fsdp2_status_t nn_sgemm_bias(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                             const float *a, int64_t lda, const float *b, int64_t ldb,
+                             const float *bias, float *c, int64_t ldc);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 
 /* The primitives created so far (0 without oneDNN): the tests check that a second step of
  * the same shapes creates none. */
 int64_t nn_gemm_primitives(void);
+
+/* The oneDNN memory objects created so far (0 without oneDNN): a thread makes those of a
+ * shape on its first call of it and then only sets their data handles. */
+int64_t nn_gemm_memory_objects(void);
 
 /* For the BLAS fallback: the OPENBLAS_CORETYPE to suggest when OpenBLAS's kernels are
  * generic (corename one of its pre-AVX cores) on a CPU with AVX2 (has_avx2) or AVX-512

@@ -1,6 +1,10 @@
 /* Linear layer: y = x W^T + b through nn_sgemm. An f32 weight and an f32 gradient go to it
- * directly; a bf16 one is converted (or accumulated) in blocks of rows of about 1 MiB of
- * f32, so the workspace stays small whatever the layer's size. */
+ * directly; a bf16 one is converted (or accumulated) in blocks of about 1 MiB of f32, so
+ * the workspace stays small whatever the layer's size. y and dW go by blocks of rows of W,
+ * which keep their GEMMs' whole reduction (over in, over the rows of x). dx = dy W
+ * reduces over out: by blocks of rows of W its GEMMs reduce over the block's rows only,
+ * so where in > out (a block then has fewer rows than a block of columns has columns)
+ * dx goes by blocks of columns of W instead, each GEMM reducing over all of out. */
 #include <string.h>
 
 #include "gemm.h"
@@ -11,11 +15,48 @@
  * so it is a constant of the API rather than an environment tunable. */
 #define LINEAR_BLOCK_FLOATS (1 << 18)
 
+/* A block's side along a dimension of size total, the other side being across: as many
+ * as fit LINEAR_BLOCK_FLOATS, a multiple of 64 (the GEMM kernels' panel width) when the
+ * dimension takes more than one block, at least 1. */
+static int64_t block_side(int64_t across, int64_t total)
+{
+    int64_t side = across > 0 ? LINEAR_BLOCK_FLOATS / across : total;
+    if (side >= total)
+        return total;
+    if (side >= 64)
+        side -= side % 64;
+    return side < 1 ? 1 : side;
+}
+
+/* Rows of W per block of the forward and of a bf16 weight gradient: [rows, in]. */
 static int64_t block_rows(int64_t in, int64_t out)
 {
-    int64_t rb = in > 0 ? LINEAR_BLOCK_FLOATS / in : out;
-    rb = rb < 1 ? 1 : rb;
-    return rb < out ? rb : out;
+    return block_side(in, out);
+}
+
+/* dx's blocks of W, [krows, cols]: rows of W (cols = in) where in <= out; else whole
+ * columns (krows = out) of at least 64 columns, or, when 64 whole columns exceed a
+ * block (out > 4096), 64 columns of krows rows, a multiple of 64 of at least 4096. */
+static void dx_block(int64_t in, int64_t out, int64_t *krows, int64_t *cols)
+{
+    if (in <= out) {
+        *krows = block_rows(in, out);
+        *cols = in;
+        return;
+    }
+    int64_t c = block_side(out, in);
+    if (c < 64 && in > c)
+        c = 64;
+    *cols = c;
+    *krows = block_side(c, out);
+}
+
+/* The f32 floats of the block a bf16 weight is converted into: the larger of the two. */
+static int64_t weight_block_floats(int64_t in, int64_t out)
+{
+    int64_t krows, cols, rows = block_rows(in, out) * in;
+    dx_block(in, out, &krows, &cols);
+    return krows * cols > rows ? krows * cols : rows;
 }
 
 fsdp2_status_t fsdp2_nn_linear_workspace_bytes(int64_t in, int64_t out, size_t *bytes)
@@ -23,8 +64,8 @@ fsdp2_status_t fsdp2_nn_linear_workspace_bytes(int64_t in, int64_t out, size_t *
     FSDP2_ARG_CHECK(bytes, "bytes is NULL");
     FSDP2_CHECK(nn_check_dim(in, "in"));
     FSDP2_CHECK(nn_check_dim(out, "out"));
-    int64_t rb = block_rows(in, out);
-    *bytes = 2 * nn_region_bytes(rb * in) + nn_region_bytes(out);
+    *bytes = nn_region_bytes(weight_block_floats(in, out)) +
+             nn_region_bytes(block_rows(in, out) * in) + nn_region_bytes(out);
     return FSDP2_SUCCESS;
 }
 
@@ -58,32 +99,16 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
     if (rows == 0 || out == 0)
         return FSDP2_SUCCESS;
     int64_t rb = block_rows(in, out);
-    float *wblk = staged ? nn_carve_floats(&c, rb * in) : NULL;
+    float *wblk = staged ? nn_carve_floats(&c, weight_block_floats(in, out)) : NULL;
     float *b32 = staged ? nn_carve_floats(&c, out) : NULL;
-    float beta = 0.0f;
-    if (in == 0) { /* an empty product: y is the bias (BLAS refuses a leading dim of 0) */
-        for (int64_t r = 0; r < rows; r++) {
-            if (bias)
-                memcpy(y + r * out, nn_as_f32(bias, b32), sizeof(float) * (size_t)out);
-            else
-                memset(y + r * out, 0, sizeof(float) * (size_t)out);
-        }
-        return FSDP2_SUCCESS;
-    }
-    if (bias) {
-        const float *b = nn_as_f32(bias, b32);
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(y + r * out, b, sizeof(float) * (size_t)out);
-        beta = 1.0f;
-    }
-    if (weight->dtype == FSDP2_F32) {
-        FSDP2_CHECK(nn_sgemm(0, 1, rows, out, in, 1.0f, x, in, weight->data, in, beta, y, out));
-        return FSDP2_SUCCESS;
-    }
+    const float *b = bias ? nn_as_f32(bias, b32) : NULL;
+    if (weight->dtype == FSDP2_F32) /* in 0: y is the bias, with no GEMM */
+        return nn_sgemm_bias(0, 1, rows, out, in, x, in, weight->data, in, b, y, out);
     for (int64_t r0 = 0; r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
         nn_load(wblk, weight, r0 * in, n * in);
-        FSDP2_CHECK(nn_sgemm(0, 1, rows, n, in, 1.0f, x, in, wblk, in, beta, y + r0, out));
+        FSDP2_CHECK(nn_sgemm_bias(0, 1, rows, n, in, x, in, wblk, in, b ? b + r0 : NULL, y + r0,
+                                  out));
     }
     return FSDP2_SUCCESS;
 }
@@ -102,6 +127,28 @@ static void bias_grad(const float *dy, int64_t rows, int64_t out, fsdp2_tensor_t
     }
     if (sum == acc)
         nn_add_into(dbias, 0, acc, out);
+}
+
+/* dx += dy W for a bf16 W [out, in], by blocks [krows, cols] of W (dx_block): dx[:, c0:c1]
+ * += dy[:, k0:k1] W[k0:k1, c0:c1], the block converted into wblk. */
+static fsdp2_status_t dx_bf16(const float *dy, int64_t rows, const fsdp2_tensor_t *weight,
+                              float *dx, float *wblk)
+{
+    int64_t out = weight->shape[0], in = weight->shape[1], krows, cols;
+    dx_block(in, out, &krows, &cols);
+    for (int64_t c0 = 0; c0 < in; c0 += cols) {
+        int64_t nc = in - c0 < cols ? in - c0 : cols;
+        for (int64_t k0 = 0; k0 < out; k0 += krows) {
+            int64_t nk = out - k0 < krows ? out - k0 : krows;
+            if (nc == in)
+                nn_load(wblk, weight, k0 * in, nk * in);
+            for (int64_t r = 0; nc < in && r < nk; r++)
+                nn_load(wblk + r * nc, weight, (k0 + r) * in + c0, nc);
+            FSDP2_CHECK(nn_sgemm(0, 0, rows, nc, nk, 1.0f, dy + k0, out, wblk, nc, 1.0f,
+                                 dx + c0, in));
+        }
+    }
+    return FSDP2_SUCCESS;
 }
 
 fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t rows,
@@ -129,7 +176,7 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t
         return FSDP2_SUCCESS;
     }
     int64_t rb = block_rows(in, out);
-    float *wblk = staged ? nn_carve_floats(&c, rb * in) : NULL;
+    float *wblk = staged ? nn_carve_floats(&c, weight_block_floats(in, out)) : NULL;
     float *gblk = staged ? nn_carve_floats(&c, rb * in) : NULL;
     float *acc = staged ? nn_carve_floats(&c, out) : NULL;
     if (dbias)
@@ -138,18 +185,12 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t
         FSDP2_CHECK(nn_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dweight->data, in));
     if (dx && !w16)
         FSDP2_CHECK(nn_sgemm(0, 0, rows, in, out, 1.0f, dy, out, weight->data, in, 1.0f, dx, in));
-    if (!w16 && !g16)
-        return FSDP2_SUCCESS;
-    for (int64_t r0 = 0; r0 < out; r0 += rb) {
+    for (int64_t r0 = 0; g16 && r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
-        if (g16) {
-            FSDP2_CHECK(nn_sgemm(1, 0, n, in, rows, 1.0f, dy + r0, out, x, in, 0.0f, gblk, in));
-            nn_add_into(dweight, r0 * in, gblk, n * in);
-        }
-        if (w16) {
-            nn_load(wblk, weight, r0 * in, n * in);
-            FSDP2_CHECK(nn_sgemm(0, 0, rows, in, n, 1.0f, dy + r0, out, wblk, in, 1.0f, dx, in));
-        }
+        FSDP2_CHECK(nn_sgemm(1, 0, n, in, rows, 1.0f, dy + r0, out, x, in, 0.0f, gblk, in));
+        nn_add_into(dweight, r0 * in, gblk, n * in);
     }
+    if (w16)
+        FSDP2_CHECK(dx_bf16(dy, rows, weight, dx, wblk));
     return FSDP2_SUCCESS;
 }

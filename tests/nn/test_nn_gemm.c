@@ -1,5 +1,5 @@
 /* The layers' GEMM (lib/nn/gemm.c) against a float64 triple loop, every transpose, padded
- * strides, alpha and beta as cblas_sgemm takes them; one primitive per shape, created once;
+ * strides, alpha and beta as cblas_sgemm takes them, with and without a bias; one primitive per shape, created once;
  * the BLAS fallback's advice on generic kernels; the layers' results the same bits on 1
  * and 2 threads, and with fewer attention scratches than threads. */
 #include "../core/check_main.h"
@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "nn/gemm.h"
+#include "nn/nn_common.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -82,6 +83,73 @@ START_TEST(sgemm_matches_a_float64_loop_for_every_transpose_stride_alpha_and_bet
 }
 END_TEST
 
+/* C = op(A) op(B) + bias against the float64 loop, with and without a bias, every
+ * transpose and padded strides; the bias and its absence are different primitives. */
+START_TEST(sgemm_bias_matches_a_float64_loop_with_and_without_a_bias)
+{
+    const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {64, 96, 33}, {130, 17, 70}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int pad = 0; pad < 2; pad++)
+                    for (int with = 0; with < 2; with++) {
+                        int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                        int64_t lda = (ta ? m : k) + 3 * pad, ldb = (tb ? k : n) + 5 * pad;
+                        int64_t ldc = n + 2 * pad;
+                        float *a = random_f32((ta ? k : m) * lda);
+                        float *b = random_f32((tb ? n : k) * ldb);
+                        float *bias = with ? random_f32(n) : NULL;
+                        float *c = f32_array(m * ldc);
+                        for (int64_t i = 0; i < m * ldc; i++)
+                            c[i] = NAN; /* never read */
+                        double *want = malloc(sizeof(double) * (size_t)(m * n));
+                        reference(ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, want);
+                        for (int64_t i = 0; bias && i < m; i++)
+                            for (int64_t j = 0; j < n; j++)
+                                want[i * n + j] += bias[j];
+                        ck_assert_int_eq(nn_sgemm_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c,
+                                                       ldc),
+                                         FSDP2_SUCCESS);
+                        for (int64_t i = 0; i < m; i++)
+                            for (int64_t j = 0; j < n; j++) {
+                                double got = c[i * ldc + j], w = want[i * n + j];
+                                ck_assert_msg(fabs(got - w) <= 1e-5 * (1 + fabs(w)),
+                                              "m %lld n %lld k %lld ta %d tb %d pad %d bias %d: "
+                                              "C[%lld,%lld] = %.9g, want %.9g",
+                                              (long long)m, (long long)n, (long long)k, ta, tb,
+                                              pad, with, (long long)i, (long long)j, got, w);
+                            }
+                        if (pad) /* the padding columns of C are not written */
+                            ck_assert(isnan(c[ldc - 1]));
+                        free(a);
+                        free(b);
+                        free(bias);
+                        free(c);
+                        free(want);
+                    }
+    /* k 0: C is the bias in every row */
+    float bias[3] = {1, 2, 3}, c[6];
+    ck_assert_int_eq(nn_sgemm_bias(0, 1, 2, 3, 0, NULL, 0, NULL, 0, bias, c, 3), FSDP2_SUCCESS);
+    for (int i = 0; i < 6; i++)
+        ck_assert(c[i] == bias[i % 3]);
+    if (strcmp(nn_gemm_engine(), "onednn") == 0) { /* a bias is part of the shape */
+        int64_t m = 9, n = 11, k = 13;
+        float *a = random_f32(m * k), *b = random_f32(k * n), *cc = f32_array(m * n);
+        float *v = random_f32(n);
+        ck_assert_int_eq(nn_sgemm_bias(0, 0, m, n, k, a, k, b, n, NULL, cc, n), FSDP2_SUCCESS);
+        int64_t made = nn_gemm_primitives();
+        ck_assert_int_eq(nn_sgemm_bias(0, 0, m, n, k, a, k, b, n, v, cc, n), FSDP2_SUCCESS);
+        ck_assert_int_eq(nn_gemm_primitives(), made + 1);
+        ck_assert_int_eq(nn_sgemm_bias(0, 0, m, n, k, a, k, b, n, v, cc, n), FSDP2_SUCCESS);
+        ck_assert_int_eq(nn_gemm_primitives(), made + 1);
+        free(a);
+        free(b);
+        free(cc);
+        free(v);
+    }
+}
+END_TEST
+
 START_TEST(sgemm_with_k_or_alpha_zero_scales_c_and_empty_sizes_write_nothing)
 {
     float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4}, c[4] = {1, 2, 3, 4};
@@ -104,12 +172,14 @@ START_TEST(a_shape_creates_one_primitive_and_the_counters_add_its_flops)
     fsdp2_nn_gemm_stats_t before, after;
     ck_assert_int_eq(fsdp2_nn_gemm_stats(&before), FSDP2_SUCCESS);
     ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
-    int64_t made = nn_gemm_primitives();
+    int64_t made = nn_gemm_primitives(), memories = nn_gemm_memory_objects();
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n), FSDP2_SUCCESS);
     ck_assert_int_eq(nn_gemm_primitives(), made); /* looked up, not created again */
+    ck_assert_int_eq(nn_gemm_memory_objects(), memories); /* nor its memory objects */
     if (strcmp(nn_gemm_engine(), "onednn") == 0) {
         ck_assert_int_ge(made, 1);
+        ck_assert_int_ge(memories, 3);
         /* another beta is another primitive */
         ck_assert_int_eq(nn_sgemm(0, 0, m, n, k, 1.0f, a, k, b, n, 1.0f, c, n), FSDP2_SUCCESS);
         ck_assert_int_eq(nn_gemm_primitives(), made + 1);
@@ -126,6 +196,45 @@ START_TEST(a_shape_creates_one_primitive_and_the_counters_add_its_flops)
     free(a);
     free(b);
     free(c);
+}
+END_TEST
+
+/* Each thread makes its own memory objects of a shape once: a second round of GEMMs on the
+ * same threads makes none, and each thread's C gets its own product. */
+START_TEST(threads_make_their_memory_objects_of_a_shape_once)
+{
+    enum { SLOTS = 4 };
+    int64_t m = 20, n = 12, k = 7;
+    float *a = random_f32(SLOTS * m * k), *b = random_f32(k * n), *c = f32_array(SLOTS * m * n);
+    double *want = malloc(sizeof(double) * (size_t)(m * n));
+    for (int round = 0; round < 2; round++) {
+        int64_t before = nn_gemm_memory_objects();
+        nn_par_status_t par = {FSDP2_SUCCESS, ""};
+        ck_assert_int_eq(fsdp2_nn_set_threads(2), FSDP2_SUCCESS);
+        FSDP2_OMP("omp parallel for schedule(static, 1)")
+        for (int i = 0; i < SLOTS; i++) {
+            fsdp2_status_t st = nn_sgemm(0, 0, m, n, k, 1.0f, a + i * m * k, k, b, n, 0.0f,
+                                         c + i * m * n, n);
+            if (st != FSDP2_SUCCESS)
+                nn_par_fail(&par, st);
+        }
+        ck_assert_int_eq(nn_par_result(&par), FSDP2_SUCCESS);
+        if (round == 1 || strcmp(nn_gemm_engine(), "onednn") != 0)
+            ck_assert_int_eq(nn_gemm_memory_objects(), before);
+        else
+            ck_assert_int_ge(nn_gemm_memory_objects(), before + 3);
+        for (int i = 0; i < SLOTS; i++) {
+            reference(0, 0, m, n, k, 1.0, a + i * m * k, k, b, n, 0.0, NULL, n, want);
+            for (int64_t j = 0; j < m * n; j++)
+                ck_assert_msg(fabs(c[i * m * n + j] - want[j]) <= 1e-5 * (1 + fabs(want[j])),
+                              "round %d slot %d: C[%lld] = %.9g, want %.9g", round, i,
+                              (long long)j, c[i * m * n + j], want[j]);
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(want);
 }
 END_TEST
 
@@ -285,8 +394,10 @@ static Suite *nn_gemm_suite(void)
     TCase *tc = tcase_create("gemm");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, sgemm_matches_a_float64_loop_for_every_transpose_stride_alpha_and_beta);
+    tcase_add_test(tc, sgemm_bias_matches_a_float64_loop_with_and_without_a_bias);
     tcase_add_test(tc, sgemm_with_k_or_alpha_zero_scales_c_and_empty_sizes_write_nothing);
     tcase_add_test(tc, a_shape_creates_one_primitive_and_the_counters_add_its_flops);
+    tcase_add_test(tc, threads_make_their_memory_objects_of_a_shape_once);
     tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);

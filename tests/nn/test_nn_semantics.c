@@ -174,6 +174,60 @@ START_TEST(bf16_linear_equals_f32_on_rounded_weights_across_blocks)
 }
 END_TEST
 
+/* The bf16 linear against a float64 loop on the rounded weights, for shapes whose
+ * conversion blocks differ: rows of W (in <= out, the last block partial), columns of W
+ * over the whole reduction (in > out), and 64 columns of 4096 rows (out > 4096), each
+ * with odd sizes. dx adds to what it held; the bf16 weight gradient (from zero) is the
+ * float64 gradient rounded once, within one bf16 step. */
+START_TEST(bf16_linear_matches_a_float64_loop_for_every_block_layout)
+{
+    const int64_t shapes[][3] = {{5, 333, 1001}, {4, 1000, 301}, {3, 4133, 4099}};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int64_t rows = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        size_t bytes;
+        NN_OK(fsdp2_nn_linear_workspace_bytes(in, out, &bytes));
+        ck_assert_uint_lt(bytes, 3u << 20);
+        fsdp2_nn_workspace_t ws = workspace_new(bytes);
+        float *x = random_f32(rows * in, -1, 1), *w = random_f32(out * in, -0.1f, 0.1f);
+        float *b = random_f32(out, -1, 1), *dy = random_f32(rows * out, -1, 1);
+        float *dx = random_f32(rows * in, -1, 1), *y = f32_array(rows * out);
+        uint16_t *w16 = to_bf16(w, out * in), *b16 = to_bf16(b, out);
+        uint16_t *gw16 = calloc((size_t)(out * in), 2), *gb16 = calloc((size_t)out, 2);
+        float *wr = from_bf16(w16, out * in), *br = from_bf16(b16, out);
+        double *want_y = calloc((size_t)(rows * out), sizeof(double));
+        double *want_dx = as_f64(dx, rows * in), *want_gw = calloc((size_t)(out * in), 8);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < out; o++) {
+                double sum = br[o];
+                for (int64_t i = 0; i < in; i++) {
+                    sum += (double)x[r * in + i] * wr[o * in + i];
+                    want_dx[r * in + i] += (double)dy[r * out + o] * wr[o * in + i];
+                    want_gw[o * in + i] += (double)dy[r * out + o] * x[r * in + i];
+                }
+                want_y[r * out + o] = sum;
+            }
+        fsdp2_tensor_t *tw = wrap(w16, FSDP2_BF16, 2, out, in), *tb = wrap(b16, FSDP2_BF16, 1, out, 0);
+        fsdp2_tensor_t *tgw = wrap(gw16, FSDP2_BF16, 2, out, in);
+        fsdp2_tensor_t *tgb = wrap(gb16, FSDP2_BF16, 1, out, 0);
+        NN_OK(fsdp2_nn_linear_forward(x, rows, tw, tb, y, &ws));
+        NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx, tgw, tgb, &ws));
+        assert_close("bf16 linear y vs float64", y, want_y, rows * out, 1e-5);
+        assert_close("bf16 linear dx vs float64", dx, want_dx, rows * in, 1e-5);
+        for (int64_t i = 0; i < out * in; i++) {
+            double got = fsdp2_bf16_to_f32(gw16[i]), want = want_gw[i];
+            if (!(fabs(got - want) <= fabs(want) * 0x1.0p-8 + 1e-6))
+                ck_abort_msg("in %lld out %lld: bf16 dweight[%lld] = %.9g, float64 %.9g",
+                             (long long)in, (long long)out, (long long)i, got, want);
+        }
+        fsdp2_tensor_release(tw), fsdp2_tensor_release(tb), fsdp2_tensor_release(tgw);
+        fsdp2_tensor_release(tgb);
+        workspace_free(&ws);
+        free(x), free(w), free(b), free(dy), free(dx), free(y), free(w16), free(b16);
+        free(gw16), free(gb16), free(wr), free(br), free(want_y), free(want_dx), free(want_gw);
+    }
+}
+END_TEST
+
 /* 1000 contributions of 1/1024 to a bf16 row holding 1.0: added one by one in bf16 each
  * would vanish (below half a step of 1.0); summed in f32 first they add 0.9765625. */
 START_TEST(bf16_embedding_gradient_sums_repeated_ids_in_f32_first)
@@ -836,6 +890,7 @@ static Suite *nn_semantics_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, every_backward_adds_to_its_gradients);
     tcase_add_test(tc, bf16_linear_equals_f32_on_rounded_weights_across_blocks);
+    tcase_add_test(tc, bf16_linear_matches_a_float64_loop_for_every_block_layout);
     tcase_add_test(tc, bf16_embedding_gradient_sums_repeated_ids_in_f32_first);
     tcase_add_test(tc, bf16_layernorm_equals_f32_on_rounded_parameters);
     tcase_add_test(tc, bf16_conv2d_equals_f32_on_rounded_parameters);
