@@ -48,7 +48,11 @@
     XX(STORE_SECRET_FILE, "FSDP2_STORE_SECRET_FILE", PATH, "", "a path",                          \
        "a file of mode 0600 holding the job's secret (when FSDP2_STORE_SECRET is unset)")         \
     XX(CUDA_MODULE, "FSDP2_CUDA_MODULE", PATH, "", "a path",                                      \
-       "the CUDA module to load instead of libfsdp2-cuda.so beside libfsdp2.so")                 
+       "the CUDA module to load instead of libfsdp2-cuda.so beside libfsdp2.so")                  \
+    XX(NN_BF16_GEMM, "FSDP2_NN_BF16_GEMM", ENUM, "auto", "auto|on|off",                           \
+       "whether the nn layers' GEMMs with bf16 weights take bf16 operands (summing in f32): "     \
+       "auto = where oneDNN has bf16 matmul kernels for the CPU, on = everywhere (emulated in "   \
+       "f32 elsewhere), off = f32 operands")                                                     
 
 #define FSDP2_ENV_TOOLS(XX) \
     XX(FAULT_KIND, "FSDP2_FAULT_KIND", ENUM, "none", "none|alloc|enqueue|collective|io",   \

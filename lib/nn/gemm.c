@@ -6,8 +6,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <fsdp2/dtype.h>
 #include <fsdp2/nn.h>
 
+#include "core/env_internal.h"
 #include "core/error.h"
 #include "core/log_internal.h"
 #include "nn_common.h"
@@ -69,6 +71,15 @@ static int64_t now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* One GEMM of m n k that started at t0 into the counters. */
+static void count_gemm(int64_t m, int64_t n, int64_t k, int64_t t0)
+{
+    int64_t ns = now_ns() - t0, share = nn_region_threads();
+    __atomic_fetch_add(&counters.calls, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&counters.flops, 2 * m * n * k, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
+}
+
 static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                            const float *bias, float *c, int64_t ldc)
@@ -82,10 +93,7 @@ static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64
     int64_t t0 = now_ns();
     fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias,
                                     c, ldc);
-    int64_t ns = now_ns() - t0, share = nn_region_threads();
-    __atomic_fetch_add(&counters.calls, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&counters.flops, 2 * m * n * k, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
+    count_gemm(m, n, k, t0);
     return s;
 }
 
@@ -113,6 +121,147 @@ fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats)
     return FSDP2_SUCCESS;
 }
 
+/* ---- bf16 operands ---- */
+
+/* The bf16 product on the engine's own bf16 kernels, where nn_gemm_bf16_native: *done 0
+ * when the engine does not implement this shape. Sizes > 0, alpha != 0. */
+static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const uint16_t *a, int64_t lda,
+                                  const uint16_t *b, int64_t ldb, float beta, const float *bias,
+                                  float *c, int64_t ldc, int *done);
+
+/* The emulation's f32 copies of A's and B's blocks, each of at most EMULATE_FLOATS
+ * (512 KiB), made once per thread and kept for its life; a block spans at most
+ * EMULATE_K of the reduction, so that a block of A or B keeps at least 256 rows. */
+#define EMULATE_FLOATS (1 << 17)
+#define EMULATE_K 512
+
+static pthread_once_t emulate_once = PTHREAD_ONCE_INIT;
+static pthread_key_t emulate_key;
+static int emulate_key_ok;
+
+static void emulate_init(void)
+{
+    emulate_key_ok = pthread_key_create(&emulate_key, free) == 0;
+}
+
+static fsdp2_status_t emulate_scratch(float **out)
+{
+    pthread_once(&emulate_once, emulate_init);
+    if (!emulate_key_ok)
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no thread key for the bf16 GEMM's scratch");
+    float *p = pthread_getspecific(emulate_key);
+    if (!p) {
+        p = malloc(2 * sizeof(float) * EMULATE_FLOATS);
+        if (!p || pthread_setspecific(emulate_key, p) != 0) {
+            free(p);
+            return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for the bf16 GEMM's %zu bytes "
+                               "of scratch", 2 * sizeof(float) * EMULATE_FLOATS);
+        }
+    }
+    *out = p;
+    return FSDP2_SUCCESS;
+}
+
+/* rows x cols of a row-major bf16 matrix (leading dimension ld) from (r0, c0) into dst, a
+ * dense f32 [rows, cols]: exact, bf16 being f32's upper half. */
+static void load_bf16(float *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t c0,
+                      int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        fsdp2_convert(dst + r * cols, FSDP2_F32, src + (r0 + r) * ld + c0, FSDP2_BF16,
+                      (size_t)cols);
+}
+
+/* The bf16 product where the engine has no bf16 kernel: blocks of A and B converted to
+ * f32 (exactly) and multiplied by the f32 GEMM, so every product is the one a bf16 kernel
+ * forms and only the order of the f32 sums differs. C's block [mb, nb] takes the
+ * reduction in pieces of EMULATE_K, the first with beta, the others adding. */
+static fsdp2_status_t emulate_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const uint16_t *a, int64_t lda,
+                                   const uint16_t *b, int64_t ldb, float beta, const float *bias,
+                                   float *c, int64_t ldc)
+{
+    float *fa = NULL, *fb;
+    FSDP2_CHECK(emulate_scratch(&fa));
+    fb = fa + EMULATE_FLOATS;
+    if (bias) { /* C = beta C + bias, then beta 1 */
+        scale_c(m, n, beta, bias, c, ldc);
+        beta = 1.0f;
+    }
+    int64_t kb = k < EMULATE_K ? k : EMULATE_K;
+    int64_t mb = m < EMULATE_FLOATS / kb ? m : EMULATE_FLOATS / kb;
+    int64_t nb = n < EMULATE_FLOATS / kb ? n : EMULATE_FLOATS / kb;
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+        int64_t mi = m - i0 < mb ? m - i0 : mb;
+        for (int64_t j0 = 0; j0 < n; j0 += nb) {
+            int64_t nj = n - j0 < nb ? n - j0 : nb;
+            for (int64_t p0 = 0; p0 < k; p0 += kb) {
+                int64_t pk = k - p0 < kb ? k - p0 : kb;
+                /* each block keeps its operand's orientation: [pk, mi] when A is stored
+                 * transposed, [mi, pk] otherwise; B the same */
+                if (trans_a)
+                    load_bf16(fa, a, lda, p0, i0, pk, mi);
+                else
+                    load_bf16(fa, a, lda, i0, p0, mi, pk);
+                if (trans_b)
+                    load_bf16(fb, b, ldb, j0, p0, nj, pk);
+                else
+                    load_bf16(fb, b, ldb, p0, j0, pk, nj);
+                FSDP2_CHECK(engine_sgemm(trans_a, trans_b, mi, nj, pk, alpha, fa,
+                                         trans_a ? mi : pk, fb, trans_b ? pk : nj,
+                                         p0 == 0 ? beta : 1.0f, NULL, c + i0 * ldc + j0, ldc));
+            }
+        }
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                int64_t ldb, float beta, const float *bias, float *c,
+                                int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return FSDP2_SUCCESS;
+    if (k == 0 || alpha == 0.0f) {
+        scale_c(m, n, beta, bias, c, ldc);
+        return FSDP2_SUCCESS;
+    }
+    int64_t t0 = now_ns();
+    int done = 0;
+    fsdp2_status_t s = FSDP2_SUCCESS;
+    if (nn_gemm_bf16_native())
+        s = native_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias, c, ldc,
+                        &done);
+    if (s == FSDP2_SUCCESS && !done)
+        s = emulate_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias, c, ldc);
+    count_gemm(m, n, k, t0);
+    return s;
+}
+
+fsdp2_status_t nn_gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                            int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    return gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, NULL, c, ldc);
+}
+
+fsdp2_status_t nn_gemm_bf16_bias(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                 const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                                 const float *bias, float *c, int64_t ldc)
+{
+    return gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, bias, c, ldc);
+}
+
+fsdp2_status_t nn_gemm_bf16_wanted(int *wanted)
+{
+    FSDP2_CHECK(fsdp2_env_init());
+    int64_t mode = fsdp2_env_int(FSDP2_ENV_NN_BF16_GEMM); /* auto|on|off */
+    *wanted = mode == 1 || (mode == 0 && nn_gemm_bf16_native());
+    return FSDP2_SUCCESS;
+}
+
 #ifdef FSDP2_HAVE_ONEDNN
 #include <dnnl.h>
 #include <dnnl_debug.h>
@@ -121,8 +270,11 @@ fsdp2_status_t fsdp2_nn_gemm_stats(fsdp2_nn_gemm_stats_t *stats)
 typedef struct gemm_key {
     int64_t m, n, k, lda, ldb, ldc;
     int32_t trans_a, trans_b, threads, bias; /* four: no padding bytes in the key */
+    int32_t dtype, dst_dtype;                /* of A and B, of C: dnnl_data_type_t */
     float alpha, beta;
 } gemm_key_t;
+/* hashed and compared as bytes: every byte is a field's */
+_Static_assert(sizeof(gemm_key_t) == 6 * 8 + 6 * 4 + 2 * 4, "gemm_key_t has padding");
 
 /* Entries live on the heap and never move: a GEMM reads its entry without the lock. */
 typedef struct gemm_entry {
@@ -309,9 +461,10 @@ static fsdp2_status_t create_entry(const gemm_key_t *k, gemm_entry_t *e)
     e->key = *k;
     e->prim = NULL;
     memset(&e->bias, 0, sizeof(e->bias));
-    if ((s = dnnl_memory_desc_init_by_strides(&e->a, 2, ad, dnnl_f32, as)) ||
-        (s = dnnl_memory_desc_init_by_strides(&e->b, 2, bd, dnnl_f32, bs)) ||
-        (s = dnnl_memory_desc_init_by_strides(&e->c, 2, cd, dnnl_f32, cs)) ||
+    if ((s = dnnl_memory_desc_init_by_strides(&e->a, 2, ad, (dnnl_data_type_t)k->dtype, as)) ||
+        (s = dnnl_memory_desc_init_by_strides(&e->b, 2, bd, (dnnl_data_type_t)k->dtype, bs)) ||
+        (s = dnnl_memory_desc_init_by_strides(&e->c, 2, cd, (dnnl_data_type_t)k->dst_dtype,
+                                                  cs)) ||
         (k->bias && (s = dnnl_memory_desc_init_by_tag(&e->bias, 2, biasd, dnnl_f32, dnnl_ab))) ||
         (s = dnnl_matmul_desc_init(&md, &e->a, &e->b, k->bias ? &e->bias : NULL, &e->c)) ||
         (s = dnnl_primitive_attr_create(&attr)))
@@ -369,7 +522,7 @@ done:
     return st;
 }
 
-static fsdp2_status_t run_matmul(const gemm_entry_t *e, const float *a, const float *b,
+static fsdp2_status_t run_matmul(const gemm_entry_t *e, const void *a, const void *b,
                                  const float *bias, float *c)
 {
     thread_state_t *ts = NULL;
@@ -405,7 +558,7 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
                       .threads = nn_threads(), .bias = bias != NULL,
-                      .alpha = alpha, .beta = beta};
+                      .dtype = dnnl_f32, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e));
     if (e->prim)
@@ -422,6 +575,56 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
 const char *nn_gemm_engine(void)
 {
     return "onednn";
+}
+
+/* Whether oneDNN creates a bf16 matmul here: a [16, 16] by [16, 16] one with f32 C. */
+static int bf16_native;
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+
+static void bf16_probe(void)
+{
+    pthread_once(&g.once, gemm_init);
+    dnnl_dims_t d = {16, 16};
+    dnnl_memory_desc_t a, b, c;
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    if (g.init_status == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&a, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&b, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
+        dnnl_memory_desc_init_by_tag(&c, 2, d, dnnl_f32, dnnl_ab) == dnnl_success &&
+        dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, &md, NULL, g.engine, NULL) == dnnl_success &&
+        dnnl_primitive_create(&prim, pd) == dnnl_success)
+        bf16_native = 1;
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    FSDP2_LOG(INFO, NN, "bf16 GEMMs: %s", bf16_native ? "oneDNN's bf16 matmul"
+                                                      : "emulated in f32 (oneDNN has no bf16 "
+                                                        "matmul for this CPU)");
+}
+
+int nn_gemm_bf16_native(void)
+{
+    pthread_once(&bf16_once, bf16_probe);
+    return bf16_native;
+}
+
+static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const uint16_t *a, int64_t lda,
+                                  const uint16_t *b, int64_t ldb, float beta, const float *bias,
+                                  float *c, int64_t ldc, int *done)
+{
+    gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                      .trans_a = !!trans_a, .trans_b = !!trans_b,
+                      .threads = nn_threads(), .bias = bias != NULL,
+                      .dtype = dnnl_bf16, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
+    const gemm_entry_t *e = NULL;
+    FSDP2_CHECK(lookup(&key, &e)); /* the probe created the engine */
+    *done = e->prim != NULL;
+    return e->prim ? run_matmul(e, a, b, bias, c) : FSDP2_SUCCESS;
 }
 
 int64_t nn_gemm_primitives(void)
@@ -488,6 +691,23 @@ int64_t nn_gemm_memory_objects(void)
 {
     return 0;
 }
+
+int nn_gemm_bf16_native(void)
+{
+    return 0;
+}
+
+static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const uint16_t *a, int64_t lda,
+                                  const uint16_t *b, int64_t ldb, float beta, const float *bias,
+                                  float *c, int64_t ldc, int *done)
+{
+    (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+    (void)b, (void)ldb, (void)beta, (void)bias, (void)c, (void)ldc;
+    *done = 0;
+    return FSDP2_SUCCESS;
+}
+
 #endif
 
 fsdp2_status_t fsdp2_nn_set_threads(int threads)

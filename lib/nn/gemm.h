@@ -32,6 +32,31 @@ fsdp2_status_t nn_sgemm_bias(int trans_a, int trans_b, int64_t m, int64_t n, int
                              const float *a, int64_t lda, const float *b, int64_t ldb,
                              const float *bias, float *c, int64_t ldc);
 
+/* C = alpha op(A) op(B) + beta C with A and B bf16 (uint16_t bit patterns) and C f32, the
+ * products summed in f32, as nn_sgemm takes its arguments. Where nn_gemm_bf16_native,
+ * oneDNN's bf16 matmul (its primitives kept per shape as nn_sgemm's); elsewhere, or for a
+ * shape it does not implement, blocks of A and B are converted to f32 (exactly) in a
+ * scratch of 1 MiB per thread, kept for the thread's life, and multiplied by the f32
+ * GEMM: the same products, the f32 sums in another order. Counted as one GEMM in
+ * fsdp2_nn_gemm_stats. */
+fsdp2_status_t nn_gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const uint16_t *a, int64_t lda, const uint16_t *b,
+                            int64_t ldb, float beta, float *c, int64_t ldc);
+
+/* nn_gemm_bf16 with alpha 1 and a bias as nn_sgemm_bias's. */
+fsdp2_status_t nn_gemm_bf16_bias(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                 const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                                 const float *bias, float *c, int64_t ldc);
+
+/* Whether oneDNN implements a bf16 matmul on this CPU (it creates a small one, once,
+ * thread-safely); 0 in a build without oneDNN. */
+int nn_gemm_bf16_native(void);
+
+/* Whether the GEMMs of a layer with bf16 weights take bf16 operands (nn_gemm_bf16):
+ * FSDP2_NN_BF16_GEMM, read through the env table at each call; auto = where
+ * nn_gemm_bf16_native. Fails as fsdp2_env_init does when a variable's value is bad. */
+fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 

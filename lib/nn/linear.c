@@ -4,7 +4,9 @@
  * which keep their GEMMs' whole reduction (over in, over the rows of x). dx = dy W
  * reduces over out: by blocks of rows of W its GEMMs reduce over the block's rows only,
  * so where in > out (a block then has fewer rows than a block of columns has columns)
- * dx goes by blocks of columns of W instead, each GEMM reducing over all of out. */
+ * dx goes by blocks of columns of W instead, each GEMM reducing over all of out. Where
+ * FSDP2_NN_BF16_GEMM says so (nn_gemm_bf16_wanted), a bf16 weight is not converted: x and dy
+ * are rounded to bf16 instead and the GEMMs take bf16 operands (see below). */
 #include <string.h>
 
 #include "gemm.h"
@@ -59,6 +61,101 @@ static int64_t weight_block_floats(int64_t in, int64_t out)
     return krows * cols > rows ? krows * cols : rows;
 }
 
+/* ---- bf16 operands (nn_gemm_bf16_wanted, a bf16 weight) ----
+ * The weight goes to nn_gemm_bf16 as it is; x and dy are rounded to bf16 (to nearest
+ * even, fsdp2_convert) in blocks of rows, into the workspace's weight region, which this
+ * path does not otherwise need: cap = 2 weight_block_floats(in, out) bf16 values, at least
+ * two rows of x, and out + in values of dy's and x's rows (weight_block_floats >=
+ * block_rows(in, out) in). */
+
+/* rows x cols of a row-major f32 array (leading dimension ld) from (r0, c0), rounded to
+ * bf16 into dst, dense [rows, cols]. */
+static void to_bf16(uint16_t *dst, const float *src, int64_t ld, int64_t r0, int64_t c0,
+                    int64_t rows, int64_t cols)
+{
+    if (cols == ld) {
+        fsdp2_convert(dst, FSDP2_BF16, src + r0 * ld, FSDP2_F32, (size_t)(rows * cols));
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        fsdp2_convert(dst + r * cols, FSDP2_BF16, src + (r0 + r) * ld + c0, FSDP2_F32,
+                      (size_t)cols);
+}
+
+/* y = x W^T + b by blocks of rows of x. */
+static fsdp2_status_t forward_bf16_operands(const float *x, int64_t rows,
+                                            const fsdp2_tensor_t *weight, const float *b,
+                                            float *y, uint16_t *buf, int64_t cap)
+{
+    int64_t out = weight->shape[0], in = weight->shape[1];
+    int64_t step = in > 0 ? cap / in : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+        int64_t m = rows - r0 < step ? rows - r0 : step;
+        to_bf16(buf, x, in, r0, 0, m, in);
+        FSDP2_CHECK(nn_gemm_bf16_bias(0, 1, m, out, in, buf, in, weight->data, in, b,
+                                      y + r0 * out, out));
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* dW += dy^T x by blocks of n rows of W (block_rows, as the f32 path's bf16 gradients),
+ * each summing over all rows of x in blocks of nr rows: dy[r0:, w0:w0+n] and x[r0:] rounded
+ * into buf as [nr, n] and [nr, in]. The sums go into an f32 gradient itself, or, for a
+ * bf16 one, into gblk [n, in], added (rounded once) when the block's sum is whole. */
+static fsdp2_status_t dweight_bf16_operands(const float *x, const float *dy, int64_t rows,
+                                            int64_t in, int64_t out, fsdp2_tensor_t *dweight,
+                                            uint16_t *buf, int64_t cap, float *gblk)
+{
+    int64_t rb = block_rows(in, out);
+    int g16 = dweight->dtype != FSDP2_F32;
+    for (int64_t w0 = 0; w0 < out; w0 += rb) {
+        int64_t n = out - w0 < rb ? out - w0 : rb, nr = cap / (n + in);
+        float *sum = g16 ? gblk : (float *)dweight->data + w0 * in;
+        for (int64_t r0 = 0; r0 < rows; r0 += nr) {
+            int64_t m = rows - r0 < nr ? rows - r0 : nr;
+            to_bf16(buf, dy, out, r0, w0, m, n);
+            to_bf16(buf + m * n, x, in, r0, 0, m, in);
+            FSDP2_CHECK(nn_gemm_bf16(1, 0, n, in, m, 1.0f, buf, n, buf + m * n, in,
+                                     g16 && r0 == 0 ? 0.0f : 1.0f, sum, in));
+        }
+        if (g16)
+            nn_add_into(dweight, w0 * in, gblk, n * in);
+    }
+    return FSDP2_SUCCESS;
+}
+
+/* dx += dy W by blocks of rows of dy rounded into buf, each over all of out where a row
+ * fits buf, else over pieces of out (multiples of 64). */
+static fsdp2_status_t dx_bf16_operands(const float *dy, int64_t rows, int64_t in, int64_t out,
+                                       const uint16_t *w, float *dx, uint16_t *buf,
+                                       int64_t cap)
+{
+    int64_t nk = out <= cap ? out : cap - cap % 64, step = cap / nk;
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+        int64_t m = rows - r0 < step ? rows - r0 : step;
+        for (int64_t k0 = 0; k0 < out; k0 += nk) {
+            int64_t kk = out - k0 < nk ? out - k0 : nk;
+            to_bf16(buf, dy, out, r0, k0, m, kk);
+            FSDP2_CHECK(nn_gemm_bf16(0, 0, m, in, kk, 1.0f, buf, kk, w + k0 * in, in, 1.0f,
+                                     dx + r0 * in, in));
+        }
+    }
+    return FSDP2_SUCCESS;
+}
+
+static fsdp2_status_t backward_bf16_operands(const float *x, const float *dy, int64_t rows,
+                                             const fsdp2_tensor_t *weight, float *dx,
+                                             fsdp2_tensor_t *dweight, uint16_t *buf,
+                                             int64_t cap, float *gblk)
+{
+    int64_t out = weight->shape[0], in = weight->shape[1];
+    if (dweight)
+        FSDP2_CHECK(dweight_bf16_operands(x, dy, rows, in, out, dweight, buf, cap, gblk));
+    if (dx)
+        FSDP2_CHECK(dx_bf16_operands(dy, rows, in, out, weight->data, dx, buf, cap));
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_nn_linear_workspace_bytes(int64_t in, int64_t out, size_t *bytes)
 {
     FSDP2_ARG_CHECK(bytes, "bytes is NULL");
@@ -104,6 +201,11 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
     const float *b = bias ? nn_as_f32(bias, b32) : NULL;
     if (weight->dtype == FSDP2_F32) /* in 0: y is the bias, with no GEMM */
         return nn_sgemm_bias(0, 1, rows, out, in, x, in, weight->data, in, b, y, out);
+    int ops16;
+    FSDP2_CHECK(nn_gemm_bf16_wanted(&ops16));
+    if (ops16)
+        return forward_bf16_operands(x, rows, weight, b, y, (uint16_t *)wblk,
+                                     2 * weight_block_floats(in, out));
     for (int64_t r0 = 0; r0 < out; r0 += rb) {
         int64_t n = out - r0 < rb ? out - r0 : rb;
         nn_load(wblk, weight, r0 * in, n * in);
@@ -165,7 +267,10 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t
         FSDP2_CHECK(nn_check_param(dbias, "linear bias gradient", 1, &out));
     int w16 = dx && weight->dtype != FSDP2_F32;
     int g16 = dweight && dweight->dtype != FSDP2_F32;
-    int staged = w16 || g16 || (dbias && dbias->dtype != FSDP2_F32);
+    int ops16 = 0; /* bf16 operands: asked before anything is written */
+    if (weight->dtype != FSDP2_F32 && (dx || dweight))
+        FSDP2_CHECK(nn_gemm_bf16_wanted(&ops16));
+    int staged = w16 || g16 || ops16 || (dbias && dbias->dtype != FSDP2_F32);
     size_t need;
     FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &need));
     nn_carve_t c;
@@ -181,6 +286,9 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t
     float *acc = staged ? nn_carve_floats(&c, out) : NULL;
     if (dbias)
         bias_grad(dy, rows, out, dbias, acc);
+    if (ops16)
+        return backward_bf16_operands(x, dy, rows, weight, dx, dweight, (uint16_t *)wblk,
+                                      2 * weight_block_floats(in, out), gblk);
     if (dweight && !g16)
         FSDP2_CHECK(nn_sgemm(1, 0, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dweight->data, in));
     if (dx && !w16)

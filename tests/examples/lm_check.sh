@@ -8,7 +8,11 @@
 #     checkpointing and gradient accumulation; saved at ws 2 and resumed at ws 1, it
 #     reaches the losses of a run without the break;
 #   - with --param-dtype bf16 (ws 2) the losses stay within twice the spread PyTorch's own
-#     bf16 recipes (autocast, and FSDP2's param_dtype bf16) show against float64;
+#     bf16 recipes (autocast, and FSDP2's param_dtype bf16) show against float64, with the
+#     GEMMs on f32 operands (FSDP2_NN_BF16_GEMM=off) and on bf16 ones (on: emulated where
+#     the CPU has no bf16 kernels); and rounding the GEMMs' operands to bf16, which is
+#     what autocast does to PyTorch's f32 step, moves our losses (on against off) by no
+#     more than autocast's spread from float64;
 #   - the Llama trained at ws 2 exports a directory that loads again (ws 1) and exports
 #     the same bytes, with generation_config.json carried along; exported untrained from 2
 #     ranks (each reading only its rows) and from 1, the bytes are the same;
@@ -42,7 +46,8 @@ for arch in llama gpt2; do
     for ws in 1 2 4; do
         train "$arch" "$ws" "$work/$arch-$ws.json"
     done
-    train "$arch" 2 "$work/$arch-bf16.json" --param-dtype bf16
+    FSDP2_NN_BF16_GEMM=off train "$arch" 2 "$work/$arch-bf16.json" --param-dtype bf16
+    FSDP2_NN_BF16_GEMM=on train "$arch" 2 "$work/$arch-bf16-ops.json" --param-dtype bf16
     for ws in 1 2 4; do
         train "$arch" "$ws" "$work/$arch-lora-$ws.json" --adapter "$here/lm-init/$arch-lora"
     done
@@ -80,15 +85,28 @@ for r in resumed:
     if abs(r["train_loss"] - whole[r["step"] - 1]) > 1e-5 * whole[r["step"] - 1]:
         print(f"FAIL resumed step {r['step']}: {r['train_loss']}, unbroken {whole[r['step'] - 1]}")
         bad += 1
+def distance(a, b):
+    return max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+for arch, ref in fixture.items():
     if arch.endswith("-lora"):
         continue
-    spread = max(max(abs(a - b) for a, b in zip(ref[k], want))
-                 for k in ("bf16_autocast", "bf16_params"))
-    got = losses(f"{work}/{arch}-bf16.json")
-    worst = max(abs(g - w) for g, w in zip(got, want))
-    print(f"{arch}: bf16 parameters {worst:.2e} from float64; PyTorch's bf16 spread {spread:.2e}")
-    if len(got) != len(want) or worst > 2 * spread:
-        print(f"FAIL {arch} bf16: {worst:.3g} past twice the spread {spread:.3g}"); bad += 1
+    want = ref["f64"]
+    autocast = distance(ref["bf16_autocast"], want)
+    spread = max(autocast, distance(ref["bf16_params"], want))
+    off, on = losses(f"{work}/{arch}-bf16.json"), losses(f"{work}/{arch}-bf16-ops.json")
+    for what, got in (("f32", off), ("bf16", on)):
+        worst = distance(got, want)
+        print(f"{arch}: bf16 parameters, {what} GEMM operands: {worst:.2e} from float64; "
+              f"PyTorch's bf16 spread {spread:.2e}")
+        if worst > 2 * spread:
+            print(f"FAIL {arch} bf16 ({what} operands): {worst:.3g} past twice the spread "
+                  f"{spread:.3g}"); bad += 1
+    moved = distance(on, off)
+    print(f"{arch}: bf16 GEMM operands move the losses {moved:.2e}; autocast's spread "
+          f"{autocast:.2e}")
+    if moved > autocast:
+        print(f"FAIL {arch}: bf16 operands moved the losses {moved:.3g}, past autocast's "
+              f"{autocast:.3g}"); bad += 1
 sys.exit(1 if bad else 0)
 PY
 
