@@ -6,8 +6,11 @@
 # writes JSON.
 #
 #   bench/gpt2.sh [--presets "small"] [--ws "1 2"] [--steps 6] [--rounds 2] [--batch 8]
-#                 [--torch PYTHON] [--json FILE]
+#                 [--torch PYTHON] [--sides LIST] [--json FILE]
 #
+# --sides: which of ours_f32 ours_bf16 torch2_f32 torch2_bf16 torch1_f32 to run (default:
+# every one whose PyTorch is found; PyTorch's bf16 autocast is emulated on CPUs without
+# bf16 instructions and then takes tens of seconds a step).
 # --torch: a python with PyTorch 2.x (default: ~/venv-peers/bin/python when it exists;
 # see docs/performance.md for the venv). Threads: the host's cores shared among the ranks
 # (at least 1 each), the same for every side; PyTorch gets OMP_WAIT_POLICY=PASSIVE and
@@ -23,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets="small" wss="1 2" steps=6 rounds=2 json=bench-gpt2.json batch=8
-torch2=""
+torch2="" only=""
 [ -x "$HOME/venv-peers/bin/python" ] && torch2=$HOME/venv-peers/bin/python
 while [ $# -gt 0 ]; do
     case $1 in
@@ -34,8 +37,9 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --torch) torch2=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
+    --sides) only=$2; shift 2 ;;
     *) echo "usage: $0 [--presets LIST] [--ws LIST] [--steps N] [--rounds R] [--batch B]" \
-            "[--torch PYTHON] [--json FILE]" >&2; exit 2 ;;
+            "[--torch PYTHON] [--sides LIST] [--json FILE]" >&2; exit 2 ;;
     esac
 done
 run=./build/tools/fsdp2run lm=./build/examples/lm peak=./build/bench/bench_matmul_peak
@@ -51,6 +55,15 @@ fi
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     sides+=" torch1_f32"
     echo "PyTorch 1: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') (/usr/bin/python3)"
+fi
+if [ -n "$only" ]; then
+    for want in $only; do
+        case " $sides " in
+        *" $want "*) ;;
+        *) echo "--sides: $want is not one of the sides available here: $sides" >&2; exit 2 ;;
+        esac
+    done
+    sides=$only
 fi
 # what OpenBLAS picks here, for PyTorch 1.13's sake
 blas_env=()
@@ -101,7 +114,8 @@ done
 for preset in $presets; do
     for ws in $wss; do
         threads=$(( cores / ws > 0 ? cores / ws : 1 ))
-        f=$(ls "$work/$preset-$ws-ours_f32-1.json")
+        f=$work/$preset-$ws-ours_f32-1.json
+        [ -f "$f" ] || continue # (the shapes come from our f32 run)
         shapes=$(python3 - "$f" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
