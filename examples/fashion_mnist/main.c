@@ -16,7 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <cblas.h>
 #include <fsdp2/fsdp2.h>
 
 #include "common.h"

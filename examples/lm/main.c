@@ -18,7 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <cblas.h>
 #include <fsdp2/fsdp2.h>
 
 #include "args.h"

@@ -10,6 +10,9 @@
  *   unit's hooks), f32 or bf16; their gradients (fsdp2_param_grad) are tensors of the same
  *   shape, f32 or bf16, independently of the parameter's dtype. bf16 values are converted
  *   on the fly and everything accumulates in f32: an application writes no cast code.
+ *   With bf16 weights on a CPU with bf16 matrix units (AVX512-BF16, AMX), the linear
+ *   layer's GEMMs take bf16 operands, the activations rounded to bf16, as PyTorch's CPU
+ *   autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md).
  * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
  *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
  *   alike, so an input used twice (a residual stream, a tied weight) sums its
@@ -20,7 +23,9 @@
  *   Any gradient pointer may be NULL: that gradient is not computed.
  * - A bf16 gradient receives each call's contribution, summed in f32, with one rounding.
  * - Some functions need scratch memory: a workspace the caller provides (never
- *   allocated here, so a training step allocates nothing). Each such function has a
+ *   allocated here, so a training step allocates nothing; the one exception is
+ *   FSDP2_NN_BF16_GEMM=on on a CPU without bf16 kernels, whose emulation takes 1 MiB per
+ *   thread once, on the thread's first bf16 GEMM). Each such function has a
  *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
  *   the largest answer serves every call of a model (fsdp2_nn_workspace_bytes gives it
  *   for a list of layers). A layer with a query always needs its workspace, whatever the

@@ -11,6 +11,7 @@
 
 #include "core/env_internal.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log_internal.h"
 #include "nn_common.h"
 
@@ -152,7 +153,7 @@ static fsdp2_status_t emulate_scratch(float **out)
         return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no thread key for the bf16 GEMM's scratch");
     float *p = pthread_getspecific(emulate_key);
     if (!p) {
-        p = malloc(2 * sizeof(float) * EMULATE_FLOATS);
+        p = fsdp2_malloc(2 * sizeof(float) * EMULATE_FLOATS);
         if (!p || pthread_setspecific(emulate_key, p) != 0) {
             free(p);
             return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY, "no room for the bf16 GEMM's %zu bytes "
@@ -254,15 +255,21 @@ fsdp2_status_t nn_gemm_bf16_bias(int trans_a, int trans_b, int64_t m, int64_t n,
     return gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, bias, c, ldc);
 }
 
+/* FSDP2_NN_BF16_GEMM's choices, in the env table's order. */
+enum { BF16_GEMM_AUTO, BF16_GEMM_ON, BF16_GEMM_OFF };
+
 fsdp2_status_t nn_gemm_bf16_wanted(int *wanted)
 {
-    FSDP2_CHECK(fsdp2_env_init());
-    int64_t mode = fsdp2_env_int(FSDP2_ENV_NN_BF16_GEMM); /* auto|on|off */
-    *wanted = mode == 1 || (mode == 0 && nn_gemm_bf16_native());
+    FSDP2_CHECK(fsdp2_env_init()); /* a bad value is an error, naming it */
+    int64_t mode = fsdp2_env_int(FSDP2_ENV_NN_BF16_GEMM);
+    *wanted = mode == BF16_GEMM_ON || (mode == BF16_GEMM_AUTO && nn_gemm_bf16_native());
     return FSDP2_SUCCESS;
 }
 
 #ifdef FSDP2_HAVE_ONEDNN
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <dnnl.h>
 #include <dnnl_debug.h>
 
@@ -444,6 +451,16 @@ static fsdp2_status_t grow(void)
     return FSDP2_SUCCESS;
 }
 
+/* Whether oneDNN picked its reference implementation ("ref:..."), plain loops that it
+ * keeps for correctness where it has no kernel: many times slower than any fallback. */
+static int is_reference(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, (void *)&impl) ==
+               dnnl_success &&
+           impl && strncmp(impl, "ref", 3) == 0;
+}
+
 /* The matmul for key: A [m, k], B [k, n], C [m, n] with the caller's strides, the bias
  * [1, n] when there is one; alpha as the output scale (1 with a bias), beta as a sum
  * post-op. Unimplemented leaves e->prim NULL. */
@@ -477,6 +494,8 @@ static fsdp2_status_t create_entry(const gemm_key_t *k, gemm_entry_t *e)
             goto done;
     }
     s = dnnl_primitive_desc_create(&pd, &md, attr, g.engine, NULL);
+    if (s == dnnl_success && is_reference(pd))
+        s = dnnl_unimplemented; /* the fallback is faster than oneDNN's reference loops */
     if (s == dnnl_success)
         s = dnnl_primitive_create(&e->prim, pd);
 done:
@@ -577,7 +596,23 @@ const char *nn_gemm_engine(void)
     return "onednn";
 }
 
-/* Whether oneDNN creates a bf16 matmul here: a [16, 16] by [16, 16] one with f32 C. */
+/* Whether the CPU has bf16 matrix instructions, from its CPUID feature flags:
+ * AVX512-BF16 (leaf 7, sub-leaf 1, EAX bit 5) or AMX-BF16 (leaf 7, EDX bit 22). Without
+ * them oneDNN would emulate bf16 in its kernels, no faster than f32. */
+static int cpu_has_bf16_units(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    int avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5) & 1;
+    int amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22) & 1;
+    return avx512_bf16 || amx_bf16;
+#else
+    return 1; /* elsewhere oneDNN's own checks decide (and its reference loops are refused) */
+#endif
+}
+
+/* Whether bf16 GEMMs run on oneDNN's bf16 matmul here: the CPU has bf16 units and oneDNN
+ * creates a kernel (not its reference loops) for a [16, 16] by [16, 16] one with f32 C. */
 static int bf16_native;
 static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
 
@@ -589,21 +624,22 @@ static void bf16_probe(void)
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
-    if (g.init_status == dnnl_success &&
+    if (g.init_status == dnnl_success && cpu_has_bf16_units() &&
         dnnl_memory_desc_init_by_tag(&a, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
         dnnl_memory_desc_init_by_tag(&b, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
         dnnl_memory_desc_init_by_tag(&c, 2, d, dnnl_f32, dnnl_ab) == dnnl_success &&
         dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) == dnnl_success &&
         dnnl_primitive_desc_create(&pd, &md, NULL, g.engine, NULL) == dnnl_success &&
-        dnnl_primitive_create(&prim, pd) == dnnl_success)
+        !is_reference(pd) && dnnl_primitive_create(&prim, pd) == dnnl_success)
         bf16_native = 1;
     if (prim)
         dnnl_primitive_destroy(prim);
     if (pd)
         dnnl_primitive_desc_destroy(pd);
-    FSDP2_LOG(INFO, NN, "bf16 GEMMs: %s", bf16_native ? "oneDNN's bf16 matmul"
-                                                      : "emulated in f32 (oneDNN has no bf16 "
-                                                        "matmul for this CPU)");
+    FSDP2_LOG(INFO, NN, "bf16 GEMMs: %s",
+              bf16_native ? "oneDNN's bf16 matmul"
+                          : "emulated in f32 (no AVX512-BF16 or AMX-BF16 in the CPU's flags, "
+                            "or oneDNN has no bf16 matmul kernel for it)");
 }
 
 int nn_gemm_bf16_native(void)

@@ -48,12 +48,13 @@ fsdp2_status_t nn_gemm_bf16_bias(int trans_a, int trans_b, int64_t m, int64_t n,
                                  const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
                                  const float *bias, float *c, int64_t ldc);
 
-/* Whether oneDNN implements a bf16 matmul on this CPU (it creates a small one, once,
+/* Whether bf16 GEMMs run on bf16 matrix units here: the CPU's flags show AVX512-BF16 or
+ * AMX-BF16 and oneDNN creates a bf16 matmul kernel, not its reference loops (probed once,
  * thread-safely); 0 in a build without oneDNN. */
 int nn_gemm_bf16_native(void);
 
 /* Whether the GEMMs of a layer with bf16 weights take bf16 operands (nn_gemm_bf16):
- * FSDP2_NN_BF16_GEMM, read through the env table at each call; auto = where
+ * FSDP2_NN_BF16_GEMM, from the env table (read once); auto = where
  * nn_gemm_bf16_native. Fails as fsdp2_env_init does when a variable's value is bad. */
 fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
 
