@@ -13,9 +13,10 @@
 # bf16 instructions and then takes tens of seconds a step).
 # --torch: a python with PyTorch 2.x (default: ~/venv-peers/bin/python when it exists;
 # see docs/performance.md for the venv). Threads: the host's cores shared among the ranks
-# (at least 1 each), the same for every side; PyTorch gets OMP_WAIT_POLICY=PASSIVE and
-# OPENBLAS_NUM_THREADS as well (1.13 computes in OpenBLAS, whose threads otherwise spin
-# against its OpenMP pool). Nothing else is set for either side, except for PyTorch 1.13
+# (at least 1 each), the same for every side, and fsdp2run's OMP_WAIT_POLICY rule for every
+# side (docs/launcher.md); PyTorch 1.13 also gets OMP_WAIT_POLICY=PASSIVE and
+# OPENBLAS_NUM_THREADS (it computes in OpenBLAS, whose threads otherwise spin against its
+# OpenMP pool). Nothing else is set for either side, except for PyTorch 1.13
 # when OpenBLAS would pick its generic kernels on an AVX2/AVX-512 CPU: then it gets
 # OPENBLAS_CORETYPE (said in the output), or it would be measured on the wrong kernels.
 #
@@ -95,8 +96,9 @@ for round in $(seq "$rounds"); do
                         --threads "$threads" --param-dtype "$dtype" --json "$out" \
                         > "$out.log" 2>&1 || { cat "$out.log"; exit 1; } ;;
                 torch*)
-                    py=$torch2 extra=() env=(OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=$threads)
-                    [ $side = torch1_f32 ] && py=/usr/bin/python3 env+=("${blas_env[@]}")
+                    py=$torch2 extra=() env=(OPENBLAS_NUM_THREADS=$threads)
+                    [ $side = torch1_f32 ] && py=/usr/bin/python3 \
+                        env+=(OMP_WAIT_POLICY=PASSIVE "${blas_env[@]}")
                     [ $side = torch2_bf16 ] && extra=(--autocast-bf16)
                     env "${env[@]}" $run --nproc-per-node "$ws" "$py" bench/peer_gpt2.py --bench \
                         --preset "$preset" --batch "$batch" --steps "$steps" --warmup 2 \

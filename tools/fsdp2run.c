@@ -13,7 +13,8 @@
  *
  * Each local rank gets RANK (node_rank * N + local rank), WORLD_SIZE (M * N),
  * LOCAL_RANK, LOCAL_WORLD_SIZE (N), GROUP_RANK (K), GROUP_WORLD_SIZE (M), MASTER_ADDR,
- * MASTER_PORT and, unless already set, OMP_NUM_THREADS = usable CPUs / N (at least 1).
+ * MASTER_PORT and, unless already set, OMP_NUM_THREADS = usable CPUs / N (at least 1) and,
+ * where the ranks' threads then outnumber the usable CPUs, OMP_WAIT_POLICY=PASSIVE.
  * One node: MASTER_ADDR defaults to 127.0.0.1 and a free port is picked. Several nodes:
  * all four multi-node flags are required, identical on every node but --node-rank.
  *
@@ -73,7 +74,8 @@ static const char usage_text[] =
     "\n"
     "Starts N local ranks of PROGRAM with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
     "GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (and OMP_NUM_THREADS =\n"
-    "usable CPUs / N unless already set). Each output line is printed with\n"
+    "usable CPUs / N unless already set; OMP_WAIT_POLICY=PASSIVE, unless set, where the\n"
+    "ranks' threads outnumber the usable CPUs). Each output line is printed with\n"
     "\"[rank R] \" in front. When a rank fails, the others get SIGTERM, then SIGKILL after\n"
     "FSDP2RUN_GRACE_SECONDS (default 5), and fsdp2run exits with the failing rank's\n"
     "status (128+signal when it was killed). SIGINT, SIGTERM and SIGHUP are forwarded to\n"
@@ -293,11 +295,16 @@ static void set_env_int(const char *name, long value)
     setenv(name, text, 1);
 }
 
+typedef struct omp_plan {
+    int threads; /* OMP_NUM_THREADS, unless already set */
+    int passive; /* OMP_WAIT_POLICY=PASSIVE, unless already set */
+} omp_plan_t;
+
 /* The child between fork and exec: its own session, the pipes as stdout/stderr, the
  * parent's signal set-up undone, the rank's environment, the binding. */
 static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int err_w,
                       int report_w, const sigset_t *old_mask, const fsdp2_topology_t *topo,
-                      const char *master_addr, int master_port, int omp_threads)
+                      const char *master_addr, int master_port, const omp_plan_t *omp)
 {
     setsid();
     /* the report pipe's write end stays open across exec, for the library */
@@ -324,11 +331,13 @@ static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int e
     setenv("MASTER_ADDR", master_addr, 1);
     set_env_int("MASTER_PORT", master_port);
     if (!getenv("OMP_NUM_THREADS"))
-        set_env_int("OMP_NUM_THREADS", omp_threads);
-    /* The layers' OpenMP threads (and oneDNN's) sleep between parallel regions instead of
-     * spinning on cores the rank's stream workers, or other ranks, need; libgomp reads it
-     * once at load, so only the environment can set it. */
-    if (!getenv("OMP_WAIT_POLICY"))
+        set_env_int("OMP_NUM_THREADS", omp->threads);
+    /* Where the ranks' OpenMP threads outnumber the usable CPUs, a thread that spins
+     * between parallel regions holds a core another rank needs: there they sleep. Else
+     * libgomp's default stands: a moment's spin, which keeps back-to-back small GEMMs
+     * from waking sleeping threads each time. libgomp reads it once at load, so only the
+     * environment can set it. */
+    if (!getenv("OMP_WAIT_POLICY") && omp->passive)
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
 
     /* Under --bind auto binding is a preference: a machine hwloc cannot bind on (a
@@ -344,12 +353,22 @@ static void run_child(const options_t *o, const rank_proc_t *r, int out_w, int e
     _exit(errno == ENOENT ? 127 : 126);
 }
 
-/* Usable CPUs per local rank, for OMP_NUM_THREADS (OpenBLAS reads it too). */
-static int threads_per_rank(int nproc)
+/* OpenMP's threads per local rank (usable CPUs / N, at least 1; OpenBLAS reads
+ * OMP_NUM_THREADS too), and whether the ranks' threads (the user's OMP_NUM_THREADS where
+ * set, its first level) outnumber the usable CPUs. */
+static omp_plan_t plan_omp(int nproc)
 {
     cpu_set_t set;
     int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    return cpus / nproc > 1 ? cpus / nproc : 1;
+    omp_plan_t p = {.threads = cpus / nproc > 1 ? cpus / nproc : 1};
+    long threads = p.threads;
+    const char *v = getenv("OMP_NUM_THREADS");
+    char *end = NULL;
+    long given = v ? strtol(v, &end, 10) : 0;
+    if (v && end != v && given > 0 && (*end == '\0' || *end == ','))
+        threads = given;
+    p.passive = (long)nproc * threads > cpus;
+    return p;
 }
 
 static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r, int report_w,
@@ -369,7 +388,7 @@ static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r, int 
         fprintf(stderr, "fsdp2run: pipe for rank %d: %s\n", r->rank, strerror(errno));
         goto fail;
     }
-    int threads = threads_per_rank(o->nproc_per_node);
+    omp_plan_t omp = plan_omp(o->nproc_per_node);
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "fsdp2run: fork for rank %d: %s\n", r->rank, strerror(errno));
@@ -377,7 +396,7 @@ static int spawn_rank(const options_t *o, supervisor_t *sv, rank_proc_t *r, int 
     }
     if (pid == 0)
         run_child(o, r, out[1], err[1], report_w, old_mask, topo, master_addr, master_port,
-                  threads);
+                  &omp);
     close(out[1]);
     close(err[1]);
     fcntl(out[0], F_SETFL, O_NONBLOCK);

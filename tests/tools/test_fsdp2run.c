@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,17 +78,35 @@ START_TEST(each_rank_sees_its_rank_world_and_master)
 }
 END_TEST
 
-/* OpenMP's threads sleep between regions unless the user asks otherwise: fsdp2run sets
- * OMP_WAIT_POLICY=PASSIVE when unset and passes a given one on, as OMP_NUM_THREADS. */
-START_TEST(ranks_get_a_passive_openmp_wait_policy_unless_one_is_given)
+/* OpenMP's threads sleep between regions (OMP_WAIT_POLICY=PASSIVE) where the ranks'
+ * threads outnumber the usable CPUs, and keep libgomp's default elsewhere; a policy the
+ * user gave is passed on, as OMP_NUM_THREADS. */
+START_TEST(ranks_get_a_passive_openmp_wait_policy_where_their_threads_outnumber_the_cpus)
 {
-    ck_assert_int_eq(unsetenv("OMP_WAIT_POLICY"), 0);
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    int cpus = CPU_COUNT(&set);
+    char all[16];
+    snprintf(all, sizeof(all), "%d", cpus);
     const char *args[] = {"--nproc-per-node", "2", path_of("PRINT_ENV"), "--omp", NULL};
+    /* CPUs / 2 threads each: as many as the CPUs (on one CPU, 1 each: two) */
+    ck_assert_int_eq(unsetenv("OMP_WAIT_POLICY"), 0);
+    ck_assert_int_eq(unsetenv("OMP_NUM_THREADS"), 0);
     ck_assert_int_eq(run(args), 0);
     char *text = slurp(out_path);
     ck_assert_msg(strstr(text, "omp RANK=0 THREADS=") && strstr(text, "omp RANK=1 THREADS="),
                   "no omp lines in:\n%s", text);
-    ck_assert_msg(strstr(text, "WAIT=PASSIVE") && !strstr(text, "WAIT=(unset)"), "%s", text);
+    ck_assert_msg(cpus >= 2 ? strstr(text, "WAIT=(unset)") && !strstr(text, "WAIT=PASSIVE")
+                            : strstr(text, "WAIT=PASSIVE") && !strstr(text, "WAIT=(unset)"),
+                  "%d CPUs: %s", cpus, text);
+    free(text);
+    /* every CPU for each rank: twice as many threads as CPUs */
+    ck_assert_int_eq(setenv("OMP_NUM_THREADS", all, 1), 0);
+    ck_assert_int_eq(run(args), 0);
+    text = slurp(out_path);
+    ck_assert_msg(strstr(text, "omp RANK=1 THREADS=") && strstr(text, "WAIT=PASSIVE") &&
+                      !strstr(text, "WAIT=(unset)"),
+                  "OMP_NUM_THREADS=%s on %d CPUs: %s", all, cpus, text);
     free(text);
     ck_assert_int_eq(setenv("OMP_WAIT_POLICY", "ACTIVE", 1), 0);
     ck_assert_int_eq(run(args), 0);
@@ -97,6 +116,7 @@ START_TEST(ranks_get_a_passive_openmp_wait_policy_unless_one_is_given)
                   "%s", text);
     free(text);
     ck_assert_int_eq(unsetenv("OMP_WAIT_POLICY"), 0);
+    ck_assert_int_eq(unsetenv("OMP_NUM_THREADS"), 0);
 }
 END_TEST
 
@@ -529,7 +549,7 @@ static Suite *fsdp2run_suite(void)
     tcase_add_loop_test(env, each_rank_sees_its_rank_world_and_master, 1, 5);
     tcase_add_test(env, given_master_addr_and_port_are_passed_on);
     tcase_add_test(env, ranks_share_a_fresh_store_secret_unless_one_is_given);
-    tcase_add_test(env, ranks_get_a_passive_openmp_wait_policy_unless_one_is_given);
+    tcase_add_test(env, ranks_get_a_passive_openmp_wait_policy_where_their_threads_outnumber_the_cpus);
     tcase_add_test(env, two_nodes_on_loopback_give_global_ranks_0_to_3);
     suite_add_tcase(s, env);
 
