@@ -169,9 +169,7 @@ static fsdp2_status_t emulate_scratch(float **out)
 static void load_bf16(float *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t c0,
                       int64_t rows, int64_t cols)
 {
-    for (int64_t r = 0; r < rows; r++)
-        fsdp2_convert(dst + r * cols, FSDP2_F32, src + (r0 + r) * ld + c0, FSDP2_BF16,
-                      (size_t)cols);
+    nn_convert_block(dst, FSDP2_F32, src, FSDP2_BF16, ld, r0, c0, rows, cols);
 }
 
 /* The bf16 product where the engine has no bf16 kernel: blocks of A and B converted to

@@ -73,13 +73,7 @@ static int64_t weight_block_floats(int64_t in, int64_t out)
 static void to_bf16(uint16_t *dst, const float *src, int64_t ld, int64_t r0, int64_t c0,
                     int64_t rows, int64_t cols)
 {
-    if (cols == ld) {
-        fsdp2_convert(dst, FSDP2_BF16, src + r0 * ld, FSDP2_F32, (size_t)(rows * cols));
-        return;
-    }
-    for (int64_t r = 0; r < rows; r++)
-        fsdp2_convert(dst + r * cols, FSDP2_BF16, src + (r0 + r) * ld + c0, FSDP2_F32,
-                      (size_t)cols);
+    nn_convert_block(dst, FSDP2_BF16, src, FSDP2_F32, ld, r0, c0, rows, cols);
 }
 
 /* y = x W^T + b by blocks of rows of x. */

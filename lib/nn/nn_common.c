@@ -78,6 +78,21 @@ float *nn_carve_floats(nn_carve_t *c, int64_t n)
     return (float *)p;
 }
 
+void nn_convert_block(void *dst, fsdp2_dtype_t dt, const void *src, fsdp2_dtype_t st,
+                      int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols)
+{
+    size_t de = dt == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
+    size_t se = st == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
+    const char *from = (const char *)src + ((size_t)r0 * (size_t)ld + (size_t)c0) * se;
+    if (cols == ld) { /* whole rows: one run */
+        fsdp2_convert(dst, dt, from, st, (size_t)(rows * cols));
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        fsdp2_convert((char *)dst + (size_t)(r * cols) * de, dt, from + (size_t)(r * ld) * se,
+                      st, (size_t)cols);
+}
+
 void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count)
 {
     size_t elem = t->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);

@@ -35,6 +35,11 @@ float *nn_carve_floats(nn_carve_t *c, int64_t n);
 /* Bytes of a region of n floats in a workspace (its alignment slack included). */
 size_t nn_region_bytes(int64_t n);
 
+/* The block [rows, cols] at (r0, c0) of a row-major matrix of dtype st with leading
+ * dimension ld, converted to dtype dt (f32 or bf16; to bf16 rounded to nearest even)
+ * into dst, dense [rows, cols]. */
+void nn_convert_block(void *dst, fsdp2_dtype_t dt, const void *src, fsdp2_dtype_t st,
+                      int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols);
 /* count elements of t from element first, as f32, into dst. */
 void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count);
 /* t[first + i] += src[i] for count elements (a bf16 gradient is rounded once). */
