@@ -284,23 +284,44 @@ static void remove_checkpoint(const char *dir)
     remove_tree(partial);
 }
 
-/* Segments in /dev/shm created by the job's ranks, all exited ("fsdp2-<pid>-..."; they
- * are unlinked once mapped, so none should stay). Other jobs' segments, which a walk
- * running beside this one may leave for a moment, are theirs to check. */
-static int shm_leftovers(const ranks_result_t *res, int ws)
+/* The names of our segments in /dev/shm ("fsdp2-<pid>-..."), up to SHM_NAMES of them. */
+#define SHM_NAMES 64
+typedef struct shm_names {
+    int count;
+    char name[SHM_NAMES][256]; /* a d_name whole */
+} shm_names_t;
+
+static void shm_list(shm_names_t *l)
 {
+    l->count = 0;
     DIR *d = opendir("/dev/shm");
-    int n = 0;
     struct dirent *e;
-    while (d && (e = readdir(d))) {
-        int pid = 0;
-        if (sscanf(e->d_name, "fsdp2-%d-", &pid) != 1)
-            continue;
-        for (int r = 0; r < ws; r++)
-            n += pid > 0 && pid == res->pid[r];
-    }
+    while (d && (e = readdir(d)) && l->count < SHM_NAMES)
+        if (strncmp(e->d_name, "fsdp2-", 6) == 0)
+            snprintf(l->name[l->count++], sizeof(l->name[0]), "%s", e->d_name);
     if (d)
         closedir(d);
+}
+
+/* Segments in /dev/shm created by the job's ranks, all exited (they are unlinked once
+ * mapped, so none should stay): named after one of their pids and not there before the
+ * job. Other jobs' segments, which a walk running beside this one may leave for a moment,
+ * are theirs to check; one left long ago by a process whose pid a rank now has (pids
+ * wrap) was there before. */
+static int shm_leftovers(const shm_names_t *before, const ranks_result_t *res, int ws)
+{
+    shm_names_t now;
+    shm_list(&now);
+    int n = 0;
+    for (int i = 0; i < now.count; i++) {
+        int pid = 0, old = 0;
+        if (sscanf(now.name[i], "fsdp2-%d-", &pid) != 1)
+            continue;
+        for (int j = 0; j < before->count && !old; j++)
+            old = strcmp(now.name[i], before->name[j]) == 0;
+        for (int r = 0; r < ws && !old; r++)
+            n += pid > 0 && pid == res->pid[r];
+    }
     return n;
 }
 
@@ -326,6 +347,8 @@ static void run_case(int ws, walk_t *w, const char *reference, tally_t *t)
         snprintf(path, sizeof(path), "%s/digest.%d", w->files, r);
         unlink(path);
     }
+    shm_names_t before;
+    shm_list(&before);
     ranks_result_t res;
     run_ranks_store_only(ws, body, w, DEADLINE_S, &res);
     char what[128];
@@ -365,7 +388,7 @@ static void run_case(int ws, walk_t *w, const char *reference, tally_t *t)
         ck_assert_msg(fsdp2_checkpoint_verify(w->dir, &bytes) == FSDP2_SUCCESS,
                       "%s: a checkpoint that does not verify: %s", what, fsdp2_last_error());
     }
-    ck_assert_msg(shm_leftovers(&res, ws) == 0, "%s: entries left in /dev/shm", what);
+    ck_assert_msg(shm_leftovers(&before, &res, ws) == 0, "%s: entries left in /dev/shm", what);
     t->walked++;
 }
 
