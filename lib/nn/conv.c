@@ -162,7 +162,8 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t
             for (int64_t oc = 0; oc < d.o; oc++)
                 memcpy(g + oc * ld + j * d.n, dys + oc * d.n, sizeof(float) * (size_t)d.n);
         }
-        for (int64_t oc = 0; dbias && oc < d.o; oc++) {
+        FSDP2_OMP("omp parallel for schedule(static) if(dbias && d.o * ld > FSDP2_PAR_CHUNK)")
+        for (int64_t oc = 0; oc < (dbias ? d.o : 0); oc++) {
             float sum = 0;
             for (int64_t i = 0; i < ld; i++)
                 sum += g[oc * ld + i];

@@ -94,7 +94,10 @@ fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean, co
         if (dbias->dtype != FSDP2_F32)
             memset(gb, 0, sizeof(float) * (size_t)dim);
     }
-    for (int64_t r = 0; r < rows; r++) {
+    /* dx by rows; the parameter gradients, sums over rows, by columns, each column in row
+     * order: the bits do not depend on the thread count */
+    FSDP2_OMP("omp parallel for schedule(static) if(dx && rows * dim > FSDP2_PAR_CHUNK)")
+    for (int64_t r = 0; r < (dx ? rows : 0); r++) {
         const float *xr = x + r * dim, *dr = dy + r * dim;
         float m = mean[r], s = rstd[r];
         /* dx = s (g - mean(g) - xhat mean(g xhat)) with g = dy * w */
@@ -103,18 +106,25 @@ fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean, co
             float xhat = (xr[j] - m) * s, g = dr[j] * w[j];
             sum_g += g;
             sum_gx += (double)g * xhat;
-            if (gw)
-                gw[j] += dr[j] * xhat;
-            if (gb)
-                gb[j] += dr[j];
         }
-        if (!dx)
-            continue;
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *xo = dx + r * dim;
         for (int64_t j = 0; j < dim; j++) {
             float xhat = (xr[j] - m) * s;
             xo[j] += s * (dr[j] * w[j] - mg - xhat * mgx);
+        }
+    }
+    FSDP2_OMP("omp parallel if((gw || gb) && rows * dim > FSDP2_PAR_CHUNK)")
+    {
+        int64_t j0, j1;
+        nn_column_range(gw || gb ? dim : 0, nn_thread_index(), nn_region_threads(), &j0, &j1);
+        for (int64_t r = 0; j0 < j1 && r < rows; r++) {
+            const float *xr = x + r * dim, *dr = dy + r * dim;
+            float m = mean[r], s = rstd[r];
+            for (int64_t j = j0; gw && j < j1; j++)
+                gw[j] += dr[j] * ((xr[j] - m) * s);
+            for (int64_t j = j0; gb && j < j1; j++)
+                gb[j] += dr[j];
         }
     }
     if (gw && dweight->dtype != FSDP2_F32)

@@ -209,18 +209,15 @@ fsdp2_status_t fsdp2_nn_linear_forward(const float *x, int64_t rows, const fsdp2
     return FSDP2_SUCCESS;
 }
 
-/* dbias += column sums of dy, summed in f32 (into the gradient itself when it is f32). */
+/* dbias += column sums of dy, summed in f32 (into the gradient itself when it is f32), the
+ * columns split among the threads. */
 static void bias_grad(const float *dy, int64_t rows, int64_t out, fsdp2_tensor_t *dbias,
                       float *acc)
 {
     float *sum = dbias->dtype == FSDP2_F32 ? dbias->data : acc;
     if (sum == acc)
         memset(acc, 0, sizeof(float) * (size_t)out);
-    for (int64_t r = 0; r < rows; r++) {
-        const float *d = dy + r * out;
-        for (int64_t j = 0; j < out; j++)
-            sum[j] += d[j];
-    }
+    nn_column_sums(dy, rows, out, out, sum);
     if (sum == acc)
         nn_add_into(dbias, 0, acc, out);
 }

@@ -143,6 +143,28 @@ int nn_thread_index(void)
 #endif
 }
 
+void nn_column_range(int64_t n, int thread, int threads, int64_t *first, int64_t *end)
+{
+    int64_t lines = (n + 15) / 16, a = lines * thread / threads * 16,
+            b = lines * (thread + 1) / threads * 16;
+    *first = a < n ? a : n;
+    *end = b < n ? b : n;
+}
+
+void nn_column_sums(const float *src, int64_t rows, int64_t cols, int64_t ld, float *sum)
+{
+    FSDP2_OMP("omp parallel if(rows * cols > FSDP2_PAR_CHUNK)")
+    {
+        int64_t j0, j1;
+        nn_column_range(cols, nn_thread_index(), nn_region_threads(), &j0, &j1);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *s = src + r * ld;
+            for (int64_t j = j0; j < j1; j++)
+                sum[j] += s[j];
+        }
+    }
+}
+
 void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s)
 {
     FSDP2_OMP("omp critical(nn_par_status)")

@@ -55,6 +55,14 @@ int nn_region_threads(void);
 /* This thread's index in its parallel region (0 outside one). */
 int nn_thread_index(void);
 
+/* A thread's share [*first, *end) of n columns in a region of threads: contiguous
+ * ranges on 16-float (64-byte) boundaries, so no two threads write one cache line. */
+void nn_column_range(int64_t n, int thread, int threads, int64_t *first, int64_t *end);
+
+/* sum[j] += column j of src [rows, cols] (row stride ld), added in row order, the columns
+ * split among the pool's threads: the same bits on any number of threads. */
+void nn_column_sums(const float *src, int64_t rows, int64_t cols, int64_t ld, float *sum);
+
 /* The first failure among a parallel region's threads, with its message: each failing
  * thread calls nn_par_fail (a fsdp2_error has set its own thread's message); after the
  * region, nn_par_result returns the status with that message set on the caller's thread. */

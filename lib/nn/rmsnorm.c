@@ -76,7 +76,10 @@ fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd, cons
         if (dweight->dtype != FSDP2_F32)
             memset(gw, 0, sizeof(float) * (size_t)dim);
     }
-    for (int64_t r = 0; r < rows; r++) {
+    /* dx by rows; the weight gradient, a sum over rows, by columns, each column in row
+     * order: the bits do not depend on the thread count */
+    FSDP2_OMP("omp parallel for schedule(static) if(dx && rows * dim > FSDP2_PAR_CHUNK)")
+    for (int64_t r = 0; r < (dx ? rows : 0); r++) {
         const float *xr = x + r * dim, *dr = dy + r * dim;
         float s = rstd[r];
         /* dx = s (g - xhat mean(g xhat)) with g = dy * w and xhat = x s */
@@ -84,15 +87,22 @@ fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd, cons
         for (int64_t j = 0; j < dim; j++) {
             float xhat = xr[j] * s;
             sum_gx += (double)(dr[j] * w[j]) * xhat;
-            if (gw)
-                gw[j] += dr[j] * xhat;
         }
-        if (!dx)
-            continue;
         float mgx = (float)(sum_gx / (double)dim);
         float *xo = dx + r * dim;
         for (int64_t j = 0; j < dim; j++)
             xo[j] += s * (dr[j] * w[j] - xr[j] * s * mgx);
+    }
+    FSDP2_OMP("omp parallel if(gw && rows * dim > FSDP2_PAR_CHUNK)")
+    {
+        int64_t j0, j1;
+        nn_column_range(gw ? dim : 0, nn_thread_index(), nn_region_threads(), &j0, &j1);
+        for (int64_t r = 0; j0 < j1 && r < rows; r++) {
+            const float *xr = x + r * dim, *dr = dy + r * dim;
+            float s = rstd[r];
+            for (int64_t j = j0; j < j1; j++)
+                gw[j] += dr[j] * (xr[j] * s);
+        }
     }
     if (gw && dweight->dtype != FSDP2_F32)
         nn_add_into(dweight, 0, gw, dim);

@@ -1,7 +1,8 @@
 /* The layers' GEMM (lib/nn/gemm.c) against a float64 triple loop, every transpose, padded
  * strides, alpha and beta as cblas_sgemm takes them, with and without a bias; one primitive per shape, created once;
- * the BLAS fallback's advice on generic kernels; the layers' results the same bits on 1
- * and 2 threads, and with fewer attention scratches than threads. */
+ * the BLAS fallback's advice on generic kernels; the layers' results and their parameter
+ * gradients' sums over rows the same bits on 1 and 2 threads, and with fewer attention
+ * scratches than threads. */
 #include "../core/check_main.h"
 #include "../core/test_rng.h"
 #include "nn_test_util.h"
@@ -396,6 +397,122 @@ START_TEST(threaded_layers_give_the_same_bits_on_one_and_two_threads)
 }
 END_TEST
 
+/* The parameter gradients that are sums over rows, once on the threads asked for: the
+ * linear bias gradient in f32 (added to what it held) and in bf16, the conv2d bias
+ * gradient, the layer norm's dx, dW and db and RMSNorm's dx and dW. Each output's floats go
+ * to grads[i]; sizes[i] says how many. */
+enum { GRAD_OUTPUTS = 8 };
+
+static void run_grads(int threads, const float *x, const float *dy, int64_t rows, int64_t dim,
+                      float **grads, int64_t *sizes)
+{
+    ck_assert_int_eq(fsdp2_nn_set_threads(threads), FSDP2_SUCCESS);
+    /* linear [dim] <- [8]: dbias sums dy's columns */
+    float *w = f32_array(8 * dim), *b32 = f32_array(dim);
+    uint16_t *b16 = calloc((size_t)dim, sizeof(uint16_t));
+    for (int64_t j = 0; j < dim; j++)
+        b32[j] = 0.5f + 0.001f * (float)j;
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 2, dim, 8), *tb32 = wrap(b32, FSDP2_F32, 1, dim, 0);
+    fsdp2_tensor_t *tb16 = wrap(b16, FSDP2_BF16, 1, dim, 0);
+    size_t bytes;
+    ck_assert_int_eq(fsdp2_nn_linear_workspace_bytes(8, dim, &bytes), FSDP2_SUCCESS);
+    fsdp2_nn_workspace_t ws = {.bytes = bytes};
+    ws.data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    ck_assert_int_eq(fsdp2_nn_linear_backward(x, dy, rows, tw, NULL, NULL, tb32, &ws),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_linear_backward(x, dy, rows, tw, NULL, NULL, tb16, &ws),
+                     FSDP2_SUCCESS);
+    memcpy(grads[0], b32, sizeof(float) * (size_t)dim);
+    for (int64_t j = 0; j < dim; j++)
+        grads[1][j] = fsdp2_bf16_to_f32(b16[j]);
+    sizes[0] = sizes[1] = dim;
+    free(ws.data);
+    /* conv2d: 6 samples of 2 x 20 x 20, 5 channels of 3 x 3 kernels; dbias sums per channel */
+    const int64_t batch = 6, c = 2, h = 20, o = 5, k = 3;
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    int64_t wshape[4] = {o, c, k, k}, bshape[1] = {o};
+    float *cw = f32_array(o * c * k * k), *cb = f32_array(o);
+    fsdp2_tensor_t *tcw = NULL, *tcb = NULL;
+    ck_assert_int_eq(fsdp2_tensor_from_blob(cw, cpu, FSDP2_F32, 4, wshape, NULL, NULL, &tcw),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_tensor_from_blob(cb, cpu, FSDP2_F32, 1, bshape, NULL, NULL, &tcb),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_conv2d_workspace_bytes(c, h, h, o, k, &bytes), FSDP2_SUCCESS);
+    ws = (fsdp2_nn_workspace_t){.bytes = bytes};
+    ws.data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    ck_assert_int_lt(batch * c * h * h, rows * dim); /* x and dy are big enough */
+    ck_assert_int_eq(fsdp2_nn_conv2d_backward(x, dy, batch, h, h, tcw, NULL, NULL, tcb, &ws),
+                     FSDP2_SUCCESS);
+    memcpy(grads[2], cb, sizeof(float) * (size_t)o);
+    sizes[2] = o;
+    free(ws.data);
+    /* the norms over dim: dx by rows, dW and db by columns */
+    float *nw = f32_array(dim), *mean = f32_array(rows), *rstd = f32_array(rows);
+    float *y = f32_array(rows * dim);
+    for (int64_t j = 0; j < dim; j++)
+        nw[j] = 1.0f + 0.01f * (float)j;
+    fsdp2_tensor_t *tnw = wrap(nw, FSDP2_F32, 1, dim, 0);
+    fsdp2_tensor_t *tgw = wrap(grads[4], FSDP2_F32, 1, dim, 0);
+    fsdp2_tensor_t *tgb = wrap(grads[5], FSDP2_F32, 1, dim, 0);
+    fsdp2_tensor_t *trw = wrap(grads[7], FSDP2_F32, 1, dim, 0);
+    ck_assert_int_eq(fsdp2_nn_layernorm_workspace_bytes(dim, &bytes), FSDP2_SUCCESS);
+    ws = (fsdp2_nn_workspace_t){.bytes = bytes};
+    ws.data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    for (int i = 3; i < GRAD_OUTPUTS; i++)
+        memset(grads[i], 0, sizeof(float) * (size_t)(rows * dim));
+    ck_assert_int_eq(fsdp2_nn_layernorm_forward(x, rows, 1e-5f, tnw, NULL, y, mean, rstd, &ws),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_layernorm_backward(x, mean, rstd, dy, rows, tnw, grads[3], tgw,
+                                                 tgb, &ws),
+                     FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_forward(x, rows, 1e-5f, tnw, y, rstd, &ws), FSDP2_SUCCESS);
+    ck_assert_int_eq(fsdp2_nn_rmsnorm_backward(x, rstd, dy, rows, tnw, grads[6], trw, &ws),
+                     FSDP2_SUCCESS);
+    sizes[3] = sizes[6] = rows * dim;
+    sizes[4] = sizes[5] = sizes[7] = dim;
+    free(ws.data);
+    fsdp2_tensor_release(tnw), fsdp2_tensor_release(tgw), fsdp2_tensor_release(tgb);
+    fsdp2_tensor_release(trw);
+    free(nw), free(mean), free(rstd), free(y);
+    fsdp2_tensor_release(tw), fsdp2_tensor_release(tb32), fsdp2_tensor_release(tb16);
+    fsdp2_tensor_release(tcw), fsdp2_tensor_release(tcb);
+    free(w), free(b32), free(b16), free(cw), free(cb);
+}
+
+START_TEST(parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads)
+{
+    const int64_t rows = 300, dim = 257; /* columns split off 16-float boundaries */
+    float *x = random_f32(rows * dim), *dy = random_f32(rows * dim);
+    float *one[GRAD_OUTPUTS], *two[GRAD_OUTPUTS];
+    int64_t n1[GRAD_OUTPUTS], n2[GRAD_OUTPUTS];
+    for (int i = 0; i < GRAD_OUTPUTS; i++) {
+        one[i] = f32_array(rows * dim);
+        two[i] = f32_array(rows * dim);
+    }
+    run_grads(1, x, dy, rows, dim, one, n1);
+    run_grads(2, x, dy, rows, dim, two, n2);
+    for (int i = 0; i < GRAD_OUTPUTS; i++) {
+        ck_assert_int_eq(n1[i], n2[i]);
+        ck_assert_msg(memcmp(one[i], two[i], sizeof(float) * (size_t)n1[i]) == 0,
+                      "gradient %d differs between 1 and 2 threads", i);
+    }
+    /* the linear bias gradient is its columns summed in row order, onto what it held */
+    for (int64_t j = 0; j < dim; j++) {
+        float sum = 0.5f + 0.001f * (float)j;
+        for (int64_t r = 0; r < rows; r++)
+            sum += dy[r * dim + j];
+        ck_assert_msg(memcmp(&sum, &one[0][j], sizeof(float)) == 0,
+                      "dbias[%lld] = %.9g, row order gives %.9g", (long long)j, one[0][j], sum);
+    }
+    for (int i = 0; i < GRAD_OUTPUTS; i++) {
+        free(one[i]);
+        free(two[i]);
+    }
+    free(x);
+    free(dy);
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -409,6 +526,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
+    tcase_add_test(tc, parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads);
     suite_add_tcase(s, tc);
     return s;
 }
