@@ -21,6 +21,7 @@
 
 #include "collectives/mesh_fail.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/trace_internal.h"
 #include "fsdp/fsdp_internal.h"
 #include "optim/optim_internal.h"
@@ -149,29 +150,82 @@ static double nan_max(double a, double b)
     return (isnan(a) || a >= b) ? a : b;
 }
 
-/* This rank's share: the sum of squares (2-norm) or the largest |g| (inf-norm). */
-static double share_f32(const float *g, int64_t n, int inf, double share)
+/* This rank's share: the sum of squares (2-norm) or the largest |g| (inf-norm), over
+ * chunks of FSDP2_PAR_CHUNK elements. The threads sum up to SHARE_BATCH chunks at a time,
+ * each into its own partial, and the partials are added in order: the result does not
+ * depend on the number of threads. */
+#define SHARE_BATCH 256
+
+/* A chunk's share in SHARE_LANES independent sums (element k in lane k % SHARE_LANES),
+ * added in lane order at the end: the lanes run as one vector. */
+#define SHARE_LANES 8
+
+static double lanes_total(const double *lane, int inf)
 {
-    for (int64_t k = 0; k < n; k++)
-        share = inf ? nan_max(share, fabs((double)g[k])) : share + (double)g[k] * g[k];
+    double share = 0.0;
+    for (int j = 0; j < SHARE_LANES; j++)
+        share = inf ? nan_max(share, lane[j]) : share + lane[j];
     return share;
 }
 
-static double share_f64(const double *g, int64_t n, int inf, double share)
+static double chunk_f32(const float *g, int64_t n, int inf)
 {
-    for (int64_t k = 0; k < n; k++)
-        share = inf ? nan_max(share, fabs(g[k])) : share + g[k] * g[k];
+    double lane[SHARE_LANES] = {0};
+    int64_t k = 0, full = n - n % SHARE_LANES;
+    if (inf)
+        for (; k < full; k += SHARE_LANES)
+            for (int j = 0; j < SHARE_LANES; j++)
+                lane[j] = nan_max(lane[j], fabs((double)g[k + j]));
+    else
+        for (; k < full; k += SHARE_LANES)
+            for (int j = 0; j < SHARE_LANES; j++)
+                lane[j] += (double)g[k + j] * g[k + j];
+    for (int j = 0; k < n; k++, j++)
+        lane[j] = inf ? nan_max(lane[j], fabs((double)g[k])) : lane[j] + (double)g[k] * g[k];
+    return lanes_total(lane, inf);
+}
+
+static double chunk_f64(const double *g, int64_t n, int inf)
+{
+    double lane[SHARE_LANES] = {0};
+    int64_t k = 0, full = n - n % SHARE_LANES;
+    if (inf)
+        for (; k < full; k += SHARE_LANES)
+            for (int j = 0; j < SHARE_LANES; j++)
+                lane[j] = nan_max(lane[j], fabs(g[k + j]));
+    else
+        for (; k < full; k += SHARE_LANES)
+            for (int j = 0; j < SHARE_LANES; j++)
+                lane[j] += g[k + j] * g[k + j];
+    for (int j = 0; k < n; k++, j++)
+        lane[j] = inf ? nan_max(lane[j], fabs(g[k])) : lane[j] + g[k] * g[k];
+    return lanes_total(lane, inf);
+}
+
+static double tensor_share(const fsdp2_tensor_t *t, int inf, double share)
+{
+    const int64_t chunks = (t->numel + FSDP2_PAR_CHUNK - 1) / FSDP2_PAR_CHUNK;
+    double part[SHARE_BATCH];
+    for (int64_t c0 = 0; c0 < chunks; c0 += SHARE_BATCH) {
+        int nc = (int)(chunks - c0 < SHARE_BATCH ? chunks - c0 : SHARE_BATCH);
+        FSDP2_OMP("omp parallel for schedule(static) if(nc > 1)")
+        for (int c = 0; c < nc; c++) {
+            int64_t k0 = (c0 + c) * FSDP2_PAR_CHUNK;
+            int64_t n = t->numel - k0 < FSDP2_PAR_CHUNK ? t->numel - k0 : FSDP2_PAR_CHUNK;
+            part[c] = t->dtype == FSDP2_F32 ? chunk_f32((const float *)t->data + k0, n, inf)
+                                            : chunk_f64((const double *)t->data + k0, n, inf);
+        }
+        for (int c = 0; c < nc; c++)
+            share = inf ? nan_max(share, part[c]) : share + part[c];
+    }
     return share;
 }
 
 static double local_share(const clip_set_t *set, int inf)
 {
     double share = 0.0;
-    for (size_t i = 0; i < set->count; i++) {
-        const fsdp2_tensor_t *t = set->grads[i];
-        share = t->dtype == FSDP2_F32 ? share_f32(t->data, t->numel, inf, share)
-                                      : share_f64(t->data, t->numel, inf, share);
-    }
+    for (size_t i = 0; i < set->count; i++)
+        share = tensor_share(set->grads[i], inf, share);
     return share;
 }
 
@@ -275,13 +329,16 @@ static fsdp2_status_t scale(const clip_set_t *set, double coef)
     }
     for (size_t i = 0; i < set->count; i++) {
         fsdp2_tensor_t *t = set->grads[i];
+        const int64_t n = t->numel;
         if (t->dtype == FSDP2_F32) {
             float c = (float)coef, *g = t->data;
-            for (int64_t k = 0; k < t->numel; k++)
+            FSDP2_OMP("omp parallel for schedule(static) if(n > FSDP2_PAR_CHUNK)")
+            for (int64_t k = 0; k < n; k++)
                 g[k] *= c;
         } else {
             double *g = t->data;
-            for (int64_t k = 0; k < t->numel; k++)
+            FSDP2_OMP("omp parallel for schedule(static) if(n > FSDP2_PAR_CHUNK)")
+            for (int64_t k = 0; k < n; k++)
                 g[k] *= coef;
         }
     }

@@ -28,6 +28,14 @@
 
 #include <fsdp2/fsdp.h>
 #include <fsdp2/optim.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static void omp_set_num_threads(int threads) /* the TSan build has no OpenMP */
+{
+    (void)threads;
+}
+#endif
 
 #include "../collectives/ranks.h"
 #include "../core/check_main.h"
@@ -774,6 +782,100 @@ static int body_clip(rank_ctx_t *c)
     return fails + run_close(&r);
 }
 
+/* Large gradients: a norm over hundreds of chunks of 16384 elements, the last one
+ * partial, must not depend on the number of threads, and must match a long double sum. */
+#define BIG_ROWS 4099
+#define BIG_COLS 1025
+#define BIG_N ((int)(BIG_ROWS * BIG_COLS))
+
+/* Every rank adds the same gradient: the mean is exact. */
+static float big_grad(int k)
+{
+    return (float)((k * 7) % 17 - 8) / 64.0f;
+}
+
+static int big_backward(rank_ctx_t *c, fsdp2_module_t *root, fsdp2_param_t *p, int nan_at)
+{
+    int fails = OK(c, fsdp2_pre_forward(root));
+    fails += fails ? 0 : OK(c, fsdp2_post_forward(root));
+    fails += fails ? 0 : OK(c, fsdp2_pre_backward(root));
+    fsdp2_tensor_t *g = NULL;
+    fails += fails ? 0 : OK(c, fsdp2_param_grad(p, &g));
+    for (int k = 0; !fails && k < BIG_N; k++)
+        ((float *)g->data)[k] += k == nan_at ? NAN : big_grad(k);
+    fails += fails ? 0 : OK(c, fsdp2_post_backward(root));
+    return fails ? fails : OK(c, fsdp2_backward_finish(root));
+}
+
+static int body_clip_big(rank_ctx_t *c)
+{
+    fsdp2_group_options_t go = FSDP2_GROUP_OPTIONS_INIT;
+    go.timeout_ms = GROUP_TIMEOUT_MS;
+    int ws = c->size;
+    fsdp2_mesh_t *mesh = NULL;
+    fsdp2_module_t *root = NULL;
+    fsdp2_param_t *p = NULL;
+    fsdp2_dtensor_t *dt = NULL;
+    float *want = malloc(sizeof(float) * BIG_N);
+    int fails = RANK_CHECK(c, want != NULL, "out of memory");
+    fails += fails ? 0 : OK(c, fsdp2_mesh_create(c->store, "big", c->rank, c->size, 1, &ws,
+                                                  NULL, &go, &mesh));
+    fails += fails ? 0 : OK(c, fsdp2_module_create("", &root));
+    int64_t shape[2] = {BIG_ROWS, BIG_COLS};
+    fails += fails ? 0 : OK(c, declare(root, "w", 2, shape, 0, 1, &p));
+    fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
+    so.mesh = mesh;
+    fails += fails ? 0 : OK(c, fsdp2_fully_shard(root, &so));
+    /* the references */
+    long double sq = 0;
+    float biggest = 0;
+    for (int k = 0; !fails && k < BIG_N; k++) {
+        want[k] = big_grad(k);
+        sq += (long double)want[k] * want[k];
+        biggest = fmaxf(biggest, fabsf(want[k]));
+    }
+    double norm2 = sqrtl(sq);
+    for (int nan = 0; nan < 2 && !fails; nan++) {
+        fails += big_backward(c, root, p, nan ? BIG_N - 3 : -1);
+        for (int inf = 0; inf < 2 && !fails; inf++) {
+            double got[3];
+            for (int t = 0; t < 3 && !fails; t++) {
+                omp_set_num_threads(t + 1);
+                fails += OK(c, fsdp2_clip_grad_norm(root, 1e30, inf ? INFINITY : 2.0, &got[t]));
+            }
+            omp_set_num_threads(1);
+            double ref = nan ? NAN : inf ? biggest : norm2;
+            for (int t = 0; t < 3 && !fails; t++) {
+                fails += RANK_CHECK(c, memcmp(&got[t], &got[0], sizeof(double)) == 0,
+                                    "%s-norm on %d threads %.17g, on 1 %.17g",
+                                    inf ? "inf" : "2", t + 1, got[t], got[0]);
+                fails += RANK_CHECK(c, nan ? isnan(got[t]) : fabs(got[t] - ref) <= 1e-12 * ref,
+                                    "%s-norm %.17g on %d threads, reference %.17g",
+                                    inf ? "inf" : "2", got[t], t + 1, ref);
+            }
+        }
+        if (!nan && !fails) { /* scaled on 3 threads: each element times (float)coef */
+            double norm = 0;
+            omp_set_num_threads(3);
+            fails += OK(c, fsdp2_clip_grad_norm(root, 0.5 * norm2, 2.0, &norm));
+            omp_set_num_threads(1);
+            float coef = (float)(0.5 * norm2 / (norm + 1e-6));
+            for (int k = 0; k < BIG_N; k++)
+                want[k] *= coef;
+            fails += fails ? 0 : OK(c, fsdp2_param_sharded_grad(p, &dt));
+            fails += fails ? 0 : compare_full(c, "w grad clipped on 3 threads", 0, dt, want, BIG_N,
+                                              1e-30, 0.0);
+        }
+        fails += OK(c, fsdp2_module_zero_grad(root));
+    }
+    if (root)
+        fails += OK(c, fsdp2_module_destroy(root));
+    if (mesh)
+        fails += OK(c, fsdp2_mesh_destroy(mesh));
+    free(want);
+    return fails;
+}
+
 /* ---------------------------------------------------------------------------------- */
 
 static void run_case(int ws, rank_fn body, void *arg, const char *what)
@@ -823,6 +925,12 @@ START_TEST(clip_grad_norm_2_and_inf_match_the_whole_gradient_norm_and_scale)
 }
 END_TEST
 
+START_TEST(clip_grad_norm_of_large_gradients_is_the_same_on_any_thread_count)
+{
+    run_case(_i, body_clip_big, NULL, "clip_grad_norm of large gradients");
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("optim_sharded");
@@ -837,6 +945,7 @@ static Suite *suite(void)
     tc = tcase_create("clipping");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, clip_grad_norm_2_and_inf_match_the_whole_gradient_norm_and_scale, 1, 5);
+    tcase_add_loop_test(tc, clip_grad_norm_of_large_gradients_is_the_same_on_any_thread_count, 1, 3);
     suite_add_tcase(s, tc);
     return s;
 }
