@@ -79,6 +79,14 @@ FSDP2_API fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *d
                                                   fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                                   fsdp2_nn_workspace_t *ws);
 
+/* Creates now the GEMM primitives that the forward and the backward (dx and the weight's
+ * gradient) of rows rows through a weight [out, in] of weight_dtype, with a bias or not
+ * (bias 0 or 1), and a weight gradient of grad_dtype will use: see "Preparing the GEMMs"
+ * at the end of this header. */
+FSDP2_API fsdp2_status_t fsdp2_nn_linear_prepare(int64_t rows, int64_t in, int64_t out,
+                                                 fsdp2_dtype_t weight_dtype,
+                                                 fsdp2_dtype_t grad_dtype, int bias);
+
 /* ---- LoRA linear: y = x W^T + b + scale * dropout(x) A^T B^T ----
  * A frozen base (weight [out, in], bias [out] or NULL) and a low-rank adapter as PEFT's
  * LoRA: A = lora_A.weight [r, in], B = lora_B.weight [out, r], scale = lora_alpha / r,
@@ -394,6 +402,16 @@ FSDP2_API fsdp2_status_t fsdp2_nn_workspace_bytes(const fsdp2_nn_layer_shape_t *
  * GEMMs share (and the BLAS's in a build without oneDNN). Ask the workspace queries after
  * it: the attention backward's scratch is per thread. */
 FSDP2_API fsdp2_status_t fsdp2_nn_set_threads(int threads);
+
+/* Preparing the GEMMs. With oneDNN, a GEMM's kernel is made (compiled for the CPU) once
+ * per shape: sizes, strides, dtypes, and the thread count. Unprepared, that happens on the
+ * shape's first call, inside the first step. A layer's _prepare call makes now those its
+ * forward and backward will use for the given sizes, at this thread's thread count
+ * (fsdp2_nn_set_threads first) and the FSDP2_NN_BF16_GEMM mode, so that a step of those
+ * sizes makes none: call it when the model is planned, once per distinct shape. It reads
+ * and writes no data and takes no workspace. Without oneDNN it checks its arguments and
+ * does nothing else (the BLAS keeps nothing per shape). Other sizes (a last, smaller
+ * batch) still get theirs on first use. */
 
 /* What the layers' GEMMs did since the process started, for a benchmark's breakdown:
  * calls, floating-point operations (2 m n k each) and seconds (the time of a GEMM that

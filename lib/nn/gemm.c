@@ -81,16 +81,49 @@ static void count_gemm(int64_t m, int64_t n, int64_t k, int64_t t0)
     __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
 }
 
+/* A thread that prepares (nn_gemm_prepare_begin) only creates primitives: threads is the
+ * count the real call will run on (0: nn_threads() here). */
+static _Thread_local struct {
+    int on, threads;
+} prep;
+
+void nn_gemm_prepare_begin(int threads)
+{
+    prep.on = 1;
+    prep.threads = threads;
+}
+
+void nn_gemm_prepare_end(void)
+{
+    prep.on = 0;
+}
+
+int nn_gemm_preparing(void)
+{
+    return prep.on;
+}
+
+#ifdef FSDP2_HAVE_ONEDNN
+/* The thread count a primitive is keyed on. */
+static int key_threads(void)
+{
+    return prep.on && prep.threads > 0 ? prep.threads : nn_threads();
+}
+#endif
+
 static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                            const float *bias, float *c, int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (m == 0 || n == 0 || (prep.on && (k == 0 || alpha == 0.0f)))
         return FSDP2_SUCCESS;
     if (k == 0 || alpha == 0.0f) { /* neither engine takes these */
         scale_c(m, n, beta, bias, c, ldc);
         return FSDP2_SUCCESS;
     }
+    if (prep.on)
+        return engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias, c,
+                            ldc);
     int64_t t0 = now_ns();
     fsdp2_status_t s = engine_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias,
                                     c, ldc);
@@ -181,11 +214,13 @@ static fsdp2_status_t emulate_bf16(int trans_a, int trans_b, int64_t m, int64_t 
                                    const uint16_t *b, int64_t ldb, float beta, const float *bias,
                                    float *c, int64_t ldc)
 {
-    float *fa = NULL, *fb;
-    FSDP2_CHECK(emulate_scratch(&fa));
-    fb = fa + EMULATE_FLOATS;
+    float *fa = NULL, *fb = NULL;
+    if (!prep.on) /* preparing: the f32 GEMMs' primitives only */
+        FSDP2_CHECK(emulate_scratch(&fa));
+    fb = fa ? fa + EMULATE_FLOATS : NULL;
     if (bias) { /* C = beta C + bias, then beta 1 */
-        scale_c(m, n, beta, bias, c, ldc);
+        if (!prep.on)
+            scale_c(m, n, beta, bias, c, ldc);
         beta = 1.0f;
     }
     int64_t kb = k < EMULATE_K ? k : EMULATE_K;
@@ -199,17 +234,22 @@ static fsdp2_status_t emulate_bf16(int trans_a, int trans_b, int64_t m, int64_t 
                 int64_t pk = k - p0 < kb ? k - p0 : kb;
                 /* each block keeps its operand's orientation: [pk, mi] when A is stored
                  * transposed, [mi, pk] otherwise; B the same */
-                if (trans_a)
+                if (prep.on)
+                    ;
+                else if (trans_a)
                     load_bf16(fa, a, lda, p0, i0, pk, mi);
                 else
                     load_bf16(fa, a, lda, i0, p0, mi, pk);
-                if (trans_b)
+                if (prep.on)
+                    ;
+                else if (trans_b)
                     load_bf16(fb, b, ldb, j0, p0, nj, pk);
                 else
                     load_bf16(fb, b, ldb, p0, j0, pk, nj);
                 FSDP2_CHECK(engine_sgemm(trans_a, trans_b, mi, nj, pk, alpha, fa,
                                          trans_a ? mi : pk, fb, trans_b ? pk : nj,
-                                         p0 == 0 ? beta : 1.0f, NULL, c + i0 * ldc + j0, ldc));
+                                         p0 == 0 ? beta : 1.0f, NULL,
+                                         c ? c + i0 * ldc + j0 : NULL, ldc));
             }
         }
     }
@@ -221,7 +261,7 @@ static fsdp2_status_t gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, 
                                 int64_t ldb, float beta, const float *bias, float *c,
                                 int64_t ldc)
 {
-    if (m == 0 || n == 0)
+    if (m == 0 || n == 0 || (prep.on && (k == 0 || alpha == 0.0f)))
         return FSDP2_SUCCESS;
     if (k == 0 || alpha == 0.0f) {
         scale_c(m, n, beta, bias, c, ldc);
@@ -235,7 +275,8 @@ static fsdp2_status_t gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, 
                         &done);
     if (s == FSDP2_SUCCESS && !done)
         s = emulate_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, bias, c, ldc);
-    count_gemm(m, n, k, t0);
+    if (!prep.on)
+        count_gemm(m, n, k, t0);
     return s;
 }
 
@@ -574,10 +615,12 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
     /* inside a parallel region oneDNN runs on the calling thread alone */
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
-                      .threads = nn_threads(), .bias = bias != NULL,
+                      .threads = key_threads(), .bias = bias != NULL,
                       .dtype = dnnl_f32, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e));
+    if (prep.on)
+        return FSDP2_SUCCESS;
     if (e->prim)
         return run_matmul(e, a, b, bias, c);
     if (bias) { /* oneDNN's sgemm has no bias: C = beta C + bias, then beta 1 */
@@ -653,12 +696,12 @@ static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n
 {
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
-                      .threads = nn_threads(), .bias = bias != NULL,
+                      .threads = key_threads(), .bias = bias != NULL,
                       .dtype = dnnl_bf16, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e)); /* the probe created the engine */
     *done = e->prim != NULL;
-    return e->prim ? run_matmul(e, a, b, bias, c) : FSDP2_SUCCESS;
+    return e->prim && !prep.on ? run_matmul(e, a, b, bias, c) : FSDP2_SUCCESS;
 }
 
 int64_t nn_gemm_primitives(void)
@@ -701,6 +744,8 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
                                    int64_t ldc)
 {
     pthread_once(&blas_once, blas_check);
+    if (prep.on) /* the BLAS keeps nothing per shape */
+        return FSDP2_SUCCESS;
     if (bias) { /* C = beta C + bias, then beta 1 */
         scale_c(m, n, beta, bias, c, ldc);
         beta = 1.0f;

@@ -58,6 +58,16 @@ int nn_gemm_bf16_native(void);
  * nn_gemm_bf16_native. Fails as fsdp2_env_init does when a variable's value is bad. */
 fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
 
+/* Preparing: between nn_gemm_prepare_begin and _end, this thread's GEMM calls (nn_sgemm,
+ * nn_gemm_bf16 and their _bias forms) create the primitives of their shapes and return:
+ * no operand is read or written (they may be NULL; a bias pointer only says whether there
+ * is one), nothing is counted, no scratch is taken. threads: the thread count the real
+ * calls will be keyed on, 1 for calls that will run inside a parallel region, 0 for this
+ * thread's nn_threads(). The layers' _prepare functions walk their GEMMs this way. */
+void nn_gemm_prepare_begin(int threads);
+void nn_gemm_prepare_end(void);
+int nn_gemm_preparing(void);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 

@@ -293,3 +293,33 @@ fsdp2_status_t fsdp2_nn_linear_backward(const float *x, const float *dy, int64_t
         FSDP2_CHECK(dx_bf16(dy, rows, weight, dx, wblk));
     return FSDP2_SUCCESS;
 }
+
+fsdp2_status_t fsdp2_nn_linear_prepare(int64_t rows, int64_t in, int64_t out,
+                                       fsdp2_dtype_t weight_dtype, fsdp2_dtype_t grad_dtype,
+                                       int bias)
+{
+    FSDP2_CHECK(nn_check_dim(rows, "rows"));
+    FSDP2_CHECK(nn_check_dim(in, "in"));
+    FSDP2_CHECK(nn_check_dim(out, "out"));
+    FSDP2_CHECK(nn_check_dtype(weight_dtype, "linear weight"));
+    FSDP2_CHECK(nn_check_dtype(grad_dtype, "linear weight gradient"));
+    FSDP2_ARG_CHECK(bias == 0 || bias == 1, "bias = %d: 0 or 1", bias);
+    size_t ws_bytes, bytes = sizeof(float) * (size_t)(rows > out ? rows : out) *
+                             (size_t)(in > out ? in : out);
+    FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &ws_bytes));
+    nn_prepare_t p;
+    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 1, 0));
+    int64_t wshape[2] = {out, in};
+    fsdp2_tensor_t w, b, dw;
+    nn_prepare_tensor(&p, &w, weight_dtype, 2, wshape);
+    nn_prepare_tensor(&p, &b, weight_dtype, 1, &out);
+    nn_prepare_tensor(&p, &dw, grad_dtype, 2, wshape);
+    fsdp2_nn_workspace_t ws = {p.span, ws_bytes};
+    /* every array in the span: nothing is read or written */
+    fsdp2_status_t s = fsdp2_nn_linear_forward(p.span, rows, &w, bias ? &b : NULL, p.span, &ws);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_nn_linear_backward(p.span, p.span, rows, &w, p.span, &dw, NULL, &ws);
+    nn_prepare_end(&p);
+    return s;
+}
+

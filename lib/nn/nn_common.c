@@ -1,10 +1,13 @@
 /* Shared checks and conversions of the layers. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <fsdp2/dtype.h>
 
 #include "core/cpu_kernels.h"
+#include "gemm.h"
 #include "nn_common.h"
 
 #ifdef _OPENMP
@@ -12,6 +15,14 @@
 #endif
 
 #define NN_ALIGN 64
+
+fsdp2_status_t nn_check_dtype(fsdp2_dtype_t dtype, const char *what)
+{
+    if (dtype != FSDP2_F32 && dtype != FSDP2_BF16)
+        return fsdp2_error(FSDP2_ERR_DTYPE_MISMATCH, "%s dtype %s (%d): the layers take f32 or bf16",
+                           what, fsdp2_dtype_name(dtype), (int)dtype);
+    return FSDP2_SUCCESS;
+}
 
 fsdp2_status_t nn_check_param(const fsdp2_tensor_t *t, const char *what, int ndim,
                               const int64_t *shape)
@@ -81,6 +92,8 @@ float *nn_carve_floats(nn_carve_t *c, int64_t n)
 void nn_convert_block(void *dst, fsdp2_dtype_t dt, const void *src, fsdp2_dtype_t st,
                       int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols)
 {
+    if (nn_gemm_preparing())
+        return;
     size_t de = dt == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
     size_t se = st == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
     const char *from = (const char *)src + ((size_t)r0 * (size_t)ld + (size_t)c0) * se;
@@ -95,6 +108,8 @@ void nn_convert_block(void *dst, fsdp2_dtype_t dt, const void *src, fsdp2_dtype_
 
 void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count)
 {
+    if (nn_gemm_preparing())
+        return;
     size_t elem = t->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
     /* f32 or bf16, checked by nn_check_param: the conversion cannot fail */
     fsdp2_convert(dst, FSDP2_F32, (const char *)t->data + (size_t)first * elem, t->dtype,
@@ -103,6 +118,8 @@ void nn_load(float *dst, const fsdp2_tensor_t *t, int64_t first, int64_t count)
 
 void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t count)
 {
+    if (nn_gemm_preparing())
+        return;
     size_t elem = t->dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t);
     fsdp2_cpu_accumulate((char *)t->data + (size_t)first * elem, t->dtype, src, FSDP2_F32,
                          (size_t)count, 1.0);
@@ -153,6 +170,8 @@ void nn_column_range(int64_t n, int thread, int threads, int64_t *first, int64_t
 
 void nn_column_sums(const float *src, int64_t rows, int64_t cols, int64_t ld, float *sum)
 {
+    if (nn_gemm_preparing())
+        return;
     FSDP2_OMP("omp parallel if(rows * cols > FSDP2_PAR_CHUNK)")
     {
         int64_t j0, j1;
@@ -181,4 +200,43 @@ fsdp2_status_t nn_par_result(const nn_par_status_t *p)
     if (p->status != FSDP2_SUCCESS)
         fsdp2_error_set_message(p->message);
     return p->status;
+}
+
+fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes, int threads)
+{
+    p->bytes = bytes;
+    p->span = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p->span == MAP_FAILED) {
+        p->span = NULL;
+        return fsdp2_error(FSDP2_ERR_OUT_OF_MEMORY,
+                           "preparing the GEMMs: no %zu bytes of address space to lay out the "
+                           "arrays in (mmap: %s)",
+                           bytes, strerror(errno));
+    }
+    nn_gemm_prepare_begin(threads);
+    return FSDP2_SUCCESS;
+}
+
+void nn_prepare_end(nn_prepare_t *p)
+{
+    nn_gemm_prepare_end();
+    if (p->span)
+        munmap(p->span, p->bytes);
+    p->span = NULL;
+}
+
+void nn_prepare_tensor(const nn_prepare_t *p, fsdp2_tensor_t *t, fsdp2_dtype_t dtype, int ndim,
+                       const int64_t *shape)
+{
+    memset(t, 0, sizeof(*t));
+    t->data = p->span;
+    t->dtype = dtype;
+    t->device = (fsdp2_device_t)FSDP2_DEVICE_CPU_INIT;
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->numel *= shape[i];
+    }
+    t->nbytes = (size_t)t->numel * (dtype == FSDP2_F32 ? sizeof(float) : sizeof(uint16_t));
 }

@@ -19,6 +19,8 @@ fsdp2_status_t nn_check_param(const fsdp2_tensor_t *t, const char *what, int ndi
 
 /* A size that must be >= 0 and fit a BLAS int. */
 fsdp2_status_t nn_check_dim(int64_t v, const char *what);
+/* dtype is one a parameter of the layers may have: f32 or bf16. */
+fsdp2_status_t nn_check_dtype(fsdp2_dtype_t dtype, const char *what);
 
 /* Sequential regions of a workspace. */
 typedef struct nn_carve {
@@ -72,6 +74,26 @@ typedef struct nn_par_status {
 } nn_par_status_t;
 void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s);
 fsdp2_status_t nn_par_result(const nn_par_status_t *p);
+
+/* ---- preparing (the layers' _prepare functions) ----
+ * A layer prepares by calling its own forward and backward while this thread's GEMMs only
+ * create primitives (nn_gemm_prepare_begin), on arrays in one span of address space that
+ * can be neither read nor written (PROT_NONE, reserved, never backed by memory): a pass
+ * that touched data would fault at once rather than compute on nothing. nn_convert_block,
+ * nn_load, nn_add_into and nn_column_sums do nothing while preparing; a layer skips its
+ * other loops itself (nn_gemm_preparing). */
+typedef struct nn_prepare {
+    void *span;
+    size_t bytes;
+} nn_prepare_t;
+
+/* Reserves bytes (> 0) of span and starts preparing with the GEMM thread count threads
+ * (as nn_gemm_prepare_begin). */
+fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes, int threads);
+void nn_prepare_end(nn_prepare_t *p);
+/* A cpu tensor of dtype and shape whose data is the span (which must hold it). */
+void nn_prepare_tensor(const nn_prepare_t *p, fsdp2_tensor_t *t, fsdp2_dtype_t dtype, int ndim,
+                       const int64_t *shape);
 
 /* e^x for |x| <= 87 to 2 ulp (e^-87 below, e^88 above), branch-free so that loops over it
  * vectorise (libm's expf does not): x = n ln 2 + f with |f| <= ln 2 / 2, a degree-7

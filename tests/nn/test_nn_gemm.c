@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include "core/env_internal.h"
 #include "nn/gemm.h"
 #include "nn/nn_common.h"
 
@@ -513,6 +514,85 @@ START_TEST(parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads)
 }
 END_TEST
 
+/* One linear layer's forward and backward (dx, dW, db) on random data, every array of
+ * the dtype asked; bf16 arrays hold f32 zeros' bit patterns (0), which is a valid bf16. */
+static void run_linear(int64_t rows, int64_t in, int64_t out, fsdp2_dtype_t wt, fsdp2_dtype_t gt,
+                       int bias)
+{
+    float *x = random_f32(rows * in), *dy = random_f32(rows * out), *y = f32_array(rows * out),
+          *dx = f32_array(rows * in), *w = random_f32(out * in), *dw = f32_array(out * in),
+          *b = random_f32(out), *db = f32_array(out);
+    fsdp2_tensor_t *tw = wrap(w, wt, 2, out, in), *tdw = wrap(dw, gt, 2, out, in),
+                   *tb = wrap(b, wt, 1, out, 0), *tdb = wrap(db, gt, 1, out, 0);
+    size_t bytes;
+    NN_OK(fsdp2_nn_linear_workspace_bytes(in, out, &bytes));
+    fsdp2_nn_workspace_t ws = {malloc(bytes), bytes};
+    NN_OK(fsdp2_nn_linear_forward(x, rows, tw, bias ? tb : NULL, y, &ws));
+    NN_OK(fsdp2_nn_linear_backward(x, dy, rows, tw, dx, tdw, bias ? tdb : NULL, &ws));
+    fsdp2_tensor_release(tw);
+    fsdp2_tensor_release(tdw);
+    fsdp2_tensor_release(tb);
+    fsdp2_tensor_release(tdb);
+    free(ws.data);
+    free(x), free(dy), free(y), free(dx), free(w), free(dw), free(b), free(db);
+}
+
+static void set_bf16_mode(const char *mode)
+{
+    ck_assert_int_eq(setenv("FSDP2_NN_BF16_GEMM", mode, 1), 0);
+    NN_OK(fsdp2_env_reload());
+}
+
+/* After fsdp2_nn_linear_prepare, a step of those sizes creates no primitive: for f32 and
+ * bf16 weights and gradients, with and without a bias, in both FSDP2_NN_BF16_GEMM modes,
+ * at a size inside one conversion block and at one of several blocks with partial last
+ * blocks (in 3000, out 200: rows of W in blocks of 64, dx in blocks of 1280 columns). The
+ * prepare reads no array: they lie in memory that faults when touched. */
+START_TEST(linear_prepare_makes_every_primitive_its_forward_and_backward_use)
+{
+    const int64_t sizes[2][3] = {{70, 96, 40}, {70, 3000, 200}};
+    const char *modes[2] = {"off", "on"};
+    const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_BF16};
+    int onednn = strcmp(nn_gemm_engine(), "onednn") == 0;
+    for (int mode = 0; mode < 2; mode++) {
+        set_bf16_mode(modes[mode]);
+        for (int z = 0; z < 2; z++)
+            for (int w = 0; w < 2; w++)
+                for (int g = 0; g < 2; g++)
+                    for (int bias = 0; bias < 2; bias++) {
+                        int64_t rows = sizes[z][0], in = sizes[z][1], out = sizes[z][2];
+                        int64_t before = nn_gemm_primitives();
+                        NN_OK(fsdp2_nn_linear_prepare(rows, in, out, dtypes[w], dtypes[g], bias));
+                        int64_t made = nn_gemm_primitives();
+                        if (onednn && z == 0 && w == 0 && g == 0 && bias == 0 && mode == 0)
+                            ck_assert_int_gt(made, before); /* the first: all new */
+                        run_linear(rows, in, out, dtypes[w], dtypes[g], bias);
+                        ck_assert_msg(nn_gemm_primitives() == made,
+                                      "mode %s, rows %lld in %lld out %lld, weight %s, grad "
+                                      "%s, bias %d: the step made %lld primitives after "
+                                      "prepare",
+                                      modes[mode], (long long)rows, (long long)in,
+                                      (long long)out, fsdp2_dtype_name(dtypes[w]),
+                                      fsdp2_dtype_name(dtypes[g]), bias,
+                                      (long long)(nn_gemm_primitives() - made));
+                    }
+    }
+    unsetenv("FSDP2_NN_BF16_GEMM");
+    NN_OK(fsdp2_env_reload());
+    /* bad arguments, named */
+    ck_assert_int_eq(fsdp2_nn_linear_prepare(8, 4, 4, FSDP2_F64, FSDP2_F32, 0),
+                     FSDP2_ERR_DTYPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "linear weight dtype f64") != NULL, "%s",
+                  fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_linear_prepare(8, 4, 4, FSDP2_F32, FSDP2_F32, 2),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "bias = 2") != NULL, "%s", fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_linear_prepare(-1, 4, 4, FSDP2_F32, FSDP2_F32, 0),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    NN_OK(fsdp2_nn_linear_prepare(0, 4, 4, FSDP2_F32, FSDP2_F32, 0)); /* no rows: nothing */
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -527,6 +607,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
     tcase_add_test(tc, parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads);
+    tcase_add_test(tc, linear_prepare_makes_every_primitive_its_forward_and_backward_use);
     suite_add_tcase(s, tc);
     return s;
 }
