@@ -172,6 +172,7 @@ static void setup(run_t *r)
         exit(1);
     }
     CHECK(lm_allocate(r->model, r->micro, a->checkpointing));
+    CHECK(lm_prepare(r->model, strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16));
     if (a->hf) {
         CHECK(lm_hf_import(r->model, a->hf));
         CHECK(fsdp2_hf_model_close(a->hf));

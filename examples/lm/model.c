@@ -462,6 +462,27 @@ fsdp2_status_t lm_allocate(lm_model_t *m, int max_batch, int checkpointing)
     return FSDP2_SUCCESS;
 }
 
+/* The linears' GEMM primitives for a step of the largest micro-batch, made now rather than
+ * inside the first step (fsdp2_nn_linear_prepare). The blocks share their shapes, so the
+ * first block and the head are enough. A linear with an adapter gets its primitives on
+ * first use. */
+fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype)
+{
+    const lm_block_t *b = &m->blocks[0];
+    const lm_linear_t *lin[] = {&b->qkv, &b->q,    &b->k,    &b->v,   &b->o,
+                                &b->up,  &b->gate, &b->down, &m->head};
+    int64_t rows = (int64_t)m->max_batch * m->cfg.seq;
+    for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
+        fsdp2_param_info_t info;
+        if (!lin[i]->w || lin[i]->lora_a)
+            continue;
+        TRY(fsdp2_param_info(lin[i]->w, &info));
+        TRY(fsdp2_nn_linear_prepare(rows, info.shape[1], info.shape[0], param_dtype, param_dtype,
+                                    lin[i]->b != NULL));
+    }
+    return FSDP2_SUCCESS;
+}
+
 void lm_destroy(lm_model_t *m)
 {
     if (!m)

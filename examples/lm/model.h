@@ -128,6 +128,8 @@ fsdp2_status_t lm_shard(lm_model_t *m, fsdp2_mesh_t *mesh, fsdp2_dtype_t param_d
  * sequences: what lm_allocate will take. */
 uint64_t lm_activation_bytes(const lm_config_t *cfg, int max_batch, int checkpointing);
 fsdp2_status_t lm_allocate(lm_model_t *m, int max_batch, int checkpointing);
+/* Makes the GEMM primitives of a step now, after lm_allocate and fsdp2_nn_set_threads. */
+fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype);
 
 void lm_destroy(lm_model_t *m);
 
