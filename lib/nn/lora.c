@@ -205,6 +205,8 @@ static fsdp2_status_t backward_bf16_operands(const float *x, const float *dy, in
                                              float *gb, lora_scratch_t *s)
 {
     uint16_t *du16 = (uint16_t *)s->u + s->rb * r;
+    if (!ga && !gb && !dx)
+        return FSDP2_SUCCESS;
     for (int64_t r0 = 0; r0 < rows; r0 += s->rb) {
         int64_t n = rows - r0 < s->rb ? rows - r0 : s->rb;
         const uint16_t *t16, *u16;
