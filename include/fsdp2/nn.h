@@ -10,9 +10,10 @@
  *   unit's hooks), f32 or bf16; their gradients (fsdp2_param_grad) are tensors of the same
  *   shape, f32 or bf16, independently of the parameter's dtype. bf16 values are converted
  *   on the fly and everything accumulates in f32: an application writes no cast code.
- *   With bf16 weights on a CPU with bf16 matrix units (AVX512-BF16, AMX), the linear
- *   layer's GEMMs take bf16 operands, the activations rounded to bf16, as PyTorch's CPU
- *   autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md).
+ *   With bf16 weights on a CPU with bf16 matrix units (AVX512-BF16, AMX), the GEMMs of
+ *   the linear layer, the LoRA adapters and conv2d take bf16 operands, the activations
+ *   rounded to bf16, as PyTorch's CPU autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md);
+ *   attention's take f32 operands.
  * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
  *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
  *   alike, so an input used twice (a residual stream, a tied weight) sums its

@@ -1,7 +1,9 @@
 /* 2-D convolution (no padding, stride 1) as GEMMs over im2col matrices of CONV_CHUNK
  * samples at a time, and 2x2 max pooling. A chunk's GEMM has chunk * (h-k+1) * (w-k+1)
  * columns: several samples make the weight gradient's GEMM large enough to run near
- * the GEMM engine's peak while the im2col matrix of a 28x28 image stays in the caches. */
+ * the GEMM engine's peak while the im2col matrix of a 28x28 image stays in the caches.
+ * Where the weight is bf16 and FSDP2_NN_BF16_GEMM says so (nn_gemm_bf16_wanted), the
+ * GEMMs take bf16 operands, as the linear layer's: see "bf16 operands" below. */
 #include <string.h>
 
 #include "gemm.h"
@@ -72,13 +74,21 @@ static fsdp2_status_t check_conv(const float *x, int64_t batch, int64_t h, int64
     return FSDP2_SUCCESS;
 }
 
-/* col[(ci*k + ki)*k + kj][at + oi*ow + oj] = x[ci][oi + ki][oj + kj], rows ld apart. */
-static void im2col(const float *x, float *col, int64_t ld, int64_t at, const conv_dims_t *d)
+/* col[(ci*k + ki)*k + kj][at + oi*ow + oj] = x[ci][oi + ki][oj + kj], rows ld apart; col
+ * of dtype dt, f32 (copied) or bf16 (rounded to nearest even). */
+static void im2col(const float *x, void *col, fsdp2_dtype_t dt, int64_t ld, int64_t at,
+                   const conv_dims_t *d)
 {
     for (int64_t ci = 0; ci < d->c; ci++)
         for (int64_t ki = 0; ki < d->k; ki++)
             for (int64_t kj = 0; kj < d->k; kj++) {
-                float *row = col + ((ci * d->k + ki) * d->k + kj) * ld + at;
+                int64_t first = ((ci * d->k + ki) * d->k + kj) * ld + at;
+                if (dt == FSDP2_BF16) { /* the window [oh, ow] of x's plane ci, dense */
+                    nn_convert_block((uint16_t *)col + first, FSDP2_BF16, x + ci * d->h * d->w,
+                                     FSDP2_F32, d->w, ki, kj, d->oh, d->ow);
+                    continue;
+                }
+                float *row = (float *)col + first;
                 for (int64_t oi = 0; oi < d->oh; oi++)
                     memcpy(row + oi * d->ow, x + (ci * d->h + oi + ki) * d->w + kj,
                            sizeof(float) * (size_t)d->ow);
@@ -100,6 +110,60 @@ static void col2im_add(const float *col, int64_t ld, int64_t at, float *dx, cons
             }
 }
 
+/* ---- bf16 operands (a bf16 weight, nn_gemm_bf16_wanted) ----
+ * As PyTorch's CPU autocast computes a conv2d: the weight goes to nn_gemm_bf16 as it is,
+ * the im2col columns and dy are rounded to bf16 (to nearest even), the products are
+ * summed in f32 into f32 outputs. The weight gradient's GEMM, dW += dy col^T, takes two
+ * activations, both rounded, as autocast's backward takes them. Staging, within the
+ * workspace (its size unchanged): the rounded columns in the first half of the im2col
+ * region, the rounded dy in the first half of the output region; dx's columns (f32)
+ * overwrite the im2col region once the weight gradient's GEMM has read the rounded ones.
+ * The bias gradient sums dy in f32 in the f32 path's order: its bits do not depend on the
+ * mode. */
+
+static fsdp2_status_t conv_ops16(const fsdp2_tensor_t *weight, int *ops16)
+{
+    *ops16 = 0;
+    return weight->dtype == FSDP2_BF16 ? nn_gemm_bf16_wanted(ops16) : FSDP2_SUCCESS;
+}
+
+/* The backward of samples [s0, s0 + m) on bf16 operands; wsum, bsum the f32 sums of the
+ * gradients asked for (else NULL). */
+static fsdp2_status_t backward_chunk_bf16(const float *x, const float *dy, int64_t s0, int64_t m,
+                                          const conv_dims_t *d, const fsdp2_tensor_t *weight,
+                                          float *dx, float *wsum, float *bsum,
+                                          const conv_scratch_t *sc)
+{
+    int64_t ld = m * d->n, plane = d->c * d->h * d->w;
+    uint16_t *col16 = (uint16_t *)sc->col, *g16 = (uint16_t *)sc->out;
+    for (int64_t j = 0; j < m; j++) {
+        im2col(x + (s0 + j) * plane, col16, FSDP2_BF16, ld, j * d->n, d);
+        const float *dys = dy + (s0 + j) * d->o * d->n;
+        for (int64_t oc = 0; oc < d->o; oc++)
+            nn_convert_block(g16 + oc * ld + j * d->n, FSDP2_BF16, dys, FSDP2_F32, d->n, oc, 0,
+                             1, d->n);
+    }
+    for (int64_t oc = 0; bsum && oc < d->o; oc++) {
+        float sum = 0;
+        for (int64_t j = 0; j < m; j++) {
+            const float *row = dy + ((s0 + j) * d->o + oc) * d->n;
+            for (int64_t i = 0; i < d->n; i++)
+                sum += row[i];
+        }
+        bsum[oc] += sum;
+    }
+    if (wsum)
+        FSDP2_CHECK(nn_gemm_bf16(0, 1, d->o, d->kk, ld, 1.0f, g16, ld, col16, ld, 1.0f, wsum,
+                                 d->kk));
+    if (!dx)
+        return FSDP2_SUCCESS;
+    FSDP2_CHECK(nn_gemm_bf16(1, 0, d->kk, ld, d->o, 1.0f, weight->data, d->kk, g16, ld, 0.0f,
+                             sc->col, ld));
+    for (int64_t j = 0; j < m; j++)
+        col2im_add(sc->col, ld, j * d->n, dx + (s0 + j) * plane, d);
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h, int64_t w,
                                        const fsdp2_tensor_t *weight, const fsdp2_tensor_t *bias,
                                        float *y, fsdp2_nn_workspace_t *ws)
@@ -111,14 +175,21 @@ fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
         FSDP2_CHECK(nn_check_param(bias, "conv2d bias", 1, &d.o));
     conv_scratch_t sc;
     FSDP2_CHECK(conv_scratch(ws, &d, "conv2d forward", &sc));
+    int ops16;
+    FSDP2_CHECK(conv_ops16(weight, &ops16));
     float *col = sc.col, *out = sc.out;
-    const float *wf = nn_as_f32(weight, sc.w);
+    const float *wf = ops16 ? NULL : nn_as_f32(weight, sc.w);
     const float *bf = bias ? nn_as_f32(bias, sc.gb) : NULL;
     for (int64_t s0 = 0; s0 < batch; s0 += CONV_CHUNK) {
         int64_t m = batch - s0 < CONV_CHUNK ? batch - s0 : CONV_CHUNK, ld = m * d.n;
         for (int64_t j = 0; j < m; j++)
-            im2col(x + (s0 + j) * d.c * h * w, col, ld, j * d.n, &d);
-        FSDP2_CHECK(nn_sgemm(0, 0, d.o, ld, d.kk, 1.0f, wf, d.kk, col, ld, 0.0f, out, ld));
+            im2col(x + (s0 + j) * d.c * h * w, col, ops16 ? FSDP2_BF16 : FSDP2_F32, ld, j * d.n,
+                   &d);
+        if (ops16)
+            FSDP2_CHECK(nn_gemm_bf16(0, 0, d.o, ld, d.kk, 1.0f, weight->data, d.kk,
+                                     (const uint16_t *)col, ld, 0.0f, out, ld));
+        else
+            FSDP2_CHECK(nn_sgemm(0, 0, d.o, ld, d.kk, 1.0f, wf, d.kk, col, ld, 0.0f, out, ld));
         for (int64_t j = 0; j < m; j++) {
             float *ys = y + (s0 + j) * d.o * d.n;
             for (int64_t oc = 0; oc < d.o; oc++) {
@@ -146,8 +217,10 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t
         FSDP2_CHECK(nn_check_param(dbias, "conv2d bias gradient", 1, &d.o));
     conv_scratch_t sc;
     FSDP2_CHECK(conv_scratch(ws, &d, "conv2d backward", &sc));
+    int ops16;
+    FSDP2_CHECK(conv_ops16(weight, &ops16));
     float *col = sc.col, *g = sc.out, *gw = sc.gw, *gb = sc.gb;
-    const float *wf = nn_as_f32(weight, sc.w);
+    const float *wf = ops16 ? NULL : nn_as_f32(weight, sc.w);
     int w32 = dweight && dweight->dtype == FSDP2_F32, b32 = dbias && dbias->dtype == FSDP2_F32;
     if (dweight && !w32)
         memset(gw, 0, sizeof(float) * (size_t)(d.o * d.kk));
@@ -156,8 +229,13 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t
     float *wsum = w32 ? dweight->data : gw, *bsum = b32 ? dbias->data : gb;
     for (int64_t s0 = 0; s0 < batch; s0 += CONV_CHUNK) {
         int64_t m = batch - s0 < CONV_CHUNK ? batch - s0 : CONV_CHUNK, ld = m * d.n;
+        if (ops16) {
+            FSDP2_CHECK(backward_chunk_bf16(x, dy, s0, m, &d, weight, dx, dweight ? wsum : NULL,
+                                            dbias ? bsum : NULL, &sc));
+            continue;
+        }
         for (int64_t j = 0; j < m; j++) {
-            im2col(x + (s0 + j) * d.c * h * w, col, ld, j * d.n, &d);
+            im2col(x + (s0 + j) * d.c * h * w, col, FSDP2_F32, ld, j * d.n, &d);
             const float *dys = dy + (s0 + j) * d.o * d.n;
             for (int64_t oc = 0; oc < d.o; oc++)
                 memcpy(g + oc * ld + j * d.n, dys + oc * d.n, sizeof(float) * (size_t)d.n);

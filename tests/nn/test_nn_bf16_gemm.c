@@ -13,58 +13,12 @@
  * other than to nearest even, or not at all, moves a result by about 2^-9 of that sum:
  * far outside the bound for the k used here. */
 #include "../core/check_main.h"
-#include "../core/test_rng.h"
-#include "nn_test_util.h"
+#include "bf16_test_util.h"
 
 #include <math.h>
 #include <pthread.h>
 
-#include "core/env_internal.h"
 #include "nn/gemm.h"
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static float uniform(void)
-{
-    return (float)((rng_next(&rng_state) >> 40) * 0x1.0p-24) * 2.0f - 1.0f;
-}
-
-static uint16_t *random_bf16(int64_t n)
-{
-    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
-    ck_assert_ptr_nonnull(p);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = fsdp2_f32_to_bf16(uniform());
-    return p;
-}
-
-static float *random_f32(int64_t n)
-{
-    float *p = f32_array(n);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = uniform();
-    return p;
-}
-
-static double bf(uint16_t v)
-{
-    return (double)fsdp2_bf16_to_f32(v);
-}
-
-/* x rounded to bf16 as the library rounds (nearest even), back as a double. */
-static double rounded(float x)
-{
-    return bf(fsdp2_f32_to_bf16(x));
-}
-
-static void set_mode(const char *mode)
-{
-    if (mode)
-        ck_assert_int_eq(setenv("FSDP2_NN_BF16_GEMM", mode, 1), 0);
-    else
-        ck_assert_int_eq(unsetenv("FSDP2_NN_BF16_GEMM"), 0);
-    NN_OK(fsdp2_env_reload());
-}
 
 /* ---- nn_gemm_bf16 ---- */
 
@@ -285,24 +239,6 @@ static results_t run_linear(const layer_t *l, const float *w32, fsdp2_dtype_t gd
     fsdp2_tensor_release(db);
     free(dw16);
     return r;
-}
-
-/* The elements of got farther from want than bound (+ a bf16 rounding of want when
- * half_ulp): 0, or with fail, the test fails naming the first. */
-static int64_t count_past(const char *what, const float *got, const double *want,
-                          const double *bound, int64_t n, int half_ulp, int fail)
-{
-    int64_t past = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double b = bound[i] + (half_ulp ? 0x1p-8 * fabs(want[i]) : 0);
-        if (!(fabs((double)got[i] - want[i]) <= b)) {
-            if (fail)
-                ck_abort_msg("%s: element %lld is %.9g where %.9g is expected (bound %.3g)",
-                             what, (long long)i, (double)got[i], want[i], b);
-            past++;
-        }
-    }
-    return past;
 }
 
 /* The float64 reference on bf16-rounded x, dy and W, and each element's bound. */
