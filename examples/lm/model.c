@@ -463,9 +463,8 @@ fsdp2_status_t lm_allocate(lm_model_t *m, int max_batch, int checkpointing)
 }
 
 /* The linears' GEMM primitives for a step of the largest micro-batch, made now rather than
- * inside the first step (fsdp2_nn_linear_prepare). The blocks share their shapes, so the
- * first block and the head are enough. A linear with an adapter gets its primitives on
- * first use. */
+ * inside the first step (fsdp2_nn_linear_prepare, fsdp2_nn_lora_prepare). The blocks
+ * share their shapes, so the first block and the head are enough. */
 fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype)
 {
     const lm_block_t *b = &m->blocks[0];
@@ -474,11 +473,16 @@ fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype)
     int64_t rows = (int64_t)m->max_batch * m->cfg.seq;
     for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++) {
         fsdp2_param_info_t info;
-        if (!lin[i]->w || lin[i]->lora_a)
+        if (!lin[i]->w)
             continue;
         TRY(fsdp2_param_info(lin[i]->w, &info));
-        TRY(fsdp2_nn_linear_prepare(rows, info.shape[1], info.shape[0], param_dtype, param_dtype,
-                                    lin[i]->b != NULL));
+        if (lin[i]->lora_a)
+            TRY(fsdp2_nn_lora_prepare(rows, info.shape[1], info.shape[0], m->cfg.lora.r,
+                                      m->cfg.lora.alpha / m->cfg.lora.r, param_dtype,
+                                      param_dtype, lin[i]->b != NULL));
+        else
+            TRY(fsdp2_nn_linear_prepare(rows, info.shape[1], info.shape[0], param_dtype,
+                                        param_dtype, lin[i]->b != NULL));
     }
     return FSDP2_SUCCESS;
 }

@@ -122,6 +122,15 @@ FSDP2_API fsdp2_status_t fsdp2_nn_lora_backward(const float *x, const float *dy,
                                                 fsdp2_tensor_t *da, fsdp2_tensor_t *db,
                                                 fsdp2_nn_workspace_t *ws);
 
+/* Creates now the GEMM primitives of fsdp2_nn_lora_forward and _backward (dx and the
+ * adapter's gradients, of adapter_dtype) for rows rows, a base weight [out, in] of
+ * weight_dtype with a bias or not (0 or 1) and rank r adapters of adapter_dtype with this
+ * scale (a GEMM's alpha, so part of its shape): see "Preparing the GEMMs" at the end of
+ * this header. The dropout does not change them. */
+FSDP2_API fsdp2_status_t fsdp2_nn_lora_prepare(int64_t rows, int64_t in, int64_t out, int64_t r,
+                                               double scale, fsdp2_dtype_t weight_dtype,
+                                               fsdp2_dtype_t adapter_dtype, int bias);
+
 /* ---- embedding: y[i] = weight[ids[i]] for a table weight[num, dim] ---- */
 
 /* Workspace of the backward for n ids over a table [num, dim]. */

@@ -103,7 +103,7 @@ static fsdp2_status_t adapter_input(const float *x, int64_t r0, int64_t n, int64
                                     const float **t_out)
 {
     const float *t = x + r0 * in;
-    if (lora->dropout > 0) {
+    if (lora->dropout > 0 && !nn_gemm_preparing()) { /* preparing: the same strides */
         /* checked arguments: the dropout cannot fail */
         (void)fsdp2_nn_dropout_forward(t, n * in, lora->dropout, lora->seed,
                                        lora->offset + (uint64_t)(r0 * in), s->t);
@@ -145,7 +145,7 @@ static fsdp2_status_t adapter_input_bf16(const float *x, int64_t r0, int64_t n, 
 {
     const float *t = x;
     int64_t t0 = r0;
-    if (lora->dropout > 0) {
+    if (lora->dropout > 0 && !nn_gemm_preparing()) { /* preparing: the same strides */
         (void)fsdp2_nn_dropout_forward(x + r0 * in, n * in, lora->dropout, lora->seed,
                                        lora->offset + (uint64_t)(r0 * in), s->t);
         t = s->t;
@@ -222,8 +222,9 @@ static fsdp2_status_t backward_bf16_operands(const float *x, const float *dy, in
         /* dt = du A, over t's rounded copy, then through the mask into dx */
         FSDP2_CHECK(nn_gemm_bf16(0, 0, n, in, r, 1.0f, du16, r, lora->a->data, in, 0.0f, s->dt,
                                  in));
-        (void)fsdp2_nn_dropout_backward(s->dt, n * in, lora->dropout, lora->seed,
-                                        lora->offset + (uint64_t)(r0 * in), dx + r0 * in);
+        if (!nn_gemm_preparing())
+            (void)fsdp2_nn_dropout_backward(s->dt, n * in, lora->dropout, lora->seed,
+                                            lora->offset + (uint64_t)(r0 * in), dx + r0 * in);
     }
     return FSDP2_SUCCESS;
 }
@@ -268,7 +269,8 @@ static float *grad_sum(fsdp2_tensor_t *g, float *region)
         return NULL;
     if (g->dtype == FSDP2_F32)
         return g->data;
-    memset(region, 0, sizeof(float) * (size_t)g->numel);
+    if (!nn_gemm_preparing())
+        memset(region, 0, sizeof(float) * (size_t)g->numel);
     return region;
 }
 
@@ -295,8 +297,9 @@ static fsdp2_status_t backward_f32_operands(const float *x, const float *dy, int
         if (!dx)
             continue;
         FSDP2_CHECK(nn_sgemm(0, 0, n, in, r, 1.0f, s->du, r, s->a, in, 0.0f, s->dt, in));
-        (void)fsdp2_nn_dropout_backward(s->dt, n * in, lora->dropout, lora->seed,
-                                        lora->offset + (uint64_t)(r0 * in), dx + r0 * in);
+        if (!nn_gemm_preparing())
+            (void)fsdp2_nn_dropout_backward(s->dt, n * in, lora->dropout, lora->seed,
+                                            lora->offset + (uint64_t)(r0 * in), dx + r0 * in);
     }
     return FSDP2_SUCCESS;
 }
@@ -337,3 +340,40 @@ fsdp2_status_t fsdp2_nn_lora_backward(const float *x, const float *dy, int64_t r
         nn_add_into(db, 0, gb, db->numel);
     return FSDP2_SUCCESS;
 }
+
+fsdp2_status_t fsdp2_nn_lora_prepare(int64_t rows, int64_t in, int64_t out, int64_t r,
+                                     double scale, fsdp2_dtype_t weight_dtype,
+                                     fsdp2_dtype_t adapter_dtype, int bias)
+{
+    FSDP2_CHECK(nn_check_dim(rows, "rows"));
+    FSDP2_CHECK(nn_check_dim(r, "r"));
+    FSDP2_CHECK(nn_check_dtype(weight_dtype, "LoRA base weight"));
+    FSDP2_CHECK(nn_check_dtype(adapter_dtype, "LoRA adapter"));
+    FSDP2_ARG_CHECK(bias == 0 || bias == 1, "bias = %d: 0 or 1", bias);
+    size_t ws_bytes;
+    FSDP2_CHECK(fsdp2_nn_lora_workspace_bytes(in, out, r, &ws_bytes)); /* checks in, out */
+    int64_t wide = in > out ? in : out, most = rows > wide ? rows : wide;
+    size_t bytes = sizeof(float) * (size_t)most * (size_t)(wide > r ? wide : r);
+    nn_prepare_t p;
+    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    int64_t wshape[2] = {out, in}, ashape[2] = {r, in}, bshape[2] = {out, r};
+    fsdp2_tensor_t w, b, a, bb, da, db;
+    nn_prepare_tensor(&p, &w, weight_dtype, 2, wshape);
+    nn_prepare_tensor(&p, &b, weight_dtype, 1, &out);
+    nn_prepare_tensor(&p, &a, adapter_dtype, 2, ashape);
+    nn_prepare_tensor(&p, &bb, adapter_dtype, 2, bshape);
+    nn_prepare_tensor(&p, &da, adapter_dtype, 2, ashape);
+    nn_prepare_tensor(&p, &db, adapter_dtype, 2, bshape);
+    fsdp2_nn_lora_t lora = {.a = &a, .b = &bb, .scale = scale};
+    fsdp2_nn_workspace_t ws = {p.span, ws_bytes};
+    /* every array in the span (y and dx apart from x, as the calls insist): nothing is
+     * read or written */
+    fsdp2_status_t s = fsdp2_nn_lora_forward(p.span, rows, &w, bias ? &b : NULL, &lora,
+                                             (float *)p.span + 16, &ws);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_nn_lora_backward(p.span, (float *)p.span + 16, rows, &w, &lora,
+                                   (float *)p.span + 32, &da, &db, &ws);
+    nn_prepare_end(&p);
+    return s;
+}
+

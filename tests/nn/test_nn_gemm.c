@@ -593,6 +593,71 @@ START_TEST(linear_prepare_makes_every_primitive_its_forward_and_backward_use)
 }
 END_TEST
 
+/* One LoRA layer's forward and backward (dx, dA, dB) on random data with dropout. */
+static void run_lora(int64_t rows, int64_t in, int64_t out, int64_t r, fsdp2_dtype_t wt,
+                     fsdp2_dtype_t at, int bias)
+{
+    float *x = random_f32(rows * in), *dy = random_f32(rows * out), *y = f32_array(rows * out),
+          *dx = f32_array(rows * in), *w = random_f32(out * in), *b = random_f32(out),
+          *a = random_f32(r * in), *bb = random_f32(out * r), *da = f32_array(r * in),
+          *db = f32_array(out * r);
+    fsdp2_tensor_t *tw = wrap(w, wt, 2, out, in), *tb = wrap(b, wt, 1, out, 0),
+                   *ta = wrap(a, at, 2, r, in), *tbb = wrap(bb, at, 2, out, r),
+                   *tda = wrap(da, at, 2, r, in), *tdb = wrap(db, at, 2, out, r);
+    fsdp2_nn_lora_t lora = {.a = ta, .b = tbb, .scale = 2.0, .dropout = 0.1, .seed = 7};
+    size_t bytes;
+    NN_OK(fsdp2_nn_lora_workspace_bytes(in, out, r, &bytes));
+    fsdp2_nn_workspace_t ws = {malloc(bytes), bytes};
+    NN_OK(fsdp2_nn_lora_forward(x, rows, tw, bias ? tb : NULL, &lora, y, &ws));
+    NN_OK(fsdp2_nn_lora_backward(x, dy, rows, tw, &lora, dx, tda, tdb, &ws));
+    fsdp2_tensor_t *all[] = {tw, tb, ta, tbb, tda, tdb};
+    for (int i = 0; i < 6; i++)
+        fsdp2_tensor_release(all[i]);
+    free(ws.data);
+    free(x), free(dy), free(y), free(dx), free(w), free(b), free(a), free(bb), free(da),
+        free(db);
+}
+
+/* After fsdp2_nn_lora_prepare (no dropout), a step of those sizes with dropout creates
+ * no primitive: f32 and bf16 bases and adapters, bias or not, both modes, one block of
+ * rows and several. */
+START_TEST(lora_prepare_makes_every_primitive_its_forward_and_backward_use)
+{
+    const int64_t sizes[2][4] = {{70, 96, 40, 8}, {600, 3000, 200, 16}};
+    const char *modes[2] = {"off", "on"};
+    const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_BF16};
+    for (int mode = 0; mode < 2; mode++) {
+        set_bf16_mode(modes[mode]);
+        for (int z = 0; z < 2; z++)
+            for (int w = 0; w < 2; w++)
+                for (int a = 0; a < 2; a++)
+                    for (int bias = 0; bias < 2; bias++) {
+                        const int64_t *d = sizes[z];
+                        NN_OK(fsdp2_nn_lora_prepare(d[0], d[1], d[2], d[3], 2.0, dtypes[w],
+                                                    dtypes[a], bias));
+                        int64_t made = nn_gemm_primitives();
+                        run_lora(d[0], d[1], d[2], d[3], dtypes[w], dtypes[a], bias);
+                        ck_assert_msg(nn_gemm_primitives() == made,
+                                      "mode %s, rows %lld in %lld out %lld r %lld, base %s, "
+                                      "adapter %s, bias %d: the step made %lld primitives "
+                                      "after prepare",
+                                      modes[mode], (long long)d[0], (long long)d[1],
+                                      (long long)d[2], (long long)d[3],
+                                      fsdp2_dtype_name(dtypes[w]), fsdp2_dtype_name(dtypes[a]),
+                                      bias, (long long)(nn_gemm_primitives() - made));
+                    }
+    }
+    unsetenv("FSDP2_NN_BF16_GEMM");
+    NN_OK(fsdp2_env_reload());
+    ck_assert_int_eq(fsdp2_nn_lora_prepare(8, 4, 4, 2, 1.0, FSDP2_F32, FSDP2_F16, 0),
+                     FSDP2_ERR_DTYPE_MISMATCH);
+    ck_assert_msg(strstr(fsdp2_last_error(), "LoRA adapter dtype f16") != NULL, "%s",
+                  fsdp2_last_error());
+    ck_assert_int_eq(fsdp2_nn_lora_prepare(8, 4, 4, -1, 1.0, FSDP2_F32, FSDP2_F32, 0),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -608,6 +673,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
     tcase_add_test(tc, parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads);
     tcase_add_test(tc, linear_prepare_makes_every_primitive_its_forward_and_backward_use);
+    tcase_add_test(tc, lora_prepare_makes_every_primitive_its_forward_and_backward_use);
     suite_add_tcase(s, tc);
     return s;
 }
