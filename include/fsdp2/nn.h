@@ -223,6 +223,15 @@ FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *d
                                                   fsdp2_tensor_t *dweight, fsdp2_tensor_t *dbias,
                                                   fsdp2_nn_workspace_t *ws);
 
+/* Creates now the GEMM primitives of fsdp2_nn_conv2d_forward and _backward (dx and the
+ * weight's gradient, of grad_dtype) for batch samples [c, h, w] and a weight [o, c, k, k]
+ * of weight_dtype: see "Preparing the GEMMs" at the end of this header. A bias does not
+ * change them. */
+FSDP2_API fsdp2_status_t fsdp2_nn_conv2d_prepare(int64_t batch, int64_t c, int64_t h, int64_t w,
+                                                 int64_t o, int64_t k,
+                                                 fsdp2_dtype_t weight_dtype,
+                                                 fsdp2_dtype_t grad_dtype);
+
 /* ---- 2x2 max pooling, stride 2 ----
  * x [planes, h, w] (planes = batch x channels) -> y [planes, h / 2, w / 2] (an odd last row
  * or column is dropped); argmax [planes, h / 2, w / 2] keeps each maximum's index in its

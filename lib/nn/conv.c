@@ -79,6 +79,8 @@ static fsdp2_status_t check_conv(const float *x, int64_t batch, int64_t h, int64
 static void im2col(const float *x, void *col, fsdp2_dtype_t dt, int64_t ld, int64_t at,
                    const conv_dims_t *d)
 {
+    if (nn_gemm_preparing())
+        return;
     for (int64_t ci = 0; ci < d->c; ci++)
         for (int64_t ki = 0; ki < d->k; ki++)
             for (int64_t kj = 0; kj < d->k; kj++) {
@@ -97,6 +99,8 @@ static void im2col(const float *x, void *col, fsdp2_dtype_t dt, int64_t ld, int6
 
 static void col2im_add(const float *col, int64_t ld, int64_t at, float *dx, const conv_dims_t *d)
 {
+    if (nn_gemm_preparing())
+        return;
     for (int64_t ci = 0; ci < d->c; ci++)
         for (int64_t ki = 0; ki < d->k; ki++)
             for (int64_t kj = 0; kj < d->k; kj++) {
@@ -190,7 +194,7 @@ fsdp2_status_t fsdp2_nn_conv2d_forward(const float *x, int64_t batch, int64_t h,
                                      (const uint16_t *)col, ld, 0.0f, out, ld));
         else
             FSDP2_CHECK(nn_sgemm(0, 0, d.o, ld, d.kk, 1.0f, wf, d.kk, col, ld, 0.0f, out, ld));
-        for (int64_t j = 0; j < m; j++) {
+        for (int64_t j = 0; j < (nn_gemm_preparing() ? 0 : m); j++) {
             float *ys = y + (s0 + j) * d.o * d.n;
             for (int64_t oc = 0; oc < d.o; oc++) {
                 const float *src = out + oc * ld + j * d.n;
@@ -222,9 +226,9 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t
     float *col = sc.col, *g = sc.out, *gw = sc.gw, *gb = sc.gb;
     const float *wf = ops16 ? NULL : nn_as_f32(weight, sc.w);
     int w32 = dweight && dweight->dtype == FSDP2_F32, b32 = dbias && dbias->dtype == FSDP2_F32;
-    if (dweight && !w32)
+    if (dweight && !w32 && !nn_gemm_preparing())
         memset(gw, 0, sizeof(float) * (size_t)(d.o * d.kk));
-    if (dbias && !b32)
+    if (dbias && !b32 && !nn_gemm_preparing())
         memset(gb, 0, sizeof(float) * (size_t)d.o);
     float *wsum = w32 ? dweight->data : gw, *bsum = b32 ? dbias->data : gb;
     for (int64_t s0 = 0; s0 < batch; s0 += CONV_CHUNK) {
@@ -237,7 +241,7 @@ fsdp2_status_t fsdp2_nn_conv2d_backward(const float *x, const float *dy, int64_t
         for (int64_t j = 0; j < m; j++) {
             im2col(x + (s0 + j) * d.c * h * w, col, FSDP2_F32, ld, j * d.n, &d);
             const float *dys = dy + (s0 + j) * d.o * d.n;
-            for (int64_t oc = 0; oc < d.o; oc++)
+            for (int64_t oc = 0; oc < (nn_gemm_preparing() ? 0 : d.o); oc++)
                 memcpy(g + oc * ld + j * d.n, dys + oc * d.n, sizeof(float) * (size_t)d.n);
         }
         FSDP2_OMP("omp parallel for schedule(static) if(dbias && d.o * ld > FSDP2_PAR_CHUNK)")
@@ -309,3 +313,32 @@ fsdp2_status_t fsdp2_nn_maxpool2d_backward(const float *dy, const int32_t *argma
             dx[p * h * w + argmax[p * per + i]] += dy[p * per + i];
     return FSDP2_SUCCESS;
 }
+
+fsdp2_status_t fsdp2_nn_conv2d_prepare(int64_t batch, int64_t c, int64_t h, int64_t w, int64_t o,
+                                       int64_t k, fsdp2_dtype_t weight_dtype,
+                                       fsdp2_dtype_t grad_dtype)
+{
+    FSDP2_CHECK(nn_check_dim(batch, "batch"));
+    FSDP2_CHECK(nn_check_dtype(weight_dtype, "conv2d weight"));
+    FSDP2_CHECK(nn_check_dtype(grad_dtype, "conv2d weight gradient"));
+    size_t ws_bytes;
+    FSDP2_CHECK(fsdp2_nn_conv2d_workspace_bytes(c, h, w, o, k, &ws_bytes)); /* checks the rest */
+    int64_t wide = c > o ? c : o;
+    size_t bytes = sizeof(float) * (size_t)(batch > 0 ? batch : 1) * (size_t)wide * (size_t)h *
+                   (size_t)w;
+    nn_prepare_t p;
+    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    int64_t wshape[4] = {o, c, k, k};
+    fsdp2_tensor_t wt, dw;
+    nn_prepare_tensor(&p, &wt, weight_dtype, 4, wshape);
+    nn_prepare_tensor(&p, &dw, grad_dtype, 4, wshape);
+    fsdp2_nn_workspace_t ws = {p.span, ws_bytes};
+    /* every array in the span, the bias gradient not asked for (it has no GEMM): nothing
+     * is read or written */
+    fsdp2_status_t s = fsdp2_nn_conv2d_forward(p.span, batch, h, w, &wt, NULL, p.span, &ws);
+    if (s == FSDP2_SUCCESS)
+        s = fsdp2_nn_conv2d_backward(p.span, p.span, batch, h, w, &wt, p.span, &dw, NULL, &ws);
+    nn_prepare_end(&p);
+    return s;
+}
+
