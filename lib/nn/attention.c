@@ -157,7 +157,8 @@ static fsdp2_status_t attention_group_backward(const att_layout_t *l, int64_t b,
 }
 
 /* One thread per (sample, key/value head), as many as the workspace has scratches for
- * (slots; at least 1). */
+ * (slots; at least 1) and the pool has threads: a workspace sized for a larger layer must
+ * not start a team larger than fsdp2_nn_set_threads asked for. */
 static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, const float *k,
                                          const float *v, const float *probs, const float *dy,
                                          float *dq, float *dk, float *dv, nn_carve_t *c,
@@ -165,6 +166,8 @@ static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, 
 {
     float *scratch[ATT_MAX_SLOTS];
     int64_t rows = l->seq < ATT_ROWS ? l->seq : ATT_ROWS;
+    int pool = nn_threads();
+    slots = slots > pool ? pool : slots;
     slots = slots < 1 ? 1 : (slots > ATT_MAX_SLOTS ? ATT_MAX_SLOTS : slots);
     for (int i = 0; i < slots; i++)
         scratch[i] = nn_carve_floats(c, rows * l->seq);
