@@ -395,6 +395,24 @@ FSDP2_API fsdp2_status_t fsdp2_nn_workspace_bytes(const fsdp2_nn_layer_shape_t *
  * it: the attention backward's scratch is per thread. */
 FSDP2_API fsdp2_status_t fsdp2_nn_set_threads(int threads);
 
+/* The dtype the layers compute in, for the whole process (f32 until set): FSDP2_F32 or
+ * FSDP2_BF16, any other dtype refused naming it. Under bf16, where FSDP2_NN_BF16_GEMM
+ * lets a layer take bf16 GEMM operands (on; auto on a CPU with bf16 matmul kernels), the
+ * attention layers (fused and grouped-query) multiply as PyTorch's CPU autocast and
+ * FSDP2's param_dtype bf16 do: q, k, v, dy, the probabilities and their gradient are
+ * rounded to bf16 (nearest even) as they enter each GEMM, the sums and every output f32,
+ * the softmax and its backward f32. Their bf16 copies are a scratch of each thread that
+ * runs attention, allocated on its first such call and kept for the thread's life:
+ * 4 (seq hd + r (hd + seq)) bytes with r = min(seq, 64) and hd the head dimension, made
+ * again, larger, only by a call of a larger shape; the workspace queries do not change.
+ * The linear layer does not read this setting: its weight's dtype decides (a bf16 weight
+ * is what FSDP2's param_dtype bf16 hands it). Under f32 or FSDP2_NN_BF16_GEMM=off the
+ * layers give the bits of f32 compute. Set it before the steps, not while layers run. */
+FSDP2_API fsdp2_status_t fsdp2_nn_set_compute_dtype(fsdp2_dtype_t dtype);
+
+/* The dtype fsdp2_nn_set_compute_dtype set (FSDP2_F32 if never). */
+FSDP2_API fsdp2_status_t fsdp2_nn_get_compute_dtype(fsdp2_dtype_t *dtype);
+
 /* What the layers' GEMMs did since the process started, for a benchmark's breakdown:
  * calls, floating-point operations (2 m n k each) and seconds (the time of a GEMM that
  * runs on one thread of a parallel region counts divided by the region's threads), and

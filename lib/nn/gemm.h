@@ -58,6 +58,11 @@ int nn_gemm_bf16_native(void);
  * nn_gemm_bf16_native. Fails as fsdp2_env_init does when a variable's value is bad. */
 fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
 
+/* Whether the GEMMs of a layer without parameters (attention) take bf16 operands: the
+ * compute dtype (fsdp2_nn_set_compute_dtype) is bf16 and nn_gemm_bf16_wanted. Under f32
+ * compute it reads no environment and never fails. */
+fsdp2_status_t nn_compute_bf16_wanted(int *wanted);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 
