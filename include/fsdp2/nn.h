@@ -12,7 +12,8 @@
  *   on the fly and everything accumulates in f32: an application writes no cast code.
  *   With bf16 weights on a CPU with bf16 matrix units (AVX512-BF16, AMX), the linear
  *   layer's GEMMs take bf16 operands, the activations rounded to bf16, as PyTorch's CPU
- *   autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md).
+ *   autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md); attention's do too under bf16
+ *   compute (fsdp2_nn_set_compute_dtype).
  * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
  *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
  *   alike, so an input used twice (a residual stream, a tied weight) sums its
@@ -23,9 +24,10 @@
  *   Any gradient pointer may be NULL: that gradient is not computed.
  * - A bf16 gradient receives each call's contribution, summed in f32, with one rounding.
  * - Some functions need scratch memory: a workspace the caller provides (never
- *   allocated here, so a training step allocates nothing; the one exception is
+ *   allocated here, so a training step allocates nothing; the exceptions are
  *   FSDP2_NN_BF16_GEMM=on on a CPU without bf16 kernels, whose emulation takes 1 MiB per
- *   thread once, on the thread's first bf16 GEMM). Each such function has a
+ *   thread once, on the thread's first bf16 GEMM, and attention's bf16 staging under
+ *   bf16 compute, once per thread: fsdp2_nn_set_compute_dtype). Each such function has a
  *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
  *   the largest answer serves every call of a model (fsdp2_nn_workspace_bytes gives it
  *   for a list of layers). A layer with a query always needs its workspace, whatever the
@@ -223,6 +225,10 @@ FSDP2_API fsdp2_status_t fsdp2_nn_maxpool2d_backward(const float *dy, const int3
  * probs [batch, heads, seq, seq]: softmax(q k^T / sqrt(hd)) with the causal mask (a
  * position sees itself and earlier ones; the masked entries are 0), kept for backward. */
 
+/* The backward's workspace: a [min(seq, 64), seq] f32 scratch per thread of the pool (ask
+ * after fsdp2_nn_set_threads), whatever the compute dtype; the forward takes none. Under
+ * bf16 compute both directions also use a bf16 staging of each thread's own
+ * (fsdp2_nn_set_compute_dtype). */
 FSDP2_API fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes);
 
 FSDP2_API fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch,
