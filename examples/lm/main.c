@@ -98,6 +98,10 @@ static void setup(run_t *r)
     if (!a->threads) /* the rank's share of the host's cores for its GEMMs */
         a->threads = example_threads(info.local_world_size);
     CHECK(fsdp2_nn_set_threads(a->threads));
+    /* with bf16 parameters the layers compute in bf16: attention, which has no parameter
+     * to carry the dtype, takes bf16 GEMM operands as well where FSDP2_NN_BF16_GEMM
+     * lets the linear layers take them */
+    CHECK(fsdp2_nn_set_compute_dtype(strcmp(a->param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16));
     CHECK(fsdp2_stream_current((fsdp2_device_t)FSDP2_DEVICE_CPU_INIT, &r->current));
     if (a->batch % (r->ws * a->grad_accum)) {
         fprintf(stderr, "error: --batch %d is not divisible by %d ranks x --grad-accum %d\n",

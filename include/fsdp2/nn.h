@@ -13,7 +13,7 @@
  *   With bf16 weights on a CPU with bf16 matrix units (AVX512-BF16, AMX), the GEMMs of
  *   the linear layer, the LoRA adapters and conv2d take bf16 operands, the activations
  *   rounded to bf16, as PyTorch's CPU autocast does (FSDP2_NN_BF16_GEMM, docs/nn.md);
- *   attention's take f32 operands.
+ *   attention's do too under bf16 compute (fsdp2_nn_set_compute_dtype).
  * - Every gradient a backward produces is ADDED to what its buffer holds: parameter
  *   gradients (as FSDP's hooks expect: they zero them per backward) and input gradients
  *   alike, so an input used twice (a residual stream, a tied weight) sums its
@@ -24,9 +24,10 @@
  *   Any gradient pointer may be NULL: that gradient is not computed.
  * - A bf16 gradient receives each call's contribution, summed in f32, with one rounding.
  * - Some functions need scratch memory: a workspace the caller provides (never
- *   allocated here, so a training step allocates nothing; the one exception is
+ *   allocated here, so a training step allocates nothing; the exceptions are
  *   FSDP2_NN_BF16_GEMM=on on a CPU without bf16 kernels, whose emulation takes 1 MiB per
- *   thread once, on the thread's first bf16 GEMM). Each such function has a
+ *   thread once, on the thread's first bf16 GEMM, and attention's bf16 staging under
+ *   bf16 compute, once per thread: fsdp2_nn_set_compute_dtype). Each such function has a
  *   `_workspace_bytes` query; the answer does not depend on dtypes, so one workspace of
  *   the largest answer serves every call of a model (fsdp2_nn_workspace_bytes gives it
  *   for a list of layers). A layer with a query always needs its workspace, whatever the
@@ -250,6 +251,10 @@ FSDP2_API fsdp2_status_t fsdp2_nn_maxpool2d_backward(const float *dy, const int3
  * probs [batch, heads, seq, seq]: softmax(q k^T / sqrt(hd)) with the causal mask (a
  * position sees itself and earlier ones; the masked entries are 0), kept for backward. */
 
+/* The backward's workspace: a [min(seq, 64), seq] f32 scratch per thread of the pool (ask
+ * after fsdp2_nn_set_threads), whatever the compute dtype; the forward takes none. Under
+ * bf16 compute both directions also use a bf16 staging of each thread's own
+ * (fsdp2_nn_set_compute_dtype). */
 FSDP2_API fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes);
 
 FSDP2_API fsdp2_status_t fsdp2_nn_attention_forward(const float *qkv, int64_t batch,
@@ -431,6 +436,24 @@ FSDP2_API fsdp2_status_t fsdp2_nn_set_threads(int threads);
  * and writes no data and takes no workspace. Without oneDNN it checks its arguments and
  * does nothing else (the BLAS keeps nothing per shape). Other sizes (a last, smaller
  * batch) still get theirs on first use. */
+
+/* The dtype the layers compute in, for the whole process (f32 until set): FSDP2_F32 or
+ * FSDP2_BF16, any other dtype refused naming it. Under bf16, where FSDP2_NN_BF16_GEMM
+ * lets a layer take bf16 GEMM operands (on; auto on a CPU with bf16 matmul kernels), the
+ * attention layers (fused and grouped-query) multiply as PyTorch's CPU autocast and
+ * FSDP2's param_dtype bf16 do: q, k, v, dy, the probabilities and their gradient are
+ * rounded to bf16 (nearest even) as they enter each GEMM, the sums and every output f32,
+ * the softmax and its backward f32. Their bf16 copies are a scratch of each thread that
+ * runs attention, allocated by the whole team on the first such call and kept:
+ * 4 (seq hd + r (hd + seq)) bytes with r = min(seq, 64) and hd the head dimension, made
+ * again, larger, only by a call of a larger shape; the workspace queries do not change.
+ * The linear layer does not read this setting: its weight's dtype decides (a bf16 weight
+ * is what FSDP2's param_dtype bf16 hands it). Under f32 or FSDP2_NN_BF16_GEMM=off the
+ * layers give the bits of f32 compute. Set it before the steps, not while layers run. */
+FSDP2_API fsdp2_status_t fsdp2_nn_set_compute_dtype(fsdp2_dtype_t dtype);
+
+/* The dtype fsdp2_nn_set_compute_dtype set (FSDP2_F32 if never). */
+FSDP2_API fsdp2_status_t fsdp2_nn_get_compute_dtype(fsdp2_dtype_t *dtype);
 
 /* What the layers' GEMMs did since the process started, for a benchmark's breakdown:
  * calls, floating-point operations (2 m n k each) and seconds (the time of a GEMM that

@@ -50,9 +50,9 @@
     XX(CUDA_MODULE, "FSDP2_CUDA_MODULE", PATH, "", "a path",                                      \
        "the CUDA module to load instead of libfsdp2-cuda.so beside libfsdp2.so")                  \
     XX(NN_BF16_GEMM, "FSDP2_NN_BF16_GEMM", ENUM, "auto", "auto|on|off",                           \
-       "whether the nn layers' GEMMs with bf16 weights take bf16 operands (summing in f32): "     \
-       "auto = where oneDNN has bf16 matmul kernels for the CPU, on = everywhere (emulated in "   \
-       "f32 elsewhere), off = f32 operands")                                                     
+       "whether the nn layers' GEMMs with bf16 weights, and attention's under bf16 compute, "     \
+       "take bf16 operands (summing in f32): auto = where oneDNN has bf16 matmul kernels for "    \
+       "the CPU, on = everywhere (emulated in f32 elsewhere), off = f32 operands")
 
 #define FSDP2_ENV_TOOLS(XX) \
     XX(FAULT_KIND, "FSDP2_FAULT_KIND", ENUM, "none", "none|alloc|enqueue|collective|io",   \

@@ -789,6 +789,33 @@ static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n
 
 #endif
 
+/* fsdp2_nn_set_compute_dtype's setting: 1 for bf16. */
+static int compute_bf16;
+
+fsdp2_status_t fsdp2_nn_set_compute_dtype(fsdp2_dtype_t dtype)
+{
+    FSDP2_ARG_CHECK(dtype == FSDP2_F32 || dtype == FSDP2_BF16,
+                    "dtype = %d (%s): the layers compute in f32 or bf16", (int)dtype,
+                    fsdp2_dtype_name(dtype));
+    __atomic_store_n(&compute_bf16, dtype == FSDP2_BF16, __ATOMIC_RELAXED);
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_get_compute_dtype(fsdp2_dtype_t *dtype)
+{
+    FSDP2_ARG_CHECK(dtype, "dtype is NULL");
+    *dtype = __atomic_load_n(&compute_bf16, __ATOMIC_RELAXED) ? FSDP2_BF16 : FSDP2_F32;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t nn_compute_bf16_wanted(int *wanted)
+{
+    *wanted = 0;
+    if (!__atomic_load_n(&compute_bf16, __ATOMIC_RELAXED))
+        return FSDP2_SUCCESS; /* the environment is not consulted: f32 as it always was */
+    return nn_gemm_bf16_wanted(wanted);
+}
+
 fsdp2_status_t fsdp2_nn_set_threads(int threads)
 {
     FSDP2_ARG_CHECK(threads >= 1, "threads = %d: the layers need at least 1", threads);

@@ -68,6 +68,11 @@ void nn_gemm_prepare_begin(int threads);
 void nn_gemm_prepare_end(void);
 int nn_gemm_preparing(void);
 
+/* Whether the GEMMs of a layer without parameters (attention) take bf16 operands: the
+ * compute dtype (fsdp2_nn_set_compute_dtype) is bf16 and nn_gemm_bf16_wanted. Under f32
+ * compute it reads no environment and never fails. */
+fsdp2_status_t nn_compute_bf16_wanted(int *wanted);
+
 /* Which engine runs nn_sgemm: "onednn" or "blas". */
 const char *nn_gemm_engine(void);
 

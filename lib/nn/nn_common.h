@@ -50,6 +50,12 @@ void nn_add_into(fsdp2_tensor_t *t, int64_t first, const float *src, int64_t cou
 const float *nn_as_f32(const fsdp2_tensor_t *t, float *scratch);
 
 
+/* Bytes of one thread's bf16 staging for attention over seq positions of head dimension
+ * hd (bf16 compute), and the bytes of such staging allocated so far (the tests check
+ * that a second step of the same shapes allocates none). */
+int64_t nn_attention_staging_bytes(int64_t seq, int64_t hd);
+int64_t nn_attention_staging_allocated(void);
+
 /* Threads a parallel region started here would get: 1 inside one, or without OpenMP. */
 int nn_threads(void);
 /* The threads of the parallel region this thread is in (1 outside one). */

@@ -9,8 +9,9 @@
 #     reaches the losses of a run without the break;
 #   - with --param-dtype bf16 (ws 2) the losses stay within twice the spread PyTorch's own
 #     bf16 recipes (autocast, and FSDP2's param_dtype bf16) show against float64, with the
-#     GEMMs on f32 operands (FSDP2_NN_BF16_GEMM=off) and on bf16 ones (on: emulated where
-#     the CPU has no bf16 kernels); and rounding the GEMMs' operands to bf16, which is
+#     GEMMs on f32 operands (FSDP2_NN_BF16_GEMM=off) and on bf16 ones (on: the linear
+#     layers' and, the example computing in bf16, attention's; emulated where the CPU has
+#     no bf16 kernels); and rounding the GEMMs' operands to bf16, which is
 #     what autocast does to PyTorch's f32 step, moves our losses (on against off) by no
 #     more than autocast's spread from float64;
 #   - the Llama trained at ws 2 exports a directory that loads again (ws 1) and exports
