@@ -266,6 +266,12 @@ FSDP2_API fsdp2_status_t fsdp2_nn_attention_backward(const float *qkv, const flo
                                                      int64_t dim, int64_t heads, float *dqkv,
                                                      fsdp2_nn_workspace_t *ws);
 
+/* Creates now the GEMM primitives of fsdp2_nn_attention_forward and _backward for these
+ * sizes, at the compute dtype (fsdp2_nn_set_compute_dtype) and thread count set: see
+ * "Preparing the GEMMs" at the end of this header. */
+FSDP2_API fsdp2_status_t fsdp2_nn_attention_prepare(int64_t batch, int64_t seq, int64_t dim,
+                                                    int64_t heads);
+
 /* ---- Llama-family layers ---- */
 
 /* RMSNorm over the last dim (dim = weight's length), as Llama's:
@@ -354,6 +360,11 @@ FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const f
                                                          int64_t kv_heads, int64_t head_dim,
                                                          float *dq, float *dk, float *dv,
                                                          fsdp2_nn_workspace_t *ws);
+
+/* fsdp2_nn_attention_prepare for the grouped-query layout. */
+FSDP2_API fsdp2_status_t fsdp2_nn_gqa_attention_prepare(int64_t batch, int64_t seq,
+                                                        int64_t heads, int64_t kv_heads,
+                                                        int64_t head_dim);
 
 /* ---- losses: they WRITE the gradient ---- */
 

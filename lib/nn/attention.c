@@ -123,6 +123,8 @@ static void to_bf16(uint16_t *dst, const float *src, int64_t ld, int64_t r0, int
  * them, zero the rest of the row. */
 static void causal_softmax(float *p, int64_t seq, int64_t r0, int64_t r1)
 {
+    if (nn_gemm_preparing())
+        return;
     for (int64_t i = r0; i < r1; i++) {
         float *row = p + i * seq, max = row[0];
         for (int64_t j = 1; j <= i; j++)
@@ -215,6 +217,12 @@ static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, c
 {
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t pairs = l->batch * l->heads;
+    if (nn_gemm_preparing()) { /* one pair has every shape, keyed as the team runs them */
+        int before = nn_gemm_prepare_threads(pairs > 1 && nn_threads() > 1 ? 1 : 0);
+        fsdp2_status_t s = attention_head_forward(l, 0, 0, q, k, v, y, probs);
+        nn_gemm_prepare_threads(before);
+        return s;
+    }
     FSDP2_OMP("omp parallel if(pairs > 1)")
     {
         team_staging(l, &ps);
@@ -233,6 +241,8 @@ static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, c
  * masked entries have P = 0 */
 static void softmax_backward(const float *p, float *db, int64_t seq, int64_t r0, int64_t r1)
 {
+    if (nn_gemm_preparing())
+        return;
     for (int64_t i = r0; i < r1; i++) {
         const float *pr = p + i * seq;
         float *dr = db + (i - r0) * seq;
@@ -345,6 +355,13 @@ static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, 
         scratch[i] = nn_carve_floats(c, rows * l->seq);
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t kv_heads = l->heads / l->group, groups = l->batch * kv_heads;
+    if (nn_gemm_preparing()) { /* one group has every shape, keyed as the team runs them */
+        int before = nn_gemm_prepare_threads(groups > 1 && slots > 1 ? 1 : 0);
+        fsdp2_status_t s =
+            attention_group_backward(l, 0, 0, q, k, v, probs, dy, dq, dk, dv, scratch[0]);
+        nn_gemm_prepare_threads(before);
+        return s;
+    }
     FSDP2_OMP("omp parallel num_threads(slots) if(groups > 1 && slots > 1)")
     {
         team_staging(l, &ps);
@@ -468,3 +485,52 @@ fsdp2_status_t fsdp2_nn_gqa_attention_backward(const float *q, const float *k, c
     return attention_backward(&l, q, k, v, probs, dy, dq, dk, dv, &c,
                               (int)(ws->bytes / slot_bytes(seq)));
 }
+
+/* The forward and the backward of l in prepare mode (nn_prepare_begin), every array in one
+ * span: the outputs apart from the inputs where the calls insist. */
+static fsdp2_status_t prepare(int64_t batch, int64_t seq, int64_t dim, int64_t heads,
+                              int64_t kv_heads, int64_t hd, int fused)
+{
+    size_t ws_bytes;
+    FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &ws_bytes));
+    int64_t width = fused ? 3 * dim : heads * hd;
+    size_t rows = (size_t)(batch > 0 ? batch : 1) * (size_t)(seq > 0 ? seq : 1);
+    size_t bytes = sizeof(float) * rows * (size_t)(width > seq * heads ? width : seq * heads);
+    nn_prepare_t p;
+    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    float *a = p.span, *out = a + 16, *grad = a + 32, *g2 = a + 48, *g3 = a + 64;
+    fsdp2_nn_workspace_t ws = {p.span, ws_bytes};
+    fsdp2_status_t s;
+    if (fused) {
+        s = fsdp2_nn_attention_forward(a, batch, seq, dim, heads, out, out);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_nn_attention_backward(a, a, out, batch, seq, dim, heads, grad, &ws);
+    } else {
+        s = fsdp2_nn_gqa_attention_forward(a, a, a, batch, seq, heads, kv_heads, hd, out, out);
+        if (s == FSDP2_SUCCESS)
+            s = fsdp2_nn_gqa_attention_backward(a, a, a, a, out, batch, seq, heads, kv_heads, hd,
+                                                grad, g2, g3, &ws);
+    }
+    nn_prepare_end(&p);
+    return s;
+}
+
+fsdp2_status_t fsdp2_nn_attention_prepare(int64_t batch, int64_t seq, int64_t dim, int64_t heads)
+{
+    att_layout_t l;
+    FSDP2_CHECK(fused_layout(batch, seq, dim, heads, &l));
+    if (batch * seq * dim == 0)
+        return FSDP2_SUCCESS;
+    return prepare(batch, seq, dim, heads, heads, dim / heads, 1);
+}
+
+fsdp2_status_t fsdp2_nn_gqa_attention_prepare(int64_t batch, int64_t seq, int64_t heads,
+                                              int64_t kv_heads, int64_t head_dim)
+{
+    att_layout_t l;
+    FSDP2_CHECK(attention_layout(batch, seq, heads, kv_heads, head_dim, 0, &l));
+    if (batch * seq == 0)
+        return FSDP2_SUCCESS;
+    return prepare(batch, seq, heads * head_dim, heads, kv_heads, head_dim, 0);
+}
+

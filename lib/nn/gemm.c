@@ -98,6 +98,13 @@ void nn_gemm_prepare_end(void)
     prep.on = 0;
 }
 
+int nn_gemm_prepare_threads(int threads)
+{
+    int before = prep.threads;
+    prep.threads = threads;
+    return before;
+}
+
 int nn_gemm_preparing(void)
 {
     return prep.on;

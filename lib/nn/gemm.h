@@ -66,6 +66,8 @@ fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
  * thread's nn_threads(). The layers' _prepare functions walk their GEMMs this way. */
 void nn_gemm_prepare_begin(int threads);
 void nn_gemm_prepare_end(void);
+/* Sets the thread count of the calls being prepared; returns the one it replaces. */
+int nn_gemm_prepare_threads(int threads);
 int nn_gemm_preparing(void);
 
 /* Whether the GEMMs of a layer without parameters (attention) take bf16 operands: the

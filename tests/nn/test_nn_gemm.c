@@ -658,6 +658,69 @@ START_TEST(lora_prepare_makes_every_primitive_its_forward_and_backward_use)
 }
 END_TEST
 
+/* A forward and backward of the fused attention (kv_heads 0) or the grouped-query one on
+ * random data. */
+static void attention_step(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd)
+{
+    int fused = kv_heads == 0;
+    int64_t dim = heads * hd, kvd = (fused ? heads : kv_heads) * hd, rows = batch * seq;
+    int64_t width = fused ? 3 * dim : dim + 2 * kvd;
+    float *qkv = random_f32(rows * width), *dy = random_f32(rows * dim), *y = f32_array(rows * dim),
+          *probs = f32_array(batch * heads * seq * seq), *d = f32_array(rows * width);
+    size_t bytes;
+    NN_OK(fsdp2_nn_attention_workspace_bytes(seq, &bytes));
+    fsdp2_nn_workspace_t ws = {malloc(bytes), bytes};
+    if (fused) {
+        NN_OK(fsdp2_nn_attention_forward(qkv, batch, seq, dim, heads, y, probs));
+        NN_OK(fsdp2_nn_attention_backward(qkv, probs, dy, batch, seq, dim, heads, d, &ws));
+    } else {
+        const float *k = qkv + rows * dim, *v = k + rows * kvd;
+        NN_OK(fsdp2_nn_gqa_attention_forward(qkv, k, v, batch, seq, heads, kv_heads, hd, y,
+                                             probs));
+        NN_OK(fsdp2_nn_gqa_attention_backward(qkv, k, v, probs, dy, batch, seq, heads, kv_heads,
+                                              hd, d, d + rows * dim, d + rows * (dim + kvd),
+                                              &ws));
+    }
+    free(ws.data);
+    free(qkv), free(dy), free(y), free(probs), free(d);
+}
+
+/* After fsdp2_nn_attention_prepare (fsdp2_nn_gqa_attention_prepare), a step of those
+ * sizes creates no primitive: fused and grouped-query, f32 and bf16 compute, 1 and 2
+ * threads, one sample (no parallel region over pairs) and two, seq with a partial last
+ * block of rows. */
+START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
+{
+    set_bf16_mode("on");
+    const int64_t shapes[3][5] = {{2, 70, 3, 0, 8}, {1, 130, 4, 2, 12}, {2, 64, 6, 3, 8}};
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int threads = 1; threads <= 2; threads++)
+            for (int z = 0; z < 3; z++) {
+                const int64_t *d = shapes[z];
+                NN_OK(fsdp2_nn_set_compute_dtype(bf16 ? FSDP2_BF16 : FSDP2_F32));
+                NN_OK(fsdp2_nn_set_threads(threads));
+                if (d[3] == 0)
+                    NN_OK(fsdp2_nn_attention_prepare(d[0], d[1], d[2] * d[4], d[2]));
+                else
+                    NN_OK(fsdp2_nn_gqa_attention_prepare(d[0], d[1], d[2], d[3], d[4]));
+                int64_t made = nn_gemm_primitives();
+                attention_step(d[0], d[1], d[2], d[3], d[4]);
+                ck_assert_msg(nn_gemm_primitives() == made,
+                              "%s compute, %d threads, batch %lld seq %lld heads %lld kv_heads "
+                              "%lld hd %lld: the step made %lld primitives after prepare",
+                              bf16 ? "bf16" : "f32", threads, (long long)d[0], (long long)d[1],
+                              (long long)d[2], (long long)d[3], (long long)d[4],
+                              (long long)(nn_gemm_primitives() - made));
+            }
+    NN_OK(fsdp2_nn_set_compute_dtype(FSDP2_F32));
+    unsetenv("FSDP2_NN_BF16_GEMM");
+    NN_OK(fsdp2_env_reload());
+    ck_assert_int_eq(fsdp2_nn_attention_prepare(2, 8, 10, 3), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_gqa_attention_prepare(2, 8, 6, 4, 8), FSDP2_ERR_INVALID_ARGUMENT);
+    NN_OK(fsdp2_nn_attention_prepare(0, 8, 12, 3));
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -674,6 +737,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads);
     tcase_add_test(tc, linear_prepare_makes_every_primitive_its_forward_and_backward_use);
     tcase_add_test(tc, lora_prepare_makes_every_primitive_its_forward_and_backward_use);
+    tcase_add_test(tc, attention_prepare_makes_every_primitive_its_forward_and_backward_use);
     suite_add_tcase(s, tc);
     return s;
 }
