@@ -546,8 +546,9 @@ static void set_bf16_mode(const char *mode)
 /* After fsdp2_nn_linear_prepare, a step of those sizes creates no primitive: for f32 and
  * bf16 weights and gradients, with and without a bias, in both FSDP2_NN_BF16_GEMM modes,
  * at a size inside one conversion block and at one of several blocks with partial last
- * blocks (in 3000, out 200: rows of W in blocks of 64, dx in blocks of 1280 columns). The
- * prepare reads no array: they lie in memory that faults when touched. */
+ * blocks (in 3000, out 200: rows of W in blocks of 64, dx in blocks of 1280 columns). Each
+ * setting has its own number of rows, so that no shape is left over from another's run.
+ * The prepare reads no array: they lie in memory that faults when touched. */
 START_TEST(linear_prepare_makes_every_primitive_its_forward_and_backward_use)
 {
     const int64_t sizes[2][3] = {{70, 96, 40}, {70, 3000, 200}};
@@ -560,7 +561,9 @@ START_TEST(linear_prepare_makes_every_primitive_its_forward_and_backward_use)
             for (int w = 0; w < 2; w++)
                 for (int g = 0; g < 2; g++)
                     for (int bias = 0; bias < 2; bias++) {
-                        int64_t rows = sizes[z][0], in = sizes[z][1], out = sizes[z][2];
+                        /* rows of its own: no shape left over from another run */
+                        int64_t rows = sizes[z][0] + ((mode * 2 + w) * 2 + g) * 2 + bias;
+                        int64_t in = sizes[z][1], out = sizes[z][2];
                         int64_t before = nn_gemm_primitives();
                         NN_OK(fsdp2_nn_linear_prepare(rows, in, out, dtypes[w], dtypes[g], bias));
                         int64_t made = nn_gemm_primitives();
@@ -632,7 +635,9 @@ START_TEST(lora_prepare_makes_every_primitive_its_forward_and_backward_use)
             for (int w = 0; w < 2; w++)
                 for (int a = 0; a < 2; a++)
                     for (int bias = 0; bias < 2; bias++) {
-                        const int64_t *d = sizes[z];
+                        int64_t d[4]; /* rows of its own, as for the linear */
+                        memcpy(d, sizes[z], sizeof(d));
+                        d[0] += ((mode * 2 + w) * 2 + a) * 2 + bias;
                         NN_OK(fsdp2_nn_lora_prepare(d[0], d[1], d[2], d[3], 2.0, dtypes[w],
                                                     dtypes[a], bias));
                         int64_t made = nn_gemm_primitives();
@@ -688,7 +693,8 @@ static void attention_step(int64_t batch, int64_t seq, int64_t heads, int64_t kv
 /* After fsdp2_nn_attention_prepare (fsdp2_nn_gqa_attention_prepare), a step of those
  * sizes creates no primitive: fused and grouped-query, f32 and bf16 compute, 1 and 2
  * threads, one sample (no parallel region over pairs) and two, seq with a partial last
- * block of rows. */
+ * block of rows. Each setting has a seq of its own, so that no shape is left over from
+ * another setting's run. */
 START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
 {
     set_bf16_mode("on");
@@ -696,7 +702,9 @@ START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int threads = 1; threads <= 2; threads++)
             for (int z = 0; z < 3; z++) {
-                const int64_t *d = shapes[z];
+                int64_t d[5];
+                memcpy(d, shapes[z], sizeof(d));
+                d[1] += 2 * (2 * bf16 + threads - 1);
                 NN_OK(fsdp2_nn_set_compute_dtype(bf16 ? FSDP2_BF16 : FSDP2_F32));
                 NN_OK(fsdp2_nn_set_threads(threads));
                 if (d[3] == 0)
