@@ -729,6 +729,64 @@ START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
 }
 END_TEST
 
+/* A conv2d forward and backward (dx, dW, db) on random data. */
+static void conv_step(int64_t batch, int64_t c, int64_t h, int64_t w, int64_t o, int64_t k,
+                      fsdp2_dtype_t wt, fsdp2_dtype_t gt)
+{
+    int64_t oh = h - k + 1, ow = w - k + 1, nw = o * c * k * k;
+    float *x = random_f32(batch * c * h * w), *dy = random_f32(batch * o * oh * ow),
+          *y = f32_array(batch * o * oh * ow), *dx = f32_array(batch * c * h * w),
+          *wd = random_f32(nw), *dw = f32_array(nw), *b = random_f32(o), *db = f32_array(o);
+    fsdp2_device_t cpu = FSDP2_DEVICE_CPU_INIT;
+    int64_t shape[4] = {o, c, k, k};
+    fsdp2_tensor_t *tw = NULL, *tdw = NULL, *tb = wrap(b, wt, 1, o, 0), *tdb = wrap(db, gt, 1, o, 0);
+    NN_OK(fsdp2_tensor_from_blob(wd, cpu, wt, 4, shape, NULL, NULL, &tw));
+    NN_OK(fsdp2_tensor_from_blob(dw, cpu, gt, 4, shape, NULL, NULL, &tdw));
+    size_t bytes;
+    NN_OK(fsdp2_nn_conv2d_workspace_bytes(c, h, w, o, k, &bytes));
+    fsdp2_nn_workspace_t ws = {malloc(bytes), bytes};
+    NN_OK(fsdp2_nn_conv2d_forward(x, batch, h, w, tw, tb, y, &ws));
+    NN_OK(fsdp2_nn_conv2d_backward(x, dy, batch, h, w, tw, dx, tdw, tdb, &ws));
+    fsdp2_tensor_release(tw);
+    fsdp2_tensor_release(tdw);
+    fsdp2_tensor_release(tb);
+    fsdp2_tensor_release(tdb);
+    free(ws.data);
+    free(x), free(dy), free(y), free(dx), free(wd), free(dw), free(b), free(db);
+}
+
+/* After fsdp2_nn_conv2d_prepare, a step of those sizes (with a bias) creates no
+ * primitive: f32 and bf16 weights and gradients, both modes, a batch of several chunks
+ * with a partial last one; each setting has a batch of its own. */
+START_TEST(conv2d_prepare_makes_every_primitive_its_forward_and_backward_use)
+{
+    const char *modes[2] = {"off", "on"};
+    const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_BF16};
+    for (int mode = 0; mode < 2; mode++) {
+        set_bf16_mode(modes[mode]);
+        for (int w = 0; w < 2; w++)
+            for (int g = 0; g < 2; g++) {
+                int64_t batch = 37 + (mode * 2 + w) * 2 + g;
+                NN_OK(fsdp2_nn_conv2d_prepare(batch, 3, 12, 10, 5, 3, dtypes[w], dtypes[g]));
+                int64_t made = nn_gemm_primitives();
+                conv_step(batch, 3, 12, 10, 5, 3, dtypes[w], dtypes[g]);
+                ck_assert_msg(nn_gemm_primitives() == made,
+                              "mode %s, batch %lld, weight %s, grad %s: the step made %lld "
+                              "primitives after prepare",
+                              modes[mode], (long long)batch, fsdp2_dtype_name(dtypes[w]),
+                              fsdp2_dtype_name(dtypes[g]),
+                              (long long)(nn_gemm_primitives() - made));
+            }
+    }
+    unsetenv("FSDP2_NN_BF16_GEMM");
+    NN_OK(fsdp2_env_reload());
+    ck_assert_int_eq(fsdp2_nn_conv2d_prepare(4, 3, 2, 2, 5, 3, FSDP2_F32, FSDP2_F32),
+                     FSDP2_ERR_INVALID_ARGUMENT); /* kernel larger than the image */
+    ck_assert_int_eq(fsdp2_nn_conv2d_prepare(4, 3, 8, 8, 5, 3, FSDP2_F32, FSDP2_F64),
+                     FSDP2_ERR_DTYPE_MISMATCH);
+}
+END_TEST
+
 static Suite *nn_gemm_suite(void)
 {
     Suite *s = suite_create("nn_gemm");
@@ -746,6 +804,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, linear_prepare_makes_every_primitive_its_forward_and_backward_use);
     tcase_add_test(tc, lora_prepare_makes_every_primitive_its_forward_and_backward_use);
     tcase_add_test(tc, attention_prepare_makes_every_primitive_its_forward_and_backward_use);
+    tcase_add_test(tc, conv2d_prepare_makes_every_primitive_its_forward_and_backward_use);
     suite_add_tcase(s, tc);
     return s;
 }
