@@ -462,9 +462,9 @@ fsdp2_status_t lm_allocate(lm_model_t *m, int max_batch, int checkpointing)
     return FSDP2_SUCCESS;
 }
 
-/* The linears' GEMM primitives for a step of the largest micro-batch, made now rather than
- * inside the first step (fsdp2_nn_linear_prepare, fsdp2_nn_lora_prepare). The blocks
- * share their shapes, so the first block and the head are enough. */
+/* The GEMM primitives of a step of the largest micro-batch, made now rather than inside
+ * the first step (fsdp2_nn_*_prepare): the linears (or their adapters) and the attention.
+ * The blocks share their shapes, so the first block and the head are enough. */
 fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype)
 {
     const lm_block_t *b = &m->blocks[0];
@@ -484,7 +484,11 @@ fsdp2_status_t lm_prepare(const lm_model_t *m, fsdp2_dtype_t param_dtype)
             TRY(fsdp2_nn_linear_prepare(rows, info.shape[1], info.shape[0], param_dtype,
                                         param_dtype, lin[i]->b != NULL));
     }
-    return FSDP2_SUCCESS;
+    const lm_config_t *c = &m->cfg;
+    if (llama(c))
+        return fsdp2_nn_gqa_attention_prepare(m->max_batch, c->seq, c->heads, c->kv_heads,
+                                              c->dim / c->heads);
+    return fsdp2_nn_attention_prepare(m->max_batch, c->seq, c->dim, c->heads);
 }
 
 void lm_destroy(lm_model_t *m)
