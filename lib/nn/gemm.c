@@ -579,6 +579,10 @@ static fsdp2_status_t lookup(const gemm_key_t *k, const gemm_entry_t **out)
         *slot = fresh;
         fresh = NULL;
         g.count++;
+        FSDP2_LOG(DEBUG, NN, "GEMM primitive %zu made: m %lld n %lld k %lld, %s, %d threads%s",
+                  g.count, (long long)k->m, (long long)k->n, (long long)k->k,
+                  k->dtype == dnnl_bf16 ? "bf16" : "f32", (int)k->threads,
+                  prep.on ? " (prepared)" : "");
     }
     *out = *slot;
 done:

@@ -24,6 +24,7 @@
 #include <fsdp2/stream.h>
 
 #include "core/env_internal.h"
+#include "core/log_internal.h"
 
 #define TEST_TIMEOUT_S 30
 
@@ -153,9 +154,9 @@ static const struct bad_value bad_values[] = {
     {"FSDP2_CPU_MEMORY_LIMIT", "", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
     {"FSDP2_TIMEOUT", "+5", "0.001..604800", FSDP2_ENV_TIMEOUT, 300000},
     {"FSDP2_TIMEOUT", "", "0.001..604800", FSDP2_ENV_TIMEOUT, 300000},
-    {"FSDP2_LOG_SUBSYS", "stream,bogus", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
+    {"FSDP2_LOG_SUBSYS", "stream,bogus", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text|nn",
      FSDP2_ENV_LOG_SUBSYS, -1},
-    {"FSDP2_LOG_SUBSYS", "stream,,coll", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text",
+    {"FSDP2_LOG_SUBSYS", "stream,,coll", "init|core|stream|mesh|coll|fsdp|ckpt|optim|text|nn",
      FSDP2_ENV_LOG_SUBSYS, -1},
     {"FSDP2_CPU_MEMORY_LIMIT", "-1", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
     {"FSDP2_CPU_MEMORY_LIMIT", "3X", "0..1125899906842624", FSDP2_ENV_CPU_MEMORY_LIMIT, 0},
@@ -272,11 +273,13 @@ static const struct good_value good_values[] = {
     {"FSDP2_LOG_LEVEL", "info", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_INFO},
     {"FSDP2_LOG_LEVEL", "debug", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_DEBUG},
     {"FSDP2_LOG_LEVEL", "trace", FSDP2_ENV_LOG_LEVEL, FSDP2_LOG_TRACE},
-    /* Bit i is the i-th name of log.h's list init,core,stream,mesh,coll,fsdp,ckpt,optim,text. */
+    /* Bit i is the i-th name of log.h's list init,core,stream,mesh,coll,fsdp,ckpt,optim,text,
+     * nn. */
     {"FSDP2_LOG_SUBSYS", "stream,coll", FSDP2_ENV_LOG_SUBSYS, (1 << 2) | (1 << 4)},
     {"FSDP2_LOG_SUBSYS", "init", FSDP2_ENV_LOG_SUBSYS, 1 << 0},
     {"FSDP2_LOG_SUBSYS", "optim,init", FSDP2_ENV_LOG_SUBSYS, (1 << 7) | (1 << 0)},
     {"FSDP2_LOG_SUBSYS", "coll,coll", FSDP2_ENV_LOG_SUBSYS, 1 << 4},
+    {"FSDP2_LOG_SUBSYS", "text,nn", FSDP2_ENV_LOG_SUBSYS, (1 << 8) | (1 << 9)},
     {"FSDP2_FAULT_RANK", "-1", FSDP2_ENV_FAULT_RANK, -1},
     {"FSDP2_FAULT_RANK", "0", FSDP2_ENV_FAULT_RANK, 0},
     {"FSDP2_FAULT_AT", "1000000000000", FSDP2_ENV_FAULT_AT, 1000000000000ll},
@@ -633,6 +636,27 @@ static TCase *tcase_new(const char *name)
     return tc;
 }
 
+/* Every subsystem the log knows can be chosen by name: the variable's choices and the
+ * log's list are two tables that must not drift apart. */
+START_TEST(every_log_subsystem_is_a_choice_of_fsdp2_log_subsys)
+{
+    static const char *const names[] = {
+#define SUBSYS_NAME_(name, str) str,
+        FSDP2_SUBSYS_MAP(SUBSYS_NAME_)
+#undef SUBSYS_NAME_
+    };
+    for (int i = 0; i < FSDP2_SUBSYS_COUNT; i++) {
+        env_clear();
+        env_set("FSDP2_LOG_SUBSYS", names[i]);
+        ck_assert_msg(fsdp2_env_reload() == FSDP2_SUCCESS, "FSDP2_LOG_SUBSYS=%s: %s", names[i],
+                      fsdp2_last_error());
+        ck_assert_int_eq(fsdp2_env_int(FSDP2_ENV_LOG_SUBSYS), 1 << i);
+    }
+    env_clear();
+    ck_assert_int_eq(fsdp2_env_reload(), FSDP2_SUCCESS);
+}
+END_TEST
+
 static Suite *env_suite(void)
 {
     Suite *s = suite_create("env");
@@ -640,6 +664,7 @@ static Suite *env_suite(void)
     TCase *defaults = tcase_new("defaults");
     tcase_add_test(defaults, defaults_when_nothing_is_set_match_the_documented_values);
     tcase_add_test(defaults, reload_with_every_variable_unset_succeeds);
+    tcase_add_test(defaults, every_log_subsystem_is_a_choice_of_fsdp2_log_subsys);
     tcase_add_test(defaults, every_default_in_the_table_parses_to_the_unset_value);
     suite_add_tcase(s, defaults);
 
