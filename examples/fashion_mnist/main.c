@@ -185,6 +185,9 @@ static void setup(run_t *r)
     CHECK(fm_model_shard(r->model, mesh, r->a.wrap_min_params,
                          strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16,
                          r->a.reshard_after_forward));
+    for (int i = 0; i < 2; i++) /* the training batch, and the evaluation's */
+        CHECK(fm_model_prepare(r->model, i ? EVAL_CHUNK : r->local_batch,
+                               strcmp(r->a.param_dtype, "bf16") ? FSDP2_F32 : FSDP2_BF16));
     fsdp2_optimizer_options_t oo = optimizer_options(&r->a);
     CHECK(fsdp2_optimizer_create(r->model->root, &oo, &r->opt));
     CHECK(fsdp2_state_dict_create(r->model->root, r->opt, &r->state));

@@ -70,6 +70,19 @@ static fsdp2_status_t plan_workspace(fm_model_t *m)
     return m->ws.data ? FSDP2_SUCCESS : FSDP2_ERR_OUT_OF_MEMORY;
 }
 
+fsdp2_status_t fm_model_prepare(const fm_model_t *m, int batch, fsdp2_dtype_t param_dtype)
+{
+    for (int i = 0; i < m->nlayers; i++) {
+        const fm_layer_t *l = &m->layers[i];
+        if (l->conv)
+            TRY(fsdp2_nn_conv2d_prepare(batch, l->in, l->h, l->w, l->out, l->k, param_dtype,
+                                        param_dtype));
+        else
+            TRY(fsdp2_nn_linear_prepare(batch, l->in, l->out, param_dtype, param_dtype, 1));
+    }
+    return FSDP2_SUCCESS;
+}
+
 fsdp2_status_t fm_model_create(fm_kind_t kind, int max_batch, uint64_t seed, fm_model_t **out)
 {
     fm_model_t *m = calloc(1, sizeof(*m));

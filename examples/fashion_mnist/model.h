@@ -52,6 +52,10 @@ void fm_model_destroy(fm_model_t *m);
 fsdp2_status_t fm_model_shard(fm_model_t *m, fsdp2_mesh_t *mesh, int64_t wrap_min_params,
                               fsdp2_dtype_t param_dtype, int reshard_after_forward);
 
+/* Makes the GEMM primitives of a training step of batch samples now, before the first
+ * (fsdp2_nn_*_prepare): after fsdp2_nn_set_threads, with the unsharded parameters' dtype. */
+fsdp2_status_t fm_model_prepare(const fm_model_t *m, int batch, fsdp2_dtype_t param_dtype);
+
 /* One forward and backward over x (batch samples, normalised) with labels: gradients
  * end up (averaged over the mesh) in the sharded gradients. Returns the mean loss in
  * *loss and the number of correct predictions in *correct. train enables dropout. */
