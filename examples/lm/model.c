@@ -578,6 +578,19 @@ static fsdp2_status_t norm_forward(lm_model_t *m, const float *x, int64_t rows,
                                       rstd, &m->ws);
 }
 
+/* sum = x + delta, then the norm of sum, in one pass over the rows. */
+static fsdp2_status_t add_norm_forward(lm_model_t *m, const float *x, const float *delta,
+                                       int64_t rows, const fsdp2_param_t *w,
+                                       const fsdp2_param_t *b, float *sum, float *y, float *mean,
+                                       float *rstd)
+{
+    float eps = (float)m->cfg.norm_eps;
+    if (llama(&m->cfg))
+        return fsdp2_nn_add_rmsnorm_forward(x, delta, rows, eps, value(w), sum, y, rstd, &m->ws);
+    return fsdp2_nn_add_layernorm_forward(x, delta, rows, eps, value(w), value(b), sum, y, mean,
+                                          rstd, &m->ws);
+}
+
 static fsdp2_status_t norm_backward(lm_model_t *m, const float *x, int64_t rows,
                                     const fsdp2_param_t *w, const fsdp2_param_t *b,
                                     const float *mean, const float *rstd, const float *dy,
@@ -641,8 +654,8 @@ static fsdp2_status_t block_forward(lm_model_t *m, int l, lm_acts_t *a, int batc
     TRY(attention_in(m, b, a, batch, seq));
     TRY(attention(m, a, batch, seq));
     TRY(linear_forward(m, &b->o, a->atty, rows, m->proj));
-    TRY(fsdp2_nn_residual_forward(x, m->proj, n, a->res_mid));
-    TRY(norm_forward(m, a->res_mid, rows, b->norm2_w, b->norm2_b, a->norm2, a->mean2, a->rstd2));
+    TRY(add_norm_forward(m, x, m->proj, rows, b->norm2_w, b->norm2_b, a->res_mid, a->norm2,
+                         a->mean2, a->rstd2));
     TRY(mlp_in(m, b, a, rows));
     TRY(linear_forward(m, &b->down, a->act, rows, m->proj));
     return fsdp2_nn_residual_forward(a->res_mid, m->proj, n, y);

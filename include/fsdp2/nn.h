@@ -162,6 +162,17 @@ FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows
                                                     float *mean, float *rstd,
                                                     fsdp2_nn_workspace_t *ws);
 
+/* The residual add and the layer norm after it in one pass over the rows: sum = x + delta
+ * (as fsdp2_nn_residual_forward), then y, mean and rstd of sum as fsdp2_nn_layernorm_forward
+ * gives them, the same bits, with each row normalised while it is in cache. sum may alias
+ * x or delta; y may not alias sum. */
+FSDP2_API fsdp2_status_t fsdp2_nn_add_layernorm_forward(const float *x, const float *delta,
+                                                        int64_t rows, float eps,
+                                                        const fsdp2_tensor_t *weight,
+                                                        const fsdp2_tensor_t *bias, float *sum,
+                                                        float *y, float *mean, float *rstd,
+                                                        fsdp2_nn_workspace_t *ws);
+
 FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean,
                                                      const float *rstd, const float *dy,
                                                      int64_t rows, const fsdp2_tensor_t *weight,
@@ -285,6 +296,13 @@ FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, 
                                                   float *rstd, fsdp2_nn_workspace_t *ws);
 
 /* dx += d/dx; dweight += sum over rows of dy * x * rstd. */
+/* The residual add and the RMSNorm after it in one pass, as fsdp2_nn_add_layernorm_forward. */
+FSDP2_API fsdp2_status_t fsdp2_nn_add_rmsnorm_forward(const float *x, const float *delta,
+                                                      int64_t rows, float eps,
+                                                      const fsdp2_tensor_t *weight, float *sum,
+                                                      float *y, float *rstd,
+                                                      fsdp2_nn_workspace_t *ws);
+
 FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd,
                                                    const float *dy, int64_t rows,
                                                    const fsdp2_tensor_t *weight, float *dx,

@@ -27,10 +27,11 @@ static fsdp2_status_t check_norm(const float *x, int64_t rows, const fsdp2_tenso
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float eps,
-                                          const fsdp2_tensor_t *weight, const fsdp2_tensor_t *bias,
-                                          float *y, float *mean, float *rstd,
-                                          fsdp2_nn_workspace_t *ws)
+/* The forward of rows of x, or of x + delta (then written to sum first, row by row, and
+ * normalised from there while the row is in cache). */
+static fsdp2_status_t forward(const float *x, const float *delta, float *sum, int64_t rows,
+                              float eps, const fsdp2_tensor_t *weight, const fsdp2_tensor_t *bias,
+                              float *y, float *mean, float *rstd, fsdp2_nn_workspace_t *ws)
 {
     int64_t dim;
     FSDP2_CHECK(check_norm(x, rows, weight, bias, &dim));
@@ -48,10 +49,17 @@ fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float ep
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;
-        double sum = 0;
+        if (delta) { /* the residual add, as fsdp2_nn_residual_forward's */
+            float *sr = sum + r * dim;
+            const float *dr = delta + r * dim;
+            for (int64_t j = 0; j < dim; j++)
+                sr[j] = xr[j] + dr[j];
+            xr = sr;
+        }
+        double total = 0;
         for (int64_t j = 0; j < dim; j++)
-            sum += xr[j];
-        double mu = sum / (double)dim, var = 0;
+            total += xr[j];
+        double mu = total / (double)dim, var = 0;
         for (int64_t j = 0; j < dim; j++)
             var += ((double)xr[j] - mu) * ((double)xr[j] - mu);
         float m = (float)mu, s = (float)(1.0 / sqrt(var / (double)dim + eps));
@@ -61,6 +69,24 @@ fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float ep
             yr[j] = (xr[j] - m) * s * w[j] + (b ? b[j] : 0.0f);
     }
     return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_layernorm_forward(const float *x, int64_t rows, float eps,
+                                          const fsdp2_tensor_t *weight, const fsdp2_tensor_t *bias,
+                                          float *y, float *mean, float *rstd,
+                                          fsdp2_nn_workspace_t *ws)
+{
+    return forward(x, NULL, NULL, rows, eps, weight, bias, y, mean, rstd, ws);
+}
+
+fsdp2_status_t fsdp2_nn_add_layernorm_forward(const float *x, const float *delta, int64_t rows,
+                                              float eps, const fsdp2_tensor_t *weight,
+                                              const fsdp2_tensor_t *bias, float *sum, float *y,
+                                              float *mean, float *rstd, fsdp2_nn_workspace_t *ws)
+{
+    FSDP2_ARG_CHECK((delta && sum) || rows == 0, "delta or sum is NULL");
+    FSDP2_ARG_CHECK(y != sum || rows == 0, "y aliases sum: both are outputs");
+    return forward(x, delta, sum, rows, eps, weight, bias, y, mean, rstd, ws);
 }
 
 fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean, const float *rstd,

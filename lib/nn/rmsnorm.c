@@ -25,9 +25,10 @@ static fsdp2_status_t check_rmsnorm(const float *x, int64_t rows, const fsdp2_te
     return FSDP2_SUCCESS;
 }
 
-fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, float eps,
-                                        const fsdp2_tensor_t *weight, float *y, float *rstd,
-                                        fsdp2_nn_workspace_t *ws)
+/* The forward of rows of x, or of x + delta (then written to sum first, row by row). */
+static fsdp2_status_t forward(const float *x, const float *delta, float *sum, int64_t rows,
+                              float eps, const fsdp2_tensor_t *weight, float *y, float *rstd,
+                              fsdp2_nn_workspace_t *ws)
 {
     int64_t dim;
     FSDP2_CHECK(check_rmsnorm(x, rows, weight, &dim));
@@ -43,15 +44,38 @@ fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, float eps,
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;
-        double sum = 0;
+        if (delta) { /* the residual add, as fsdp2_nn_residual_forward's */
+            float *sr = sum + r * dim;
+            const float *dr = delta + r * dim;
+            for (int64_t j = 0; j < dim; j++)
+                sr[j] = xr[j] + dr[j];
+            xr = sr;
+        }
+        double total = 0;
         for (int64_t j = 0; j < dim; j++)
-            sum += (double)xr[j] * xr[j];
-        float s = (float)(1.0 / sqrt(sum / (double)dim + eps));
+            total += (double)xr[j] * xr[j];
+        float s = (float)(1.0 / sqrt(total / (double)dim + eps));
         rstd[r] = s;
         for (int64_t j = 0; j < dim; j++)
             yr[j] = w[j] * (xr[j] * s);
     }
     return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, float eps,
+                                        const fsdp2_tensor_t *weight, float *y, float *rstd,
+                                        fsdp2_nn_workspace_t *ws)
+{
+    return forward(x, NULL, NULL, rows, eps, weight, y, rstd, ws);
+}
+
+fsdp2_status_t fsdp2_nn_add_rmsnorm_forward(const float *x, const float *delta, int64_t rows,
+                                            float eps, const fsdp2_tensor_t *weight, float *sum,
+                                            float *y, float *rstd, fsdp2_nn_workspace_t *ws)
+{
+    FSDP2_ARG_CHECK((delta && sum) || rows == 0, "delta or sum is NULL");
+    FSDP2_ARG_CHECK(y != sum || rows == 0, "y aliases sum: both are outputs");
+    return forward(x, delta, sum, rows, eps, weight, y, rstd, ws);
 }
 
 fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd, const float *dy,

@@ -400,6 +400,57 @@ START_TEST(residual_forward_and_backward_fan_out)
 }
 END_TEST
 
+/* The fused residual add + norm gives the bits of the two calls, with sum apart, in place
+ * over x, and over delta; rows enough for the threads to split them. */
+START_TEST(add_norm_forward_equals_the_residual_add_then_the_norm)
+{
+    const int64_t rows = 300, dim = 96, n = rows * dim;
+    float *x = random_f32(n, -2, 3), *d = random_f32(n, -1, 1), *w = random_f32(dim, 0.5f, 1.5f),
+          *b = random_f32(dim, -0.5f, 0.5f);
+    float *sum = f32_array(n), *y = f32_array(n), *ref_sum = f32_array(n), *ref_y = f32_array(n);
+    float *mean = f32_array(rows), *rstd = f32_array(rows), *ref_mean = f32_array(rows),
+          *ref_rstd = f32_array(rows), *xc = f32_array(n), *dc = f32_array(n);
+    fsdp2_tensor_t *tw = wrap(w, FSDP2_F32, 1, dim, 0), *tb = wrap(b, FSDP2_F32, 1, dim, 0);
+    NN_OK(fsdp2_nn_set_threads(2));
+    for (int rms = 0; rms < 2; rms++) {
+        NN_OK(fsdp2_nn_residual_forward(x, d, n, ref_sum));
+        if (rms)
+            NN_OK(fsdp2_nn_rmsnorm_forward(ref_sum, rows, 1e-6f, tw, ref_y, ref_rstd, test_ws()));
+        else
+            NN_OK(fsdp2_nn_layernorm_forward(ref_sum, rows, 1e-5f, tw, tb, ref_y, ref_mean,
+                                             ref_rstd, test_ws()));
+        for (int place = 0; place < 3; place++) { /* sum apart, over x, over delta */
+            memcpy(xc, x, sizeof(float) * (size_t)n);
+            memcpy(dc, d, sizeof(float) * (size_t)n);
+            float *out = place == 0 ? sum : place == 1 ? xc : dc;
+            if (rms)
+                NN_OK(fsdp2_nn_add_rmsnorm_forward(xc, dc, rows, 1e-6f, tw, out, y, rstd,
+                                                   test_ws()));
+            else
+                NN_OK(fsdp2_nn_add_layernorm_forward(xc, dc, rows, 1e-5f, tw, tb, out, y, mean,
+                                                     rstd, test_ws()));
+            ck_assert_msg(memcmp(out, ref_sum, sizeof(float) * (size_t)n) == 0,
+                          "%s, place %d: sum differs", rms ? "rmsnorm" : "layernorm", place);
+            ck_assert_msg(memcmp(y, ref_y, sizeof(float) * (size_t)n) == 0,
+                          "%s, place %d: y differs", rms ? "rmsnorm" : "layernorm", place);
+            ck_assert(memcmp(rstd, ref_rstd, sizeof(float) * (size_t)rows) == 0);
+            ck_assert(rms || memcmp(mean, ref_mean, sizeof(float) * (size_t)rows) == 0);
+        }
+    }
+    ck_assert_int_eq(fsdp2_nn_add_layernorm_forward(x, NULL, rows, 1e-5f, tw, tb, sum, y, mean,
+                                                    rstd, test_ws()),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_add_rmsnorm_forward(x, d, rows, 1e-6f, tw, y, y, rstd, test_ws()),
+                     FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fsdp2_last_error(), "y aliases sum") != NULL, "%s", fsdp2_last_error());
+    fsdp2_tensor_release(tw);
+    fsdp2_tensor_release(tb);
+    float *all[] = {x, d, w, b, sum, y, ref_sum, ref_y, mean, rstd, ref_mean, ref_rstd, xc, dc};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        free(all[i]);
+}
+END_TEST
+
 START_TEST(bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds)
 {
     const int64_t rows = 5, dim = 37;
@@ -896,6 +947,7 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, bf16_conv2d_equals_f32_on_rounded_parameters);
     tcase_add_test(tc, dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask);
     tcase_add_test(tc, residual_forward_and_backward_fan_out);
+    tcase_add_test(tc, add_norm_forward_equals_the_residual_add_then_the_norm);
     tcase_add_test(tc, cross_entropy_stays_exact_for_logits_of_1000);
     tcase_add_test(tc, bad_input_is_refused_naming_the_value_and_writes_nothing);
     tcase_add_test(tc, bf16_rmsnorm_equals_f32_on_rounded_weights_and_its_backward_adds);
