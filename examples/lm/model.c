@@ -709,8 +709,7 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     int64_t C = m->cfg.dim, rows = (int64_t)batch * seq, n = rows * C;
     const float *x = m->res + l * n;
     /* y = res_mid + down(act(norm2(res_mid))) */
-    zero(m->d_mid, n);
-    TRY(fsdp2_nn_residual_backward(dy, n, m->d_mid, NULL));
+    memcpy(m->d_mid, dy, sizeof(float) * (size_t)n); /* the residual's backward */
     zero(m->d_act, rows * m->cfg.hidden);
     TRY(linear_backward(m, &b->down, a->act, rows, dy, m->d_act));
     TRY(mlp_in_backward(m, b, a, rows));
@@ -720,8 +719,7 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     zero(m->d_atty, n);
     TRY(linear_backward(m, &b->o, a->atty, rows, m->d_mid, m->d_atty));
     TRY(attention_backward(m, b, a, batch, seq));
-    zero(dx, n);
-    TRY(fsdp2_nn_residual_backward(m->d_mid, n, dx, NULL));
+    memcpy(dx, m->d_mid, sizeof(float) * (size_t)n); /* the residual's backward */
     return norm_backward(m, x, rows, b->norm1_w, b->norm1_b, a->mean1, a->rstd1, m->d_norm, dx);
 }
 
