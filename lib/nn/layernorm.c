@@ -47,15 +47,8 @@ static fsdp2_status_t forward(const float *x, const float *delta, float *sum, in
     const float *b = bias ? nn_as_f32(bias, b32) : NULL;
     FSDP2_OMP("omp parallel for schedule(static) if(rows * dim > FSDP2_PAR_CHUNK)")
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
+        const float *xr = nn_residual_row(x, delta, sum, r, dim);
         float *yr = y + r * dim;
-        if (delta) { /* the residual add, as fsdp2_nn_residual_forward's */
-            float *sr = sum + r * dim;
-            const float *dr = delta + r * dim;
-            for (int64_t j = 0; j < dim; j++)
-                sr[j] = xr[j] + dr[j];
-            xr = sr;
-        }
         double total = 0;
         for (int64_t j = 0; j < dim; j++)
             total += xr[j];

@@ -81,6 +81,22 @@ typedef struct nn_par_status {
 void nn_par_fail(nn_par_status_t *p, fsdp2_status_t s);
 fsdp2_status_t nn_par_result(const nn_par_status_t *p);
 
+/* The row r ([dim] floats) a fused residual + norm normalises: x's without delta, else
+ * x + delta written into sum's row r (as fsdp2_nn_residual_forward adds; sum may alias x
+ * or delta). */
+static inline const float *nn_residual_row(const float *x, const float *delta, float *sum,
+                                           int64_t r, int64_t dim)
+{
+    const float *xr = x + r * dim;
+    if (!delta)
+        return xr;
+    float *sr = sum + r * dim;
+    const float *dr = delta + r * dim;
+    for (int64_t j = 0; j < dim; j++)
+        sr[j] = xr[j] + dr[j];
+    return sr;
+}
+
 /* ---- preparing (the layers' _prepare functions) ----
  * A layer prepares by calling its own forward and backward while this thread's GEMMs only
  * create primitives (nn_gemm_prepare_begin), on arrays in one span of address space that
