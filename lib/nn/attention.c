@@ -57,9 +57,9 @@ fsdp2_status_t fsdp2_nn_attention_workspace_bytes(int64_t seq, size_t *bytes)
  * probabilities' and their gradient's [rows, seq] (the forward uses k, v, q and the
  * probabilities). The forward takes no workspace and the workspace query knows seq only
  * (its answer does not depend on dtypes), so the staging is each thread's own: allocated
- * (fsdp2_malloc) by every thread of the team on the first bf16 attention call
- * (team_staging), kept for the thread's life, allocated again only for a larger shape;
- * every byte allocated is counted. */
+ * (fsdp2_malloc) by every thread of the team on the first bf16 attention call, or by a
+ * prepare call (team_staging), kept for the thread's life, allocated again only for a
+ * larger shape; every byte allocated is counted. */
 typedef struct att_staging {
     int64_t elems;
     uint16_t data[];
@@ -218,6 +218,9 @@ static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, c
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t pairs = l->batch * l->heads;
     if (nn_gemm_preparing()) { /* one pair has every shape, keyed as the team runs them */
+        FSDP2_OMP("omp parallel if(pairs > 1)") /* and the team's staging, taken now */
+        team_staging(l, &ps);
+        FSDP2_CHECK(nn_par_result(&ps));
         int before = nn_gemm_prepare_threads(pairs > 1 && nn_threads() > 1 ? 1 : 0);
         fsdp2_status_t s = attention_head_forward(l, 0, 0, q, k, v, y, probs);
         nn_gemm_prepare_threads(before);

@@ -694,7 +694,7 @@ static void attention_step(int64_t batch, int64_t seq, int64_t heads, int64_t kv
  * sizes creates no primitive: fused and grouped-query, f32 and bf16 compute, 1 and 2
  * threads, one sample (no parallel region over pairs) and two, seq with a partial last
  * block of rows. Each setting has a seq of its own, so that no shape is left over from
- * another setting's run. */
+ * another setting's run. The step allocates no bf16 staging either. */
 START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
 {
     set_bf16_mode("on");
@@ -711,8 +711,10 @@ START_TEST(attention_prepare_makes_every_primitive_its_forward_and_backward_use)
                     NN_OK(fsdp2_nn_attention_prepare(d[0], d[1], d[2] * d[4], d[2]));
                 else
                     NN_OK(fsdp2_nn_gqa_attention_prepare(d[0], d[1], d[2], d[3], d[4]));
-                int64_t made = nn_gemm_primitives();
+                int64_t made = nn_gemm_primitives(), staged = nn_attention_staging_allocated();
                 attention_step(d[0], d[1], d[2], d[3], d[4]);
+                /* nor any bf16 staging: the prepare call took the team's */
+                ck_assert_int_eq(nn_attention_staging_allocated(), staged);
                 ck_assert_msg(nn_gemm_primitives() == made,
                               "%s compute, %d threads, batch %lld seq %lld heads %lld kv_heads "
                               "%lld hd %lld: the step made %lld primitives after prepare",
