@@ -173,6 +173,8 @@ FSDP2_API fsdp2_status_t fsdp2_nn_add_layernorm_forward(const float *x, const fl
                                                         float *y, float *mean, float *rstd,
                                                         fsdp2_nn_workspace_t *ws);
 
+/* dx += d/dx (dx may not alias x or dy); dweight += sum over rows of dy * xhat; dbias +=
+ * sum over rows of dy. */
 FSDP2_API fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean,
                                                      const float *rstd, const float *dy,
                                                      int64_t rows, const fsdp2_tensor_t *weight,
@@ -295,7 +297,6 @@ FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_forward(const float *x, int64_t rows, 
                                                   const fsdp2_tensor_t *weight, float *y,
                                                   float *rstd, fsdp2_nn_workspace_t *ws);
 
-/* dx += d/dx; dweight += sum over rows of dy * x * rstd. */
 /* The residual add and the RMSNorm after it in one pass, as fsdp2_nn_add_layernorm_forward. */
 FSDP2_API fsdp2_status_t fsdp2_nn_add_rmsnorm_forward(const float *x, const float *delta,
                                                       int64_t rows, float eps,
@@ -303,6 +304,7 @@ FSDP2_API fsdp2_status_t fsdp2_nn_add_rmsnorm_forward(const float *x, const floa
                                                       float *y, float *rstd,
                                                       fsdp2_nn_workspace_t *ws);
 
+/* dx += d/dx (dx may not alias x or dy); dweight += sum over rows of dy * x * rstd. */
 FSDP2_API fsdp2_status_t fsdp2_nn_rmsnorm_backward(const float *x, const float *rstd,
                                                    const float *dy, int64_t rows,
                                                    const fsdp2_tensor_t *weight, float *dx,
@@ -462,9 +464,12 @@ FSDP2_API fsdp2_status_t fsdp2_nn_set_threads(int threads);
  * forward and backward will use for the given sizes, at this thread's thread count
  * (fsdp2_nn_set_threads first) and the FSDP2_NN_BF16_GEMM mode, so that a step of those
  * sizes makes none: call it when the model is planned, once per distinct shape. It reads
- * and writes no data and takes no workspace. Without oneDNN it checks its arguments and
- * does nothing else (the BLAS keeps nothing per shape). Other sizes (a last, smaller
- * batch) still get theirs on first use. */
+ * and writes none of the layer's data and takes no workspace; under bf16 compute the
+ * attention calls also take each thread's bf16 staging then. Without oneDNN it makes no
+ * primitive (the BLAS keeps nothing per shape). Other sizes (a last, smaller batch) still
+ * get theirs on first use, and each thread still makes its small per-shape oneDNN memory
+ * descriptors on its first call of a shape (and, for bf16 GEMMs emulated in f32, its
+ * 1 MiB scratch). */
 
 /* The dtype the layers compute in, for the whole process (f32 until set): FSDP2_F32 or
  * FSDP2_BF16, any other dtype refused naming it. Under bf16, where FSDP2_NN_BF16_GEMM

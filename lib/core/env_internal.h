@@ -26,7 +26,8 @@
     XX(LOG_LEVEL, "FSDP2_LOG_LEVEL", ENUM, "warn", "error|warn|info|debug|trace",                 \
        "how much libfsdp2 prints to stderr")                                                      \
     XX(LOG_SUBSYS, "FSDP2_LOG_SUBSYS", LIST, "all",                                               \
-       "init|core|stream|mesh|coll|fsdp|ckpt|optim|text|nn", "which subsystems log (comma list)")    \
+       "init|core|stream|mesh|coll|fsdp|ckpt|optim|text|nn",                                      \
+       "which subsystems log (comma list)")                                                       \
     XX(TIMEOUT, "FSDP2_TIMEOUT", SECONDS, "300", "0.001..604800",                                 \
        "seconds before a blocked collective or rendezvous fails with a timeout")                  \
     XX(CPU_MEMORY_LIMIT, "FSDP2_CPU_MEMORY_LIMIT", BYTES, "0", "0..1125899906842624",             \

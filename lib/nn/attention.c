@@ -217,14 +217,21 @@ static fsdp2_status_t attention_forward(const att_layout_t *l, const float *q, c
 {
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t pairs = l->batch * l->heads;
-    if (nn_gemm_preparing()) { /* one pair has every shape, keyed as the team runs them */
-        FSDP2_OMP("omp parallel if(pairs > 1)") /* and the team's staging, taken now */
-        team_staging(l, &ps);
-        FSDP2_CHECK(nn_par_result(&ps));
-        int before = nn_gemm_prepare_threads(pairs > 1 && nn_threads() > 1 ? 1 : 0);
-        fsdp2_status_t s = attention_head_forward(l, 0, 0, q, k, v, y, probs);
-        nn_gemm_prepare_threads(before);
-        return s;
+    if (nn_gemm_preparing()) {
+        /* In the team the real call starts: each thread takes its staging, and the calling
+         * thread (the master, the one preparing) walks one pair, which has every shape, its
+         * primitives made inside the region as the real calls would make them. */
+        FSDP2_OMP("omp parallel if(pairs > 1)")
+        {
+            team_staging(l, &ps);
+            FSDP2_OMP("omp master")
+            {
+                fsdp2_status_t s = attention_head_forward(l, 0, 0, q, k, v, y, probs);
+                if (s != FSDP2_SUCCESS)
+                    nn_par_fail(&ps, s);
+            }
+        }
+        return nn_par_result(&ps);
     }
     FSDP2_OMP("omp parallel if(pairs > 1)")
     {
@@ -358,12 +365,19 @@ static fsdp2_status_t attention_backward(const att_layout_t *l, const float *q, 
         scratch[i] = nn_carve_floats(c, rows * l->seq);
     nn_par_status_t ps = {.status = FSDP2_SUCCESS};
     int64_t kv_heads = l->heads / l->group, groups = l->batch * kv_heads;
-    if (nn_gemm_preparing()) { /* one group has every shape, keyed as the team runs them */
-        int before = nn_gemm_prepare_threads(groups > 1 && slots > 1 ? 1 : 0);
-        fsdp2_status_t s =
-            attention_group_backward(l, 0, 0, q, k, v, probs, dy, dq, dk, dv, scratch[0]);
-        nn_gemm_prepare_threads(before);
-        return s;
+    if (nn_gemm_preparing()) { /* as the forward's: one group, in the real call's team */
+        FSDP2_OMP("omp parallel num_threads(slots) if(groups > 1 && slots > 1)")
+        {
+            team_staging(l, &ps);
+            FSDP2_OMP("omp master")
+            {
+                fsdp2_status_t s = attention_group_backward(l, 0, 0, q, k, v, probs, dy, dq, dk,
+                                                            dv, scratch[0]);
+                if (s != FSDP2_SUCCESS)
+                    nn_par_fail(&ps, s);
+            }
+        }
+        return nn_par_result(&ps);
     }
     FSDP2_OMP("omp parallel num_threads(slots) if(groups > 1 && slots > 1)")
     {
@@ -496,11 +510,12 @@ static fsdp2_status_t prepare(int64_t batch, int64_t seq, int64_t dim, int64_t h
 {
     size_t ws_bytes;
     FSDP2_CHECK(fsdp2_nn_attention_workspace_bytes(seq, &ws_bytes));
-    int64_t width = fused ? 3 * dim : heads * hd;
-    size_t rows = (size_t)(batch > 0 ? batch : 1) * (size_t)(seq > 0 ? seq : 1);
-    size_t bytes = sizeof(float) * rows * (size_t)(width > seq * heads ? width : seq * heads);
+    /* q, k, v, y and their gradients (fused: qkv's rows of 3 dim), the probabilities */
+    const int64_t arrays[2][3] = {{batch, seq, fused ? 3 * dim : dim}, {batch, heads, seq * seq}};
+    size_t bytes;
+    FSDP2_CHECK(nn_prepare_bytes(arrays, 2, ws_bytes, &bytes));
     nn_prepare_t p;
-    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    FSDP2_CHECK(nn_prepare_begin(&p, bytes));
     float *a = p.span, *out = a + 16, *grad = a + 32, *g2 = a + 48, *g3 = a + 64;
     fsdp2_nn_workspace_t ws = {p.span, ws_bytes};
     fsdp2_status_t s;

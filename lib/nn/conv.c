@@ -323,11 +323,12 @@ fsdp2_status_t fsdp2_nn_conv2d_prepare(int64_t batch, int64_t c, int64_t h, int6
     FSDP2_CHECK(nn_check_dtype(grad_dtype, "conv2d weight gradient"));
     size_t ws_bytes;
     FSDP2_CHECK(fsdp2_nn_conv2d_workspace_bytes(c, h, w, o, k, &ws_bytes)); /* checks the rest */
-    int64_t wide = c > o ? c : o;
-    size_t bytes = sizeof(float) * (size_t)(batch > 0 ? batch : 1) * (size_t)wide * (size_t)h *
-                   (size_t)w;
+    /* x, y (smaller than [batch, o, h, w]) and the weight */
+    const int64_t arrays[3][3] = {{batch, c, h * w}, {batch, o, h * w}, {o, c, k * k}};
+    size_t bytes;
+    FSDP2_CHECK(nn_prepare_bytes(arrays, 3, ws_bytes, &bytes));
     nn_prepare_t p;
-    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    FSDP2_CHECK(nn_prepare_begin(&p, bytes));
     int64_t wshape[4] = {o, c, k, k};
     fsdp2_tensor_t wt, dw;
     nn_prepare_tensor(&p, &wt, weight_dtype, 4, wshape);

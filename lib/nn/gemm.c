@@ -81,16 +81,15 @@ static void count_gemm(int64_t m, int64_t n, int64_t k, int64_t t0)
     __atomic_fetch_add(&counters.nanoseconds, ns / (share > 0 ? share : 1), __ATOMIC_RELAXED);
 }
 
-/* A thread that prepares (nn_gemm_prepare_begin) only creates primitives: threads is the
- * count the real call will run on (0: nn_threads() here). */
+/* A thread that prepares (nn_gemm_prepare_begin) only creates primitives. Not nested:
+ * nn_gemm_prepare_end ends it. */
 static _Thread_local struct {
-    int on, threads;
+    int on;
 } prep;
 
-void nn_gemm_prepare_begin(int threads)
+void nn_gemm_prepare_begin(void)
 {
     prep.on = 1;
-    prep.threads = threads;
 }
 
 void nn_gemm_prepare_end(void)
@@ -98,25 +97,11 @@ void nn_gemm_prepare_end(void)
     prep.on = 0;
 }
 
-int nn_gemm_prepare_threads(int threads)
-{
-    int before = prep.threads;
-    prep.threads = threads;
-    return before;
-}
-
 int nn_gemm_preparing(void)
 {
     return prep.on;
 }
 
-#ifdef FSDP2_HAVE_ONEDNN
-/* The thread count a primitive is keyed on. */
-static int key_threads(void)
-{
-    return prep.on && prep.threads > 0 ? prep.threads : nn_threads();
-}
-#endif
 
 static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
@@ -241,18 +226,16 @@ static fsdp2_status_t emulate_bf16(int trans_a, int trans_b, int64_t m, int64_t 
                 int64_t pk = k - p0 < kb ? k - p0 : kb;
                 /* each block keeps its operand's orientation: [pk, mi] when A is stored
                  * transposed, [mi, pk] otherwise; B the same */
-                if (prep.on)
-                    ;
-                else if (trans_a)
-                    load_bf16(fa, a, lda, p0, i0, pk, mi);
-                else
-                    load_bf16(fa, a, lda, i0, p0, mi, pk);
-                if (prep.on)
-                    ;
-                else if (trans_b)
-                    load_bf16(fb, b, ldb, j0, p0, nj, pk);
-                else
-                    load_bf16(fb, b, ldb, p0, j0, pk, nj);
+                if (!prep.on) { /* preparing: the f32 GEMMs' primitives only */
+                    if (trans_a)
+                        load_bf16(fa, a, lda, p0, i0, pk, mi);
+                    else
+                        load_bf16(fa, a, lda, i0, p0, mi, pk);
+                    if (trans_b)
+                        load_bf16(fb, b, ldb, j0, p0, nj, pk);
+                    else
+                        load_bf16(fb, b, ldb, p0, j0, pk, nj);
+                }
                 FSDP2_CHECK(engine_sgemm(trans_a, trans_b, mi, nj, pk, alpha, fa,
                                          trans_a ? mi : pk, fb, trans_b ? pk : nj,
                                          p0 == 0 ? beta : 1.0f, NULL,
@@ -299,17 +282,6 @@ fsdp2_status_t nn_gemm_bf16_bias(int trans_a, int trans_b, int64_t m, int64_t n,
                                  const float *bias, float *c, int64_t ldc)
 {
     return gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, bias, c, ldc);
-}
-
-/* FSDP2_NN_BF16_GEMM's choices, in the env table's order. */
-enum { BF16_GEMM_AUTO, BF16_GEMM_ON, BF16_GEMM_OFF };
-
-fsdp2_status_t nn_gemm_bf16_wanted(int *wanted)
-{
-    FSDP2_CHECK(fsdp2_env_init()); /* a bad value is an error, naming it */
-    int64_t mode = fsdp2_env_int(FSDP2_ENV_NN_BF16_GEMM);
-    *wanted = mode == BF16_GEMM_ON || (mode == BF16_GEMM_AUTO && nn_gemm_bf16_native());
-    return FSDP2_SUCCESS;
 }
 
 #ifdef FSDP2_HAVE_ONEDNN
@@ -626,7 +598,7 @@ static fsdp2_status_t engine_sgemm(int trans_a, int trans_b, int64_t m, int64_t 
     /* inside a parallel region oneDNN runs on the calling thread alone */
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
-                      .threads = key_threads(), .bias = bias != NULL,
+                      .threads = nn_threads(), .bias = bias != NULL,
                       .dtype = dnnl_f32, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e));
@@ -707,7 +679,7 @@ static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n
 {
     gemm_key_t key = {.m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
                       .trans_a = !!trans_a, .trans_b = !!trans_b,
-                      .threads = key_threads(), .bias = bias != NULL,
+                      .threads = nn_threads(), .bias = bias != NULL,
                       .dtype = dnnl_bf16, .dst_dtype = dnnl_f32, .alpha = alpha, .beta = beta};
     const gemm_entry_t *e = NULL;
     FSDP2_CHECK(lookup(&key, &e)); /* the probe created the engine */
@@ -799,42 +771,3 @@ static fsdp2_status_t native_bf16(int trans_a, int trans_b, int64_t m, int64_t n
 }
 
 #endif
-
-/* fsdp2_nn_set_compute_dtype's setting: 1 for bf16. */
-static int compute_bf16;
-
-fsdp2_status_t fsdp2_nn_set_compute_dtype(fsdp2_dtype_t dtype)
-{
-    FSDP2_ARG_CHECK(dtype == FSDP2_F32 || dtype == FSDP2_BF16,
-                    "dtype = %d (%s): the layers compute in f32 or bf16", (int)dtype,
-                    fsdp2_dtype_name(dtype));
-    __atomic_store_n(&compute_bf16, dtype == FSDP2_BF16, __ATOMIC_RELAXED);
-    return FSDP2_SUCCESS;
-}
-
-fsdp2_status_t fsdp2_nn_get_compute_dtype(fsdp2_dtype_t *dtype)
-{
-    FSDP2_ARG_CHECK(dtype, "dtype is NULL");
-    *dtype = __atomic_load_n(&compute_bf16, __ATOMIC_RELAXED) ? FSDP2_BF16 : FSDP2_F32;
-    return FSDP2_SUCCESS;
-}
-
-fsdp2_status_t nn_compute_bf16_wanted(int *wanted)
-{
-    *wanted = 0;
-    if (!__atomic_load_n(&compute_bf16, __ATOMIC_RELAXED))
-        return FSDP2_SUCCESS; /* the environment is not consulted: f32 as it always was */
-    return nn_gemm_bf16_wanted(wanted);
-}
-
-fsdp2_status_t fsdp2_nn_set_threads(int threads)
-{
-    FSDP2_ARG_CHECK(threads >= 1, "threads = %d: the layers need at least 1", threads);
-#ifdef _OPENMP
-    omp_set_num_threads(threads);
-#endif
-#ifndef FSDP2_HAVE_ONEDNN
-    openblas_set_num_threads(threads);
-#endif
-    return FSDP2_SUCCESS;
-}

@@ -61,13 +61,12 @@ fsdp2_status_t nn_gemm_bf16_wanted(int *wanted);
 /* Preparing: between nn_gemm_prepare_begin and _end, this thread's GEMM calls (nn_sgemm,
  * nn_gemm_bf16 and their _bias forms) create the primitives of their shapes and return:
  * no operand is read or written (they may be NULL; a bias pointer only says whether there
- * is one), nothing is counted, no scratch is taken. threads: the thread count the real
- * calls will be keyed on, 1 for calls that will run inside a parallel region, 0 for this
- * thread's nn_threads(). The layers' _prepare functions walk their GEMMs this way. */
-void nn_gemm_prepare_begin(int threads);
+ * is one), nothing is counted, no scratch is taken. A call keys its primitive on
+ * nn_threads() as a real call does, so a layer prepares calls that run inside a parallel
+ * region from inside the same region. The layers' _prepare functions walk their GEMMs this
+ * way. */
+void nn_gemm_prepare_begin(void);
 void nn_gemm_prepare_end(void);
-/* Sets the thread count of the calls being prepared; returns the one it replaces. */
-int nn_gemm_prepare_threads(int threads);
 int nn_gemm_preparing(void);
 
 /* Whether the GEMMs of a layer without parameters (attention) take bf16 operands: the

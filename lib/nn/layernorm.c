@@ -91,6 +91,8 @@ fsdp2_status_t fsdp2_nn_layernorm_backward(const float *x, const float *mean, co
     int64_t dim;
     FSDP2_CHECK(check_norm(x, rows, weight, NULL, &dim));
     FSDP2_ARG_CHECK((mean && rstd && dy) || rows == 0, "mean, rstd or dy is NULL");
+    /* dx is written for every row before the parameter gradients read x and dy */
+    FSDP2_ARG_CHECK(!dx || (dx != dy && dx != x), "dx aliases x or dy: the backward adds into dx");
     if (dweight)
         FSDP2_CHECK(nn_check_param(dweight, "layer norm weight gradient", 1, &dim));
     if (dbias)

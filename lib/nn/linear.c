@@ -304,11 +304,12 @@ fsdp2_status_t fsdp2_nn_linear_prepare(int64_t rows, int64_t in, int64_t out,
     FSDP2_CHECK(nn_check_dtype(weight_dtype, "linear weight"));
     FSDP2_CHECK(nn_check_dtype(grad_dtype, "linear weight gradient"));
     FSDP2_ARG_CHECK(bias == 0 || bias == 1, "bias = %d: 0 or 1", bias);
-    size_t ws_bytes, bytes = sizeof(float) * (size_t)(rows > out ? rows : out) *
-                             (size_t)(in > out ? in : out);
+    size_t ws_bytes, bytes;
     FSDP2_CHECK(fsdp2_nn_linear_workspace_bytes(in, out, &ws_bytes));
+    const int64_t arrays[3][3] = {{rows, in, 1}, {rows, out, 1}, {out, in, 1}};
+    FSDP2_CHECK(nn_prepare_bytes(arrays, 3, ws_bytes, &bytes));
     nn_prepare_t p;
-    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 1, 0));
+    FSDP2_CHECK(nn_prepare_begin(&p, bytes));
     int64_t wshape[2] = {out, in};
     fsdp2_tensor_t w, b, dw;
     nn_prepare_tensor(&p, &w, weight_dtype, 2, wshape);

@@ -352,10 +352,12 @@ fsdp2_status_t fsdp2_nn_lora_prepare(int64_t rows, int64_t in, int64_t out, int6
     FSDP2_ARG_CHECK(bias == 0 || bias == 1, "bias = %d: 0 or 1", bias);
     size_t ws_bytes;
     FSDP2_CHECK(fsdp2_nn_lora_workspace_bytes(in, out, r, &ws_bytes)); /* checks in, out */
-    int64_t wide = in > out ? in : out, most = rows > wide ? rows : wide;
-    size_t bytes = sizeof(float) * (size_t)most * (size_t)(wide > r ? wide : r);
+    const int64_t arrays[5][3] = {{rows, in, 1}, {rows, out, 1}, {out, in, 1}, {r, in, 1},
+                                  {out, r, 1}};
+    size_t bytes;
+    FSDP2_CHECK(nn_prepare_bytes(arrays, 5, ws_bytes, &bytes));
     nn_prepare_t p;
-    FSDP2_CHECK(nn_prepare_begin(&p, (bytes > ws_bytes ? bytes : ws_bytes) + 256, 0));
+    FSDP2_CHECK(nn_prepare_begin(&p, bytes));
     int64_t wshape[2] = {out, in}, ashape[2] = {r, in}, bshape[2] = {out, r};
     fsdp2_tensor_t w, b, a, bb, da, db;
     nn_prepare_tensor(&p, &w, weight_dtype, 2, wshape);

@@ -202,7 +202,27 @@ fsdp2_status_t nn_par_result(const nn_par_status_t *p)
     return p->status;
 }
 
-fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes, int threads)
+fsdp2_status_t nn_prepare_bytes(const int64_t (*dims)[3], int count, size_t ws, size_t *bytes)
+{
+    uint64_t most = ws;
+    for (int i = 0; i < count; i++) {
+        uint64_t n = sizeof(float);
+        for (int j = 0; j < 3; j++)
+            if (__builtin_mul_overflow(n, (uint64_t)dims[i][j], &n))
+                return fsdp2_error(FSDP2_ERR_INVALID_ARGUMENT,
+                                   "preparing: an array of %lld x %lld x %lld floats overflows "
+                                   "the address space",
+                                   (long long)dims[i][0], (long long)dims[i][1],
+                                   (long long)dims[i][2]);
+        most = n > most ? n : most;
+    }
+    FSDP2_ARG_CHECK(most <= SIZE_MAX - 256, "preparing: %llu bytes overflow a size",
+                    (unsigned long long)most);
+    *bytes = (size_t)most + 256;
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes)
 {
     p->bytes = bytes;
     p->span = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -213,7 +233,7 @@ fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes, int threads)
                            "arrays in (mmap: %s)",
                            bytes, strerror(errno));
     }
-    nn_gemm_prepare_begin(threads);
+    nn_gemm_prepare_begin();
     return FSDP2_SUCCESS;
 }
 

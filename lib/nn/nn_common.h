@@ -64,7 +64,8 @@ int nn_region_threads(void);
 int nn_thread_index(void);
 
 /* A thread's share [*first, *end) of n columns in a region of threads: contiguous
- * ranges on 16-float (64-byte) boundaries, so no two threads write one cache line. */
+ * ranges on 16-float (64-byte) boundaries, so that two threads share a cache line only
+ * where the array itself does not start on one. */
 void nn_column_range(int64_t n, int thread, int threads, int64_t *first, int64_t *end);
 
 /* sum[j] += column j of src [rows, cols] (row stride ld), added in row order, the columns
@@ -109,9 +110,13 @@ typedef struct nn_prepare {
     size_t bytes;
 } nn_prepare_t;
 
-/* Reserves bytes (> 0) of span and starts preparing with the GEMM thread count threads
- * (as nn_gemm_prepare_begin). */
-fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes, int threads);
+/* The bytes of a span that holds the largest of count f32 arrays, array i of
+ * dims[i][0] x dims[i][1] x dims[i][2] elements (sizes >= 0), or ws bytes if more, and 256
+ * bytes for the outputs the calls want apart from their inputs; a product that overflows
+ * is refused, naming it. */
+fsdp2_status_t nn_prepare_bytes(const int64_t (*dims)[3], int count, size_t ws, size_t *bytes);
+/* Reserves bytes (> 0) of span and starts preparing (nn_gemm_prepare_begin). Not nested. */
+fsdp2_status_t nn_prepare_begin(nn_prepare_t *p, size_t bytes);
 void nn_prepare_end(nn_prepare_t *p);
 /* A cpu tensor of dtype and shape whose data is the span (which must hold it). */
 void nn_prepare_tensor(const nn_prepare_t *p, fsdp2_tensor_t *t, fsdp2_dtype_t dtype, int ndim,

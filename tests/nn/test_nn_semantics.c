@@ -754,6 +754,24 @@ START_TEST(bad_input_is_refused_naming_the_value_and_writes_nothing)
     ck_assert_int_eq(fsdp2_nn_embedding_forward(ids, 3, 0, tw, big), FSDP2_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fsdp2_last_error(), "id 3 at index 1"), "%s", fsdp2_last_error());
     ck_assert(y[0] == 5.0f);
+    /* a layer-norm backward whose dx is dy or x: refused (the parameter gradients read x
+     * and dy after dx is written), nothing written */
+    {
+        float lx[8] = {1, 2, 3, 4, 5, 6, 7, 9}, ldy[8] = {1, 1, 1, 1, 2, 2, 2, 2};
+        float lw[4] = {1, 1, 1, 1}, lm[2] = {2.5f, 6.75f}, ls[2] = {1, 1}, gw[4] = {0};
+        fsdp2_tensor_t *tlw = wrap(lw, FSDP2_F32, 1, 4, 0), *tgw = wrap(gw, FSDP2_F32, 1, 4, 0);
+        for (int alias = 0; alias < 2; alias++) {
+            float *dx = alias ? lx : ldy, keep = dx[0];
+            ck_assert_int_eq(fsdp2_nn_layernorm_backward(lx, lm, ls, ldy, 2, tlw, dx, tgw, NULL,
+                                                         test_ws()),
+                             FSDP2_ERR_INVALID_ARGUMENT);
+            ck_assert_msg(strstr(fsdp2_last_error(), "dx aliases x or dy"), "%s",
+                          fsdp2_last_error());
+            ck_assert(dx[0] == keep && gw[0] == 0.0f);
+        }
+        fsdp2_tensor_release(tlw);
+        fsdp2_tensor_release(tgw);
+    }
     /* heads that do not divide dim; a workspace too small for attention */
     ck_assert_int_eq(fsdp2_nn_attention_forward(big, 1, 2, 10, 3, big, big),
                      FSDP2_ERR_INVALID_ARGUMENT);
