@@ -71,6 +71,15 @@ static inline float *f32_array(int64_t n)
     return p;
 }
 
+/* n bf16 values widened to f32 (exact), in a new array. */
+static inline float *from_bf16(const uint16_t *v, int64_t n)
+{
+    float *p = f32_array(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = fsdp2_bf16_to_f32(v[i]);
+    return p;
+}
+
 /* max |got - want| <= tol * max(1, max |want|); prints the worst element otherwise. */
 static inline void assert_close(const char *what, const float *got, const double *want, int64_t n,
                                 double tol)

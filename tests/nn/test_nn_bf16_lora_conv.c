@@ -40,14 +40,6 @@ static uint16_t *bf16_copy(const uint16_t *src, int64_t n)
     return p;
 }
 
-static float *as_f32(const uint16_t *src, int64_t n)
-{
-    float *p = f32_array(n);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = fsdp2_bf16_to_f32(src[i]);
-    return p;
-}
-
 /* Exactly the bytes a query reported: the layer may use no more. */
 static fsdp2_nn_workspace_t workspace(size_t bytes)
 {
@@ -578,7 +570,7 @@ START_TEST(off_gives_the_bits_of_the_f32_path_on_the_rounded_parameters)
     for (int mi = 0; mi < 2; mi++) {
         set_mode(modes[mi]);
         lora_case_t c = make_lora(300, 37, 1031, 8, 0.3);
-        float *a32 = as_f32(c.a, c.r * c.in), *b32 = as_f32(c.b, c.out * c.r);
+        float *a32 = from_bf16(c.a, c.r * c.in), *b32 = from_bf16(c.b, c.out * c.r);
         lora_results_t f32 = run_lora(&c, a32, b32, FSDP2_F32);
         if (mi == 0) {
             lora_results_t off = run_lora(&c, NULL, NULL, FSDP2_F32);
@@ -605,7 +597,7 @@ START_TEST(off_gives_the_bits_of_the_f32_path_on_the_rounded_parameters)
     for (int g = 0; g < 2; g++) {
         fsdp2_dtype_t gdtype = g ? FSDP2_BF16 : FSDP2_F32;
         conv_case_t v = make_conv(6, 3, 9, 8, 5, 3);
-        float *w32 = as_f32(v.wt, v.nw);
+        float *w32 = from_bf16(v.wt, v.nw);
         conv_results_t off = run_conv(&v, NULL, gdtype), f32 = run_conv(&v, w32, gdtype);
         ck_assert_msg(same_conv(&v, &off, &f32), "off: a bf16 conv2d weight differs from f32");
         conv_expected_t e = expect_conv(&v, gdtype);

@@ -26,14 +26,6 @@ static uint16_t *to_bf16(const float *v, int64_t n)
     return p;
 }
 
-static float *from_bf16(const uint16_t *v, int64_t n)
-{
-    float *p = f32_array(n);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = fsdp2_bf16_to_f32(v[i]);
-    return p;
-}
-
 static double *as_f64(const float *v, int64_t n)
 {
     double *p = malloc(sizeof(double) * (size_t)n);
