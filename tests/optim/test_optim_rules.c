@@ -456,6 +456,202 @@ START_TEST(every_rule_matches_its_double_reference_step_by_step)
 END_TEST
 
 /* ---------------------------------------------------------------------------------- */
+/* Long shards: the vectorised loops give a scalar loop's bits                         */
+
+/* The rules run in vector lanes (SSE2, AVX2 or AVX-512, whichever this CPU has), in
+ * chunks of 16384 elements on the pool's threads. A shard of LONG_N elements covers two
+ * whole chunks, a partial third and a remainder that fills no vector; every element must
+ * have the bits of the scalar loop below, which follows torch's single-tensor op order in
+ * the tensor's dtype (coefficients in double, rounded once), one element at a time. */
+#define LONG_N 33333
+#define LONG_STEPS 3
+
+#define SCALAR_RULE(T, SQRT, name)                                                          \
+    static void name(const fsdp2_optimizer_options_t *o, int t, int64_t n, T *p,            \
+                     const T *grad, T *a, T *b)                                             \
+    {                                                                                       \
+        const T lr = (T)o->lr, neg_lr = (T)-o->lr, wd = (T)o->weight_decay;                 \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            T g = grad[i];                                                                  \
+            if (o->kind == FSDP2_OPTIMIZER_SGD) {                                           \
+                if (o->weight_decay != 0)                                                   \
+                    g = g + wd * p[i];                                                      \
+                if (o->momentum != 0) {                                                     \
+                    a[i] = t == 1 ? g                                                       \
+                                  : a[i] * (T)o->momentum + (T)(1.0 - o->dampening) * g;    \
+                    g = o->nesterov ? g + (T)o->momentum * a[i] : a[i];                     \
+                }                                                                           \
+                p[i] = p[i] + neg_lr * g;                                                   \
+            } else if (o->kind == FSDP2_OPTIMIZER_ADAMW) {                                  \
+                T w1 = (T)(1.0 - o->beta1), w2 = (T)(1.0 - o->beta2);                       \
+                T pi = p[i] * (T)(1.0 - o->lr * o->weight_decay);                           \
+                T m = a[i];                                                                 \
+                a[i] = fabs((double)w1) < 0.5 ? m + w1 * (g - m)                            \
+                                              : g - (g - m) * ((T)1 - w1);                  \
+                b[i] = b[i] * (T)o->beta2 + w2 * g * g;                                     \
+                T denom = SQRT(b[i]) / (T)sqrt(1.0 - pow(o->beta2, t)) + (T)o->eps;         \
+                p[i] = pi + (T)(-o->lr / (1.0 - pow(o->beta1, t))) * (a[i] / denom);        \
+            } else {                                                                        \
+                T w = (T)(1.0 - o->rho), eps = (T)o->eps;                                   \
+                if (o->weight_decay != 0)                                                   \
+                    g = g + wd * p[i];                                                      \
+                a[i] = a[i] * (T)o->rho + w * g * g;                                        \
+                T delta = SQRT(b[i] + eps) / SQRT(a[i] + eps) * g;                          \
+                b[i] = b[i] * (T)o->rho + w * delta * delta;                                \
+                p[i] = p[i] + neg_lr * delta;                                               \
+            }                                                                               \
+        }                                                                                   \
+        (void)lr;                                                                           \
+    }
+SCALAR_RULE(float, sqrtf, scalar_rule_f32)
+SCALAR_RULE(double, sqrt, scalar_rule_f64)
+
+static double long_value(int which, int step, int64_t k)
+{
+    return which == 0 ? 0.5 + 0.25 * sin(0.37 * (double)k)
+                      : 0.1 * cos(0.011 * (double)k * (step + 1) + step) - 0.02;
+}
+
+/* Writes the tensor's values (which 0: the initial parameter, 1: step's gradient) and
+ * keeps a copy in mine. */
+static void fill_long(fsdp2_tensor_t *t, int which, int step, void *mine)
+{
+    for (int64_t k = 0; k < t->numel; k++) {
+        double v = long_value(which, step, k);
+        if (t->dtype == FSDP2_F32)
+            ((float *)t->data)[k] = ((float *)mine)[k] = (float)v;
+        else
+            ((double *)t->data)[k] = ((double *)mine)[k] = v;
+    }
+}
+
+/* The first index where n elements of size es differ, or -1. */
+static int64_t first_difference(const void *x, const void *y, int64_t n, size_t es)
+{
+    for (int64_t k = 0; k < n; k++)
+        if (memcmp((const char *)x + k * es, (const char *)y + k * es, es) != 0)
+            return k;
+    return -1;
+}
+
+static int body_long(rank_ctx_t *c)
+{
+    const rule_case_t *rc = c->arg;
+    const fsdp2_dtype_t dtypes[2] = {FSDP2_F32, FSDP2_F64};
+    const char *names[2] = {"long32", "long64"};
+    fsdp2_mesh_t *mesh = NULL;
+    fsdp2_module_t *root = NULL;
+    fsdp2_optimizer_t *opt = NULL;
+    fsdp2_param_t *prm[2] = {NULL, NULL};
+    void *mine[2][4] = {{NULL}}; /* parameter, gradient, state a, state b */
+    int ws = 1;
+    int fails = OK(c, fsdp2_mesh_create(c->store, "long", 0, 1, 1, &ws, NULL, NULL, &mesh));
+    fails += OK(c, fsdp2_module_create("", &root));
+    for (int d = 0; d < 2 && !fails; d++) {
+        int64_t shape[1] = {LONG_N};
+        fsdp2_tensor_t *t = NULL;
+        size_t es = d == 0 ? sizeof(float) : sizeof(double);
+        for (int j = 0; j < 4; j++)
+            mine[d][j] = calloc(LONG_N, es);
+        fails += RANK_CHECK(c, mine[d][0] && mine[d][1] && mine[d][2] && mine[d][3],
+                            "no room for the reference");
+        fails += OK(c, fsdp2_tensor_empty(CPU, dtypes[d], 1, shape, &t));
+        if (fails)
+            break;
+        fill_long(t, 0, 0, mine[d][0]);
+        fsdp2_module_t *child = NULL; /* a group of its own: one dtype per all-gather */
+        fails += OK(c, fsdp2_module_create(names[d], &child));
+        if (!fails)
+            fails += OK(c, fsdp2_module_add_child(root, child));
+        if (!fails)
+            fails += OK(c, fsdp2_module_add_param(child, names[d], t, 1, &prm[d]));
+        fsdp2_tensor_release(t);
+        fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
+        so.mesh = mesh;
+        if (!fails)
+            fails += OK(c, fsdp2_fully_shard(child, &so));
+    }
+    fsdp2_shard_options_t so = FSDP2_SHARD_OPTIONS_INIT;
+    so.mesh = mesh;
+    if (!fails)
+        fails += OK(c, fsdp2_fully_shard(root, &so));
+    fsdp2_optimizer_options_t o = rc->options;
+    if (!fails)
+        fails += OK(c, fsdp2_optimizer_create(root, &o, &opt));
+    for (int s = 0; s < LONG_STEPS && !fails; s++) {
+        if (rc->halve_lr && s > 0) {
+            o.lr /= 2;
+            fails += OK(c, fsdp2_optimizer_set_lr(opt, o.lr));
+        }
+        for (int d = 0; d < 2 && !fails; d++) {
+            fsdp2_dtensor_t *dt = NULL;
+            fsdp2_tensor_t *t = NULL;
+            fails += OK(c, fsdp2_param_sharded_grad(prm[d], &dt));
+            if (!fails)
+                fails += OK(c, fsdp2_dtensor_to_local(dt, &t));
+            if (!fails)
+                fill_long(t, 1, s, mine[d][1]);
+            fsdp2_tensor_release(t);
+        }
+        fails += OK(c, fsdp2_optimizer_step(opt));
+        if (fails)
+            break;
+        scalar_rule_f32(&o, s + 1, LONG_N, mine[0][0], mine[0][1], mine[0][2],
+                        mine[0][3]);
+        scalar_rule_f64(&o, s + 1, LONG_N, mine[1][0], mine[1][1], mine[1][2],
+                        mine[1][3]);
+        for (int d = 0; d < 2 && !fails; d++) {
+            size_t es = d == 0 ? sizeof(float) : sizeof(double);
+            for (int j = 0; j < 3 && !fails; j++) {
+                const char *state = j == 0 ? NULL : STATE_NAMES[rc->options.kind][j - 1];
+                if (j > 0 && (!state || (rc->options.kind == FSDP2_OPTIMIZER_SGD &&
+                                         rc->options.momentum == 0)))
+                    continue;
+                fsdp2_dtensor_t *dt = NULL;
+                fsdp2_tensor_t *t = NULL;
+                fails += j == 0 ? OK(c, fsdp2_param_sharded(prm[d], &dt))
+                                : OK(c, fsdp2_optimizer_state(opt, prm[d], state, &dt));
+                if (!fails)
+                    fails += OK(c, fsdp2_dtensor_to_local(dt, &t));
+                if (fails)
+                    break;
+                const void *want = mine[d][j == 0 ? 0 : j + 1];
+                int64_t k = first_difference(t->data, want, LONG_N, es);
+                double got_k = k < 0 ? 0
+                               : dtypes[d] == FSDP2_F32 ? ((float *)t->data)[k]
+                                                        : ((double *)t->data)[k];
+                double want_k = k < 0 ? 0
+                                : dtypes[d] == FSDP2_F32 ? ((const float *)want)[k]
+                                                         : ((const double *)want)[k];
+                fails += RANK_CHECK(c, k < 0, "%s: %s %s, step %d: element %lld is %.17g, "
+                                    "the scalar loop gives %.17g", rc->what, names[d],
+                                    j == 0 ? "value" : state, s + 1, (long long)k, got_k,
+                                    want_k);
+                fsdp2_tensor_release(t);
+            }
+        }
+    }
+    fsdp2_optimizer_destroy(opt);
+    if (root) {
+        fails += OK(c, fsdp2_module_synchronize(root));
+        fails += OK(c, fsdp2_module_destroy(root));
+    }
+    fails += OK(c, fsdp2_mesh_destroy(mesh));
+    for (int d = 0; d < 2; d++)
+        for (int j = 0; j < 4; j++)
+            free(mine[d][j]);
+    return fails;
+}
+
+START_TEST(every_rule_on_a_long_shard_gives_the_scalar_loops_bits)
+{
+    rule_case_t rc = make_case(_i);
+    rc.steps = LONG_STEPS;
+    run_one_rank(body_long, &rc, rc.what);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------- */
 /* Closed forms                                                                        */
 
 static int body_sgd_first_buffer(rank_ctx_t *c)
@@ -738,6 +934,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("rules");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, every_rule_matches_its_double_reference_step_by_step, 0, RULE_CASES);
+    tcase_add_loop_test(tc, every_rule_on_a_long_shard_gives_the_scalar_loops_bits, 0, RULE_CASES);
     tcase_add_test(tc, sgd_first_momentum_buffer_is_the_undamped_gradient);
     tcase_add_test(tc, adamw_bias_correction_at_step_1_moves_every_element_by_lr);
     tcase_add_test(tc, adamw_bias_correction_at_step_10_after_set_steps);
