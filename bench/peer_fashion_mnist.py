@@ -12,7 +12,7 @@ Python 3.11.)
 
 Prints one line per epoch (rank 0): train loss, test loss, accuracy, seconds (training
 only, the mean over the ranks) and images/s; --json writes them."""
-import argparse, gzip, json, os, struct, time
+import argparse, gzip, json, os, struct, sys, time
 
 import numpy as np
 import torch
@@ -114,9 +114,15 @@ def main():
             print(f"peer epoch {e['epoch']}: train loss {e['train_loss']:.4f} | test loss {test_loss:.4f}, "
                   f"accuracy {acc:.2f}% | {seconds:.1f} s, {e['images_per_s']:.0f} images/s", flush=True)
     if rank == 0 and a.json:
-        json.dump({"model": a.model, "ws": ws, "epochs": epochs}, open(a.json, "w"))
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "ws": ws, "epochs": epochs}, f)
     if ws > 1:
-        dist.destroy_process_group()
+        # Every rank is done; leave without the interpreter's teardown: Debian's torch 1.13
+        # once left rank 0 of a 4-rank run waiting forever in it (gloo's threads) after the
+        # others had exited, and the benchmark with it.
+        dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
