@@ -21,8 +21,14 @@ void fsdp2_cpu_fill(void *dst, fsdp2_dtype_t dtype, size_t n, double value)
     unsigned char elem[8];
     store_from_f64(elem, dtype, 0, value);
     size_t bytes = elem_size(dtype);
+    int uniform = 1; /* every byte the same (zero, most often): memset's wider stores */
+    for (size_t i = 1; i < bytes; i++)
+        uniform = uniform && elem[i] == elem[0];
+    if (uniform) {
+        memset(dst, elem[0], n * bytes);
+        return;
+    }
     switch (bytes) {
-    case 1: memset(dst, elem[0], n); break;
     case 2: {
         uint16_t v, *d = dst;
         memcpy(&v, elem, 2);

@@ -59,18 +59,21 @@ START_TEST(fill_writes_the_converted_value_everywhere_and_nothing_past_n)
 {
     fsdp2_stream_t *s;
     OK(fsdp2_stream_create(cpu, "fill", &s));
-    for (size_t k = 0; k < COUNT(all_dtypes); k++) {
-        fsdp2_dtype_t t = all_dtypes[k];
+    /* 0 and 0x01010101 have one byte repeated in some dtypes (written by memset), -0.0
+     * and 3.75 in none */
+    const double values[] = {3.75, 0.0, -0.0, 16843009.0};
+    for (size_t k = 0; k < COUNT(all_dtypes) * COUNT(values); k++) {
+        fsdp2_dtype_t t = all_dtypes[k % COUNT(all_dtypes)];
+        double v = values[k / COUNT(all_dtypes)];
         unsigned char buf[8 * 101];
         memset(buf, 0xab, sizeof(buf));
-        OK(fsdp2_fill_async(buf, t, 100, 3.75, s));
+        OK(fsdp2_fill_async(buf, t, 100, v, s));
         OK(fsdp2_stream_synchronize(s));
         unsigned char want[8];
-        double v = 3.75;
         fsdp2_convert(want, t, &v, FSDP2_F64, 1);
         for (size_t i = 0; i < 100; i++)
-            ck_assert_msg(memcmp(buf + i * esize(t), want, esize(t)) == 0, "%s element %zu",
-                          fsdp2_dtype_name(t), i);
+            ck_assert_msg(memcmp(buf + i * esize(t), want, esize(t)) == 0,
+                          "%s element %zu of a fill with %g", fsdp2_dtype_name(t), i, v);
         for (size_t i = 100 * esize(t); i < 101 * esize(t); i++)
             ck_assert_int_eq(buf[i], 0xab);
     }
