@@ -26,7 +26,7 @@
 # is from the machine's limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-presets="small" wss="1 2" steps=6 rounds=2 json=bench-gpt2.json batch=8
+presets="small" wss="1 2" steps=6 rounds=2 json=bench-results/gpt2.json batch=8
 torch2="" only=""
 [ -x "$HOME/venv-peers/bin/python" ] && torch2=$HOME/venv-peers/bin/python
 while [ $# -gt 0 ]; do
@@ -131,6 +131,7 @@ PY
         fi
     done
 done
+mkdir -p "$(dirname "$json")"
 python3 - "$json" "$batch" "$steps" "$work/runs.txt" "$work/peaks.txt" <<'PY'
 import json, sys
 out = {"batch": int(sys.argv[2]), "steps": int(sys.argv[3]), "runs": [], "peaks": {}}

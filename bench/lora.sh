@@ -10,7 +10,7 @@
 # the steps after the first of each run; each round runs both, full first then LoRA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-preset=llama-small ws=2 steps=6 rounds=2 json=bench-lora.json
+preset=llama-small ws=2 steps=6 rounds=2 json=bench-results/lora.json
 lora=r=8,alpha=16,targets=q_proj,k_proj,v_proj,o_proj
 while [ $# -gt 0 ]; do
     case $1 in
@@ -37,6 +37,7 @@ for round in $(seq "$rounds"); do
             > "$work/$mode-$round.log" 2>&1 || { cat "$work/$mode-$round.log"; exit 1; }
     done
 done
+mkdir -p "$(dirname "$json")"
 python3 - "$work" "$rounds" "$json" "$preset" "$ws" "$lora" <<'PY'
 import json, statistics, sys
 work, rounds, out, preset, ws, lora = sys.argv[1], int(sys.argv[2]), sys.argv[3], *sys.argv[4:]

@@ -11,7 +11,7 @@
 # slows neither; both take the best pass after a first one (their caches warm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 reps=2 json=bench-tokenizer.json
+rounds=2 reps=2 json=bench-results/tokenizer.json
 python=${PYTHON:-}
 [ -n "$python" ] || for p in /root/venv-peers/bin/python /root/venv-tok/bin/python python3; do
     if "$p" -c "import tokenizers" 2>/dev/null; then python=$p; break; fi
@@ -36,6 +36,7 @@ for r in $(seq "$rounds"); do
     RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false \
         "$python" bench/peer_tokenizer.py "${toks[@]}" --reps "$reps" > "$work/theirs.$r.json"
 done
+mkdir -p "$(dirname "$json")"
 "$python" - "$work" "$rounds" "$json" <<'PY'
 import json, sys
 work, rounds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
