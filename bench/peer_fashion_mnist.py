@@ -117,9 +117,8 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "ws": ws, "epochs": epochs}, f)
     if ws > 1:
-        # Every rank is done; leave without the interpreter's teardown: Debian's torch 1.13
-        # once left rank 0 of a 4-rank run waiting forever in it (gloo's threads) after the
-        # others had exited, and the benchmark with it.
+        # Every rank is done; leave without the interpreter's teardown, which can hang in
+        # gloo's threads once the other ranks have exited (and the benchmark with it).
         dist.barrier()
         sys.stdout.flush()
         os._exit(0)

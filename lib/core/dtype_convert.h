@@ -14,15 +14,7 @@
 
 #include <fsdp2/dtype.h>
 
-/* Hot loops are compiled for AVX-512 and AVX2 as well as the baseline and picked at load
- * time: the installed library must run on any x86-64, so no -march=native. Not under
- * ThreadSanitizer: the ifunc resolvers run before its runtime is up and crash. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define FSDP2_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FSDP2_VECTOR_CLONES
-#endif
+#include "core/vector_clones.h"
 
 static inline uint32_t f32_bits(float f)
 {

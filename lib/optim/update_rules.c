@@ -1,8 +1,8 @@
 /* The update rules for f32 and f64 shards: update_rules_impl.h instantiated per type. */
 #include <math.h>
 
-#include "core/dtype_convert.h"
 #include "core/parallel.h"
+#include "core/vector_clones.h"
 #include "optim/optim_internal.h"
 
 #define T float

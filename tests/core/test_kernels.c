@@ -59,8 +59,8 @@ START_TEST(fill_writes_the_converted_value_everywhere_and_nothing_past_n)
 {
     fsdp2_stream_t *s;
     OK(fsdp2_stream_create(cpu, "fill", &s));
-    /* 0 and 0x01010101 have one byte repeated in some dtypes (written by memset), -0.0
-     * and 3.75 in none */
+    /* values whose element is one repeated byte in some dtypes (written by memset) and
+     * not in others: 0 in all, -0.0 in the integers, 0x01010101 in i32, 3.75 in u8 only */
     const double values[] = {3.75, 0.0, -0.0, 16843009.0};
     for (size_t k = 0; k < COUNT(all_dtypes) * COUNT(values); k++) {
         fsdp2_dtype_t t = all_dtypes[k % COUNT(all_dtypes)];

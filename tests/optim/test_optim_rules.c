@@ -21,6 +21,7 @@
 
 #include "../collectives/ranks.h"
 #include "../core/check_main.h"
+#include "core/parallel.h"
 
 #define NP 3   /* parameters that require gradients */
 #define MAXN 12
@@ -398,10 +399,16 @@ static rule_case_t make_case(int i)
         rc.options.rho = 0.8;
         rc.options.weight_decay = 0.05;
         break;
+    case 9: /* 1 - beta1 >= 0.5: torch.lerp's other side */
+        rc.what = "adamw beta1 0.3";
+        rc.options = adamw;
+        rc.options.beta1 = 0.3;
+        rc.steps = 10;
+        break;
     }
     return rc;
 }
-#define RULE_CASES 9
+#define RULE_CASES 10
 
 static int body_reference(rank_ctx_t *c)
 {
@@ -459,11 +466,12 @@ END_TEST
 /* Long shards: the vectorised loops give a scalar loop's bits                         */
 
 /* The rules run in vector lanes (SSE2, AVX2 or AVX-512, whichever this CPU has), in
- * chunks of 16384 elements on the pool's threads. A shard of LONG_N elements covers two
- * whole chunks, a partial third and a remainder that fills no vector; every element must
- * have the bits of the scalar loop below, which follows torch's single-tensor op order in
- * the tensor's dtype (coefficients in double, rounded once), one element at a time. */
-#define LONG_N 33333
+ * chunks of FSDP2_PAR_CHUNK elements on the pool's threads. A shard of LONG_N elements
+ * covers two whole chunks, a partial third and a remainder that fills no vector; every
+ * element must have the bits of the scalar loop below, which follows torch's single-tensor
+ * op order in the tensor's dtype (coefficients in double, rounded once), one element at a
+ * time. (The library's other clones run only on CPUs that pick them.) */
+#define LONG_N (2 * FSDP2_PAR_CHUNK + 565)
 #define LONG_STEPS 3
 
 #define SCALAR_RULE(T, SQRT, name)                                                          \
@@ -555,14 +563,18 @@ static int body_long(rank_ctx_t *c)
             mine[d][j] = calloc(LONG_N, es);
         fails += RANK_CHECK(c, mine[d][0] && mine[d][1] && mine[d][2] && mine[d][3],
                             "no room for the reference");
-        fails += OK(c, fsdp2_tensor_empty(CPU, dtypes[d], 1, shape, &t));
+        if (!fails)
+            fails += OK(c, fsdp2_tensor_empty(CPU, dtypes[d], 1, shape, &t));
         if (fails)
             break;
         fill_long(t, 0, 0, mine[d][0]);
         fsdp2_module_t *child = NULL; /* a group of its own: one dtype per all-gather */
         fails += OK(c, fsdp2_module_create(names[d], &child));
-        if (!fails)
+        if (!fails) {
             fails += OK(c, fsdp2_module_add_child(root, child));
+            if (fails) /* not the root's: ours to destroy */
+                fsdp2_module_destroy(child);
+        }
         if (!fails)
             fails += OK(c, fsdp2_module_add_param(child, names[d], t, 1, &prm[d]));
         fsdp2_tensor_release(t);
@@ -590,6 +602,9 @@ static int body_long(rank_ctx_t *c)
             if (!fails)
                 fails += OK(c, fsdp2_dtensor_to_local(dt, &t));
             if (!fails)
+                fails += RANK_CHECK(c, t->numel == LONG_N, "%s: the local gradient has %lld "
+                                    "elements, want %d", names[d], (long long)t->numel, LONG_N);
+            if (!fails)
                 fill_long(t, 1, s, mine[d][1]);
             fsdp2_tensor_release(t);
         }
@@ -613,8 +628,13 @@ static int body_long(rank_ctx_t *c)
                                 : OK(c, fsdp2_optimizer_state(opt, prm[d], state, &dt));
                 if (!fails)
                     fails += OK(c, fsdp2_dtensor_to_local(dt, &t));
-                if (fails)
+                if (!fails)
+                    fails += RANK_CHECK(c, t->numel == LONG_N, "%s: %lld local elements, want %d",
+                                        names[d], (long long)t->numel, LONG_N);
+                if (fails) {
+                    fsdp2_tensor_release(t);
                     break;
+                }
                 const void *want = mine[d][j == 0 ? 0 : j + 1];
                 int64_t k = first_difference(t->data, want, LONG_N, es);
                 double got_k = k < 0 ? 0
