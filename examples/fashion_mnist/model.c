@@ -214,7 +214,7 @@ static fsdp2_status_t layer_bwd(fm_model_t *m, const fm_layer_t *l, const float 
     TRY(fsdp2_param_grad(l->weight, &dw));
     TRY(fsdp2_param_grad(l->bias, &db));
     if (dx)
-        memset(dx, 0, sizeof(float) * (size_t)dx_numel);
+        TRY(fsdp2_nn_zero(dx, dx_numel));
     if (l->conv)
         TRY(fsdp2_nn_conv2d_backward(x, dy, batch, l->h, l->w, w, dx, dw, db, &m->ws));
     else
@@ -225,13 +225,13 @@ static fsdp2_status_t layer_bwd(fm_model_t *m, const fm_layer_t *l, const float 
 /* dx = relu'(y) dy, dx zeroed first. */
 static fsdp2_status_t relu_bwd(const float *y, const float *dy, float *dx, int64_t n)
 {
-    memset(dx, 0, sizeof(float) * (size_t)n);
+    TRY(fsdp2_nn_zero(dx, n));
     return fsdp2_nn_relu_backward(y, dy, n, dx);
 }
 
 static fsdp2_status_t dropout_bwd(const float *dy, float *dx, int64_t n, double p, uint64_t seed)
 {
-    memset(dx, 0, sizeof(float) * (size_t)n);
+    TRY(fsdp2_nn_zero(dx, n));
     return fsdp2_nn_dropout_backward(dy, n, p, seed, 0, dx);
 }
 
@@ -292,7 +292,7 @@ static fsdp2_status_t backward(fm_model_t *m, const float *x, int batch)
     TRY(relu_bwd(m->a[3], m->g[3], m->d[3], B * cnn_sizes[3]));
     TRY(layer_bwd(m, &L[2], m->a[2], m->d[3], m->d[2], B * cnn_sizes[2], batch));
     TRY(dropout_bwd(m->d[2], m->g[2], B * cnn_sizes[2], 0.25, m->dropout_key[0]));
-    memset(m->d[1], 0, sizeof(float) * (size_t)(B * cnn_sizes[1]));
+    TRY(fsdp2_nn_zero(m->d[1], B * cnn_sizes[1]));
     TRY(fsdp2_nn_maxpool2d_backward(m->g[2], m->pool_arg, B * 64, 24, 24, m->d[1]));
     TRY(relu_bwd(m->a[1], m->d[1], m->g[1], B * cnn_sizes[1]));
     TRY(layer_bwd(m, &L[1], m->a[0], m->g[1], m->d[0], B * cnn_sizes[0], batch));

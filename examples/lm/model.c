@@ -523,11 +523,6 @@ static fsdp2_tensor_t *grad(const fsdp2_param_t *p)
     return t;
 }
 
-static void zero(float *p, int64_t n)
-{
-    memset(p, 0, sizeof(float) * (size_t)n);
-}
-
 /* The adapter of l as the layers take it: dropout only while training, its mask keyed by
  * (the model's seed, l) and placed at the micro-batch's first token in the run's data
  * (m->dropout_row), so that a token's mask is the same at any world size, with any
@@ -666,8 +661,8 @@ static fsdp2_status_t mlp_in_backward(lm_model_t *m, const lm_block_t *b, const 
                                       int64_t rows)
 {
     int64_t n = rows * m->cfg.hidden;
-    zero(m->d_fc, llama(&m->cfg) ? 2 * n : n);
-    zero(m->d_norm, rows * m->cfg.dim);
+    TRY(fsdp2_nn_zero(m->d_fc, llama(&m->cfg) ? 2 * n : n));
+    TRY(fsdp2_nn_zero(m->d_norm, rows * m->cfg.dim));
     if (!llama(&m->cfg)) {
         TRY(fsdp2_nn_gelu_backward(a->fc, m->d_act, n, m->d_fc));
         return linear_backward(m, &b->up, a->norm2, rows, m->d_fc, m->d_norm);
@@ -683,8 +678,8 @@ static fsdp2_status_t attention_backward(lm_model_t *m, const lm_block_t *b, con
 {
     const lm_config_t *c = &m->cfg;
     int64_t rows = (int64_t)batch * seq, hd = c->dim / c->heads, kv = rows * kv_dim(c);
-    zero(m->d_qkv, rows * qkv_width(c));
-    zero(m->d_norm, rows * c->dim);
+    TRY(fsdp2_nn_zero(m->d_qkv, rows * qkv_width(c)));
+    TRY(fsdp2_nn_zero(m->d_norm, rows * c->dim));
     if (!llama(c)) {
         TRY(fsdp2_nn_attention_backward(a->qkv, a->probs, m->d_atty, batch, seq, c->dim, c->heads,
                                         m->d_qkv, &m->ws));
@@ -710,13 +705,13 @@ static fsdp2_status_t block_backward(lm_model_t *m, int l, const lm_acts_t *a, i
     const float *x = m->res + l * n;
     /* y = res_mid + down(act(norm2(res_mid))) */
     memcpy(m->d_mid, dy, sizeof(float) * (size_t)n); /* the residual's backward */
-    zero(m->d_act, rows * m->cfg.hidden);
+    TRY(fsdp2_nn_zero(m->d_act, rows * m->cfg.hidden));
     TRY(linear_backward(m, &b->down, a->act, rows, dy, m->d_act));
     TRY(mlp_in_backward(m, b, a, rows));
     TRY(norm_backward(m, a->res_mid, rows, b->norm2_w, b->norm2_b, a->mean2, a->rstd2, m->d_norm,
                       m->d_mid));
     /* res_mid = x + o(attention(norm1(x))) */
-    zero(m->d_atty, n);
+    TRY(fsdp2_nn_zero(m->d_atty, n));
     TRY(linear_backward(m, &b->o, a->atty, rows, m->d_mid, m->d_atty));
     TRY(attention_backward(m, b, a, batch, seq));
     memcpy(dx, m->d_mid, sizeof(float) * (size_t)n); /* the residual's backward */
@@ -755,10 +750,10 @@ static fsdp2_status_t backward(lm_model_t *m, int batch, int seq)
     int64_t C = m->cfg.dim, rows = (int64_t)batch * seq, n = rows * C;
     TRY(fsdp2_pre_backward(m->root));
     /* the head, then the final norm */
-    zero(m->d_norm, n);
+    TRY(fsdp2_nn_zero(m->d_norm, n));
     TRY(linear_backward(m, &m->head, m->normf, rows, m->logits, m->d_norm));
     float *d = m->d_res[0], *other = m->d_res[1];
-    zero(d, n);
+    TRY(fsdp2_nn_zero(d, n));
     const float *last = m->res + (int64_t)m->cfg.layers * n;
     TRY(norm_backward(m, last, rows, m->normf_w, m->normf_b, m->meanf, m->rstdf, m->d_norm, d));
     for (int l = m->cfg.layers - 1; l >= 0; l--) {

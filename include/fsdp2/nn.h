@@ -217,6 +217,13 @@ FSDP2_API fsdp2_status_t fsdp2_nn_residual_forward(const float *a, const float *
 FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, int64_t n, float *da,
                                                     float *db);
 
+/* ---- zeroing ---- */
+
+/* x[0..n) = 0, split among the pool's threads: the input-gradient buffers that the
+ * backwards add into, zeroed before them as fast as the host's memory allows (one thread's
+ * memset reaches a fraction of that on a many-core host). */
+FSDP2_API fsdp2_status_t fsdp2_nn_zero(float *x, int64_t n);
+
 /* ---- 2-D convolution, no padding, stride 1 ----
  * x [batch, c, h, w], weight [o, c, k, k], bias [o] -> y [batch, o, h - k + 1, w - k + 1],
  * as GEMMs over an im2col matrix of a few samples at a time (the workspace holds it). */

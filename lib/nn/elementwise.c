@@ -1,5 +1,5 @@
-/* Element-wise layers: GELU, ReLU, SwiGLU's gate, dropout and the residual add, in chunks
- * of FSDP2_PAR_CHUNK elements split among the pool's threads. */
+/* Element-wise layers: GELU, ReLU, SwiGLU's gate, dropout, the residual add and zeroing, in
+ * chunks of FSDP2_PAR_CHUNK elements split among the pool's threads. */
 #include <math.h>
 #include <string.h>
 
@@ -161,6 +161,14 @@ fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, int64_t n, float *da,
         for (int64_t i = lo; db && i < lo + len; i++)
             db[i] += dy[i];
     }
+    return FSDP2_SUCCESS;
+}
+
+fsdp2_status_t fsdp2_nn_zero(float *x, int64_t n)
+{
+    FSDP2_CHECK(check_n(n, x != NULL));
+    FOR_CHUNKS(n, lo, len)
+        memset(x + lo, 0, sizeof(float) * (size_t)len);
     return FSDP2_SUCCESS;
 }
 

@@ -392,6 +392,36 @@ START_TEST(residual_forward_and_backward_fan_out)
 }
 END_TEST
 
+/* Zeroing: exactly n elements (several chunks and a partial one, on 1 to 3 threads), -0.0
+ * and NaN included; a NULL array with n > 0 and a negative n are refused, n = 0 is not. */
+START_TEST(zero_writes_exactly_n_zeros_on_any_thread_count)
+{
+    const int64_t n = 3 * 16384 + 77;
+    float *x = malloc(sizeof(float) * (size_t)(n + 8));
+    ck_assert_ptr_nonnull(x);
+    for (int threads = 1; threads <= 3; threads++) {
+        NN_OK(fsdp2_nn_set_threads(threads));
+        for (int64_t i = 0; i < n + 8; i++)
+            x[i] = i >= n ? 1.5f : i % 3 == 0 ? -0.0f : i % 3 == 1 ? NAN : 1.5f;
+        NN_OK(fsdp2_nn_zero(x, n));
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &x[i], sizeof(bits));
+            ck_assert_msg(bits == 0, "threads %d: element %lld is 0x%08x", threads,
+                          (long long)i, bits);
+        }
+        for (int64_t i = n; i < n + 8; i++)
+            ck_assert_msg(x[i] == 1.5f, "threads %d: element %lld past n was written",
+                          threads, (long long)i);
+    }
+    ck_assert_int_eq(fsdp2_nn_zero(NULL, 4), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fsdp2_nn_zero(x, -1), FSDP2_ERR_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(fsdp2_last_error(), "-1"));
+    NN_OK(fsdp2_nn_zero(NULL, 0));
+    free(x);
+}
+END_TEST
+
 /* The fused residual add + norm gives the bits of the two calls, with sum apart, in place
  * over x, and over delta; rows enough for the threads to split them. */
 START_TEST(add_norm_forward_equals_the_residual_add_then_the_norm)
@@ -957,6 +987,7 @@ static Suite *nn_semantics_suite(void)
     tcase_add_test(tc, bf16_conv2d_equals_f32_on_rounded_parameters);
     tcase_add_test(tc, dropout_is_reproducible_piecewise_and_its_backward_uses_the_same_mask);
     tcase_add_test(tc, residual_forward_and_backward_fan_out);
+    tcase_add_test(tc, zero_writes_exactly_n_zeros_on_any_thread_count);
     tcase_add_test(tc, add_norm_forward_equals_the_residual_add_then_the_norm);
     tcase_add_test(tc, cross_entropy_stays_exact_for_logits_of_1000);
     tcase_add_test(tc, bad_input_is_refused_naming_the_value_and_writes_nothing);
