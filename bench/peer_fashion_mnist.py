@@ -12,13 +12,15 @@ Python 3.11.)
 
 Prints one line per epoch (rank 0): train loss, test loss, accuracy, seconds (training
 only, the mean over the ranks) and images/s; --json writes them."""
-import argparse, gzip, json, os, struct, sys, time
+import argparse, gzip, json, os, struct, time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+import peer_common
 
 
 def read_idx(path):
@@ -70,11 +72,8 @@ def main():
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--json")
     a = ap.parse_args()
-    ws, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    if ws > 1:
-        dist.init_process_group("gloo")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", ws))))
-    torch.manual_seed(1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    ws, rank = peer_common.start(max(1, (os.cpu_count() or 1) // local))
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "t10k")
     model = MLP() if a.model == "mlp" else CNN()
@@ -116,12 +115,7 @@ def main():
     if rank == 0 and a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "ws": ws, "epochs": epochs}, f)
-    if ws > 1:
-        # Every rank is done; leave without the interpreter's teardown, which can hang in
-        # gloo's threads once the other ranks have exited (and the benchmark with it).
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
+    peer_common.finish(ws)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ example's --json log:
 
 Bench (under fsdp2run: plain at one rank, DDP over gloo at several): ms per step and
 tokens/s on random weights and the same kind of batches (--bench, no --init)."""
-import argparse, json, math, os, struct, sys, time
+import argparse, json, math, struct, time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+import peer_common
 
 PRESETS = {"tiny": (4, 4, 128, 128, 256), "small": (6, 6, 384, 256, 256),
            "gpt2-124m": (12, 12, 768, 1024, 50304)}
@@ -142,13 +143,7 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     a = p.parse_args()
     L, H, C, T, V = PRESETS[a.preset]
-    ws = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    if ws > 1:
-        dist.init_process_group("gloo")
-    torch.manual_seed(1)
+    ws, rank = peer_common.start(a.threads)
     model = GPT2(L, H, C, T, V)
     if a.init:
         model.load_hf(read_safetensors(a.init))
@@ -192,8 +187,7 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(out, f)
-    if ws > 1:
-        dist.destroy_process_group()
+    peer_common.finish(ws)
 
 
 if __name__ == "__main__":

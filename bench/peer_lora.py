@@ -14,12 +14,13 @@ gradient clipping at 1.0; the loss is the next-token cross entropy over the wind
         --model base --steps 6 --lora r=8,alpha=16,targets=q_proj,k_proj,v_proj,o_proj
 
 Writes {"records": [{"step", "ms", "train_loss"}, ...], ...} to --json (rank 0)."""
-import argparse, json, os, sys, time
+import argparse, json, time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
+
+import peer_common
 
 
 def lora_config(spec):
@@ -48,13 +49,7 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json")
     a = p.parse_args()
-    ws = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    if ws > 1:
-        dist.init_process_group("gloo")
-    torch.manual_seed(1)
+    ws, rank = peer_common.start(a.threads)
     model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     T, V = model.config.max_position_embeddings, model.config.vocab_size
     if a.lora:
@@ -88,10 +83,7 @@ def main():
             with open(a.json, "w") as f:
                 json.dump({"ws": ws, "batch": a.batch, "threads": torch.get_num_threads(),
                            "lora": a.lora, "trainable": trainable, "records": records}, f)
-    if ws > 1:
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)  # as bench/peer_fashion_mnist.py: no interpreter teardown after gloo
+    peer_common.finish(ws)
 
 
 if __name__ == "__main__":
