@@ -6,15 +6,16 @@ Accelerate sets up for CPU processes), launched by fsdp2run.
 The model is the example's own export (examples/lm --steps 0 --export DIR), loaded with
 AutoModelForCausalLM, so both sides train the same architecture and sizes. Batches are
 random windows of bytes (the step's cost does not depend on the tokens), this rank's share
-of the global batch; AdamW (betas 0.9, 0.95, weight decay 0.1 as the example's default),
-gradient clipping at 1.0; the loss is the next-token cross entropy over the window.
+of the global batch; AdamW as the example's (betas 0.9, 0.95; weight decay 0.1 on the
+trained matrices but the embeddings), gradient clipping at 1.0; the loss is the next-token
+cross entropy over the window.
 
     build/examples/lm --preset llama-small --steps 0 --export base
     build/tools/fsdp2run --nproc-per-node 2 ~/venv-peers/bin/python bench/peer_lora.py \\
         --model base --steps 6 --lora r=8,alpha=16,targets=q_proj,k_proj,v_proj,o_proj
 
 Writes {"records": [{"step", "ms", "train_loss"}, ...], ...} to --json (rank 0)."""
-import argparse, json, time
+import argparse, json, math, sys, time
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +25,34 @@ import peer_common
 
 
 def lora_config(spec):
-    """r=8,alpha=16,dropout=0.05,targets=q_proj,v_proj, as examples/lm --lora reads it:
-    alpha 8 and dropout 0 unless given (LoraConfig's defaults); targets take the rest."""
+    """r=8,alpha=16,dropout=0.05,targets=q_proj,v_proj, read as examples/lm --lora reads
+    it: r required (>= 1), alpha 8 and dropout 0 unless given (LoraConfig's defaults), and
+    targets the names after targets= up to the next field. Anything else exits naming it."""
     import peft
-    fields, targets = {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0}, []
-    parts = spec.split(",")
-    for i, part in enumerate(parts):
-        key, _, value = part.partition("=")
-        if key == "targets":
-            targets = [value] + parts[i + 1:]
-            break
-        fields[{"r": "r", "alpha": "lora_alpha", "dropout": "lora_dropout"}[key]] = \
-            float(value) if key == "dropout" else int(value)
-    return peft.LoraConfig(target_modules=targets, bias="none", **fields)
+    r, alpha, dropout, targets, in_targets = 0, 8.0, 0.0, [], False
+    for part in spec.split(","):
+        key, eq, value = part.partition("=")
+        if not eq and in_targets:
+            targets.append(part)
+            continue
+        in_targets = False
+        try:
+            if eq and key == "r":
+                r = int(value)
+            elif eq and key == "alpha":
+                alpha = float(value)
+            elif eq and key == "dropout":
+                dropout = float(value)
+            elif eq and key == "targets" and value:
+                targets, in_targets = [value], True
+            else:
+                raise ValueError
+        except ValueError:
+            sys.exit(f"--lora {spec}: '{part}' is not r=N, alpha=X, dropout=X or targets=NAME,NAME")
+    if r < 1 or not targets or not math.isfinite(alpha) or not 0 <= dropout < 1:
+        sys.exit(f"--lora {spec}: needs r >= 1 and targets, a finite alpha and a dropout in [0, 1)")
+    return peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                           bias="none")
 
 
 def main():
@@ -50,6 +66,8 @@ def main():
     p.add_argument("--json")
     a = p.parse_args()
     ws, rank = peer_common.start(a.threads)
+    if a.batch % ws:
+        sys.exit(f"--batch {a.batch} does not divide among {ws} ranks")
     model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     T, V = model.config.max_position_embeddings, model.config.vocab_size
     if a.lora:
@@ -58,7 +76,14 @@ def main():
     model.train()
     net = torch.nn.parallel.DistributedDataParallel(model) if ws > 1 else model
     params = [q for q in model.parameters() if q.requires_grad]
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    # as the example: decay 0.1 on the trained matrices but the embeddings, none elsewhere
+    decay = [q for n, q in model.named_parameters()
+             if q.requires_grad and q.dim() == 2 and "embed_tokens" not in n]
+    ids = {id(q) for q in decay}
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": [q for q in params if id(q) not in ids],
+                              "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     g = torch.Generator().manual_seed(7 + rank)
     records = []
     for step in range(a.steps):

@@ -131,8 +131,8 @@ static void resize_preset(lm_config_t *c, int layers, int heads, int kv_heads, i
 }
 
 /* --lora r=8,alpha=32,dropout=0.05,targets=q_proj,v_proj: PEFT's LoraConfig fields
- * (alpha 8 and dropout 0 unless given, as LoraConfig's defaults); targets take the rest of
- * the list. */
+ * (alpha 8 and dropout 0 unless given, as LoraConfig's defaults); targets take the names
+ * after targets= up to the next field (a part with '='). */
 static void parse_lora(const char *spec, lm_lora_t *l)
 {
     *l = (lm_lora_t){.alpha = 8};

@@ -219,9 +219,9 @@ FSDP2_API fsdp2_status_t fsdp2_nn_residual_backward(const float *dy, int64_t n, 
 
 /* ---- zeroing ---- */
 
-/* x[0..n) = 0, split among the pool's threads: the input-gradient buffers that the
- * backwards add into, zeroed before them as fast as the host's memory allows (one thread's
- * memset reaches a fraction of that on a many-core host). */
+/* x[0..n) = 0, split among the pool's threads; blocks until done. For the input-gradient
+ * buffers the backwards add into, zeroed before them: one thread's memset would leave the
+ * other threads of a many-core host idle. n >= 0; x may be NULL only when n is 0. */
 FSDP2_API fsdp2_status_t fsdp2_nn_zero(float *x, int64_t n);
 
 /* ---- 2-D convolution, no padding, stride 1 ----

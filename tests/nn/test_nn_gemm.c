@@ -480,6 +480,46 @@ static void run_grads(int threads, const float *x, const float *dy, int64_t rows
     free(w), free(b32), free(b16), free(cw), free(cb);
 }
 
+/* SwiGLU's backward runs a vectorised loop per case (both gradients, dgate alone, dup
+ * alone) in the pool's chunks: each must give, bit for bit, the plain scalar loop below
+ * (the expressions in the order the header documents), on 2 threads over two whole chunks
+ * and a partial one, with gates at +-0 and past nn_expf's saturation and gradient buffers
+ * that start non-zero. */
+START_TEST(swiglu_backward_gives_the_scalar_loops_bits_in_every_case)
+{
+    const int64_t n = 2 * FSDP2_PAR_CHUNK + 37;
+    float *g = random_f32(n), *u = random_f32(n), *dy = random_f32(n);
+    float *start = random_f32(n), *want_g = f32_array(n), *want_u = f32_array(n);
+    float *got_g = f32_array(n), *got_u = f32_array(n);
+    const float special[6] = {0.0f, -0.0f, 90.0f, -90.0f, 87.5f, -88.5f};
+    for (int64_t i = 0; i < n; i++)
+        g[i] = i < 6 ? special[i] : 8.0f * g[i];
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + nn_expf(-g[i]));
+        want_u[i] = start[i] + dy[i] * (g[i] * s);
+        want_g[i] = start[i] + dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+    }
+    ck_assert_int_eq(fsdp2_nn_set_threads(2), FSDP2_SUCCESS);
+    for (int c = 0; c < 3; c++) { /* both, dgate alone, dup alone */
+        memcpy(got_g, start, sizeof(float) * (size_t)n);
+        memcpy(got_u, start, sizeof(float) * (size_t)n);
+        ck_assert_int_eq(fsdp2_nn_swiglu_backward(g, u, dy, n, c != 2 ? got_g : NULL,
+                                                  c != 1 ? got_u : NULL),
+                         FSDP2_SUCCESS);
+        for (int64_t i = 0; i < n; i++) {
+            ck_assert_msg(c == 2 ? got_g[i] == start[i] : !memcmp(&got_g[i], &want_g[i], 4),
+                          "case %d: dgate[%lld] = %.9g, the scalar loop gives %.9g", c,
+                          (long long)i, got_g[i], want_g[i]);
+            ck_assert_msg(c == 1 ? got_u[i] == start[i] : !memcmp(&got_u[i], &want_u[i], 4),
+                          "case %d: dup[%lld] = %.9g, the scalar loop gives %.9g", c,
+                          (long long)i, got_u[i], want_u[i]);
+        }
+    }
+    free(g), free(u), free(dy), free(start), free(want_g), free(want_u), free(got_g),
+        free(got_u);
+}
+END_TEST
+
 START_TEST(parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads)
 {
     const int64_t rows = 300, dim = 257; /* columns split off 16-float boundaries */
@@ -802,6 +842,7 @@ static Suite *nn_gemm_suite(void)
     tcase_add_test(tc, blas_advice_names_a_coretype_only_for_generic_kernels_on_avx2_or_avx512);
     tcase_add_test(tc, attention_gives_the_same_bits_on_one_thread_two_threads_and_one_scratch);
     tcase_add_test(tc, threaded_layers_give_the_same_bits_on_one_and_two_threads);
+    tcase_add_test(tc, swiglu_backward_gives_the_scalar_loops_bits_in_every_case);
     tcase_add_test(tc, parameter_gradient_sums_give_the_same_bits_on_one_and_two_threads);
     tcase_add_test(tc, linear_prepare_makes_every_primitive_its_forward_and_backward_use);
     tcase_add_test(tc, lora_prepare_makes_every_primitive_its_forward_and_backward_use);
