@@ -102,7 +102,6 @@ int nn_gemm_preparing(void)
     return prep.on;
 }
 
-
 static fsdp2_status_t gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                            const float *bias, float *c, int64_t ldc)

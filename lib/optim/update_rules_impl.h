@@ -18,9 +18,8 @@ static inline T RULE(lerp)(T start, T end, T weight, int near_start)
     return near_start ? start + weight * (end - start) : end - (end - start) * ((T)1 - weight);
 }
 
-/* The rules below are compiled for AVX-512 and AVX2 as well (FSDP2_VECTOR_CLONES), their
- * loops written without branches so that they vectorise. Neither clone uses FMA: every
- * product and sum rounds as in the baseline, and each clone gives the same bits. */
+/* The rules below are cloned for AVX-512 and AVX2 (FSDP2_VECTOR_CLONES: the same bits in
+ * every clone), their loops written without branches so that they vectorise. */
 
 /* torch.optim.SGD: g = grad + wd * p; buf = g (first step) or momentum * buf +
  * (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf; p -= lr * g. Without
